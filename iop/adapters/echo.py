@@ -1,0 +1,52 @@
+"""
+The built-in C{echo} back end: streams the last user message back.
+
+It makes a fresh install work with no model at all, and gives tests a back
+end whose output is known exactly: the concatenated deltas equal the input,
+one delta per word with its trailing whitespace.
+"""
+
+import re
+
+from twisted.internet import defer, task
+from zope.interface import implementer
+
+from iop.adapters.base import AdapterBase
+from iop.adapters.interface import COMPLETE, DELTA, START, AdapterConfigError, IAdapter, RunEventData, Usage
+
+_WORD = re.compile(r"\S+\s*|\s+")
+
+
+def words(text):
+    """
+    Split C{text} into pieces that concatenate back to it exactly.
+    """
+    return _WORD.findall(text)
+
+
+@implementer(IAdapter)
+class EchoAdapter(AdapterBase):
+    """
+    Options: C{delay_ms} (default 0), the pause before each delta.
+    """
+
+    type = "echo"
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        super().__init__(name, max_concurrency, options, reactor)
+        delay = self.option("delay_ms", 0, (int, float))
+        if delay < 0:
+            raise AdapterConfigError(f"adapters[{name}].delay_ms must not be negative")
+        self.delay = delay / 1000.0
+
+    @defer.inlineCallbacks
+    def execute(self, run, emit):
+        text = run.last_user_text()
+        pieces = words(text)
+        emit(RunEventData(START))
+        for piece in pieces:
+            if self.delay:
+                yield task.deferLater(self.reactor, self.delay, lambda: None)
+            emit(RunEventData(DELTA, text=piece))
+        usage = Usage(input_tokens=len(text.split()), output_tokens=len(pieces))
+        emit(RunEventData(COMPLETE, usage=usage))

@@ -1,0 +1,221 @@
+"""
+What a back end looks like to a Node.
+
+Adapters know nothing of the wire or the Edge: they turn a L{RunInput} into
+a sequence of L{RunEventData} (normalized runs) or relay a provider's raw
+HTTP response into an L{ITunnelSink} (tunnels). The Node session puts both
+on the wire.
+
+Cancellation is Twisted's: the Deferred returned by C{execute} or C{tunnel}
+is cancellable, and its canceller must abort the back-end request or kill
+the process. The Node, not the adapter, synthesizes a missing terminal and
+enforces the capacity gate.
+"""
+
+from dataclasses import dataclass, field
+
+from zope.interface import Attribute, Interface
+
+#: Event types a run may emit; the last three are terminals.
+START = "start"
+DELTA = "delta"
+REASONING_DELTA = "reasoning_delta"
+COMPLETE = "complete"
+ERROR = "error"
+CANCELLED = "cancelled"
+TERMINAL_TYPES = frozenset({COMPLETE, ERROR, CANCELLED})
+EVENT_TYPES = frozenset({START, DELTA, REASONING_DELTA}) | TERMINAL_TYPES
+
+
+@dataclass
+class Usage:
+    """
+    Token counts exactly as the provider reported them.
+
+    The breakdown fields are C{None} unless the provider reported them:
+    absent is not zero, and nothing here is ever estimated.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+
+@dataclass
+class RunFailure:
+    """
+    Why a run ended in C{error}.
+
+    @ivar code: a short machine-readable reason (C{provider_error},
+        C{capacity_exceeded}, C{exit_status}, C{node_disconnected}, ...).
+    @ivar status: the provider's HTTP status or the process exit code.
+    """
+
+    code: str
+    message: str
+    status: int = 0
+
+
+@dataclass
+class RunEventData:
+    """
+    One event of a normalized run, as an adapter emits it.
+    """
+
+    type: str
+    text: str = ""
+    usage: Usage | None = None
+    error: RunFailure | None = None
+
+
+@dataclass
+class RunInput:
+    """
+    What a normalized run asks of an adapter.
+
+    @ivar messages: chat messages as C{{"role": ..., "content": ...}} dicts;
+        a plain text input arrives as one user message.
+    @ivar options: extra generation parameters (temperature, max_tokens...).
+    """
+
+    run_id: str
+    target: str = ""
+    messages: list = field(default_factory=list)
+    session_id: str = ""
+    background: bool = False
+    options: dict = field(default_factory=dict)
+
+    def last_user_text(self):
+        """
+        The content of the last user message, or C{""}.
+        """
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return message.get("content") or ""
+        return ""
+
+
+@dataclass
+class TunnelInput:
+    """
+    A raw provider HTTP request to relay. C{path} is relative to the
+    adapter's base URL (for example C{/chat/completions}).
+    """
+
+    tunnel_id: str
+    method: str
+    path: str
+    headers: list = field(default_factory=list)  # [(name, value)]
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """
+    What an adapter instance can do.
+
+    @ivar max_concurrency: how many runs and tunnels together the back end
+        takes at once; the Node's capacity gate enforces it.
+    @ivar sessions: whether it keeps logical sessions and can terminate one.
+    @ivar tunnel: whether it can relay raw provider HTTP (OpenAI-compatible).
+    @ivar commands: the node commands it answers besides the common ones.
+    """
+
+    max_concurrency: int
+    sessions: bool = False
+    tunnel: bool = False
+    commands: tuple = ()
+
+
+class NotSupported(Exception):
+    """
+    The adapter does not offer this operation (sessions, tunnels, a command).
+    """
+
+
+class AdapterConfigError(ValueError):
+    """
+    An adapter's configuration is invalid; the message names the key.
+    """
+
+
+class ITunnelSink(Interface):
+    """
+    Where a tunnel's provider response goes, in order: C{status}, then
+    C{headers}, then any number of C{body} calls. C{usage} and C{metadata}
+    are side observations and may come at any point after C{headers}.
+    """
+
+    def status(code):
+        """The provider's HTTP status code."""
+
+    def headers(pairs):
+        """The provider's response headers as C{[(name, value)]}."""
+
+    def body(data):
+        """Raw response bytes, exactly as they arrived."""
+
+    def usage(usage):
+        """A L{Usage} parsed from the relayed stream."""
+
+    def metadata(info):
+        """Other observations (model name, finish reason) as a dict."""
+
+
+class IAdapter(Interface):
+    """
+    One configured back end on a Node.
+    """
+
+    name = Attribute("The adapter instance's configured name.")
+    type = Attribute("The adapter type (echo, openai_compat, vllm, ollama, cli).")
+
+    def capabilities():
+        """
+        @rtype: L{Capabilities}
+        """
+
+    def start():
+        """
+        Prepare the back end. @return: a Deferred firing when ready.
+        """
+
+    def stop():
+        """
+        Release everything; in-flight work is cancelled by the Node first.
+        @return: a Deferred firing when done.
+        """
+
+    def execute(run, emit):
+        """
+        Run C{run} (a L{RunInput}), calling C{emit(RunEventData)} for every
+        event in order. It may emit a terminal event itself; if it does
+        not, the Node synthesizes one from how the Deferred ends.
+
+        @return: a cancellable Deferred that fires when the run is over.
+            Cancelling it aborts the back-end request or process.
+        """
+
+    def tunnel(request, sink):
+        """
+        Relay the raw provider response to C{request} (a L{TunnelInput})
+        into C{sink} (an L{ITunnelSink}).
+
+        @return: a cancellable Deferred firing when the body is complete;
+            cancelling it closes the provider connection.
+        @raise NotSupported: if the adapter has no raw HTTP back end.
+        """
+
+    def terminate_session(target, session_id):
+        """
+        End a logical session. @return: a Deferred.
+        @raise NotSupported: if the adapter keeps no sessions.
+        """
+
+    def command(name, args):
+        """
+        Answer an adapter-specific node command (for example the Ollama
+        model API). @return: a Deferred firing with a JSON-able result.
+        @raise NotSupported: for a command it does not know.
+        """

@@ -1,0 +1,244 @@
+"""
+The Edge <-> Node connection: length-prefixed protobuf envelopes.
+
+L{WireProtocol} is deliberately thin. It frames, decodes and encodes
+L{Envelope}s, keeps the connection alive with heartbeats, and hands every
+other message to an L{IWireReceiver}. It knows nothing of registries, runs
+or leases; the Edge and the Node each plug their own receiver in.
+
+Bad input (a frame that does not parse, an envelope with no message, an
+oversize frame, a receiver that raises L{ProtocolViolation}) closes this one
+connection with a logged reason and affects nothing else.
+"""
+
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+from twisted.internet.protocol import Factory
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.protocols.basic import Int32StringReceiver
+from twisted.protocols.policies import TimeoutMixin
+from zope.interface import Interface
+
+from iop.protocols import iop_pb2
+
+# 16 MiB per frame. Twisted's default (99,999 bytes) is far too small for a
+# chat request with a long context; anything larger is split by the sender
+# (tunnel bodies) or refused before it is sent.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+# Tunnel body chunks stay well below the frame limit so that a large
+# response is relayed as several frames and never starves heartbeats.
+TUNNEL_CHUNK_BYTES = 256 * 1024
+
+_FIELD_BY_TYPE = {
+    field.message_type.full_name: field.name
+    for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
+}
+
+
+class FrameTooLarge(ValueError):
+    """
+    A message would not fit in one frame; nothing was sent.
+    """
+
+
+class ProtocolViolation(Exception):
+    """
+    Raised by a receiver for a message that is not acceptable in the
+    connection's current state; the connection is closed with this reason.
+    """
+
+
+def envelope(message):
+    """
+    Wrap one wire message in an L{iop_pb2.Envelope}.
+
+    @raise KeyError: if C{message} is not one of the envelope's messages.
+    """
+    env = iop_pb2.Envelope()
+    getattr(env, _FIELD_BY_TYPE[message.DESCRIPTOR.full_name]).CopyFrom(message)
+    return env
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """
+    How often to ping, and how long a silent peer is tolerated.
+
+    Any frame from the peer counts as a sign of life, so a busy stream never
+    needs the pings; they matter on an idle link.
+    """
+
+    interval: float = 2.0
+    timeout: float = 5.0
+
+
+class IWireReceiver(Interface):
+    """
+    The session logic on one end of a wire connection.
+    """
+
+    def wireConnected(wire):
+        """
+        The connection is up; C{wire} is the L{WireProtocol} to send on.
+        """
+
+    def messageReceived(kind, message):
+        """
+        One decoded message arrived. C{kind} is the envelope field name
+        (C{"run_event"}, ...). Heartbeat messages are never delivered.
+
+        @raise ProtocolViolation: to close the connection.
+        """
+
+    def wireLost(reason):
+        """
+        The connection is gone (closed, aborted, or heartbeat timeout).
+        """
+
+
+class WireProtocol(Int32StringReceiver, TimeoutMixin):
+    """
+    One Edge <-> Node connection.
+
+    @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
+    @ivar closeReason: why this side closed the connection, if it did.
+    """
+
+    MAX_LENGTH = MAX_FRAME_BYTES
+    log = Logger()
+
+    def __init__(self, receiver, clock, heartbeat=Heartbeat()):
+        self.receiver = receiver
+        self.clock = clock
+        self.callLater = clock.callLater  # used by TimeoutMixin
+        self.heartbeat = heartbeat
+        self.closeReason = None
+        self._pinger = None
+        self._pingSeq = 0
+
+    # -- connection lifecycle ----------------------------------------------
+
+    def connectionMade(self):
+        # Small frames must not wait for Nagle's algorithm (~40 ms each).
+        setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
+        if setNoDelay is not None:
+            try:
+                setNoDelay(True)
+            except OSError:
+                pass
+        self.setHeartbeat(self.heartbeat)
+        self.receiver.wireConnected(self)
+
+    def setHeartbeat(self, heartbeat):
+        """
+        (Re)start pinging and silence detection with new timings.
+        """
+        self.heartbeat = heartbeat
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
+        self._pinger = LoopingCall(self._ping)
+        self._pinger.clock = self.clock
+        self._pinger.start(heartbeat.interval, now=False)
+        self.setTimeout(heartbeat.timeout)
+
+    def connectionLost(self, reason):
+        self.setTimeout(None)
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
+        self.receiver.wireLost(reason)
+
+    def timeoutConnection(self):
+        self.drop(f"heartbeat timeout: nothing received for {self.heartbeat.timeout:g}s")
+
+    def drop(self, reason):
+        """
+        Close this connection at once, logging why.
+        """
+        if self.closeReason is None:
+            self.closeReason = reason
+            self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
+        self.transport.abortConnection()
+
+    def _peer(self):
+        try:
+            return str(self.transport.getPeer())
+        except Exception:
+            return "?"
+
+    # -- receiving -----------------------------------------------------------
+
+    def lengthLimitExceeded(self, length):
+        self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit")
+
+    def stringReceived(self, data):
+        self.resetTimeout()
+        env = iop_pb2.Envelope()
+        try:
+            env.ParseFromString(data)
+        except DecodeError as e:
+            self.drop(f"undecodable frame ({len(data)} bytes): {e}")
+            return
+        kind = env.WhichOneof("body")
+        if kind is None:
+            self.drop("frame carries no message")
+            return
+        message = getattr(env, kind)
+        if kind == "ping":
+            self.send(iop_pb2.Pong(seq=message.seq))
+            return
+        if kind == "pong":
+            return
+        try:
+            self.receiver.messageReceived(kind, message)
+        except ProtocolViolation as e:
+            self.drop(f"protocol violation on {kind}: {e}")
+        except Exception:
+            self.log.failure("receiver failed on {kind}", kind=kind)
+            self.drop(f"internal error handling {kind}")
+
+    # -- sending ---------------------------------------------------------------
+
+    def send(self, message):
+        """
+        Send one wire message.
+
+        @raise FrameTooLarge: if it does not fit in one frame (Twisted's
+            C{sendString} does not check this).
+        """
+        data = envelope(message).SerializeToString()
+        if len(data) > self.MAX_LENGTH:
+            raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {self.MAX_LENGTH}")
+        self.sendString(data)
+
+    def _ping(self):
+        self._pingSeq += 1
+        self.send(iop_pb2.Ping(seq=self._pingSeq))
+
+
+def chunks(data, size=TUNNEL_CHUNK_BYTES):
+    """
+    Split C{data} into pieces of at most C{size} bytes (at least one piece).
+    """
+    if not data:
+        return [data]
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+class WireFactory(Factory):
+    """
+    Builds a L{WireProtocol} per connection, each with a fresh receiver from
+    C{makeReceiver()}. Used for the Edge's listener and the Node's dialer.
+    """
+
+    def __init__(self, makeReceiver, clock, heartbeat=Heartbeat()):
+        self.makeReceiver = makeReceiver
+        self.clock = clock
+        self.heartbeat = heartbeat
+
+    def buildProtocol(self, addr):
+        protocol = WireProtocol(self.makeReceiver(), self.clock, self.heartbeat)
+        protocol.factory = self
+        return protocol

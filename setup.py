@@ -1,0 +1,30 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="iop",
+    version="0.1.0",
+    description="An open gateway for running LLM work on machines that dial in",
+    python_requires=">=3.11",
+    packages=find_packages(include=["iop", "iop.*"]) + ["twisted.plugins"],
+    package_data={"iop.protocols": ["iop.proto"]},
+    install_requires=[
+        "twisted[tls,conch]>=26.10",
+        # The generated iop_pb2.py refuses an older runtime than its generator.
+        "protobuf>=7.35.1,<8",
+        "treq>=26.7",
+        "txaio>=26.6",
+        "pyyaml>=6",
+        "zope.interface>=8",
+        "prometheus-client>=0.26",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=9",
+            "pytest-twisted>=1.14",
+            "hypothesis>=6.150",
+            "openai>=3",
+            # Pinned with protobuf: regenerates iop_pb2.py for the drift test.
+            "grpcio-tools==1.85.1",
+        ],
+    },
+)
