@@ -1,0 +1,112 @@
+"""
+Reading YAML configuration with errors that name the offending key.
+
+Both daemons validate their whole configuration in C{makeService}, before
+anything listens or dials, so a mistake stops the daemon at start with a
+message such as C{edge.yaml: nodes[0].token: required}.
+"""
+
+import yaml
+
+_MISSING = object()
+
+
+class ConfigError(ValueError):
+    """
+    The configuration is invalid. The message names the file and key.
+    """
+
+
+class Section:
+    """
+    A mapping read from YAML, with the dotted path that led to it, so that
+    every error can say exactly which key is wrong.
+    """
+
+    def __init__(self, data, path, source):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: {path or 'top level'}: must be a mapping, got {type(data).__name__}")
+        self.data = data
+        self.path = path
+        self.source = source
+
+    def key(self, name):
+        return f"{self.path}.{name}" if self.path else name
+
+    def error(self, name, problem):
+        return ConfigError(f"{self.source}: {self.key(name)}: {problem}")
+
+    def get(self, name, kind, default=_MISSING):
+        """
+        The value at C{name}, of type C{kind} (a type or tuple of types).
+        Without a default the key is required. C{bool} is never taken for
+        a number.
+        """
+        if name not in self.data or self.data[name] is None:
+            if default is _MISSING:
+                raise self.error(name, "required")
+            return default
+        value = self.data[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.error(name, f"must be {_names(kinds)}, got {value!r}")
+        if not isinstance(value, kinds):
+            raise self.error(name, f"must be {_names(kinds)}, got {value!r}")
+        return value
+
+    def number(self, name, default=_MISSING, minimum=None, positive=False):
+        value = self.get(name, (int, float), default)
+        if value is None:
+            return value
+        if positive and value <= 0:
+            raise self.error(name, f"must be positive, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.error(name, f"must be at least {minimum}, got {value!r}")
+        return value
+
+    def section(self, name, default=_MISSING):
+        """
+        A nested mapping; an absent optional one is empty.
+        """
+        if default is not _MISSING and (name not in self.data or self.data[name] is None):
+            return Section({} if default is None else default, self.key(name), self.source)
+        return Section(self.get(name, dict), self.key(name), self.source)
+
+    def sections(self, name, default=_MISSING):
+        """
+        A list of mappings (C{nodes[]}, C{adapters[]}, ...).
+        """
+        items = self.get(name, list, default)
+        if items is None:
+            return []
+        return [Section(item, f"{self.key(name)}[{i}]", self.source) for i, item in enumerate(items)]
+
+    def unknown(self, known):
+        """
+        Refuse keys this section does not define (typos must not pass
+        silently).
+        """
+        for name in self.data:
+            if name not in known:
+                raise self.error(name, f"unknown key (expected one of: {', '.join(sorted(known))})")
+
+
+def _names(kinds):
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping", list: "a list"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load_yaml(path):
+    """
+    Parse a YAML file into a top-level L{Section}.
+
+    @raise ConfigError: if the file cannot be read or parsed.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return Section({} if data is None else data, "", path)
