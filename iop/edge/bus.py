@@ -1,0 +1,88 @@
+"""
+The Edge's in-process event bus: run events and node lifecycle events fan
+out to subscribers (metrics, the manhole, tests, future surfaces).
+
+Publishing never waits for a subscriber. Each subscriber has its own
+bounded backlog drained on the next reactor turn, so a slow or failing
+subscriber loses its own oldest events (counted in C{dropped}) and never
+stalls the others or the publisher.
+"""
+
+from collections import deque
+
+from twisted.logger import Logger
+
+#: Node lifecycle event kinds.
+REGISTERED = "registered"
+READY = "ready"
+DISCONNECTED = "disconnected"
+REJECTED = "rejected"
+
+
+class Subscription:
+    """
+    One subscriber's queue. C{cancel()} stops delivery.
+    """
+
+    def __init__(self, bus, callback, topics, backlog):
+        self.bus = bus
+        self.callback = callback
+        self.topics = topics
+        self.pending = deque(maxlen=backlog)
+        self.dropped = 0
+        self._scheduled = None
+
+    def offer(self, topic, event):
+        if self.topics is not None and topic not in self.topics:
+            return
+        if len(self.pending) == self.pending.maxlen:
+            self.dropped += 1
+        self.pending.append((topic, event))
+        if self._scheduled is None:
+            self._scheduled = self.bus.clock.callLater(0, self._drain)
+
+    def _drain(self):
+        self._scheduled = None
+        while self.pending:
+            topic, event = self.pending.popleft()
+            try:
+                self.callback(topic, event)
+            except Exception:
+                self.bus.log.failure("event bus subscriber failed on {topic}", topic=topic)
+
+    def cancel(self):
+        if self._scheduled is not None and self._scheduled.active():
+            self._scheduled.cancel()
+        self._scheduled = None
+        self.pending.clear()
+        self.bus.subscriptions.discard(self)
+
+
+class EventBus:
+    """
+    Topics are C{"run"} (payload: a dict with C{run_id}, C{node}, C{type},
+    ...) and C{"node"} (payload: C{{"node": id, "event": kind, ...}}).
+    """
+
+    log = Logger()
+
+    def __init__(self, clock, backlog=1000):
+        self.clock = clock
+        self.backlog = backlog
+        self.subscriptions = set()
+
+    def subscribe(self, callback, topics=None):
+        """
+        Call C{callback(topic, payload)} for every event of C{topics}
+        (all topics when C{None}).
+        """
+        subscription = Subscription(self, callback, None if topics is None else frozenset(topics), self.backlog)
+        self.subscriptions.add(subscription)
+        return subscription
+
+    def publish(self, topic, payload):
+        for subscription in list(self.subscriptions):
+            subscription.offer(topic, payload)
+
+    def node_event(self, node_id, kind, **details):
+        self.publish("node", dict(node=node_id, event=kind, **details))

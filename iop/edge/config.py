@@ -1,0 +1,243 @@
+"""
+The Edge's configuration, C{edge.yaml}: listeners, every Node it knows,
+their adapters and providers, and the model groups callers address.
+
+The Edge owns the configuration of every Node: a Node brings only its
+token, and receives its adapters in L{iop.protocols.iop_pb2.NodeConfigPayload}.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from iop.adapters.registry import ADAPTER_TYPES
+from iop.config import ConfigError, load_yaml
+from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
+
+_ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    name: str
+    type: str
+    max_concurrency: int
+    options: dict
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """
+    One configured Node. Exactly one of C{token} / C{token_sha256} is set;
+    L{token_digest} is what registration compares against.
+    """
+
+    id: str
+    token_digest: bytes
+    adapters: tuple
+    providers: tuple
+
+    def adapter(self, name):
+        for adapter in self.adapters:
+            if adapter.name == name:
+                return adapter
+        return None
+
+
+@dataclass(frozen=True)
+class ManholeSpec:
+    listen: str
+    users: dict
+
+
+@dataclass
+class EdgeConfig:
+    listen_nodes: str
+    listen_http: str
+    metrics: bool = True
+    heartbeat_interval: float = 2.0
+    heartbeat_timeout: float = 5.0
+    nodes: list = field(default_factory=list)
+    model_groups: list = field(default_factory=list)
+    api_keys: frozenset = frozenset()
+    admin_keys: frozenset = frozenset()
+    manhole: ManholeSpec | None = None
+    run_grace_sec: float = 10.0
+
+    def node(self, node_id):
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        return None
+
+    def providers(self):
+        """
+        Every provider resource of every node, in configuration order.
+        """
+        return [provider for node in self.nodes for provider in node.providers]
+
+
+def token_digest(token):
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def load(path):
+    """
+    Read and validate C{edge.yaml}.
+
+    @raise ConfigError: naming the file and key of the first problem.
+    """
+    return parse(load_yaml(path))
+
+
+def parse(top):
+    top.unknown({"listen", "heartbeat", "nodes", "model_groups", "api_keys", "admin_keys", "manhole", "metrics", "run_grace_sec"})
+    listen = top.section("listen")
+    listen.unknown({"nodes", "http"})
+    heartbeat = top.section("heartbeat", None)
+    heartbeat.unknown({"interval_sec", "timeout_sec"})
+    config = EdgeConfig(
+        listen_nodes=listen.get("nodes", str),
+        listen_http=listen.get("http", str),
+        metrics=top.get("metrics", bool, True),
+        heartbeat_interval=heartbeat.number("interval_sec", 2.0, positive=True),
+        heartbeat_timeout=heartbeat.number("timeout_sec", 5.0, positive=True),
+        api_keys=frozenset(_strings(top, "api_keys")),
+        admin_keys=frozenset(_strings(top, "admin_keys")),
+        run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
+    )
+    if config.heartbeat_timeout <= config.heartbeat_interval:
+        raise heartbeat.error("timeout_sec", "must be longer than interval_sec")
+    config.nodes = [_node(section) for section in top.sections("nodes")]
+    _unique(top, "nodes", [node.id for node in config.nodes])
+    _unique(top, "nodes", [node.token_digest for node in config.nodes], what="token")
+    config.model_groups = [_group(section, config) for section in top.sections("model_groups", [])]
+    _unique(top, "model_groups", [group.name for group in config.model_groups], what="name")
+    if "manhole" in top.data:
+        config.manhole = _manhole(top.section("manhole"))
+    return config
+
+
+def _strings(section, name):
+    values = section.get(name, list, [])
+    for i, value in enumerate(values):
+        if not isinstance(value, str) or not value:
+            raise section.error(f"{name}[{i}]", "must be a non-empty string")
+    return values
+
+
+def _unique(section, name, values, what="id"):
+    seen = set()
+    for value in values:
+        if value in seen:
+            shown = value if isinstance(value, str) else "(hidden)"
+            raise section.error(name, f"duplicate {what} {shown}")
+        seen.add(value)
+
+
+def _node(section):
+    section.unknown({"id", "token", "token_sha256", "adapters", "providers"})
+    node_id = section.get("id", str)
+    has_plain, has_hash = "token" in section.data, "token_sha256" in section.data
+    if has_plain == has_hash:
+        raise section.error("token", "exactly one of token or token_sha256 is required")
+    if has_plain:
+        digest = token_digest(section.get("token", str))
+    else:
+        hexdigest = section.get("token_sha256", str)
+        try:
+            digest = bytes.fromhex(hexdigest)
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise section.error("token_sha256", "must be 64 hexadecimal digits")
+    adapters = tuple(_adapter(a) for a in section.sections("adapters"))
+    _unique(section, "adapters", [a.name for a in adapters], what="name")
+    by_name = {a.name: a for a in adapters}
+    providers = tuple(_provider(p, node_id, by_name) for p in section.sections("providers", []))
+    _unique(section, "providers", [p.provider_id for p in providers])
+    return NodeSpec(id=node_id, token_digest=digest, adapters=adapters, providers=providers)
+
+
+def _adapter(section):
+    name = section.get("name", str)
+    kind = section.get("type", str)
+    if kind not in ADAPTER_TYPES:
+        raise section.error("type", f"unknown adapter type {kind!r} (known: {', '.join(sorted(ADAPTER_TYPES))})")
+    concurrency = section.get("max_concurrency", int, 1)
+    if concurrency < 1:
+        raise section.error("max_concurrency", "must be at least 1")
+    options = {k: v for k, v in section.data.items() if k not in _ADAPTER_COMMON_KEYS}
+    try:
+        json.dumps(options)
+    except (TypeError, ValueError) as e:
+        raise section.error("options", f"not representable as JSON: {e}") from None
+    return AdapterSpec(name=name, type=kind, max_concurrency=concurrency, options=options)
+
+
+def _provider(section, node_id, adapters):
+    section.unknown({"id", "adapter", "capacity"})
+    provider_id = section.get("id", str)
+    adapter_name = section.get("adapter", str, provider_id)
+    if adapter_name not in adapters:
+        raise section.error("adapter", f"names no adapter of node {node_id}: {adapter_name!r}")
+    capacity = section.section("capacity", None)
+    capacity.unknown({"normal", "long"})
+    adapter = adapters[adapter_name]
+    normal = capacity.get("normal", int, adapter.max_concurrency)
+    long = capacity.get("long", int, 0)
+    if normal < 0 or long < 0:
+        raise capacity.error("normal" if normal < 0 else "long", "must not be negative")
+    return ProviderSpec(
+        node_id=node_id,
+        provider_id=provider_id,
+        adapter=adapter_name,
+        adapter_type=adapter.type,
+        capacity_normal=normal,
+        capacity_long=long,
+    )
+
+
+def _group(section, config):
+    section.unknown({"name", "providers", "queue_timeout_sec", "max_queue", "long_threshold_chars"})
+    members = []
+    for member in section.sections("providers"):
+        member.unknown({"node", "provider", "target"})
+        node_id = member.get("node", str)
+        provider_id = member.get("provider", str)
+        node = config.node(node_id)
+        if node is None:
+            raise member.error("node", f"names no configured node: {node_id!r}")
+        if not any(p.provider_id == provider_id for p in node.providers):
+            raise member.error("provider", f"node {node_id} has no provider {provider_id!r}")
+        members.append(GroupMember(node_id=node_id, provider_id=provider_id, target=member.get("target", str, "")))
+    if not members:
+        raise section.error("providers", "must list at least one provider")
+    max_queue = section.get("max_queue", int, None)
+    if max_queue is not None and max_queue < 0:
+        raise section.error("max_queue", "must not be negative")
+    threshold = section.get("long_threshold_chars", int, None)
+    return ModelGroupSpec(
+        name=section.get("name", str),
+        members=tuple(members),
+        queue_timeout_sec=section.number("queue_timeout_sec", 30.0, positive=True),
+        max_queue=max_queue,
+        long_threshold_chars=threshold,
+    )
+
+
+def _manhole(section):
+    section.unknown({"listen", "users"})
+    users = section.section("users")
+    if not users.data:
+        raise section.error("users", "must define at least one user: the console is never open")
+    for name, password in users.data.items():
+        if not isinstance(password, str) or not password:
+            raise users.error(name, "password must be a non-empty string")
+    listen = section.get("listen", str, "tcp:7122:interface=127.0.0.1")
+    if "interface=" not in listen or not any(h in listen for h in ("127.0.0.1", "localhost", "::1")):
+        raise section.error("listen", "the console must be bound to loopback (interface=127.0.0.1)")
+    return ManholeSpec(listen=listen, users=dict(users.data))
+
+
+__all__ = ["ConfigError", "EdgeConfig", "NodeSpec", "AdapterSpec", "load", "parse", "token_digest"]

@@ -1,0 +1,143 @@
+"""
+Which connection owns which Node, and whether it is dispatch-ready.
+
+The registry is the one owner of Node connections and their connection
+generations. A generation numbers each accepted registration of a node; it
+is internal to the Edge (never on the wire or in config) and is what lets
+the Edge ignore anything a stale connection says or suffers.
+
+Rules (SPEC section 4):
+  - a token that matches no node is refused (fatal for the Node);
+  - a node that already has a live owner connection refuses a second one
+    (retryable: the Node tries again later);
+  - only the current owner's first ready makes the node dispatch-ready; a
+    repeated ready from it is acknowledged idempotently; a ready from any
+    other connection is refused;
+  - losing any connection but the current owner changes nothing.
+"""
+
+import hmac
+from dataclasses import dataclass, field
+
+from twisted.logger import Logger
+
+from iop.edge.config import token_digest
+from iop.protocols import iop_pb2
+
+
+class Refused(Exception):
+    """
+    A registration or ready that the registry will not accept.
+
+    @ivar code: the wire L{iop_pb2.RejectCode}.
+    """
+
+    def __init__(self, code, reason):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(eq=False)
+class NodeLink:
+    """
+    One accepted connection of a node.
+
+    @ivar wire: what to send on (an object with C{send(message)}).
+    """
+
+    node_id: str
+    generation: int
+    wire: object
+    since: float
+    ready: bool = False
+    open: bool = True
+    meta: dict = field(default_factory=dict)
+
+
+class NodeRegistry:
+    log = Logger()
+
+    def __init__(self, nodes, clock):
+        self.nodes = list(nodes)
+        self.clock = clock
+        self._owners = {}
+        self._generations = {}
+        self.last_seen = {}
+
+    def find_node(self, token):
+        """
+        The configured node whose token (or token digest) matches, compared
+        in constant time against every node; the token is never logged.
+        """
+        digest = token_digest(token)
+        found = None
+        for node in self.nodes:
+            if hmac.compare_digest(digest, node.token_digest):
+                found = node
+        return found
+
+    def register(self, token, wire):
+        """
+        Claim pending ownership of the node the token names.
+
+        @return: the new L{NodeLink} (not yet ready).
+        @raise Refused: for an unknown token or a node with a live owner.
+        """
+        node = self.find_node(token)
+        if node is None:
+            raise Refused(iop_pb2.UNKNOWN_TOKEN, "unknown token")
+        owner = self._owners.get(node.id)
+        if owner is not None and owner.open:
+            raise Refused(iop_pb2.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
+        generation = self._generations.get(node.id, 0) + 1
+        self._generations[node.id] = generation
+        link = NodeLink(node_id=node.id, generation=generation, wire=wire, since=self.clock.seconds())
+        self._owners[node.id] = link
+        return link
+
+    def mark_ready(self, link, node_id):
+        """
+        Make C{link} dispatch-ready.
+
+        @return: C{True} on the current owner's first ready, C{False} for a
+            repeated one (acknowledged, no effect).
+        @raise Refused: if C{link} is stale, closed, or names another node.
+        """
+        if link is None or node_id != link.node_id:
+            raise Refused(iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration")
+        if not link.open or self._owners.get(link.node_id) is not link:
+            raise Refused(iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale")
+        if link.ready:
+            return False
+        link.ready = True
+        return True
+
+    def lost(self, link):
+        """
+        C{link}'s connection is gone.
+
+        @return: C{True} if it was the current dispatch-ready owner (only
+            then must the Edge take the node out of service).
+        """
+        link.open = False
+        self.last_seen[link.node_id] = self.clock.seconds()
+        if self._owners.get(link.node_id) is not link:
+            return False
+        del self._owners[link.node_id]
+        return link.ready
+
+    def ready_link(self, node_id):
+        link = self._owners.get(node_id)
+        if link is not None and link.ready and link.open:
+            return link
+        return None
+
+    def ready_links(self):
+        return [link for link in self._owners.values() if link.ready and link.open]
+
+    def owner(self, node_id):
+        """
+        The current owner connection, pending or ready, if any.
+        """
+        return self._owners.get(node_id)
