@@ -1,0 +1,73 @@
+"""
+The Edge's end of one Node connection: an L{IWireReceiver} that turns wire
+messages into L{EdgeService} calls, enforcing what each connection state
+may send.
+
+States: C{new} (only C{RegisterRequest}), C{pending} (registered; only
+C{NodeReadyRequest}), C{ready} (results of work: run events, tunnel frames,
+command and cancel answers; a repeated ready is acknowledged). Anything
+else closes the connection as a protocol violation.
+"""
+
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.protocols.wire import IWireReceiver, ProtocolViolation
+
+_READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response"}
+
+
+@implementer(IWireReceiver)
+class EdgeNodeConnection:
+    log = Logger()
+
+    def __init__(self, service):
+        self.service = service
+        self.wire = None
+        self.link = None
+        self.state = "new"
+
+    def wireConnected(self, wire):
+        self.wire = wire
+
+    def messageReceived(self, kind, message):
+        if kind == "register_request":
+            self._register(message)
+        elif kind == "node_ready_request":
+            self._ready(message)
+        elif kind in _READY_MESSAGES and self.state == "ready":
+            self._result(kind, message)
+        else:
+            raise ProtocolViolation(f"{kind} is not accepted in state {self.state}")
+
+    def _register(self, message):
+        if self.state != "new":
+            raise ProtocolViolation("already registered on this connection")
+        self.link, response = self.service.register(message.token, self.wire)
+        self.wire.send(response)
+        if self.link is None:
+            self.state = "refused"
+            self.wire.transport.loseConnection()
+        else:
+            self.state = "pending"
+
+    def _ready(self, message):
+        if self.state not in ("pending", "ready"):
+            raise ProtocolViolation(f"ready before registration (state {self.state})")
+        response = self.service.ready(self.link, message.node_id)
+        self.wire.send(response)
+        if response.ready:
+            self.state = "ready"
+
+    def _result(self, kind, message):
+        if kind == "run_event":
+            self.service.run_event(self.link, message)
+        elif kind == "provider_tunnel_frame":
+            self.service.tunnel_frame(self.link, message)
+        else:
+            self.service.request_answered(self.link, message.request_id, message)
+
+    def wireLost(self, reason):
+        if self.link is not None:
+            why = self.wire.closeReason or reason.getErrorMessage()
+            self.service.lost(self.link, why)

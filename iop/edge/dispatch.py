@@ -1,0 +1,179 @@
+"""
+Work in flight on a Node: normalized runs and provider tunnels.
+
+A L{Dispatch} is created once work has a place (a ready Node connection,
+and a lease when it came through a model group). It ends exactly once —
+on its terminal from the Node, on a send failure, on the owner's
+disconnect, or when a cancel got no answer within the grace period — and
+ending it returns its lease. Callers see it through a listener: an
+L{IRunListener} for runs, an L{ITunnelListener} for tunnels.
+"""
+
+from dataclasses import dataclass
+
+from twisted.logger import Logger
+from zope.interface import Interface
+
+from iop.adapters.interface import CANCELLED, ERROR, TERMINAL_TYPES, ITunnelSink, RunEventData, RunFailure
+from iop.adapters.registry import TUNNEL_TYPES
+from iop.protocols import iop_pb2
+from iop.protocols.convert import usage_from_wire, usage_to_json
+
+
+class IRunListener(Interface):
+    def event(event):
+        """
+        One L{RunEventData}, in order; the last one is a terminal.
+        """
+
+
+class ITunnelListener(ITunnelSink):
+    def end():
+        """
+        The provider's body is complete.
+        """
+
+    def error(failure):
+        """
+        The tunnel failed (a L{RunFailure}); no more calls follow.
+        """
+
+
+@dataclass
+class Placement:
+    """
+    Where a piece of work will run: a ready connection, the adapter on that
+    node, the back-end target, and the lease it holds (if any).
+    """
+
+    link: object
+    adapter: str
+    adapter_type: str
+    target: str = ""
+    lease: object = None
+    group: str | None = None
+
+    @property
+    def node_id(self):
+        return self.link.node_id
+
+    @property
+    def tunnels(self):
+        """
+        Whether the provider takes raw OpenAI-compatible HTTP (decided by
+        the provider's adapter type, never by the caller).
+        """
+        return self.adapter_type in TUNNEL_TYPES
+
+    def release(self):
+        if self.lease is not None:
+            self.lease.release()
+
+
+class Dispatch:
+    """
+    Base class: the bookkeeping shared by runs and tunnels.
+    """
+
+    log = Logger()
+
+    def __init__(self, tracker, dispatch_id, placement, listener):
+        self.tracker = tracker
+        self.id = dispatch_id
+        self.placement = placement
+        self.listener = listener
+        self.done = False
+        self._grace = None
+
+    @property
+    def link(self):
+        return self.placement.link
+
+    def send(self, message):
+        self.link.wire.send(message)
+
+    def cancel(self, grace):
+        """
+        Ask the Node to cancel; end locally as C{cancelled} if no terminal
+        arrives within C{grace} seconds (the lease must come back anyway).
+        """
+        if self.done or self._grace is not None:
+            return
+        try:
+            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+        except Exception as e:
+            self.fail("send_failed", f"could not send cancel: {e}")
+            return
+        self._grace = self.tracker.clock.callLater(grace, self.cancelled_locally)
+
+    def cancelled_locally(self):
+        self._grace = None
+        self.end_cancelled("cancelled; the node did not confirm in time")
+
+    def finish(self):
+        """
+        Bookkeeping at the end: exactly once, returns the lease.
+        """
+        if self.done:
+            return False
+        self.done = True
+        if self._grace is not None and self._grace.active():
+            self._grace.cancel()
+        self._grace = None
+        self.placement.release()
+        self.tracker.forget(self)
+        return True
+
+
+class RunDispatch(Dispatch):
+    kind = "run"
+
+    def deliver(self, event):
+        if self.done:
+            return
+        if event.type in TERMINAL_TYPES:
+            self.finish()
+        self.tracker.publish_run_event(self, event)
+        self.listener.event(event)
+
+    def fail(self, code, message, status=0):
+        self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
+
+    def end_cancelled(self, message):
+        self.deliver(RunEventData(CANCELLED, error=RunFailure(code="cancelled", message=message)))
+
+
+class TunnelDispatch(Dispatch):
+    kind = "tunnel"
+
+    def frame(self, frame):
+        """
+        One L{iop_pb2.ProviderTunnelFrame} from the Node.
+        """
+        if self.done:
+            return
+        which = frame.WhichOneof("frame")
+        if which == "status":
+            self.listener.status(frame.status)
+        elif which == "headers":
+            self.listener.headers([(h.name, h.value) for h in frame.headers.headers])
+        elif which == "body":
+            self.listener.body(frame.body)
+        elif which == "usage":
+            usage = usage_from_wire(frame.usage)
+            self.tracker.publish_tunnel_usage(self, usage_to_json(usage))
+            self.listener.usage(usage)
+        elif which == "metadata_json":
+            self.listener.metadata(frame.metadata_json)
+        elif which == "end":
+            self.finish()
+            self.listener.end()
+        elif which == "error":
+            self.fail(frame.error.code, frame.error.message, frame.error.status)
+
+    def fail(self, code, message, status=0):
+        if self.finish():
+            self.listener.error(RunFailure(code=code, message=message, status=status))
+
+    def end_cancelled(self, message):
+        self.fail("cancelled", message)

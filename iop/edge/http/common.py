@@ -1,0 +1,268 @@
+"""
+What every Edge HTTP surface shares: OpenAI-style error bodies, JSON
+request parsing with a size cap, API-key checks, server-sent events, and
+L{Call}, which ties one HTTP request to the work it started so that a
+caller who goes away cancels that work (or leaves the queue).
+"""
+
+import json
+
+from twisted.internet import defer
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from iop.edge.service import ServiceError
+
+log = Logger()
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+_STATUS_BY_KIND = {
+    "invalid": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method": 405,
+    "too_large": 413,
+    "busy": 429,
+    "failed": 502,
+    "unavailable": 503,
+    "timeout": 504,
+}
+
+_TYPE_BY_KIND = {
+    "invalid": "invalid_request_error",
+    "unauthorized": "authentication_error",
+    "forbidden": "permission_error",
+    "not_found": "not_found_error",
+    "busy": "rate_limit_error",
+}
+
+
+class HTTPError(ServiceError):
+    """
+    A request the surface itself refuses (bad JSON, bad key, ...).
+    """
+
+
+def error_body(kind, message, code=None):
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPE_BY_KIND.get(kind, "api_error"),
+            "code": code or kind,
+            "param": None,
+        }
+    }
+
+
+def write_json(request, status, obj):
+    data = json.dumps(obj).encode("utf-8")
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"content-length", str(len(data)).encode())
+    request.write(data)
+    request.finish()
+
+
+def _as_service_error(failure):
+    if failure.check(ServiceError):
+        return failure.value
+    return ServiceError("failed", "internal error", code="internal_error")
+
+
+def write_error(request, error):
+    """
+    Answer with the OpenAI-style error JSON for a L{ServiceError}.
+    """
+    write_json(request, _STATUS_BY_KIND.get(error.kind, 500), error_body(error.kind, error.message, error.code))
+
+
+def read_json(request):
+    """
+    The request body as a JSON object.
+
+    @raise HTTPError: for an oversize, non-JSON or non-object body.
+    """
+    data = request.content.read(MAX_BODY_BYTES + 1)
+    if len(data) > MAX_BODY_BYTES:
+        raise HTTPError("too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(data or b"{}")
+    except ValueError as e:
+        raise HTTPError("invalid", f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise HTTPError("invalid", "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def bearer(request):
+    header = request.getHeader(b"authorization") or ""
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return None
+
+
+class Keys:
+    """
+    Caller and admin API keys. With no caller keys configured the caller
+    API is open; admin operations always need an admin key.
+    """
+
+    def __init__(self, api_keys, admin_keys):
+        self.api_keys = frozenset(api_keys)
+        self.admin_keys = frozenset(admin_keys)
+
+    def check_caller(self, request):
+        if not self.api_keys:
+            return
+        key = bearer(request)
+        if key is None:
+            raise HTTPError("unauthorized", "an API key is required (Authorization: Bearer ...)", code="missing_api_key")
+        if key not in self.api_keys and key not in self.admin_keys:
+            raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
+
+    def check_admin(self, request):
+        key = bearer(request)
+        if not self.admin_keys:
+            raise HTTPError("forbidden", "admin operations are disabled: configure admin_keys", code="admin_disabled")
+        if key not in self.admin_keys:
+            raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
+
+
+class JSONResource(Resource):
+    """
+    A leaf resource whose C{handle_<METHOD>(request)} return a JSON-able
+    object, a Deferred of one, or C{NOT_DONE_YET}; L{ServiceError}s become
+    OpenAI-style errors. Unsupported methods get a JSON 405.
+    """
+
+    isLeaf = True
+    admin = False
+
+    def __init__(self, service, keys):
+        super().__init__()
+        self.service = service
+        self.keys = keys
+
+    def render(self, request):
+        handler = getattr(self, "handle_" + request.method.decode("ascii", "replace"), None)
+        if handler is None:
+            write_error(request, HTTPError("method", f"{request.method.decode()} is not allowed here"))
+            return NOT_DONE_YET
+        try:
+            (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+            result = handler(request)
+        except ServiceError as e:
+            write_error(request, e)
+            return NOT_DONE_YET
+        if result is NOT_DONE_YET:
+            return NOT_DONE_YET
+        d = defer.maybeDeferred(lambda: result)
+        d.addCallback(lambda obj: write_json(request, 200, obj))
+        d.addErrback(self._failed, request)
+        return NOT_DONE_YET
+
+    def _failed(self, failure, request):
+        if not failure.check(ServiceError):
+            log.failure("request failed", failure)
+        if not (request.finished or request._disconnected):
+            write_error(request, _as_service_error(failure))
+
+
+class NotFound(Resource):
+    """
+    A JSON 404 for every unknown path.
+    """
+
+    isLeaf = True
+
+    def render(self, request):
+        path = request.path.decode("utf-8", "replace")
+        data = json.dumps(error_body("not_found", f"no such endpoint: {path}")).encode()
+        request.setResponseCode(404)
+        request.setHeader(b"content-type", b"application/json")
+        return data
+
+
+class Call:
+    """
+    One HTTP request and the work it started. When the caller goes away,
+    a waiting placement is cancelled (the waiter leaves the queue) and a
+    started run or tunnel is cancelled on its Node.
+    """
+
+    def __init__(self, service, request):
+        self.service = service
+        self.request = request
+        self.gone = False
+        self.placing = None
+        self.dispatch = None
+        request.notifyFinish().addErrback(self._caller_gone)
+
+    def _caller_gone(self, failure):
+        self.gone = True
+        if self.placing is not None and not self.placing.called:
+            self.placing.cancel()
+        if self.dispatch is not None and not self.dispatch.done:
+            self.service.cancel(self.dispatch.id)
+
+    def placed(self, d):
+        """
+        Track the placement Deferred; returns it for chaining.
+        """
+        self.placing = d
+        return d
+
+    def started(self, dispatch):
+        self.dispatch = dispatch
+        if self.gone:
+            self.service.cancel(dispatch.id)
+        return dispatch
+
+    def fail(self, failure):
+        """
+        Errback: answer with an error unless the response already began
+        (then just end it) or the caller is gone.
+        """
+        if not failure.check(ServiceError, CancelledError):
+            log.failure("call failed", failure)
+        if self.gone or self.request.finished:
+            return None
+        if self.request.startedWriting:
+            self.request.finish()
+            return None
+        write_error(self.request, _as_service_error(failure))
+        return None
+
+    def finish(self):
+        if not self.gone and not self.request.finished:
+            self.request.finish()
+
+
+class EventStream:
+    """
+    Server-sent events on an HTTP response: headers on the first event.
+    """
+
+    def __init__(self, request):
+        self.request = request
+        self.open = False
+
+    def start(self):
+        if not self.open:
+            self.open = True
+            self.request.setResponseCode(200)
+            self.request.setHeader(b"content-type", b"text/event-stream")
+            self.request.setHeader(b"cache-control", b"no-cache")
+            self.request.setHeader(b"x-accel-buffering", b"no")
+
+    def send(self, obj):
+        self.start()
+        self.send_raw(json.dumps(obj))
+
+    def send_raw(self, text):
+        self.start()
+        self.request.write(f"data: {text}\n\n".encode("utf-8"))

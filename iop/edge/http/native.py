@@ -1,0 +1,197 @@
+"""
+The native surface: runs as event streams, cancel, sessions, node
+commands and the status snapshot.
+
+  POST /v1/runs                     submit a run; text/event-stream of events
+  POST /v1/runs/{run_id}/cancel     cancel a run in flight
+  POST /v1/sessions/terminate       end a logical session on a node
+  POST /v1/nodes/{node}/commands    run a node command (admin)
+  GET  /v1/status                   every configured node and model group
+"""
+
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from iop.adapters.interface import TERMINAL_TYPES
+from iop.edge.dispatch import IRunListener
+from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, NotFound, read_json, write_json
+from iop.edge.http.openai import parse_messages
+from iop.edge.service import RunSpec
+from iop.protocols.convert import usage_to_json
+
+
+def run_event_json(run_id, event):
+    """
+    One native event: C{run_id}, C{type}, C{text} for deltas, C{usage} and
+    C{error} on terminals (usage breakdown only when reported).
+    """
+    payload = {"run_id": run_id, "type": event.type}
+    if event.text:
+        payload["text"] = event.text
+    if event.usage is not None:
+        payload["usage"] = usage_to_json(event.usage)
+    if event.error is not None:
+        payload["error"] = {"code": event.error.code, "message": event.error.message}
+        if event.error.status:
+            payload["error"]["status"] = event.error.status
+    return payload
+
+
+def _string(body, key, default=""):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise HTTPError("invalid", f"{key} must be a string", code="invalid_" + key)
+    return value
+
+
+@implementer(IRunListener)
+class EventStreamListener:
+    """
+    Native run events as SSE, one C{data:} JSON per event.
+    """
+
+    def __init__(self, call):
+        self.call = call
+        self.stream = EventStream(call.request)
+
+    def event(self, event):
+        if self.call.gone:
+            return
+        self.stream.send(run_event_json(self.call.dispatch.id, event))
+        if event.type in TERMINAL_TYPES:
+            self.call.finish()
+
+
+@implementer(IRunListener)
+class CollectingListener:
+    """
+    For C{"stream": false}: every event, answered as one JSON document.
+    """
+
+    def __init__(self, call):
+        self.call = call
+        self.events = []
+
+    def event(self, event):
+        self.events.append(run_event_json(self.call.dispatch.id, event))
+        if event.type in TERMINAL_TYPES and not self.call.gone:
+            text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
+            result = {"run_id": self.call.dispatch.id, "status": event.type, "text": text, "events": self.events}
+            write_json(self.call.request, 200, result)
+
+
+def parse_run(body):
+    """
+    The native run request: C{adapter} (or C{model}), C{target}, C{input}
+    as text or chat messages, C{node}, C{session_id}, C{background}.
+    """
+    value = body.get("input")
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": value}]
+    elif isinstance(value, list):
+        messages = parse_messages(value)
+    else:
+        raise HTTPError("invalid", "input must be text or a list of messages", code="invalid_input")
+    adapter, model = _string(body, "adapter"), _string(body, "model") or None
+    if not adapter and not model:
+        raise HTTPError("invalid", "adapter (or model) is required", code="missing_adapter")
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise HTTPError("invalid", "options must be an object", code="invalid_options")
+    return RunSpec(
+        messages=messages,
+        adapter=adapter,
+        model=model,
+        target=_string(body, "target"),
+        node=_string(body, "node") or None,
+        session_id=_string(body, "session_id"),
+        background=bool(body.get("background", False)),
+        options=options,
+    )
+
+
+class Runs(JSONResource):
+    isLeaf = False
+
+    def getChild(self, name, request):
+        if request.postpath == [b"cancel"]:
+            return CancelRun(self.service, self.keys, name.decode("utf-8", "replace"))
+        return NotFound()
+
+    def handle_POST(self, request):
+        body = read_json(request)
+        spec = parse_run(body)
+        call = Call(self.service, request)
+        listener_class = EventStreamListener if body.get("stream", True) else CollectingListener
+        d = call.placed(self.service.place(spec.model, spec.adapter, spec.node, spec.target, spec.input_chars()))
+
+        def placed(placement):
+            if call.gone:
+                placement.release()
+                return
+            call.started(self.service.start_run(placement, spec, listener_class(call)))
+
+        d.addCallback(placed)
+        d.addErrback(call.fail)
+        return NOT_DONE_YET
+
+
+class CancelRun(JSONResource):
+    def __init__(self, service, keys, run_id):
+        super().__init__(service, keys)
+        self.run_id = run_id
+
+    def handle_POST(self, request):
+        if not self.service.cancel(self.run_id):
+            raise HTTPError("not_found", f"no run {self.run_id} is in flight", code="run_not_found")
+        return {"run_id": self.run_id, "cancelling": True}
+
+
+class Status(JSONResource):
+    def handle_GET(self, request):
+        return self.service.status()
+
+
+class TerminateSession(JSONResource):
+    def handle_POST(self, request):
+        body = read_json(request)
+        session_id = _string(body, "session_id")
+        adapter = _string(body, "adapter")
+        if not session_id or not adapter:
+            raise HTTPError("invalid", "adapter and session_id are required", code="missing_session")
+        d = self.service.terminate_session(_string(body, "node") or None, adapter, _string(body, "target"), session_id)
+        return d.addCallback(lambda result: {"session_id": session_id, "terminated": result[0], "reason": result[1]})
+
+
+class NodeCommands(JSONResource):
+    admin = True
+
+    def __init__(self, service, keys, node_id):
+        super().__init__(service, keys)
+        self.node_id = node_id
+
+    def handle_POST(self, request):
+        body = read_json(request)
+        command = _string(body, "command")
+        if not command:
+            raise HTTPError("invalid", "command is required", code="missing_command")
+        args = body.get("args") or {}
+        if not isinstance(args, dict):
+            raise HTTPError("invalid", "args must be an object", code="invalid_args")
+        d = self.service.command(self.node_id, command, _string(body, "adapter"), args)
+        return d.addCallback(lambda result: {"node": self.node_id, "command": command, "result": result})
+
+
+class Nodes(Resource):
+    def __init__(self, service, keys):
+        super().__init__()
+        self.service = service
+        self.keys = keys
+
+    def getChild(self, name, request):
+        if request.postpath == [b"commands"]:
+            return NodeCommands(self.service, self.keys, name.decode("utf-8", "replace"))
+        return NotFound()

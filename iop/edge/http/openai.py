@@ -1,0 +1,277 @@
+"""
+The OpenAI-compatible surface: C{POST /v1/chat/completions} and
+C{GET /v1/models}.
+
+C{model} names a model group (routed through its provider pool) or, when
+no group has that name, an adapter (on the single ready node). The
+selected provider decides the wire: OpenAI-compatible providers get a raw
+tunnel and the caller receives the provider's own bytes; every other
+provider runs a normalized run rendered here as OpenAI chunks or one JSON
+response.
+"""
+
+import json
+
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from iop.adapters.interface import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
+from iop.edge.dispatch import IRunListener, ITunnelListener
+from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_error, write_json
+from iop.edge.service import RunSpec, ServiceError
+
+#: Request keys that are not generation options for a normalized run.
+_ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
+
+#: Hop-by-hop headers never relayed from a provider to the caller
+#: (RFC 9110 section 7.6.1), plus the framing the Edge redoes itself.
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "date",
+    "server",
+}
+
+
+def text_of(content):
+    """
+    The text of a message's C{content}: a string, or a list of parts of
+    which the C{text} parts are joined.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise HTTPError("invalid", "message content must be a string or a list of parts", code="invalid_messages")
+
+
+def parse_messages(value):
+    if not isinstance(value, list) or not value:
+        raise HTTPError("invalid", "messages must be a non-empty list", code="invalid_messages")
+    messages = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise HTTPError("invalid", f"messages[{i}] must be an object with a role", code="invalid_messages")
+        messages.append({"role": m["role"], "content": text_of(m.get("content"))})
+    return messages
+
+
+def openai_usage(usage):
+    """
+    OpenAI's usage object; the details appear only when reported.
+    """
+    result = {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+    if usage.reasoning_tokens is not None:
+        result["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    if usage.cached_input_tokens is not None:
+        result["prompt_tokens_details"] = {"cached_tokens": usage.cached_input_tokens}
+    return result
+
+
+class ChatCompletions(JSONResource):
+    def __init__(self, service, keys, clock):
+        super().__init__(service, keys)
+        self.clock = clock
+
+    def handle_POST(self, request):
+        body = read_json(request)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise HTTPError("invalid", "model is required", code="missing_model")
+        messages = parse_messages(body.get("messages"))
+        call = Call(self.service, request)
+        d = call.placed(
+            self.service.place(model=model, adapter=model, input_chars=sum(len(m["content"]) for m in messages))
+        )
+        d.addCallback(self._placed, call, body, messages, request)
+        d.addErrback(call.fail)
+        return NOT_DONE_YET
+
+    def _placed(self, placement, call, body, messages, request):
+        if call.gone:
+            placement.release()
+            return
+        if placement.tunnels:
+            forwarded = dict(body, model=placement.target or body["model"])
+            headers = [("content-type", "application/json")]
+            accept = request.getHeader(b"accept")
+            if accept:
+                headers.append(("accept", accept))
+            listener = TunnelRelay(call)
+            call.started(
+                self.service.start_tunnel(
+                    placement, "POST", "/chat/completions", headers, json.dumps(forwarded).encode(), listener
+                )
+            )
+            return
+        stream = bool(body.get("stream"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = {k: v for k, v in body.items() if k not in _ENVELOPE_KEYS}
+        spec = RunSpec(messages=messages, options=options)
+        renderer = (ChunkRenderer if stream else ResponseRenderer)(call, body["model"], int(self.clock.seconds()), include_usage)
+        call.started(self.service.start_run(placement, spec, renderer))
+
+
+class _Renderer:
+    def __init__(self, call, model, created, include_usage):
+        self.call = call
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+        self.id = None
+
+    def _id(self):
+        return "chatcmpl-" + self.call.dispatch.id.split("-", 1)[-1]
+
+
+@implementer(IRunListener)
+class ChunkRenderer(_Renderer):
+    """
+    Normalized run events as OpenAI C{chat.completion.chunk} SSE events.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.stream = EventStream(self.call.request)
+
+    def chunk(self, delta, finish_reason=None):
+        return {
+            "id": self._id(),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    def event(self, event):
+        if self.call.gone:
+            return
+        if event.type == ERROR and not self.stream.open:
+            # Nothing sent yet: the caller gets a proper error status.
+            error = event.error
+            write_error(self.call.request, ServiceError("failed", error.message, code=error.code))
+            return
+        if event.type == START:
+            self.stream.send(self.chunk({"role": "assistant", "content": ""}))
+        elif event.type == DELTA:
+            self.stream.send(self.chunk({"content": event.text}))
+        elif event.type == REASONING_DELTA:
+            self.stream.send(self.chunk({"reasoning_content": event.text}))
+        elif event.type in (COMPLETE, CANCELLED):
+            self.stream.send(self.chunk({}, "stop" if event.type == COMPLETE else "cancelled"))
+            if self.include_usage and event.usage is not None:
+                final = self.chunk({})
+                final["choices"] = []
+                final["usage"] = openai_usage(event.usage)
+                self.stream.send(final)
+            self.stream.send_raw("[DONE]")
+            self.call.finish()
+        elif event.type == ERROR:
+            error = event.error
+            self.stream.send({"error": {"message": error.message, "type": "api_error", "code": error.code}})
+            self.call.finish()
+
+
+@implementer(IRunListener)
+class ResponseRenderer(_Renderer):
+    """
+    A normalized run collected into one C{chat.completion} response.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.text = []
+        self.reasoning = []
+
+    def event(self, event):
+        if self.call.gone:
+            return
+        if event.type == DELTA:
+            self.text.append(event.text)
+        elif event.type == REASONING_DELTA:
+            self.reasoning.append(event.text)
+        elif event.type in (COMPLETE, CANCELLED):
+            message = {"role": "assistant", "content": "".join(self.text)}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            response = {
+                "id": self._id(),
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {"index": 0, "message": message, "finish_reason": "stop" if event.type == COMPLETE else "cancelled"}
+                ],
+            }
+            if event.usage is not None:
+                response["usage"] = openai_usage(event.usage)
+            write_json(self.call.request, 200, response)
+        elif event.type == ERROR:
+            error = event.error
+            write_error(self.call.request, ServiceError("failed", error.message, code=error.code))
+
+
+@implementer(ITunnelListener)
+class TunnelRelay:
+    """
+    The provider's own response, relayed to the caller as it comes:
+    status, headers (minus hop-by-hop) and raw body bytes.
+    """
+
+    def __init__(self, call):
+        self.call = call
+        self.request = call.request
+
+    def status(self, code):
+        if not self.call.gone:
+            self.request.setResponseCode(code)
+
+    def headers(self, pairs):
+        if self.call.gone:
+            return
+        for name, value in pairs:
+            if name.lower() not in _HOP_BY_HOP:
+                self.request.responseHeaders.addRawHeader(name, value)
+
+    def body(self, data):
+        if not self.call.gone and data:
+            self.request.write(data)
+
+    def usage(self, usage):
+        pass
+
+    def metadata(self, info):
+        pass
+
+    def end(self):
+        self.call.finish()
+
+    def error(self, failure):
+        if self.call.gone or self.request.finished:
+            return
+        if self.request.startedWriting:
+            # Mid-body: the only honest signal left is an aborted response.
+            self.request.channel.transport.abortConnection()
+            return
+        write_error(self.request, ServiceError("failed", failure.message, code=failure.code))
+
+
+class Models(JSONResource):
+    def handle_GET(self, request):
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "iop"} for name in self.service.models()],
+        }
