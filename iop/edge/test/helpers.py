@@ -1,0 +1,132 @@
+"""
+An in-memory Edge and scripted Nodes for Edge unit tests: the real
+L{EdgeService}, L{EdgeNodeConnection} and L{WireProtocol} on both ends,
+wired together by L{twisted.test.iosim} on a L{Clock}.
+"""
+
+from twisted.internet.task import Clock
+from twisted.test import iosim
+from zope.interface import implementer
+
+from iop.config import Section
+from iop.edge.bus import EventBus
+from iop.edge.config import parse
+from iop.edge.connection import EdgeNodeConnection
+from iop.edge.service import EdgeService
+from iop.protocols import iop_pb2
+from iop.protocols.wire import Heartbeat, IWireReceiver, WireProtocol
+
+EDGE_YAML = {
+    "listen": {"nodes": "tcp:0", "http": "tcp:0"},
+    "admin_keys": ["admin"],
+    "nodes": [
+        {
+            "id": "n1",
+            "token": "tok-1",
+            "adapters": [{"name": "echo", "type": "echo", "max_concurrency": 2}],
+            "providers": [{"id": "p1", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}],
+        },
+        {
+            "id": "n2",
+            "token": "tok-2",
+            "adapters": [{"name": "echo", "type": "echo", "max_concurrency": 2}],
+            "providers": [{"id": "p2", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}],
+        },
+    ],
+    "model_groups": [
+        {
+            "name": "grp",
+            "providers": [{"node": "n1", "provider": "p1", "target": "t1"}, {"node": "n2", "provider": "p2", "target": "t2"}],
+            "queue_timeout_sec": 10,
+        }
+    ],
+}
+
+
+def edge_config(data=EDGE_YAML):
+    return parse(Section(data, "", "edge.yaml"))
+
+
+@implementer(IWireReceiver)
+class ScriptedNode:
+    """
+    A Node stand-in that records what the Edge sends it.
+    """
+
+    def __init__(self):
+        self.wire = None
+        self.received = []
+        self.lost = False
+
+    def wireConnected(self, wire):
+        self.wire = wire
+
+    def messageReceived(self, kind, message):
+        self.received.append((kind, message))
+
+    def wireLost(self, reason):
+        self.lost = True
+
+    def of(self, kind):
+        return [m for k, m in self.received if k == kind]
+
+
+class EdgeHarness:
+    """
+    One Edge service and any number of in-memory Node connections.
+    """
+
+    def __init__(self, data=EDGE_YAML):
+        self.clock = Clock()
+        self.config = edge_config(data)
+        self.bus = EventBus(self.clock)
+        self.node_events = []
+        self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
+        self.service = EdgeService(self.config, self.clock, self.bus)
+        self.pumps = []
+
+    def connect(self):
+        """
+        Open one Node connection. @return: C{(node, pump, edge_protocol)}.
+        """
+        node = ScriptedNode()
+        edge_protocol = WireProtocol(EdgeNodeConnection(self.service), self.clock, Heartbeat(2, 5))
+        node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
+        pump = iosim.connect(
+            edge_protocol,
+            iosim.FakeTransport(edge_protocol, isServer=True),
+            node_protocol,
+            iosim.FakeTransport(node_protocol, isServer=False),
+            greet=False,
+            clock=self.clock,
+        )
+        self.pumps.append(pump)
+        return node, pump, edge_protocol
+
+    def flush(self):
+        for pump in self.pumps:
+            pump.flush()
+
+    def register(self, token="tok-1", ready=True):
+        node, pump, edge_protocol = self.connect()
+        node.wire.send(iop_pb2.RegisterRequest(token=token))
+        pump.flush()
+        if ready:
+            node.wire.send(iop_pb2.NodeReadyRequest(node_id=node.of("register_response")[0].config.node_id))
+            pump.flush()
+        return node, pump, edge_protocol
+
+
+class Recorder:
+    """
+    A run listener that keeps every event.
+    """
+
+    def __init__(self):
+        self.events = []
+
+    def event(self, event):
+        self.events.append(event)
+
+    def types(self):
+        return [e.type for e in self.events]

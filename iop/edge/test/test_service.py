@@ -1,0 +1,327 @@
+"""
+Edge service tests over in-memory connections: registration, readiness,
+generation fencing, run relay, cancel and disconnects.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.config import token_digest
+from iop.edge.service import RunSpec, ServiceError
+from iop.edge.test.helpers import EDGE_YAML, EdgeHarness, Recorder
+from iop.protocols import iop_pb2
+
+
+def hello():
+    return RunSpec(messages=[{"role": "user", "content": "hello world"}], adapter="echo", node="n1")
+
+
+class RegistrationTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness()
+
+    def test_accepted(self):
+        """
+        A known token is accepted with the node's configuration: its id,
+        adapters (type-specific keys as JSON) and heartbeat timings.
+        """
+        node, _, _ = self.edge.register(ready=False)
+        (response,) = node.of("register_response")
+        self.assertTrue(response.accepted)
+        self.assertEqual(response.config.node_id, "n1")
+        self.assertEqual([(a.name, a.type, a.max_concurrency) for a in response.config.adapters], [("echo", "echo", 2)])
+        self.assertEqual((response.config.heartbeat_interval_sec, response.config.heartbeat_timeout_sec), (2.0, 5.0))
+        self.assertEqual(self.edge.node_events[-1]["event"], "registered")
+
+    def test_unknownToken(self):
+        """
+        An unknown token is refused with UNKNOWN_TOKEN, published as a
+        rejected lifecycle event, and the connection is closed.
+        """
+        node, pump, _ = self.edge.register(token="nope", ready=False)
+        (response,) = node.of("register_response")
+        self.assertFalse(response.accepted)
+        self.assertEqual(response.code, iop_pb2.UNKNOWN_TOKEN)
+        self.assertTrue(node.lost)
+        self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
+        self.assertNotIn("nope", repr(self.edge.node_events))
+
+    def test_tokenSha256(self):
+        """
+        A node configured with the SHA-256 of its token accepts the token.
+        """
+        data = dict(EDGE_YAML)
+        data["nodes"] = [dict(EDGE_YAML["nodes"][0], token=None)]
+        del data["nodes"][0]["token"]
+        data["nodes"][0]["token_sha256"] = token_digest("secret").hex()
+        data["model_groups"] = []
+        edge = EdgeHarness(data)
+        node, _, _ = edge.register(token="secret", ready=False)
+        self.assertTrue(node.of("register_response")[0].accepted)
+
+    def test_readyAck(self):
+        """
+        Ready from the registered connection is acknowledged and makes the
+        node connected in the snapshot.
+        """
+        node, _, _ = self.edge.register()
+        self.assertTrue(node.of("node_ready_response")[0].ready)
+        self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
+        self.assertEqual([e["event"] for e in self.edge.node_events], ["registered", "ready"])
+
+    def test_pendingExcluded(self):
+        """
+        A registered but not ready node is excluded from dispatch: direct,
+        fallback and pooled placement all fail, and it shows disconnected.
+        """
+        self.edge.register(ready=False)
+        self.failureResultOf(self.edge.service.place(adapter="echo", node="n1"), ServiceError)
+        self.failureResultOf(self.edge.service.place(adapter="echo"), ServiceError)
+        f = self.failureResultOf(self.edge.service.place(model="grp"), ServiceError)
+        self.assertEqual(f.value.kind, "unavailable")
+        self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
+
+    def test_messagesBeforeReadyDrop(self):
+        """
+        A run event from a pending connection is a protocol violation that
+        closes it.
+        """
+        node, pump, edge_protocol = self.edge.register(ready=False)
+        node.wire.send(iop_pb2.RunEvent(run_id="x", type="start"))
+        pump.flush()
+        self.assertTrue(node.lost)
+        self.assertIn("run_event", edge_protocol.closeReason)
+
+
+class FencingTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness()
+
+    def test_duplicateRegister(self):
+        """
+        A second connection for a node with a live owner is refused as
+        retryable (DUPLICATE_CONNECTION) and the owner is untouched.
+        """
+        first, _, _ = self.edge.register()
+        second, _, _ = self.edge.register(ready=False)
+        response = second.of("register_response")[0]
+        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertFalse(first.lost)
+        self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
+        self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
+
+    def test_duplicateReady(self):
+        """
+        A repeated ready from the owner is acknowledged and changes nothing
+        (no second "ready" event, capacity not doubled).
+        """
+        node, pump, _ = self.edge.register()
+        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n1"))
+        pump.flush()
+        self.assertEqual([r.ready for r in node.of("node_ready_response")], [True, True])
+        self.assertEqual([e["event"] for e in self.edge.node_events].count("ready"), 1)
+        provider = self.edge.service.status()["nodes"][0]["providers"][0]
+        self.assertEqual(provider["capacity"]["normal"], 1)
+
+    def test_readyForOtherNode(self):
+        """
+        A ready naming another node than the registration is refused.
+        """
+        node, pump, _ = self.edge.register(ready=False)
+        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n2"))
+        pump.flush()
+        self.assertFalse(node.of("node_ready_response")[0].ready)
+        self.assertFalse(self.edge.service.status()["nodes"][1]["connected"])
+
+    def test_staleReady(self):
+        """
+        A ready from a connection that is no longer the owner is refused.
+        """
+        link = self.edge.service.registry.register("tok-1", wire=None)
+        self.edge.service.registry.lost(link)
+        response = self.edge.service.ready(link, "n1")
+        self.assertFalse(response.ready)
+        self.assertIn("stale", response.reason)
+
+    def test_staleCloseChangesNothing(self):
+        """
+        Closing a refused duplicate connection leaves the owner connected
+        and its work running.
+        """
+        owner, _, _ = self.edge.register()
+        recorder = Recorder()
+        self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        duplicate, dup_pump, _ = self.edge.register(ready=False)
+        self.assertTrue(duplicate.lost)
+        self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
+        self.assertEqual(recorder.events, [])
+        self.assertNotIn("disconnected", [e["event"] for e in self.edge.node_events])
+
+    def test_reconnectNewGeneration(self):
+        """
+        After the owner is gone, a new registration is accepted under a new
+        generation and its ready activates the node again.
+        """
+        first, pump, edge_protocol = self.edge.register()
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
+        second, _, _ = self.edge.register()
+        self.assertTrue(second.of("node_ready_response")[0].ready)
+        self.assertEqual(self.edge.service.registry.owner("n1").generation, 2)
+        self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
+
+
+class RunTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness()
+        self.node, self.pump, self.edge_protocol = self.edge.register()
+
+    def reply(self, run_id, *events):
+        for seq, (kind, text) in enumerate(events, 1):
+            self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind, text=text))
+        self.pump.flush()
+
+    def test_runRequestAndRelayOrder(self):
+        """
+        SubmitRun sends one RunRequest with the messages, and relays the
+        Node's events to the listener in order, ending at the terminal.
+        """
+        recorder = Recorder()
+        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        self.pump.flush()
+        (request,) = self.node.of("run_request")
+        self.assertEqual(request.run_id, run.id)
+        self.assertEqual([(m.role, m.content) for m in request.messages], [("user", "hello world")])
+        self.reply(run.id, ("start", ""), ("delta", "hello "), ("delta", "world"), ("complete", ""))
+        self.assertEqual(recorder.types(), ["start", "delta", "delta", "complete"])
+        self.assertEqual("".join(e.text for e in recorder.events), "hello world")
+        self.assertNotIn(run.id, self.edge.service.inflight)
+
+    def test_eventsAfterTerminalIgnored(self):
+        """
+        Nothing reaches the listener after the terminal.
+        """
+        recorder = Recorder()
+        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        self.reply(run.id, ("complete", ""), ("delta", "late"))
+        self.assertEqual(recorder.types(), ["complete"])
+
+    def test_singleNodeFallback(self):
+        """
+        Without a node, the single ready node is chosen; with two ready
+        nodes the caller must name one.
+        """
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo")
+        run = self.successResultOf(self.edge.service.submit_run(spec, recorder))
+        self.assertEqual(run.link.node_id, "n1")
+        self.edge.register(token="tok-2")
+        f = self.failureResultOf(self.edge.service.submit_run(spec, Recorder()), ServiceError)
+        self.assertIn("name a node", f.value.message)
+
+    def test_cancel(self):
+        """
+        Cancel sends CancelRequest(CANCEL_RUN) for the run; the Node's
+        cancelled terminal ends it.
+        """
+        recorder = Recorder()
+        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        self.assertTrue(self.edge.service.cancel(run.id))
+        self.pump.flush()
+        (cancel,) = self.node.of("cancel_request")
+        self.assertEqual((cancel.kind, cancel.run_id), (iop_pb2.CancelRequest.CANCEL_RUN, run.id))
+        self.reply(run.id, ("cancelled", ""))
+        self.assertEqual(recorder.types(), ["cancelled"])
+        self.assertFalse(self.edge.service.cancel(run.id))
+
+    def test_cancelWithoutAnswer(self):
+        """
+        A cancel the Node never confirms still ends the run as cancelled
+        after the grace period, returning its lease.
+        """
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
+        run = self.successResultOf(self.edge.service.submit_run(spec, recorder))
+        self.edge.service.cancel(run.id)
+        self.edge.clock.advance(self.edge.config.run_grace_sec)
+        self.assertEqual(recorder.types(), ["cancelled"])
+        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+
+    def test_disconnectEndsRuns(self):
+        """
+        When the ready owner disconnects, its in-flight runs end at once
+        with an error saying so, its leases return, it leaves dispatch,
+        and a disconnected event is published.
+        """
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
+        self.successResultOf(self.edge.service.submit_run(spec, recorder))
+        self.assertEqual(len(self.edge.service.pool.activeLeases()), 1)
+        self.edge_protocol.transport.loseConnection()
+        self.pump.flush()
+        self.assertEqual(recorder.types(), ["error"])
+        self.assertEqual(recorder.events[0].error.code, "node_disconnected")
+        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.node_events[-1]["event"], "disconnected")
+        status = self.edge.service.status()["nodes"][0]
+        self.assertFalse(status["connected"])
+        self.assertEqual(status["providers"][0]["status"], "unavailable")
+
+    def test_leaseReturnedOnTerminal(self):
+        """
+        A pooled run's lease returns exactly once, on its terminal.
+        """
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
+        run = self.successResultOf(self.edge.service.submit_run(spec, Recorder()))
+        lease = run.placement.lease
+        self.reply(run.id, ("complete", ""))
+        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertFalse(lease.release())
+
+    def test_sendFailureReturnsLease(self):
+        """
+        A RunRequest that cannot be sent returns the lease and fails the
+        submit.
+        """
+        spec = RunSpec(messages=[{"role": "user", "content": "x" * (17 * 1024 * 1024)}], model="grp")
+        f = self.failureResultOf(self.edge.service.submit_run(spec, Recorder()), ServiceError)
+        self.assertEqual(f.value.code, "send_failed")
+        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.service.inflight, {})
+
+    def test_command(self):
+        """
+        A node command is sent and its response's JSON result returned.
+        """
+        d = self.edge.service.command("n1", "capabilities")
+        self.pump.flush()
+        (request,) = self.node.of("node_command_request")
+        self.node.wire.send(iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True, result_json='{"a": 1}'))
+        self.pump.flush()
+        self.assertEqual(self.successResultOf(d), {"a": 1})
+
+    def test_terminateSession(self):
+        """
+        Terminate-session is sent as CancelRequest(TERMINATE_SESSION) and
+        the Node's answer (here "not supported") comes back.
+        """
+        d = self.edge.service.terminate_session("n1", "echo", "", "s1")
+        self.pump.flush()
+        (request,) = self.node.of("cancel_request")
+        self.assertEqual(request.kind, iop_pb2.CancelRequest.TERMINATE_SESSION)
+        self.node.wire.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="not supported"))
+        self.pump.flush()
+        self.assertEqual(self.successResultOf(d), (False, "not supported"))
+
+    def test_statusKeepsOfflineNodes(self):
+        """
+        The snapshot lists every configured node; an offline one shows
+        connected=false and its providers unavailable/offline with zeros.
+        """
+        nodes = {n["id"]: n for n in self.edge.service.status()["nodes"]}
+        self.assertTrue(nodes["n1"]["connected"])
+        self.assertFalse(nodes["n2"]["connected"])
+        (provider,) = nodes["n2"]["providers"]
+        self.assertEqual((provider["status"], provider["health"]), ("unavailable", "offline"))
+        self.assertEqual(provider["capacity"], {"normal": 0, "long": 0})
+        self.assertEqual(provider["in_use"], {"normal": 0, "long": 0})
