@@ -1,0 +1,221 @@
+"""
+Real iop daemons for integration tests: `twistd -n iop-edge` and
+`twistd -n iop-node` subprocesses, each in its own working directory, on
+loopback ports the OS picked, always torn down.
+
+Every wait here polls with a bounded deadline; nothing sleeps a fixed time
+to synchronize.
+"""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import yaml
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
+    """
+    Poll C{predicate} until it returns a true value (returned) or the
+    deadline passes (AssertionError).
+    """
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            last_error = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})")
+
+
+class Daemon:
+    """
+    One twistd process. Output goes to C{<workdir>/daemon.log}.
+    """
+
+    def __init__(self, tapname, workdir, config_path, extra_env=None):
+        self.tapname = tapname
+        self.workdir = workdir
+        self.config_path = config_path
+        self.log_path = os.path.join(workdir, "daemon.log")
+        self.extra_env = extra_env or {}
+        self.process = None
+
+    def start(self):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [TWISTD, "-n", "--pidfile=", self.tapname, "--config", self.config_path],
+            cwd=self.workdir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        return self
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def running(self):
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum):
+        if self.running():
+            self.process.send_signal(signum)
+
+    def wait(self, timeout=15.0):
+        """
+        Wait for exit; return the exit status.
+        """
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, signum=signal.SIGTERM, timeout=15.0):
+        """
+        Signal and reap; returns the exit status. Never leaves a process.
+        """
+        if self.process is None:
+            return None
+        if self.running():
+            self.process.send_signal(signum)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout)
+        self._log.close()
+        return self.process.returncode
+
+    def output(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+
+class Edge(Daemon):
+    def __init__(self, workdir, config):
+        self.node_port = free_port()
+        self.http_port = free_port()
+        config = dict(config)
+        config["listen"] = {
+            "nodes": f"tcp:{self.node_port}:interface=127.0.0.1",
+            "http": f"tcp:{self.http_port}:interface=127.0.0.1",
+        }
+        os.makedirs(workdir, exist_ok=True)
+        path = os.path.join(workdir, "edge.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        super().__init__("iop-edge", workdir, path)
+        self.config = config
+
+    def start(self):
+        super().start()
+        wait_for(self._listening, what="the Edge to listen")
+        return self
+
+    def _listening(self):
+        if not self.running():
+            raise AssertionError(f"iop-edge exited:\n{self.output()}")
+        self.request("GET", "/v1/status")
+        return True
+
+    def request(self, method, path, body=None, headers=None, timeout=30.0):
+        """
+        One HTTP request. @return: C{(status, headers, body_bytes)}.
+        """
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        try:
+            data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+            conn.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def json(self, method, path, body=None, headers=None):
+        status, _, data = self.request(method, path, body, headers)
+        return status, json.loads(data)
+
+    def status(self):
+        return self.json("GET", "/v1/status")[1]
+
+    def node_connected(self, node_id):
+        nodes = {n["id"]: n for n in self.status()["nodes"]}
+        return nodes[node_id]["connected"]
+
+    def wait_connected(self, node_id, connected=True, timeout=20.0):
+        wait_for(lambda: self.node_connected(node_id) == connected, timeout=timeout, what=f"{node_id} connected={connected}")
+
+    def stream(self, method, path, body, headers=None, timeout=30.0):
+        """
+        Open a streaming request. @return: C{(connection, response)}.
+        """
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        conn.request(method, path, body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
+        return conn, conn.getresponse()
+
+    @property
+    def base_url(self):
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+class Node(Daemon):
+    def __init__(self, workdir, edge_port, token, reconnect=None, extra=None):
+        os.makedirs(workdir, exist_ok=True)
+        config = {
+            "edge": f"tcp:host=127.0.0.1:port={edge_port}",
+            "token": token,
+            "store": "file:runs.db?mode=rwc",
+            "reconnect": reconnect or {"max_attempts": 0, "interval_sec": 0.2},
+        }
+        config.update(extra or {})
+        path = os.path.join(workdir, "node.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        super().__init__("iop-node", workdir, path)
+
+
+def sse_events(response):
+    """
+    Yield each C{data:} payload of a server-sent event stream as it comes.
+    """
+    buffer = b""
+    while True:
+        line = response.readline()
+        if not line:
+            return
+        line = line.rstrip(b"\r\n")
+        if line.startswith(b"data: "):
+            buffer = line[6:]
+        elif line == b"" and buffer:
+            yield buffer.decode("utf-8")
+            buffer = b""
+
+
+def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
+    """
+    An edge.yaml node entry with one echo adapter.
+    """
+    return {
+        "id": node_id,
+        "token": token,
+        "adapters": [{"name": "echo", "type": "echo", "max_concurrency": max_concurrency, "delay_ms": delay_ms}],
+        "providers": providers or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 1}}],
+    }

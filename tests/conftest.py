@@ -1,0 +1,62 @@
+"""
+Fixtures for multi-process tests: every daemon a test starts is stopped
+at teardown, whatever happened.
+"""
+
+import os
+import sys
+
+import pytest
+
+
+from iop.testing.daemons import Edge, Node  # noqa: E402
+
+
+class Launcher:
+    def __init__(self, root):
+        self.root = root
+        self.daemons = []
+        self.count = 0
+
+    def _dir(self, name):
+        self.count += 1
+        path = os.path.join(self.root, f"{self.count:02d}-{name}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def edge(self, config, start=True):
+        edge = Edge(self._dir("edge"), config)
+        self.daemons.append(edge)
+        return edge.start() if start else edge
+
+    def node(self, edge_port, token, start=True, **kwargs):
+        node = Node(self._dir("node"), edge_port, token, **kwargs)
+        self.daemons.append(node)
+        return node.start() if start else node
+
+    def stop_all(self):
+        for daemon in reversed(self.daemons):
+            try:
+                daemon.stop()
+            except Exception:
+                if daemon.process is not None:
+                    daemon.process.kill()
+
+
+@pytest.fixture
+def launch(tmp_path, request):
+    launcher = Launcher(str(tmp_path))
+    try:
+        yield launcher
+    finally:
+        launcher.stop_all()
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            for daemon in launcher.daemons:
+                sys.stderr.write(f"\n----- {daemon.tapname} ({daemon.workdir}) -----\n{daemon.output()[-4000:]}\n")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, "rep_" + report.when, report)

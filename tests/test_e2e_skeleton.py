@@ -1,0 +1,138 @@
+"""
+The whole path with real processes: a caller, a real `twistd -n iop-edge`,
+a real `twistd -n iop-node` with the built-in echo back end.
+"""
+
+import json
+import signal
+
+import openai
+import pytest
+
+from iop.testing.daemons import echo_node, sse_events, wait_for
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+@pytest.fixture
+def pair(launch):
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1", delay_ms=20)], "admin_keys": ["adm"]})
+    node = launch.node(edge.node_port, "tok-1")
+    edge.wait_connected("node-1")
+    return edge, node
+
+
+def test_stream_completion_raw_sse(pair):
+    """
+    A streamed chat completion through raw SSE: OpenAI chunks whose
+    contents join to the input exactly, then `data: [DONE]`.
+    """
+    edge, _ = pair
+    conn, response = edge.stream(
+        "POST", "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": TEXT}]}
+    )
+    try:
+        assert response.status == 200
+        assert response.getheader("content-type") == "text/event-stream"
+        payloads = list(sse_events(response))
+    finally:
+        conn.close()
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == TEXT
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stream_completion_openai_sdk(pair):
+    """
+    The official openai SDK streams a completion and reads a non-streamed
+    one, with usage, through the Edge.
+    """
+    edge, _ = pair
+    client = openai.OpenAI(base_url=edge.base_url + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": TEXT}], stream=True, stream_options={"include_usage": True}
+    )
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(parts) == TEXT
+    assert usage.completion_tokens == len(TEXT.split())
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": TEXT}])
+    assert reply.choices[0].message.content == TEXT
+    assert reply.usage.prompt_tokens == len(TEXT.split())
+    models = [m.id for m in client.models.list()]
+    assert "echo" in models
+
+
+def test_native_run_stream_and_status(pair):
+    """
+    POST /v1/runs streams native events with run_id and type, deltas
+    carrying text and the terminal carrying usage; the status lists the
+    node as connected.
+    """
+    edge, _ = pair
+    conn, response = edge.stream("POST", "/v1/runs", {"adapter": "echo", "input": TEXT, "stream": True})
+    try:
+        events = [json.loads(p) for p in sse_events(response)]
+    finally:
+        conn.close()
+    types = [e["type"] for e in events]
+    assert types[0] == "start" and types[-1] == "complete"
+    assert set(types[1:-1]) == {"delta"}
+    assert len({e["run_id"] for e in events}) == 1
+    assert "".join(e.get("text", "") for e in events) == TEXT
+    assert events[-1]["usage"] == {"input_tokens": 9, "output_tokens": 9}
+    status = edge.status()
+    assert status["nodes"][0]["id"] == "node-1" and status["nodes"][0]["connected"] is True
+
+
+def test_cancel_native_run_mid_stream(launch):
+    """
+    Cancelling a native run mid-stream ends it with `cancelled` long
+    before the echo back end would have finished.
+    """
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1", delay_ms=200)]})
+    launch.node(edge.node_port, "tok-1")
+    edge.wait_connected("node-1")
+    conn, response = edge.stream("POST", "/v1/runs", {"adapter": "echo", "input": "word " * 200, "stream": True})
+    try:
+        events = sse_events(response)
+        first = json.loads(next(events))
+        assert first["type"] == "start"
+        status, body = edge.json("POST", f"/v1/runs/{first['run_id']}/cancel", {})
+        assert status == 200, body
+        rest = [json.loads(p) for p in events]
+    finally:
+        conn.close()
+    assert rest[-1]["type"] == "cancelled"
+    assert sum(1 for e in rest if e["type"] == "delta") < 50
+    wait_for(lambda: edge.status()["nodes"][0]["in_flight"] == 0, what="no run in flight")
+
+
+def test_bad_json_is_openai_error(pair):
+    """
+    Malformed JSON gets a 400 with an OpenAI-style error body; an unknown
+    model a 404; both leave the Edge serving.
+    """
+    edge, _ = pair
+    status, _, body = edge.request("POST", "/v1/chat/completions", b"{not json")
+    assert status == 400
+    assert json.loads(body)["error"]["code"] == "invalid_json"
+    status, body = edge.json("POST", "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404 and "error" in body
+    assert edge.node_connected("node-1")
+
+
+def test_sigterm_exits_zero(pair):
+    """
+    SIGTERM stops both daemons cleanly with exit status 0.
+    """
+    edge, node = pair
+    assert node.stop(signal.SIGTERM) == 0
+    assert edge.stop(signal.SIGTERM) == 0
