@@ -1,0 +1,139 @@
+"""
+Reading C{node.yaml}.
+
+Everything is validated before the Node dials, so a mistake stops the
+daemon at start with a message naming the key (C{node.yaml:
+reconnect.interval_sec: ...}) instead of surfacing as odd retry behaviour.
+"""
+
+from dataclasses import dataclass, field
+
+from iop.config import ConfigError, Section, load_yaml
+
+DEFAULT_STORE = "file:iop.db?cache=shared&mode=rwc"
+DEFAULT_MAX_ATTEMPTS = 10
+DEFAULT_INTERVAL_SEC = 10.0
+DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
+
+_TOP_KEYS = {"edge", "token", "store", "reconnect", "register_timeout_sec", "metrics"}
+_RECONNECT_KEYS = {"max_attempts", "interval_sec"}
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """
+    How the supervisor retries the Edge.
+
+    @ivar max_attempts: consecutive failed attempts before giving up;
+        C{0} means never give up.
+    @ivar interval_sec: the pause between attempts.
+    """
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    interval_sec: float = DEFAULT_INTERVAL_SEC
+
+    @property
+    def unlimited(self):
+        return self.max_attempts == 0
+
+    def exhausted(self, failures):
+        """
+        Whether C{failures} consecutive failed attempts end the process.
+        """
+        return not self.unlimited and failures >= self.max_attempts
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """
+    A validated C{node.yaml}.
+
+    @ivar edge: a Twisted client endpoint string for the Edge.
+    @ivar token: the Node's credential. Never logged.
+    @ivar metrics: a Twisted server endpoint string for C{/metrics}, or
+        C{None} when metrics are not served.
+    """
+
+    edge: str
+    token: str = field(repr=False)
+    store: str = DEFAULT_STORE
+    reconnect: ReconnectPolicy = ReconnectPolicy()
+    register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
+    metrics: str | None = None
+
+
+def parse_reconnect(section):
+    """
+    Read the C{reconnect} section.
+
+    Omitted C{max_attempts} is 10, C{0} is unlimited, a positive number is
+    that many consecutive failures. Unlimited retrying with a non-positive
+    interval would spin, so it is refused.
+    """
+    section.unknown(_RECONNECT_KEYS)
+    max_attempts = section.get("max_attempts", int, DEFAULT_MAX_ATTEMPTS)
+    if max_attempts < 0:
+        raise section.error("max_attempts", f"must be 0 (unlimited) or a positive integer, got {max_attempts!r}")
+    interval = section.number("interval_sec", DEFAULT_INTERVAL_SEC)
+    if max_attempts == 0 and interval <= 0:
+        raise section.error("interval_sec", f"must be positive when max_attempts is 0 (unlimited), got {interval!r}")
+    if interval < 0:
+        raise section.error("interval_sec", f"must not be negative, got {interval!r}")
+    return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval))
+
+
+def parse_config(top):
+    """
+    Validate a top-level L{Section} into a L{NodeConfig}.
+
+    @raise ConfigError: naming the offending key.
+    """
+    top.unknown(_TOP_KEYS)
+    edge = _nonempty(top, "edge")
+    token = _secret(top, "token")
+    store = _nonempty(top, "store", DEFAULT_STORE)
+    reconnect = parse_reconnect(top.section("reconnect", None))
+    register_timeout = top.number("register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True)
+    metrics = top.get("metrics", str, None)
+    if metrics is not None and not metrics.strip():
+        raise top.error("metrics", "must be a server endpoint string (or null to disable)")
+    return NodeConfig(
+        edge=edge,
+        token=token,
+        store=store,
+        reconnect=reconnect,
+        register_timeout_sec=float(register_timeout),
+        metrics=metrics,
+    )
+
+
+def load_config(path):
+    """
+    Read and validate C{node.yaml} at C{path}.
+
+    @raise ConfigError: if the file is unreadable or any key is wrong.
+    """
+    return parse_config(load_yaml(path))
+
+
+def _nonempty(section, name, default=None):
+    if default is None:
+        value = section.get(name, str)
+    else:
+        value = section.get(name, str, default)
+    if not value.strip():
+        raise section.error(name, "must not be empty")
+    return value
+
+
+def _secret(section, name):
+    # Like _nonempty, but an error never echoes the value.
+    value = section.data.get(name)
+    if value is None:
+        raise section.error(name, "required")
+    if not isinstance(value, str) or not value.strip():
+        raise section.error(name, "must be a non-empty string")
+    return value
+
+
+__all__ = ["ConfigError", "NodeConfig", "ReconnectPolicy", "Section", "load_config", "parse_config"]

@@ -1,0 +1,71 @@
+"""
+What every session of one Node process shares.
+
+Sessions are per connection and short-lived; the adapters, the run store,
+the metrics, the usage totals and the transport status outlive them. They
+are gathered here so that a session is built from one object, and tests
+build a context with fakes for just the parts they care about.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from iop.node.metrics import NodeMetrics
+from iop.node.stats import UsageBook
+from iop.node.store import NullStore
+from iop.protocols.wire import Heartbeat
+
+
+@dataclass
+class TransportState:
+    """
+    The Node's view of its link to the Edge, for C{transport_status}.
+    Written by the supervisor and the session; read by commands.
+
+    @ivar failures: consecutive failed attempts since the last ready session.
+    @ivar attempts: connect attempts made since the process started.
+    @ivar sessions: how many sessions became ready since the process started.
+    @ivar connected_since: wall-clock time the current session became ready.
+    """
+
+    edge: str = ""
+    node_id: str | None = None
+    connected: bool = False
+    connected_since: float | None = None
+    failures: int = 0
+    attempts: int = 0
+    sessions: int = 0
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
+
+    def snapshot(self):
+        return {
+            "node_id": self.node_id,
+            "edge": self.edge,
+            "connected": self.connected,
+            "connected_since": self.connected_since,
+            "consecutive_failures": self.failures,
+            "attempts": self.attempts,
+            "sessions": self.sessions,
+            "heartbeat": {"interval_sec": self.heartbeat.interval, "timeout_sec": self.heartbeat.timeout},
+        }
+
+
+@dataclass
+class NodeContext:
+    """
+    @ivar token: the Node's credential; never logged (kept out of repr).
+    @ivar clock: an C{IReactorTime} for timeouts.
+    @ivar host: the L{iop.node.host.AdapterHost}.
+    @ivar register_timeout: seconds to wait for each register/ready answer.
+    """
+
+    token: str = field(repr=False)
+    clock: object
+    host: object
+    store: object = field(default_factory=NullStore)
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    usage: UsageBook = field(default_factory=UsageBook)
+    transport: TransportState = field(default_factory=TransportState)
+    register_timeout: float = 10.0
+    now: object = time.time
+    node_version: str = ""

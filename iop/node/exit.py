@@ -1,0 +1,67 @@
+"""
+Ending the Node process with a chosen exit status.
+
+C{twistd} exits 0 whenever the reactor stops, however it stopped. A Node
+that gives up (refused credentials, retries exhausted) must tell its
+process manager so with a non-zero status, so L{ProcessExit} logs the
+reason, stops the reactor (services shut down as usual) and leaves an
+C{atexit} hook that flushes output and calls C{os._exit(status)} once
+twistd has finished.
+
+Library code receives an exit callable, C{exit(status, message)}; tests pass
+a recorder instead of L{ProcessExit} so nothing kills the test process.
+"""
+
+import atexit
+import os
+import sys
+
+from twisted.internet.error import ReactorNotRunning
+from twisted.logger import Logger
+
+#: A local shutdown (SIGTERM/SIGINT).
+EXIT_OK = 0
+#: The local configuration is invalid; reported before anything starts.
+EXIT_BAD_CONFIG = 1
+#: The Edge refused the Node for good (unknown token, config build failure,
+#: an adapter that cannot be built).
+EXIT_REFUSED = 2
+#: Every allowed consecutive connect attempt failed.
+EXIT_EXHAUSTED = 3
+
+
+class ProcessExit:
+    """
+    C{exit(status, message)}: log C{message}, stop the reactor, and make
+    the process end with C{status}. Only the first call counts.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, register=atexit.register, hardExit=os._exit):
+        self.reactor = reactor
+        self._register = register
+        self._hardExit = hardExit
+        self.status = None
+
+    def __call__(self, status, message):
+        if self.status is not None:
+            return
+        self.status = status
+        if status:
+            self.log.critical("{message} (exit status {status})", message=message, status=status)
+            self._register(self._exitNow, status)
+        else:
+            self.log.info("{message}", message=message)
+        try:
+            self.reactor.stop()
+        except ReactorNotRunning:
+            pass
+
+    def _exitNow(self, status):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        self._hardExit(status)

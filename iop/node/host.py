@@ -1,0 +1,156 @@
+"""
+The adapters a Node runs, kept across reconnects.
+
+The Edge sends the Node's adapter list on every registration and on a
+config refresh. Rebuilding everything each time would drop warm back-end
+state (CLI sessions, HTTP pools) on every network blip, so the host keeps
+one instance per adapter name and rebuilds only an adapter whose type,
+concurrency or options changed. It is process-wide: sessions come and go,
+the host stays.
+"""
+
+import json
+from dataclasses import dataclass
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from iop.adapters.registry import build_adapter
+from iop.node.gate import CapacityGate
+
+
+class AdapterSetupError(Exception):
+    """
+    An adapter from the Edge's configuration could not be built or
+    started. Retrying with the same configuration would fail the same way.
+    """
+
+
+@dataclass
+class Hosted:
+    """
+    One running adapter instance and the capacity gate in front of it.
+    """
+
+    name: str
+    adapter: object
+    gate: CapacityGate
+    spec: tuple
+
+
+def _spec(config):
+    """
+    What identifies an adapter's configuration: equal specs mean the
+    running instance can be kept.
+    """
+    options = json.loads(config.options_json) if config.options_json else {}
+    if not isinstance(options, dict):
+        raise ValueError("options_json must be a JSON object")
+    return (config.type, int(config.max_concurrency), json.dumps(options, sort_keys=True))
+
+
+class AdapterHost:
+    """
+    Builds, starts, keeps and retires adapter instances.
+
+    @param build: C{build_adapter}-compatible factory (tests inject fakes).
+    @param metrics: a L{iop.node.metrics.NodeMetrics}, or C{None}.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, build=build_adapter, metrics=None):
+        self.reactor = reactor
+        self.build = build
+        self.metrics = metrics
+        self._hosted = {}
+        self._lock = defer.DeferredLock()
+
+    def get(self, name):
+        """
+        @return: the L{Hosted} adapter called C{name}, or C{None}.
+        """
+        return self._hosted.get(name)
+
+    def all(self):
+        return list(self._hosted.values())
+
+    def apply(self, adapters):
+        """
+        Make the running set match C{adapters} (C{AdapterConfig} messages).
+
+        All or nothing: if any new or changed adapter cannot be built or
+        started, the running set is left as it was.
+
+        @return: a Deferred firing when the new set is running, or failing
+            with L{AdapterSetupError} naming the adapter.
+        """
+        return self._lock.run(self._apply, list(adapters))
+
+    @defer.inlineCallbacks
+    def _apply(self, adapters):
+        wanted = {}
+        fresh = []
+        for config in adapters:
+            try:
+                spec = _spec(config)
+            except ValueError as e:
+                raise AdapterSetupError(f"adapter {config.name}: options_json: {e}") from None
+            current = self._hosted.get(config.name)
+            if current is not None and current.spec == spec:
+                wanted[config.name] = current
+                continue
+            try:
+                adapter = self.build(config.name, spec[0], spec[1], json.loads(spec[2]), self.reactor)
+            except Exception as e:
+                raise AdapterSetupError(f"adapter {config.name}: {e}") from None
+            hosted = Hosted(config.name, adapter, self._gate(config.name, adapter), spec)
+            wanted[config.name] = hosted
+            fresh.append(hosted)
+
+        started = []
+        for hosted in fresh:
+            try:
+                yield defer.maybeDeferred(hosted.adapter.start)
+            except Exception as e:
+                yield self._stopAll([h.adapter for h in started])
+                raise AdapterSetupError(f"adapter {hosted.name}: start failed: {e}") from None
+            started.append(hosted)
+            self.log.info("adapter {name} ({type}) started", name=hosted.name, type=hosted.spec[0])
+
+        retired = [h for name, h in self._hosted.items() if wanted.get(name) is not h]
+        self._hosted = wanted
+        for hosted in retired:
+            self._retire(hosted)
+
+    def _gate(self, name, adapter):
+        limit = adapter.capabilities().max_concurrency
+        onChange = None
+        if self.metrics is not None:
+            onChange = lambda inUse: self.metrics.inFlight(name, inUse)
+        return CapacityGate(limit, onChange)
+
+    def _retire(self, hosted):
+        """
+        Stop an adapter that left the configuration once its in-flight
+        work is over; new work already goes to its replacement.
+        """
+        self.log.info("adapter {name} retired; stopping once idle", name=hosted.name)
+        d = hosted.gate.whenIdle()
+        d.addCallback(lambda _: hosted.adapter.stop())
+        d.addErrback(lambda f: self.log.failure("stopping adapter {name} failed", f, name=hosted.name))
+        return d
+
+    def _stopAll(self, adapters):
+        ds = [defer.maybeDeferred(a.stop) for a in adapters]
+        for d in ds:
+            d.addErrback(lambda f: self.log.failure("stopping an adapter failed", f))
+        return defer.gatherResults(ds)
+
+    def stop(self):
+        """
+        Stop every adapter (the Node is shutting down; in-flight work has
+        been cancelled already).
+        """
+        hosted, self._hosted = list(self._hosted.values()), {}
+        return self._stopAll([h.adapter for h in hosted])

@@ -1,0 +1,86 @@
+"""
+Prometheus metrics for one Node.
+
+Each L{NodeMetrics} has its own C{CollectorRegistry} rather than the
+process-global one, so tests (and a process hosting several Nodes) can
+build as many as they like. The metrics are always collected; serving
+them over HTTP is optional (C{metrics} in C{node.yaml}).
+
+C{/metrics} is rendered by a small resource of our own instead of
+C{prometheus_client.twisted.MetricsResource}, which imports the global
+reactor and renders in a thread pool; rendering a few counters is cheap
+enough to do on the reactor thread.
+"""
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.endpoints import serverFromString
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+
+class NodeMetrics:
+    """
+    @ivar registry: the C{CollectorRegistry} holding this Node's metrics.
+    """
+
+    def __init__(self, registry=None):
+        self.registry = CollectorRegistry() if registry is None else registry
+        self.runs = Counter(
+            "iop_node_runs_total",
+            "Normalized runs finished on this Node, by adapter and terminal status.",
+            ["adapter", "status"],
+            registry=self.registry,
+        )
+        self.inFlightGauge = Gauge(
+            "iop_node_in_flight",
+            "Runs and tunnels holding a capacity slot, by adapter.",
+            ["adapter"],
+            registry=self.registry,
+        )
+        self.tunnelBytes = Counter(
+            "iop_node_tunnel_bytes_total",
+            "Provider response body bytes relayed through raw tunnels.",
+            registry=self.registry,
+        )
+
+    def runEnded(self, adapter, status):
+        self.runs.labels(adapter=adapter, status=status).inc()
+
+    def inFlight(self, adapter, count):
+        self.inFlightGauge.labels(adapter=adapter).set(count)
+
+    def tunnelBody(self, size):
+        self.tunnelBytes.inc(size)
+
+    def value(self, name, labels=None):
+        """
+        The current value of one sample (for tests and status output).
+        """
+        return self.registry.get_sample_value(name, labels or {})
+
+
+class MetricsPage(Resource):
+    """
+    The Prometheus text exposition of one registry.
+    """
+
+    isLeaf = True
+
+    def __init__(self, registry):
+        super().__init__()
+        self.registry = registry
+
+    def render_GET(self, request):
+        request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
+        return generate_latest(self.registry)
+
+
+def metricsService(reactor, description, metrics):
+    """
+    A service listening on the server endpoint C{description} and serving
+    C{/metrics}.
+    """
+    root = Resource()
+    root.putChild(b"metrics", MetricsPage(metrics.registry))
+    return StreamServerEndpointService(serverFromString(reactor, description), Site(root))

@@ -1,0 +1,215 @@
+"""
+Normalized runs on the Node: from C{RunRequest} to ordered C{RunEvent}s.
+
+The adapter emits events; this module numbers them, guarantees exactly one
+terminal (synthesizing C{complete}/C{error}/C{cancelled} when the adapter
+ends without one), enforces the adapter's capacity gate, and frees the
+slot before the terminal goes out, so the Edge never sees a terminal for
+work whose capacity is still held.
+"""
+
+import json
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from iop.adapters.interface import (
+    CANCELLED,
+    COMPLETE,
+    ERROR,
+    EVENT_TYPES,
+    TERMINAL_TYPES,
+    RunEventData,
+    RunFailure,
+    RunInput,
+)
+from iop.protocols.convert import event_to_wire
+
+UNKNOWN_ADAPTER = "unknown_adapter"
+CAPACITY_EXCEEDED = "capacity_exceeded"
+ADAPTER_ERROR = "adapter_error"
+INVALID_REQUEST = "invalid_request"
+
+
+class BadRequest(ValueError):
+    """
+    A C{RunRequest} that cannot be turned into a L{RunInput}.
+    """
+
+
+def run_input(request):
+    """
+    The L{RunInput} an adapter sees for a C{RunRequest}.
+
+    @raise BadRequest: if C{options_json} is not a JSON object.
+    """
+    options = {}
+    if request.options_json:
+        try:
+            options = json.loads(request.options_json)
+        except ValueError as e:
+            raise BadRequest(f"options_json is not valid JSON: {e}") from None
+        if not isinstance(options, dict):
+            raise BadRequest("options_json must be a JSON object")
+    return RunInput(
+        run_id=request.run_id,
+        target=request.target,
+        messages=[{"role": m.role, "content": m.content} for m in request.messages],
+        session_id=request.session_id,
+        background=request.background,
+        options=options,
+    )
+
+
+def _failure_text(failure):
+    message = str(failure.value)
+    name = type(failure.value).__name__
+    return f"{name}: {message}" if message else name
+
+
+class RunRelay:
+    """
+    One run in flight: relays the adapter's events until exactly one
+    terminal has been sent.
+    """
+
+    log = Logger()
+
+    def __init__(self, manager, request, hosted, slot):
+        self.manager = manager
+        self.request = request
+        self.run_id = request.run_id
+        self.hosted = hosted
+        self.slot = slot
+        self.seq = 0
+        self.finished = False
+        self.usage = None
+        self.deferred = None
+        self._cancelReason = None
+
+    def begin(self, run):
+        self.manager.store.recordStart(
+            self.run_id, self.hosted.name, self.request.target, self.request.session_id, self.request.background
+        )
+        self.deferred = defer.maybeDeferred(self.hosted.adapter.execute, run, self.emit)
+        self.deferred.addCallbacks(self._ended, self._failed)
+        self.deferred.addErrback(lambda f: self.log.failure("run {run_id} relay failed", f, run_id=self.run_id))
+
+    def emit(self, event):
+        """
+        The adapter's C{emit}: relay one L{RunEventData}.
+        """
+        if self.finished:
+            self.log.debug("run {run_id}: dropping {type} after the terminal", run_id=self.run_id, type=event.type)
+            return
+        if event.type not in EVENT_TYPES:
+            self.log.warn("run {run_id}: dropping unknown event type {type!r}", run_id=self.run_id, type=event.type)
+            return
+        if event.usage is not None:
+            self.usage = event.usage
+        if event.type in TERMINAL_TYPES:
+            self._finish(event)
+        else:
+            self._send(event)
+
+    def cancel(self, reason=None):
+        """
+        Cancel the adapter's work; the terminal will be C{cancelled}.
+        """
+        if self.finished or self.deferred is None:
+            return
+        self._cancelReason = reason or "cancelled by the Edge"
+        self.deferred.cancel()
+
+    def _ended(self, result):
+        if not self.finished:
+            self._finish(RunEventData(CANCELLED if self._cancelReason else COMPLETE, usage=self.usage))
+
+    def _failed(self, failure):
+        if self.finished:
+            if not failure.check(defer.CancelledError):
+                self.log.failure("run {run_id}: adapter failed after its terminal", failure, run_id=self.run_id)
+            return
+        if self._cancelReason or failure.check(defer.CancelledError):
+            self._finish(RunEventData(CANCELLED, usage=self.usage))
+            return
+        self.log.failure("run {run_id}: adapter {adapter} failed", failure, run_id=self.run_id, adapter=self.hosted.name)
+        self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
+
+    def _finish(self, event):
+        self.finished = True
+        self.slot.release()
+        self.manager.inflight.discard(self.run_id, self)
+        self._send(event)
+        error = event.error.message if event.error is not None else None
+        if event.type == CANCELLED and self._cancelReason:
+            error = self._cancelReason
+        self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage)
+
+    def _send(self, event):
+        self.seq += 1
+        self.manager.send(event_to_wire(self.run_id, self.seq, event))
+
+
+class RunManager:
+    """
+    Starts the runs of one connection.
+
+    @param host: the L{iop.node.host.AdapterHost}.
+    @param inflight: the connection's L{iop.node.work.Inflight}.
+    @param send: sends one wire message on the connection (a no-op once it
+        is gone).
+    """
+
+    log = Logger()
+
+    def __init__(self, host, inflight, send, store, usage, metrics):
+        self.host = host
+        self.inflight = inflight
+        self.send = send
+        self.store = store
+        self.usage = usage
+        self.metrics = metrics
+
+    def start(self, request):
+        """
+        Handle one C{RunRequest}.
+        """
+        if request.run_id in self.inflight:
+            self.log.warn("ignoring a second RunRequest for in-flight id {run_id}", run_id=request.run_id)
+            return None
+        hosted = self.host.get(request.adapter)
+        if hosted is None:
+            return self._refuse(request, UNKNOWN_ADAPTER, f"no adapter named {request.adapter!r} on this node")
+        try:
+            run = run_input(request)
+        except BadRequest as e:
+            return self._refuse(request, INVALID_REQUEST, str(e))
+        slot = hosted.gate.acquire()
+        if slot is None:
+            return self._refuse(
+                request,
+                CAPACITY_EXCEEDED,
+                f"adapter {hosted.name} is at its max_concurrency of {hosted.gate.limit}",
+            )
+        relay = RunRelay(self, request, hosted, slot)
+        self.inflight.add(request.run_id, relay)
+        relay.begin(run)
+        return relay
+
+    def _refuse(self, request, code, message):
+        """
+        End a run that never reached an adapter with one C{error} terminal.
+        """
+        self.log.info("run {run_id} refused: {code}: {message}", run_id=request.run_id, code=code, message=message)
+        self.store.recordStart(request.run_id, request.adapter, request.target, request.session_id, request.background)
+        self.send(event_to_wire(request.run_id, 1, RunEventData(ERROR, error=RunFailure(code, message))))
+        self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None)
+        return None
+
+    def ended(self, adapter, run_id, status, error, usage):
+        self.store.recordEnd(run_id, status, error)
+        self.usage.runEnded(adapter, status)
+        if usage is not None:
+            self.usage.usage(adapter, usage)
+        self.metrics.runEnded(adapter, status)

@@ -1,0 +1,95 @@
+"""
+The Node as one service tree: run store, Edge supervisor, optional
+C{/metrics} listener, and the adapters they share.
+"""
+
+from importlib import metadata
+
+from twisted.application.service import MultiService, Service
+from twisted.internet import defer
+from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.logger import Logger
+
+from iop.adapters.registry import build_adapter
+from iop.config import ConfigError
+from iop.node.context import NodeContext
+from iop.node.host import AdapterHost
+from iop.node.metrics import NodeMetrics, metricsService
+from iop.node.store import RunStore
+from iop.node.supervisor import Supervisor
+
+
+def _version():
+    try:
+        return "iop " + metadata.version("iop")
+    except metadata.PackageNotFoundError:
+        return "iop"
+
+
+class NodeService(MultiService):
+    """
+    @param config: a validated L{iop.node.config.NodeConfig}.
+    @param source: the config file's name, for error messages.
+    @param exit: C{exit(status, message)}; see L{iop.node.exit}.
+    @raise ConfigError: if an endpoint string does not parse.
+
+    @ivar supervisor: the L{Supervisor} (C{whenReady()}, C{session}).
+    @ivar context: the L{NodeContext} shared by sessions.
+    """
+
+    log = Logger()
+
+    def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter):
+        super().__init__()
+        try:
+            endpoint = clientFromString(reactor, config.edge)
+        except Exception as e:
+            raise ConfigError(f"{source}: edge: not a valid client endpoint string ({e})") from None
+        self.metrics = NodeMetrics()
+        self.store = RunStore(reactor, config.store)
+        self.host = AdapterHost(reactor, build, self.metrics)
+        self.context = NodeContext(
+            token=config.token,
+            clock=reactor,
+            host=self.host,
+            store=self.store,
+            metrics=self.metrics,
+            register_timeout=config.register_timeout_sec,
+            node_version=_version(),
+        )
+        self.context.transport.edge = config.edge
+        self.store.setServiceParent(self)
+        self.supervisor = Supervisor(endpoint, self.context, config.reconnect, reactor, exit)
+        self.supervisor.setServiceParent(self)
+        self.metricsListener = None
+        if config.metrics is not None:
+            try:
+                self.metricsListener = metricsService(reactor, config.metrics, self.metrics)
+            except Exception as e:
+                raise ConfigError(f"{source}: metrics: not a valid server endpoint string ({e})") from None
+            self.metricsListener.setServiceParent(self)
+
+    def stopService(self):
+        """
+        Stop in order: in-flight work and the connection first (so their
+        terminals reach the store), then the adapters, the metrics
+        listener, and the store last.
+
+        @return: a Deferred firing once everything is down.
+        """
+        Service.stopService(self)
+        d = defer.maybeDeferred(self.supervisor.stopService)
+        d.addBoth(self._logged, "stopping the supervisor")
+        d.addCallback(lambda _: self.host.stop())
+        d.addBoth(self._logged, "stopping the adapters")
+        if self.metricsListener is not None:
+            d.addCallback(lambda _: self.metricsListener.stopService())
+            d.addBoth(self._logged, "stopping the metrics listener")
+        d.addCallback(lambda _: self.store.stopService())
+        d.addBoth(self._logged, "closing the run store")
+        return d
+
+    def _logged(self, result, what):
+        if isinstance(result, defer.failure.Failure):
+            self.log.failure("{what} failed", result, what=what)
+        return None

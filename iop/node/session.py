@@ -1,0 +1,291 @@
+"""
+One Node <-> Edge connection, from the Node's side.
+
+A L{NodeSession} registers with the Edge, applies the configuration it is
+given, declares itself ready, and from then on turns the Edge's requests
+into runs, tunnels, commands and config changes. The registration outcome
+is L{NodeSession.ready}; the end of the connection is L{NodeSession.lost}.
+Retrying is not the session's business: the supervisor watches both
+Deferreds and decides.
+"""
+
+from twisted.internet import defer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.adapters.interface import NotSupported
+from iop.node.commands import CommandHandler
+from iop.node.host import AdapterSetupError
+from iop.node.runs import RunManager
+from iop.node.tunnels import TunnelManager
+from iop.node.work import Inflight
+from iop.protocols import iop_pb2
+from iop.protocols.wire import FrameTooLarge, Heartbeat, IWireReceiver, ProtocolViolation
+
+
+class RetryableRefusal(Exception):
+    """
+    This attempt failed, but another one may succeed: a duplicate
+    connection, no answer in time, the connection lost mid-handshake, a
+    refused ready.
+    """
+
+
+class FatalRefusal(Exception):
+    """
+    Retrying cannot help: the Edge does not know the token, could not
+    build this Node's configuration, or an adapter it configured cannot be
+    built here.
+    """
+
+
+_FATAL_CODES = {iop_pb2.UNKNOWN_TOKEN, iop_pb2.CONFIG_BUILD_FAILED}
+
+# Session states, in order.
+CONNECTING = "connecting"
+REGISTERING = "registering"
+CONFIGURING = "configuring"
+READYING = "readying"
+READY = "ready"
+REFUSED = "refused"
+CLOSED = "closed"
+
+
+@implementer(IWireReceiver)
+class NodeSession:
+    """
+    @ivar ready: fires with this session once the Edge answered
+        C{NodeReadyResponse(ready=true)}; fails with L{RetryableRefusal} or
+        L{FatalRefusal}. Fires exactly once.
+    @ivar lost: fires with a one-line reason once the connection is gone.
+    @ivar node_id: the id the Edge assigned, once registered.
+    """
+
+    log = Logger()
+
+    def __init__(self, context):
+        self.context = context
+        self.ready = defer.Deferred()
+        self.lost = defer.Deferred()
+        self.state = CONNECTING
+        self.wire = None
+        self.node_id = None
+        self.inflight = Inflight()
+        self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
+        self.tunnels = TunnelManager(context.host, self.inflight, self.send, context.usage, context.metrics)
+        self.commands = CommandHandler(context, self.send)
+        self._timer = None
+        self._closing = False
+        self._handlers = {
+            "run_request": self.runs.start,
+            "provider_tunnel_request": self.tunnels.start,
+            "cancel_request": self._cancel,
+            "node_command_request": self.commands.handle,
+            "config_refresh": self._refresh,
+        }
+
+    # -- IWireReceiver -------------------------------------------------------
+
+    def wireConnected(self, wire):
+        self.wire = wire
+        self.state = REGISTERING
+        self.send(iop_pb2.RegisterRequest(token=self.context.token, node_version=self.context.node_version))
+        self._expect("RegisterResponse")
+
+    def messageReceived(self, kind, message):
+        if self.state == READY and kind in self._handlers:
+            self._handlers[kind](message)
+        elif self.state == REGISTERING and kind == "register_response":
+            self._registered(message)
+        elif self.state == READYING and kind == "node_ready_response":
+            self._readied(message)
+        elif self.state in (REFUSED, CLOSED):
+            pass
+        else:
+            raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
+
+    def wireLost(self, reason):
+        previous, self.state = self.state, CLOSED
+        self._cancelTimer()
+        why = (self.wire.closeReason if self.wire is not None else None) or reason.getErrorMessage()
+        if previous == READY:
+            if self._closing:
+                self.log.info("connection to the Edge closed: {why}", why=why)
+            else:
+                self.log.warn("connection to the Edge lost: {why}", why=why)
+            self.context.transport.connected = False
+            self.inflight.cancelAll("connection to the Edge lost")
+            self.commands.cancelAll()
+        elif previous != REFUSED:
+            self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
+        self.lost.callback(why)
+
+    # -- sending -------------------------------------------------------------
+
+    def send(self, message):
+        """
+        Send one message on this connection; a no-op once it is gone (a
+        terminal for work cancelled by the disconnect cannot be delivered).
+        """
+        if self.state == CLOSED or self.wire is None:
+            return
+        try:
+            self.wire.send(message)
+        except FrameTooLarge:
+            self.log.failure("not sent: {kind} too large", kind=message.DESCRIPTOR.name)
+
+    def shutdown(self, reason):
+        """
+        The Node is stopping: cancel every run and tunnel of this session,
+        still telling the Edge while the connection is up.
+        """
+        self._closing = True
+        self.inflight.cancelAll(reason)
+        self.commands.cancelAll()
+
+    def close(self):
+        """
+        Close the connection at once.
+        """
+        if self.wire is not None and self.state != CLOSED:
+            self.wire.transport.abortConnection()
+
+    # -- registration and readiness -------------------------------------------
+
+    def _expect(self, what):
+        timeout = self.context.register_timeout
+        self._cancelTimer()
+        self._timer = self.context.clock.callLater(timeout, self._timedOut, what, timeout)
+
+    def _cancelTimer(self):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _timedOut(self, what, timeout):
+        self._timer = None
+        self._refuse(RetryableRefusal(f"no {what} from the Edge within {timeout:g}s"))
+
+    def _registered(self, response):
+        self._cancelTimer()
+        if not response.accepted:
+            code = iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
+            text = f"registration refused ({code}): {response.reason or 'no reason given'}"
+            self._refuse(FatalRefusal(text) if response.code in _FATAL_CODES else RetryableRefusal(text))
+            return
+        config = response.config
+        self.node_id = config.node_id
+        self.state = CONFIGURING
+        self.log.info(
+            "registered with the Edge as {node_id}; starting {count} adapter(s)",
+            node_id=config.node_id,
+            count=len(config.adapters),
+        )
+        self._adoptHeartbeat(config)
+        d = self.context.host.apply(config.adapters)
+        d.addCallbacks(self._configured, self._configFailed)
+        d.addErrback(lambda f: self.log.failure("registration step failed", f))
+
+    def _configured(self, _):
+        if self.state != CONFIGURING:
+            return
+        self.state = READYING
+        self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
+        self._expect("NodeReadyResponse")
+
+    def _configFailed(self, failure):
+        if failure.check(AdapterSetupError):
+            text = f"this node cannot run its configuration: {failure.value}"
+        else:
+            self.log.failure("applying the Edge's configuration failed", failure)
+            text = f"applying the Edge's configuration failed: {failure.value}"
+        if self.state == CONFIGURING:
+            self._refuse(FatalRefusal(text))
+        else:
+            self._settle(FatalRefusal(text))
+
+    def _readied(self, response):
+        self._cancelTimer()
+        if not response.ready:
+            self._refuse(RetryableRefusal(f"readiness refused: {response.reason or 'no reason given'}"))
+            return
+        self.state = READY
+        transport = self.context.transport
+        transport.node_id = self.node_id
+        transport.connected = True
+        transport.connected_since = self.context.now()
+        self.log.info("node {node_id} is ready", node_id=self.node_id)
+        self._settle(self)
+
+    def _refuse(self, error):
+        """
+        End the handshake with C{error} and close the connection.
+        """
+        if self.state in (REFUSED, CLOSED):
+            return
+        self._cancelTimer()
+        self.state = REFUSED
+        self._settle(error)
+        if self.wire is not None:
+            self.wire.drop(str(error))
+
+    def _settle(self, outcome):
+        if self.ready.called:
+            return
+        if isinstance(outcome, Exception):
+            self.ready.errback(outcome)
+        else:
+            self.ready.callback(outcome)
+
+    def _adoptHeartbeat(self, config):
+        """
+        Take the Edge's heartbeat timings (zero means "keep the default").
+        """
+        current = self.wire.heartbeat
+        heartbeat = Heartbeat(
+            interval=config.heartbeat_interval_sec or current.interval,
+            timeout=config.heartbeat_timeout_sec or current.timeout,
+        )
+        if heartbeat != current:
+            self.wire.setHeartbeat(heartbeat)
+        self.context.transport.heartbeat = heartbeat
+
+    # -- after ready -------------------------------------------------------------
+
+    def _cancel(self, request):
+        if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
+            self._terminateSession(request)
+        elif not self.inflight.cancel(request.run_id):
+            self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
+
+    def _terminateSession(self, request):
+        def answer(ok, reason=""):
+            self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason))
+
+        hosted = self.context.host.get(request.adapter)
+        if hosted is None:
+            answer(False, f"no adapter named {request.adapter!r} on this node")
+            return
+        d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
+
+        def failed(failure):
+            if failure.check(NotSupported):
+                detail = str(failure.value) or f"adapter {hosted.name} does not support sessions"
+                answer(False, f"not supported: {detail}")
+            else:
+                self.log.failure("terminating session {session_id} failed", failure, session_id=request.session_id)
+                answer(False, f"terminating the session failed: {failure.value}")
+
+        d.addCallbacks(lambda _: answer(True), failed)
+        d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
+
+    def _refresh(self, message):
+        config = message.config
+        self._adoptHeartbeat(config)
+        d = self.context.host.apply(config.adapters)
+        d.addCallback(lambda _: self.log.info("configuration refreshed ({count} adapter(s))", count=len(config.adapters)))
+        d.addErrback(
+            lambda f: self.log.error(
+                "configuration refresh rejected, keeping the previous adapters: {why}", why=f.getErrorMessage()
+            )
+        )

@@ -1,0 +1,54 @@
+"""
+Per-adapter totals for the C{usage_status} node command.
+
+Tokens are summed exactly as providers reported them (runs' terminal usage
+and tunnels' usage observations); nothing is estimated. The book lives as
+long as the process, across reconnects.
+"""
+
+from iop.adapters.interface import CANCELLED, COMPLETE, ERROR
+
+
+class UsageBook:
+    def __init__(self):
+        self._adapters = {}
+
+    def _entry(self, adapter):
+        return self._adapters.setdefault(
+            adapter,
+            {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "runs": {COMPLETE: 0, ERROR: 0, CANCELLED: 0},
+                "tunnels": 0,
+            },
+        )
+
+    def usage(self, adapter, usage):
+        """
+        Add one reported L{iop.adapters.interface.Usage}.
+        """
+        entry = self._entry(adapter)
+        entry["input_tokens"] += usage.input_tokens
+        entry["output_tokens"] += usage.output_tokens
+        for name in ("reasoning_tokens", "cached_input_tokens"):
+            value = getattr(usage, name)
+            if value is not None:
+                entry[name] = entry.get(name, 0) + value
+
+    def runEnded(self, adapter, status):
+        runs = self._entry(adapter)["runs"]
+        runs[status] = runs.get(status, 0) + 1
+
+    def tunnelEnded(self, adapter):
+        self._entry(adapter)["tunnels"] += 1
+
+    def snapshot(self):
+        """
+        A JSON-able copy: C{{adapter: {input_tokens, output_tokens, runs:
+        {complete, error, cancelled}, tunnels}}}.
+        """
+        return {
+            name: {**entry, "runs": dict(entry["runs"])}
+            for name, entry in sorted(self._adapters.items())
+        }

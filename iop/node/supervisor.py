@@ -1,0 +1,228 @@
+"""
+Keeping one Node connected to its Edge.
+
+One supervisor handles both a failed first dial or registration and the
+loss of an established session, with one policy (C{node.yaml}
+C{reconnect}): a fixed interval between attempts, and either no limit or a
+limit on consecutive failed attempts. An attempt succeeds only when the
+session is ready (registered, configured, acknowledged), and only that
+resets the count. A fatal refusal from the Edge ends the process at once.
+
+It is built on C{ClientService} for dialling and waiting, but the
+handshake is not C{ClientService}'s C{prepareConnection}: when that fails,
+C{ClientService} leaves the connection open, and when the connection then
+closes it raises C{automat.NoTransition} out of C{connectionLost} (checked
+with Twisted 26.10), and a late close can be mistaken for the loss of a
+newer connection. So every TCP connection counts as "connected" to
+C{ClientService}; a failed handshake closes its connection, which
+C{ClientService} sees as a disconnect, and the supervisor counts attempts
+itself.
+"""
+
+from twisted.application.internet import ClientService
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.logger import Logger, globalLogPublisher
+from zope.interface import implementer
+
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_REFUSED
+from iop.node.session import FatalRefusal, NodeSession
+from iop.protocols.wire import WireFactory
+
+#: How long a local shutdown waits for the connection to close cleanly
+#: before aborting it.
+STOP_TIMEOUT_SEC = 5.0
+
+
+def _withoutRetryNotices(event):
+    # ClientService logs its own "Scheduling retry N" line with a count
+    # that is not ours; the supervisor logs the real one.
+    if not str(event.get("log_format", "")).startswith("Scheduling retry"):
+        globalLogPublisher(event)
+
+
+class _QuietClientService(ClientService):
+    _log = Logger(namespace="twisted.application.internet.ClientService", observer=_withoutRetryNotices)
+
+
+@implementer(IStreamClientEndpoint)
+class _ObservedEndpoint:
+    """
+    An endpoint that reports why a dial failed before C{ClientService}
+    sees the failure (its retry policy is told only the count).
+    """
+
+    def __init__(self, endpoint, onFailure):
+        self._endpoint = endpoint
+        self._onFailure = onFailure
+
+    def connect(self, factory):
+        d = self._endpoint.connect(factory)
+        d.addErrback(self._failed)
+        return d
+
+    def _failed(self, failure):
+        if not failure.check(defer.CancelledError):
+            self._onFailure((failure.getErrorMessage() or failure.type.__name__).rstrip("."))
+        return failure
+
+
+class Supervisor(Service):
+    """
+    @param endpoint: an C{IStreamClientEndpoint} for the Edge.
+    @param context: the L{iop.node.context.NodeContext} sessions share.
+    @param policy: the L{iop.node.config.ReconnectPolicy}.
+    @param exit: C{exit(status, message)}, called once when the Node must
+        end (L{iop.node.exit.ProcessExit} in the daemon, a recorder in tests).
+
+    @ivar session: the current L{NodeSession}, if a connection is up.
+    @ivar readySession: the current session if it is ready, else C{None}.
+    @ivar failures: consecutive failed attempts (reset by a ready session).
+    """
+
+    log = Logger()
+
+    def __init__(self, endpoint, context, policy, reactor, exit):
+        self.context = context
+        self.policy = policy
+        self.reactor = reactor
+        self.exit = exit
+        self.session = None
+        self.readySession = None
+        self.failures = 0
+        self.finished = False
+        self._lastFailure = None
+        self._sessionWasReady = False
+        self._readyWaiters = []
+        factory = WireFactory(self._newSession, reactor)
+        factory.noisy = False
+        self.client = _QuietClientService(
+            _ObservedEndpoint(endpoint, self._attemptFailed),
+            factory,
+            retryPolicy=self._retryDelay,
+            clock=reactor,
+        )
+
+    # -- service ---------------------------------------------------------------
+
+    def startService(self):
+        super().startService()
+        self.log.info("connecting to the Edge at {edge}", edge=self.context.transport.edge)
+        self.client.startService()
+
+    def stopService(self):
+        """
+        Cancel in-flight work (telling the Edge while the link is up),
+        close the connection and stop retrying.
+
+        @return: a Deferred firing once the connection is really gone.
+        """
+        super().stopService()
+        self.finished = True
+        session = self.session
+        if session is not None:
+            session.shutdown("the node is shutting down")
+        d = self.client.stopService()
+        if session is not None:
+            # A peer that stopped reading must not hold the shutdown up.
+            aborter = self.reactor.callLater(STOP_TIMEOUT_SEC, session.close)
+            d.addBoth(_cancelling, aborter)
+        for waiter in list(self._readyWaiters):
+            waiter.cancel()
+        return d
+
+    def whenReady(self):
+        """
+        @return: a Deferred firing with the ready L{NodeSession}: the
+            current one, or the next one to become ready.
+        """
+        if self.readySession is not None:
+            return defer.succeed(self.readySession)
+        d = defer.Deferred(lambda d: self._readyWaiters.remove(d))
+        self._readyWaiters.append(d)
+        return d
+
+    # -- one attempt -------------------------------------------------------------
+
+    def _newSession(self):
+        self.context.transport.attempts += 1
+        session = NodeSession(self.context)
+        self.session = session
+        self._sessionWasReady = False
+        session.ready.addCallbacks(self._ready, self._refused)
+        session.lost.addCallback(self._lost, session)
+        return session
+
+    def _ready(self, session):
+        self.readySession = session
+        self.failures = 0
+        self._sessionWasReady = True
+        self.context.transport.failures = 0
+        self.context.transport.sessions += 1
+        waiters, self._readyWaiters = self._readyWaiters, []
+        for waiter in waiters:
+            waiter.callback(session)
+
+    def _refused(self, failure):
+        if failure.check(FatalRefusal):
+            self._finish(EXIT_REFUSED, f"the Edge refused this node: {failure.value}")
+        else:
+            self._attemptFailed(str(failure.value))
+
+    def _lost(self, why, session):
+        if self.session is session:
+            self.session = None
+        if self.readySession is session:
+            self.readySession = None
+        if self._sessionWasReady:
+            self._lastFailure = f"connection to the Edge lost: {why}"
+
+    def _attemptFailed(self, why):
+        self._lastFailure = why
+
+    # -- the policy ----------------------------------------------------------------
+
+    def _retryDelay(self, _clientServiceCount):
+        """
+        C{ClientService}'s retry policy: called once per failed attempt or
+        lost session. Counts, logs, and decides whether to go on.
+        """
+        delay = self.policy.interval_sec
+        why, self._lastFailure = self._lastFailure or "unknown reason", None
+        if self.finished:
+            return delay
+        if self._sessionWasReady:
+            self._sessionWasReady = False
+            self.log.warn("{why}; reconnecting in {delay:g}s", why=why, delay=delay)
+            return delay
+        self.failures += 1
+        self.context.transport.failures = self.failures
+        if self.policy.exhausted(self.failures):
+            self.log.error("connect attempt {n} failed: {why}", n=self.failures, why=why)
+            self._finish(
+                EXIT_EXHAUSTED,
+                f"giving up on the Edge at {self.context.transport.edge}: "
+                f"{self.failures} consecutive connect attempts failed (last: {why})",
+            )
+            return delay
+        self.log.warn(
+            "connect attempt {n} failed: {why}; retrying in {delay:g}s", n=self.failures, why=why, delay=delay
+        )
+        return delay
+
+    def _finish(self, status, message):
+        """
+        End the Node. Scheduled rather than called in place: stopping
+        C{ClientService} from inside its own retry policy is re-entrant.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        self.reactor.callLater(0, self.exit, status, message)
+
+
+def _cancelling(result, call):
+    if call.active():
+        call.cancel()
+    return result

@@ -1,0 +1,34 @@
+"""
+C{twistd iop-node}: the Node daemon.
+
+Only this module touches the global reactor. The configuration is read in
+L{makeService}; a bad one stops twistd at once with one line naming the
+key, and exit status 1.
+"""
+
+from twisted.python import usage
+
+from iop.config import ConfigError
+from iop.node.config import load_config
+from iop.node.exit import ProcessExit
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["config", "c", "conf/node.yaml", "Path to node.yaml."],
+    ]
+
+
+def makeService(options):
+    from twisted.internet import reactor
+
+    from iop.node.service import NodeService
+
+    path = options["config"]
+    try:
+        config = load_config(path)
+        return NodeService(config, reactor, ProcessExit(reactor), source=path)
+    except ConfigError as e:
+        # SystemExit prints its message on stderr and exits with status 1,
+        # instead of the traceback twistd would show for any other error.
+        raise SystemExit(f"iop-node: bad configuration: {e}") from None
