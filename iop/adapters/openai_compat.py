@@ -1,0 +1,285 @@
+"""
+The C{openai_compat} back end: any server speaking OpenAI's chat
+completions API (vLLM, llama.cpp, LM Studio, Ollama's /v1, hosted APIs).
+
+Two paths, on purpose:
+
+  - C{execute} normalizes a streamed chat completion into run events, for
+    callers of the native surface and for non-OpenAI callers.
+  - C{tunnel} relays the provider's own bytes untouched, so that an OpenAI
+    caller gets exactly what the provider said; usage and metadata are
+    only observed on the side, never re-encoded into the body.
+"""
+
+import json
+
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.adapters.interface import DELTA, REASONING_DELTA, Capabilities, IAdapter, RunEventData, Usage
+from iop.adapters.streams import (
+    JSON_BODY_LIMIT,
+    HTTPAdapter,
+    ProviderError,
+    SSEParser,
+    as_provider_error,
+    read_body,
+    relay_headers,
+    response_headers,
+)
+
+#: Request headers a tunnel never forwards: they describe the hop or are
+#: set by the HTTP client (treq asks for gzip itself and inflates it, so
+#: the relayed body stays observable).
+_TUNNEL_DROP = ("host", "content-length", "accept-encoding")
+
+
+def _count(value):
+    """
+    A reported token count, or C{None} when it was not reported.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def usage_from(data):
+    """
+    An OpenAI C{usage} object as a L{Usage}, or C{None}.
+
+    The breakdown (C{completion_tokens_details.reasoning_tokens},
+    C{prompt_tokens_details.cached_tokens}) is kept only when reported:
+    absent stays C{None}, never 0.
+    """
+    if not isinstance(data, dict):
+        return None
+    completion = data.get("completion_tokens_details")
+    prompt = data.get("prompt_tokens_details")
+    return Usage(
+        input_tokens=_count(data.get("prompt_tokens")) or 0,
+        output_tokens=_count(data.get("completion_tokens")) or 0,
+        reasoning_tokens=_count(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None,
+        cached_input_tokens=_count(prompt.get("cached_tokens")) if isinstance(prompt, dict) else None,
+    )
+
+
+def _stream_error(chunk):
+    """
+    An error object sent inside a 2xx stream, as a L{ProviderError}.
+    """
+    error = chunk["error"]
+    if isinstance(error, dict):
+        status = _count(error.get("code")) or 0
+        return ProviderError(str(error.get("message") or error), status)
+    return ProviderError(str(error))
+
+
+class ChatResponse:
+    """
+    The framing of a chat completion response: SSE chunks when streamed,
+    one JSON document otherwise. Calls C{on_chunk(dict)} for each chunk
+    (a streamed C{chat.completion.chunk} or the whole C{chat.completion}).
+
+    @raise ProviderError: for data that is not JSON.
+    """
+
+    def __init__(self, on_chunk, content_type):
+        self.on_chunk = on_chunk
+        self.sse = SSEParser() if "event-stream" in content_type else None
+        self.body = bytearray()
+        self.done = False
+
+    @classmethod
+    def for_response(cls, on_chunk, response):
+        content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).decode("latin-1")
+        return cls(on_chunk, content_type.lower())
+
+    def feed(self, data):
+        if self.sse is None:
+            if len(self.body) + len(data) > JSON_BODY_LIMIT:
+                raise ProviderError(f"response body larger than {JSON_BODY_LIMIT} bytes")
+            self.body.extend(data)
+            return
+        for payload in self.sse.feed(data):
+            self._payload(payload)
+
+    def finish(self):
+        if self.sse is None:
+            if self.body.strip():
+                self._payload(bytes(self.body).decode("utf-8", "replace"))
+            return
+        for payload in self.sse.finish():
+            self._payload(payload)
+
+    def _payload(self, payload):
+        if self.done:
+            return
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise ProviderError(f"provider sent data that is not JSON: {payload[:200]!r}") from None
+        if isinstance(chunk, dict):
+            self.on_chunk(chunk)
+
+
+class ChatEvents:
+    """
+    Decoder for L{HTTPAdapter.stream_run}: chunks to C{delta} and
+    C{reasoning_delta} events; remembers the last usage reported.
+    """
+
+    def __init__(self, emit, response):
+        self.emit = emit
+        self.usage = None
+        self.framing = ChatResponse.for_response(self.chunk, response)
+
+    def feed(self, data):
+        self.framing.feed(data)
+
+    def finish(self):
+        self.framing.finish()
+        return self.usage
+
+    def chunk(self, chunk):
+        if "error" in chunk and chunk["error"]:
+            raise _stream_error(chunk)
+        usage = usage_from(chunk.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        for choice in chunk.get("choices") or ():
+            # A run is one stream of text: other choices (n > 1) are dropped.
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            part = choice.get("delta") or choice.get("message") or {}
+            # vLLM and DeepSeek say reasoning_content; newer servers say reasoning.
+            reasoning = part.get("reasoning_content") or part.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self.emit(RunEventData(REASONING_DELTA, text=reasoning))
+            content = part.get("content")
+            if isinstance(content, str) and content:
+                self.emit(RunEventData(DELTA, text=content))
+
+
+class TunnelObserver:
+    """
+    Watches a relayed 2xx body for usage and metadata without touching it.
+    Parse trouble is logged and observation stops: the relay never fails
+    because of what we could not read.
+    """
+
+    log = Logger()
+
+    def __init__(self, sink, response):
+        self.sink = sink
+        self.usage = None
+        self.metadata = {}
+        self.broken = False
+        self.framing = ChatResponse.for_response(self.chunk, response)
+
+    def feed(self, data):
+        self._guard(self.framing.feed, data)
+
+    def finish(self):
+        """
+        Report what was seen: the last usage, then model and finish reason.
+        """
+        self._guard(self.framing.finish)
+        if self.usage is not None:
+            self.sink.usage(self.usage)
+        if self.metadata:
+            self.sink.metadata(dict(self.metadata))
+
+    def _guard(self, method, *args):
+        if self.broken:
+            return
+        try:
+            method(*args)
+        except ProviderError as e:
+            self.broken = True
+            self.log.info("tunnel body not observable, usage not reported: {why}", why=e.message)
+
+    def chunk(self, chunk):
+        usage = usage_from(chunk.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        if isinstance(chunk.get("model"), str):
+            self.metadata["model"] = chunk["model"]
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                self.metadata["finish_reason"] = choice["finish_reason"]
+
+
+@implementer(IAdapter)
+class OpenAICompatAdapter(HTTPAdapter):
+    """
+    Options: C{base_url} (for example C{http://127.0.0.1:8000/v1}),
+    C{api_key}, C{headers}, C{connect_timeout_sec}.
+    """
+
+    type = "openai_compat"
+
+    def capabilities(self):
+        return Capabilities(max_concurrency=self.max_concurrency, tunnel=True)
+
+    def chat_payload(self, run):
+        """
+        The streamed chat completion request for C{run}. Generation options
+        pass through, but never replace the model, the messages or
+        streaming; usage reporting is always asked for.
+        """
+        payload = dict(run.options)
+        stream_options = payload.get("stream_options")
+        stream_options = dict(stream_options) if isinstance(stream_options, dict) else {}
+        stream_options["include_usage"] = True
+        payload.update(model=run.target, messages=run.messages, stream=True, stream_options=stream_options)
+        return payload
+
+    def execute(self, run, emit):
+        return self.stream_run(
+            "/chat/completions",
+            self.chat_payload(run),
+            lambda response: ChatEvents(emit, response),
+            emit,
+        )
+
+    def tunnel(self, request, sink):
+        """
+        Relay C{request} to the provider and its response into C{sink}:
+        C{status}, C{headers}, then every body chunk exactly as received.
+        Usage and metadata are reported when the body ends.
+
+        @return: a Deferred firing when the body ended; it fails with
+            L{ProviderUnreachable} when there was no response, and
+            cancelling it closes the provider connection.
+        """
+        headers = relay_headers(request.headers, _TUNNEL_DROP)
+        present = {name.lower() for name, _ in headers}
+        headers += [(name, value) for name, value in self.default_headers() if name.lower() not in present]
+        observer = None
+
+        def on_response(response):
+            nonlocal observer
+            sink.status(response.code)
+            sink.headers(response_headers(response))
+            if 200 <= response.code < 300:
+                observer = TunnelObserver(sink, response)
+
+            def on_chunk(data):
+                sink.body(data)
+                if observer is not None:
+                    observer.feed(data)
+
+            return on_chunk
+
+        def ended(response):
+            if observer is not None:
+                observer.finish()
+
+        d = read_body(
+            self.request(request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False),
+            on_response,
+        )
+        return d.addCallback(ended).addErrback(as_provider_error)

@@ -1,0 +1,488 @@
+"""
+HTTP plumbing shared by the HTTP back ends (C{openai_compat}, C{vllm},
+C{ollama}): incremental SSE and NDJSON parsers, a body reader that can close
+the provider connection at any moment, and L{HTTPAdapter}, the base class
+that turns one streaming provider request into run events.
+
+Why this is its own module: reading a provider's body incrementally while
+staying able to abort it is the delicate part of every HTTP adapter, and
+treq does not do it for us. Cancelling treq's request Deferred closes the
+connection only until the response headers arrive; after that only the
+protocol given to C{response.deliverBody} holds the transport. L{read_body}
+covers both phases behind one C{Deferred(canceller)}.
+"""
+
+import json
+import re
+from http.cookiejar import DefaultCookiePolicy
+
+from treq.client import HTTPClient
+from treq.cookies import IndexableCookieJar
+from twisted.internet import defer
+from twisted.internet.error import ConnectError, DNSLookupError
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    Agent,
+    HTTPConnectionPool,
+    PotentialDataLoss,
+    RequestTransmissionFailed,
+    ResponseDone,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+
+from iop.adapters.base import AdapterBase
+from iop.adapters.interface import COMPLETE, ERROR, START, AdapterConfigError, RunEventData, RunFailure
+
+#: How much of an error response body is kept for the error message.
+ERROR_BODY_LIMIT = 64 * 1024
+#: How much of a non-streamed JSON body is buffered for parsing.
+JSON_BODY_LIMIT = 16 * 1024 * 1024
+
+#: Headers that describe one hop, not the message (RFC 9110 section 7.6.1);
+#: a relay must not forward them.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class ProviderError(Exception):
+    """
+    The provider answered with an error (an HTTP status or an error object
+    inside the stream). C{code} becomes L{RunFailure.code}.
+    """
+
+    code = "provider_error"
+
+    def __init__(self, message, status=0):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def failure(self):
+        return RunFailure(code=self.code, message=self.message, status=self.status)
+
+
+class ProviderUnreachable(ProviderError):
+    """
+    No response at all: the connection was refused, timed out, or closed
+    before a response arrived.
+    """
+
+    code = "provider_unreachable"
+
+
+# -- incremental parsers ------------------------------------------------------
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class SSEParser:
+    """
+    Server-sent events, fed in arbitrary pieces; yields each event's
+    C{data} (its C{data:} lines joined by newlines). Only C{data} matters
+    to OpenAI-style streams, so other fields are ignored.
+    """
+
+    def __init__(self):
+        self._buffer = b""
+        self._data = []
+
+    def feed(self, data):
+        """
+        @return: the data strings of the events completed by C{data}.
+        """
+        buf = self._buffer + data
+        events = []
+        pos = 0
+        while True:
+            match = _EOL.search(buf, pos)
+            # A lone CR at the very end may be the first half of CRLF.
+            if match is None or (match.group() == b"\r" and match.end() == len(buf)):
+                break
+            self._line(buf[pos : match.start()], events)
+            pos = match.end()
+        self._buffer = buf[pos:]
+        return events
+
+    def finish(self):
+        """
+        The body ended: be lenient and dispatch an unterminated last event
+        (some servers omit the final blank line).
+        """
+        events = []
+        if self._buffer:
+            self._line(self._buffer.rstrip(b"\r"), events)
+            self._buffer = b""
+        self._line(b"", events)
+        return events
+
+    def _line(self, raw, events):
+        if not raw:
+            if self._data:
+                events.append("\n".join(self._data))
+                self._data = []
+            return
+        line = raw.decode("utf-8", "replace")
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        if name == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+
+
+class NDJSONParser:
+    """
+    Newline-delimited JSON, fed in arbitrary pieces; yields parsed values.
+
+    @raise ValueError: for a line that is not JSON.
+    """
+
+    def __init__(self):
+        self._buffer = b""
+
+    def feed(self, data):
+        lines = (self._buffer + data).split(b"\n")
+        self._buffer = lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def finish(self):
+        rest, self._buffer = self._buffer, b""
+        return [json.loads(rest)] if rest.strip() else []
+
+
+def error_message(body):
+    """
+    The human-readable message in a provider's error body: OpenAI's
+    C{{"error": {"message"}}}, vLLM's C{{"message"}}, Ollama's
+    C{{"error": "..."}}, FastAPI's C{{"detail"}}; else the body text.
+    """
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        for value in (error, data.get("message"), data.get("detail")):
+            if value:
+                return value if isinstance(value, str) else json.dumps(value)
+    return text
+
+
+# -- a cancellable body reader -------------------------------------------------
+
+
+class _BodyReader(Protocol):
+    """
+    Hands each body chunk to C{on_chunk}; fires C{result} with the response
+    when the body ends. An exception from C{on_chunk} closes the connection
+    and fails C{result} once the connection is really done with, so that
+    whoever waits on C{result} and then closes the pool finds it settled.
+    """
+
+    def __init__(self, on_chunk, result, response, failure=None):
+        self.on_chunk = on_chunk
+        self.result = result
+        self.response = response
+        self.failure = failure
+
+    def dataReceived(self, data):
+        if self.failure is not None or self.result.called:
+            return
+        try:
+            self.on_chunk(data)
+        except BaseException:
+            self.abort(Failure())
+
+    def abort(self, failure=None):
+        """
+        Close the provider connection; C{result} will fail with C{failure}.
+        """
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        if self.transport is not None:
+            self.transport.stopProducing()
+
+    def connectionLost(self, reason):
+        if self.result.called:
+            return
+        if self.failure is not None:
+            self.result.errback(self.failure)
+        # PotentialDataLoss: a body delimited by the connection closing.
+        elif reason.check(ResponseDone, PotentialDataLoss):
+            self.result.callback(self.response)
+        else:
+            self.result.errback(reason)
+
+
+def read_body(request, on_response):
+    """
+    Drive one unbuffered treq request to the end of its body.
+
+    @param request: the Deferred from a treq request made with
+        C{unbuffered=True}.
+    @param on_response: called once with the response; returns the callable
+        that receives each body chunk. It or that callable may raise to
+        close the connection and fail the result.
+    @return: a Deferred firing with the response once the body ended.
+        Cancelling it at any point closes the provider connection: before
+        the headers by cancelling C{request}, after them by stopping the
+        body's transport.
+    """
+    reader = None
+    cancelled = False
+
+    def cancel(result):
+        nonlocal cancelled
+        cancelled = True
+        if reader is None:
+            request.cancel()
+        else:
+            reader.abort()
+
+    result = defer.Deferred(cancel)
+
+    def got_response(response):
+        nonlocal reader
+        failure = None
+        try:
+            on_chunk = on_response(response)
+        except BaseException:
+            on_chunk, failure = None, Failure()
+        # deliverBody may hand over buffered data at once, so the chunk
+        # callable must exist before it is called.
+        reader = _BodyReader(on_chunk, result, response, failure)
+        response.deliverBody(reader)
+        if failure is not None:
+            reader.abort()
+
+    def request_failed(failure):
+        # A cancelled request fails with whatever the Agent says; the
+        # caller sees CancelledError from Deferred.cancel instead.
+        if not cancelled and not result.called:
+            result.errback(failure)
+
+    request.addCallbacks(got_response, request_failed)
+    return result
+
+
+def as_provider_error(failure):
+    """
+    Errback: name connection failures as L{ProviderUnreachable} and a body
+    cut short as L{ProviderError}; let everything else (notably
+    C{CancelledError}) through unchanged.
+    """
+    if failure.check(ConnectError, DNSLookupError, ResponseNeverReceived, RequestTransmissionFailed):
+        raise ProviderUnreachable(f"provider unreachable: {_reason(failure)}")
+    if failure.check(ResponseFailed):
+        raise ProviderError(f"provider connection lost mid-response: {_reason(failure)}")
+    return failure
+
+
+def _reason(failure):
+    reasons = getattr(failure.value, "reasons", None)
+    if reasons:
+        return "; ".join(r.getErrorMessage() for r in reasons)
+    return failure.getErrorMessage()
+
+
+def capped_appender(buffer, limit):
+    """
+    A chunk callable that keeps at most C{limit} bytes in C{buffer}.
+    """
+
+    def append(data):
+        room = limit - len(buffer)
+        if room > 0:
+            buffer.extend(data[:room])
+
+    return append
+
+
+def relay_headers(pairs, extra_drop=()):
+    """
+    C{pairs} without hop-by-hop headers, including those the
+    C{Connection} header names.
+    """
+    drop = set(HOP_BY_HOP) | {name.lower() for name in extra_drop}
+    for name, value in pairs:
+        if name.lower() == "connection":
+            drop.update(token.strip().lower() for token in value.split(","))
+    return [(name, value) for name, value in pairs if name.lower() not in drop]
+
+
+def response_headers(response):
+    """
+    A response's headers as C{[(name, value)]} strings, minus hop-by-hop
+    headers, and minus C{Content-Length} when the body was decoded (treq
+    inflates gzip) so that it no longer describes the bytes relayed.
+    """
+    pairs = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, values in response.headers.getAllRawHeaders()
+        for value in values
+    ]
+    extra = ("content-length",) if response.length is UNKNOWN_LENGTH else ()
+    return relay_headers(pairs, extra)
+
+
+# -- the HTTP adapter base -----------------------------------------------------
+
+
+class HTTPAdapter(AdapterBase):
+    """
+    An adapter whose back end is an HTTP server at C{base_url}.
+
+    Options: C{base_url} (required), C{api_key} (sent as a bearer token),
+    C{headers} (a mapping sent with every request), C{connect_timeout_sec}
+    (default 10).
+
+    Connections are kept alive for a short while (2 s, below the 5 s idle
+    timeout of uvicorn-based servers such as vLLM, so that we never send a
+    request on a connection the server is closing); L{stop} closes them.
+    """
+
+    log = Logger()
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        super().__init__(name, max_concurrency, options, reactor)
+        base_url = self.option("base_url", kind=str, required=True)
+        if not base_url.startswith(("http://", "https://")):
+            raise AdapterConfigError(f"adapters[{name}].base_url must start with http:// or https://: {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = self.option("api_key", None, str)
+        self.extra_headers = self.option("headers", {}, dict)
+        for key, value in self.extra_headers.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
+        timeout = self.option("connect_timeout_sec", 10, (int, float))
+        if isinstance(timeout, bool) or timeout <= 0:
+            raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
+        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool.cachedConnectionTimeout = 2
+        # A relay must never carry one caller's cookies into another's
+        # request: a jar that accepts no cookie at all.
+        jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+        self.http = HTTPClient(Agent(reactor, connectTimeout=timeout, pool=self.pool), cookiejar=jar)
+
+    def stop(self):
+        return self.pool.closeCachedConnections()
+
+    def url(self, path):
+        """
+        C{path} appended to C{base_url}.
+        """
+        return self.base_url + (path if path.startswith("/") else "/" + path)
+
+    def default_headers(self):
+        """
+        The configured headers plus the bearer token, as C{[(name, value)]}.
+        """
+        pairs = list(self.extra_headers.items())
+        if self.api_key and not any(name.lower() == "authorization" for name, _ in pairs):
+            pairs.append(("Authorization", f"Bearer {self.api_key}"))
+        return pairs
+
+    def request(self, method, path, headers=None, **kwargs):
+        """
+        An unbuffered treq request to C{path}; C{headers} as pairs.
+        """
+        raw = Headers()
+        for name, value in self.default_headers() if headers is None else headers:
+            raw.addRawHeader(_header_bytes(name), _header_bytes(value))
+        return self.http.request(
+            method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs
+        )
+
+    def fetch_json(self, method, path, payload=None):
+        """
+        A whole JSON response (C{None} for an empty body).
+
+        @return: a cancellable Deferred; it fails with L{ProviderError} for
+            a non-2xx status and L{ProviderUnreachable} when there was no
+            response.
+        """
+        body = bytearray()
+        kwargs = {} if payload is None else {"json": payload}
+        d = read_body(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
+
+        def parse(response):
+            if not 200 <= response.code < 300:
+                raise ProviderError(error_message(bytes(body)) or f"HTTP {response.code}", response.code)
+            return json.loads(bytes(body)) if body.strip() else None
+
+        return d.addCallback(parse).addErrback(as_provider_error)
+
+    def stream_run(self, path, payload, make_decoder, emit):
+        """
+        POST C{payload} and turn the streamed answer into run events:
+        C{start} once the provider accepted (2xx), whatever the decoder
+        emits, then exactly one terminal, C{complete} with the decoder's
+        usage or C{error}.
+
+        @param make_decoder: called with the 2xx response; returns an
+            object with C{feed(bytes)} and C{finish() -> Usage | None},
+            both of which may raise L{ProviderError}.
+        @return: a Deferred that fires when the run is over; cancelling it
+            closes the provider connection and emits nothing more.
+        """
+        decoder = None
+        error_body = bytearray()
+
+        def on_response(response):
+            nonlocal decoder
+            if not 200 <= response.code < 300:
+                return capped_appender(error_body, ERROR_BODY_LIMIT)
+            emit(RunEventData(START))
+            decoder = make_decoder(response)
+            return decoder.feed
+
+        def ended(response):
+            if decoder is None:
+                message = error_message(bytes(error_body)) or f"HTTP {response.code}"
+                raise ProviderError(message, response.code)
+            emit(RunEventData(COMPLETE, usage=decoder.finish()))
+
+        def failed(failure):
+            failure.trap(ProviderError)
+            error = failure.value
+            self.log.info(
+                "adapter {adapter} run failed: {code} {message}",
+                adapter=self.name,
+                code=error.code,
+                message=error.message,
+            )
+            emit(RunEventData(ERROR, error=error.failure()))
+
+        d = read_body(self.request("POST", path, json=payload), on_response)
+        d.addCallback(ended)
+        d.addErrback(as_provider_error)
+        d.addErrback(failed)
+        return d
+
+
+def _header_bytes(value):
+    if isinstance(value, bytes):
+        return value
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8")

@@ -1,0 +1,220 @@
+"""
+Scripted provider endpoints on real loopback sockets, for adapter tests.
+
+Real sockets rather than in-memory transports because what the tests must
+prove is about connections: that a cancelled run closes the provider
+connection, and that a tunnel relays the bytes the server wrote. Each
+server waits, at cleanup, until every connection it accepted is closed, so
+no test leaves the reactor dirty.
+"""
+
+import json
+
+from twisted.internet import defer, reactor
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+
+class _Channel(HTTPChannel):
+    def connectionMade(self):
+        super().connectionMade()
+        self.lost = defer.Deferred()
+        self.site.channels.append(self)
+
+    def connectionLost(self, reason):
+        super().connectionLost(reason)
+        self.lost.callback(None)
+
+
+class Script(Resource):
+    """
+    Answers every request with C{status}, C{headers} and the byte strings
+    in C{chunks}, each written separately. With C{hold}, the response is
+    left open after the chunks (to test cancellation); C{headers_only}
+    holds before writing anything, so not even the headers are sent.
+
+    @ivar requests: C{(method, path, headers, body)} of each request.
+    @ivar arrived: fires with the request when one arrives.
+    @ivar closed_early: fires with the request when its connection closed
+        before the response finished.
+    """
+
+    isLeaf = True
+
+    def __init__(self, status=200, headers=(), chunks=(), hold=False, headers_only=False):
+        super().__init__()
+        self.status = status
+        self.headers = list(headers)
+        self.chunks = list(chunks)
+        self.hold = hold or headers_only
+        self.headers_only = headers_only
+        self.requests = []
+        self.arrived = defer.Deferred()
+        self.closed_early = defer.Deferred()
+
+    def render(self, request):
+        body = request.content.read()
+        self.requests.append(
+            (
+                request.method.decode(),
+                request.uri.decode(),
+                {k.decode().lower(): [v.decode() for v in vs] for k, vs in request.requestHeaders.getAllRawHeaders()},
+                body,
+            )
+        )
+        request.setResponseCode(self.status)
+        for name, value in self.headers:
+            request.responseHeaders.addRawHeader(name, value)
+        if not self.headers_only:
+            for chunk in self.chunks:
+                request.write(chunk)
+        if not self.arrived.called:
+            self.arrived.callback(request)
+        if self.hold:
+            request.notifyFinish().addErrback(lambda _: self.closed_early.callback(request))
+            return NOT_DONE_YET
+        request.finish()
+        return NOT_DONE_YET
+
+    def json_body(self, index=-1):
+        return json.loads(self.requests[index][3])
+
+
+class Routes(Resource):
+    """
+    A tree of L{Script}s by path, e.g. C{Routes({"/v1/models": Script()})}.
+    """
+
+    def __init__(self, routes):
+        super().__init__()
+        self.routes = routes
+
+    def getChild(self, name, request):
+        return self.routes.get(request.path.decode(), Script(status=404, chunks=[b'{"error": "no route"}']))
+
+
+def serve(testcase, resource):
+    """
+    Listen on 127.0.0.1:0 with C{resource}; return the base URL
+    C{http://127.0.0.1:PORT}. At cleanup, stop listening and wait for all
+    accepted connections to close.
+    """
+    site = Site(resource)
+    site.protocol = _Channel
+    site.channels = []
+    site.noisy = False
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+
+    @defer.inlineCallbacks
+    def close():
+        yield port.stopListening()
+        for channel in site.channels:
+            if channel.transport is not None and not channel.lost.called:
+                channel.transport.loseConnection()
+            yield channel.lost
+
+    testcase.addCleanup(close)
+    return f"http://127.0.0.1:{port.getHost().port}"
+
+
+def closed_port(testcase):
+    """
+    A loopback URL where nothing listens: connections are refused.
+    """
+    from twisted.internet.protocol import Factory
+
+    port = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
+    number = port.getHost().port
+    port.stopListening()
+    return f"http://127.0.0.1:{number}"
+
+
+def sse(*chunks, done=True):
+    """
+    An OpenAI SSE body, one C{data:} event per chunk dict.
+    """
+    events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
+    if done:
+        events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def chunk(content=None, reasoning=None, reasoning_key="reasoning_content", finish=None, usage=None, model="m"):
+    """
+    One C{chat.completion.chunk} dict.
+    """
+    delta = {}
+    if reasoning is not None:
+        delta[reasoning_key] = reasoning
+    if content is not None:
+        delta["content"] = content
+    choices = [] if usage is not None and content is None and reasoning is None and finish is None else [
+        {"index": 0, "delta": delta, "finish_reason": finish}
+    ]
+    data = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices}
+    if usage is not None:
+        data["usage"] = usage
+    return data
+
+
+class Sink:
+    """
+    An L{ITunnelSink} that records every call.
+    """
+
+    def __init__(self):
+        self.calls = []
+        self.bodies = []
+        self.first_body = defer.Deferred()
+
+    def status(self, code):
+        self.calls.append(("status", code))
+
+    def headers(self, pairs):
+        self.calls.append(("headers", pairs))
+
+    def body(self, data):
+        self.calls.append(("body", data))
+        self.bodies.append(data)
+        if not self.first_body.called:
+            self.first_body.callback(data)
+
+    def usage(self, usage):
+        self.calls.append(("usage", usage))
+
+    def metadata(self, info):
+        self.calls.append(("metadata", info))
+
+    def of(self, kind):
+        return [value for name, value in self.calls if name == kind]
+
+
+class Events:
+    """
+    An C{emit} callable that records events and can wait for one type.
+    """
+
+    def __init__(self):
+        self.events = []
+        self._waiting = {}
+
+    def __call__(self, event):
+        self.events.append(event)
+        waiter = self._waiting.pop(event.type, None)
+        if waiter is not None:
+            waiter.callback(event)
+
+    def first(self, type):
+        """
+        A Deferred firing with the first event of C{type} from now on.
+        """
+        d = defer.Deferred()
+        self._waiting[type] = d
+        return d
+
+    def types(self):
+        return [e.type for e in self.events]
+
+    def text(self, type="delta"):
+        return "".join(e.text for e in self.events if e.type == type)

@@ -1,0 +1,353 @@
+"""
+Tests for L{iop.adapters.openai_compat} against scripted providers on
+loopback sockets.
+"""
+
+import json
+
+from twisted.internet import defer, reactor
+from twisted.trial.unittest import TestCase
+from zope.interface.verify import verifyObject
+
+from iop.adapters.interface import IAdapter, RunFailure, RunInput, TunnelInput, Usage
+from iop.adapters.openai_compat import OpenAICompatAdapter
+from iop.adapters.streams import ProviderUnreachable
+from iop.adapters.test.providers import Events, Script, Sink, chunk, closed_port, serve, sse
+
+SSE_HEADERS = [("Content-Type", "text/event-stream")]
+
+
+def run_input(text="hello there", **kwargs):
+    return RunInput(run_id="r1", target="m", messages=[{"role": "user", "content": text}], **kwargs)
+
+
+class OpenAICompatTestCase(TestCase):
+    adapter_class = OpenAICompatAdapter
+
+    def adapter(self, resource=None, base_url=None, **options):
+        if base_url is None:
+            base_url = serve(self, resource) + "/v1"
+        adapter = self.adapter_class("p", 2, dict(options, base_url=base_url), reactor)
+        self.addCleanup(adapter.stop)
+        return adapter
+
+
+class ExecuteTests(OpenAICompatTestCase):
+    def test_interface(self):
+        """
+        The adapter provides IAdapter and declares tunnel support.
+        """
+        adapter = self.adapter(base_url="http://127.0.0.1:1/v1")
+        self.assertTrue(verifyObject(IAdapter, adapter))
+        self.assertTrue(adapter.capabilities().tunnel)
+        self.assertEqual(adapter.capabilities().max_concurrency, 2)
+
+    @defer.inlineCallbacks
+    def test_streaming_text(self):
+        """
+        A streamed completion becomes start, one delta per non-empty
+        content chunk, and complete; the request is the documented
+        streaming chat request with the run's options, the API key and
+        configured headers.
+        """
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=sse(chunk(content=""), chunk(content="Hel"), chunk(content="lo"), chunk(finish="stop")),
+        )
+        adapter = self.adapter(script, api_key="sk-1", headers={"X-Team": "a"})
+        events = Events()
+        yield adapter.execute(run_input(options={"temperature": 0.5}), events)
+        self.assertEqual(events.types(), ["start", "delta", "delta", "complete"])
+        self.assertEqual(events.text(), "Hello")
+        self.assertIsNone(events.events[-1].usage)
+        method, path, headers, _ = script.requests[0]
+        self.assertEqual((method, path), ("POST", "/v1/chat/completions"))
+        self.assertEqual(headers["authorization"], ["Bearer sk-1"])
+        self.assertEqual(headers["x-team"], ["a"])
+        self.assertEqual(
+            script.json_body(),
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hello there"}],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "temperature": 0.5,
+            },
+        )
+
+    @defer.inlineCallbacks
+    def test_reasoning(self):
+        """
+        delta.reasoning_content and delta.reasoning both become
+        reasoning_delta events, in order with the content deltas.
+        """
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=sse(
+                chunk(reasoning="Let me "),
+                chunk(reasoning="think.", reasoning_key="reasoning"),
+                chunk(content="Answer"),
+            ),
+        )
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(
+            [(e.type, e.text) for e in events.events],
+            [
+                ("start", ""),
+                ("reasoning_delta", "Let me "),
+                ("reasoning_delta", "think."),
+                ("delta", "Answer"),
+                ("complete", ""),
+            ],
+        )
+
+    @defer.inlineCallbacks
+    def test_usage_without_breakdown(self):
+        """
+        Usage without details gives input and output tokens and leaves
+        the reasoning and cached counts None, not 0.
+        """
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="x"), chunk(usage=usage)))
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.events[-1].usage, Usage(input_tokens=7, output_tokens=3))
+        self.assertIsNone(events.events[-1].usage.reasoning_tokens)
+        self.assertIsNone(events.events[-1].usage.cached_input_tokens)
+
+    @defer.inlineCallbacks
+    def test_usage_with_breakdown(self):
+        """
+        Reported reasoning and cached token counts are kept, including a
+        reported 0.
+        """
+        usage = {
+            "prompt_tokens": 7,
+            "completion_tokens": 3,
+            "completion_tokens_details": {"reasoning_tokens": 2},
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="x"), chunk(usage=usage)))
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.events[-1].usage, Usage(7, 3, reasoning_tokens=2, cached_input_tokens=0))
+
+    @defer.inlineCallbacks
+    def test_error_status(self):
+        """
+        A non-2xx answer ends the run with an error terminal carrying the
+        provider's message and HTTP status; no start is emitted.
+        """
+        body = json.dumps({"error": {"message": "rate limited", "type": "rate_limit_error"}}).encode()
+        script = Script(status=429, headers=[("Content-Type", "application/json")], chunks=[body])
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.types(), ["error"])
+        self.assertEqual(events.events[0].error, RunFailure(code="provider_error", message="rate limited", status=429))
+
+    @defer.inlineCallbacks
+    def test_error_plain_body(self):
+        """
+        A non-JSON error body is the message as it is.
+        """
+        script = Script(status=502, chunks=[b"Bad Gateway"])
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.events[0].error, RunFailure("provider_error", "Bad Gateway", 502))
+
+    @defer.inlineCallbacks
+    def test_error_in_stream(self):
+        """
+        An error object inside a 2xx stream ends the run with an error
+        terminal after what was already streamed.
+        """
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=sse(chunk(content="a"), {"error": {"message": "out of memory", "code": 500}}),
+        )
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.types(), ["start", "delta", "error"])
+        self.assertEqual(events.events[-1].error, RunFailure("provider_error", "out of memory", 500))
+
+    @defer.inlineCallbacks
+    def test_unreachable(self):
+        """
+        A refused connection ends the run with a provider_unreachable error.
+        """
+        events = Events()
+        yield self.adapter(base_url=closed_port(self) + "/v1").execute(run_input(), events)
+        self.assertEqual(events.types(), ["error"])
+        self.assertEqual(events.events[0].error.code, "provider_unreachable")
+
+    @defer.inlineCallbacks
+    def test_non_streamed_answer(self):
+        """
+        A server that ignores stream=true and answers one JSON completion
+        still gives content, reasoning and usage events.
+        """
+        body = {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi", "reasoning_content": "r"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        }
+        script = Script(headers=[("Content-Type", "application/json")], chunks=[json.dumps(body).encode()])
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(
+            [(e.type, e.text) for e in events.events],
+            [("start", ""), ("reasoning_delta", "r"), ("delta", "Hi"), ("complete", "")],
+        )
+        self.assertEqual(events.events[-1].usage, Usage(1, 1))
+
+    @defer.inlineCallbacks
+    def test_cancel_mid_stream(self):
+        """
+        Cancelling after the stream started fails the Deferred with
+        CancelledError, emits no terminal, and the provider sees its
+        connection closed.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
+        events = Events()
+        first = events.first("delta")
+        d = self.adapter(script).execute(run_input(), events)
+        yield first
+        d.cancel()
+        yield self.assertFailure(d, defer.CancelledError)
+        yield script.closed_early
+        self.assertEqual(events.types(), ["start", "delta"])
+
+    @defer.inlineCallbacks
+    def test_cancel_before_headers(self):
+        """
+        Cancelling while the provider has not answered at all also closes
+        the provider connection.
+        """
+        script = Script(headers_only=True)
+        events = Events()
+        d = self.adapter(script).execute(run_input(), events)
+        yield script.arrived
+        d.cancel()
+        yield self.assertFailure(d, defer.CancelledError)
+        yield script.closed_early
+        self.assertEqual(events.types(), [])
+
+
+class TunnelTests(OpenAICompatTestCase):
+    @defer.inlineCallbacks
+    def test_passthrough(self):
+        """
+        The sink gets the status, the headers without hop-by-hop ones, and
+        body bytes whose concatenation is exactly what the server wrote;
+        usage and metadata are observed from the SSE on the side.
+        """
+        chunks = sse(
+            chunk(content="Hi", model="served"),
+            chunk(finish="stop", model="served"),
+            chunk(usage={"prompt_tokens": 4, "completion_tokens": 1}, model="served"),
+        )
+        chunks.insert(1, b": comment with \xc3\xa9 bytes\n\n")
+        script = Script(headers=SSE_HEADERS + [("X-Provider", "yes")], chunks=chunks)
+        sink = Sink()
+        request = TunnelInput(
+            tunnel_id="t1",
+            method="POST",
+            path="/chat/completions",
+            headers=[("Content-Type", "application/json"), ("Host", "edge"), ("Connection", "close"), ("X-Caller", "c")],
+            body=b'{"model": "served", "stream": true}',
+        )
+        yield self.adapter(script, api_key="k").tunnel(request, sink)
+        self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
+        self.assertEqual(sink.calls[0], ("status", 200))
+        headers = dict((k.lower(), v) for k, v in sink.calls[1][1])
+        self.assertEqual(headers["content-type"], "text/event-stream")
+        self.assertEqual(headers["x-provider"], "yes")
+        self.assertNotIn("transfer-encoding", headers)
+        self.assertEqual(sink.of("usage"), [Usage(4, 1)])
+        self.assertEqual(sink.of("metadata"), [{"model": "served", "finish_reason": "stop"}])
+        method, path, sent, body = script.requests[0]
+        self.assertEqual((method, path, body), ("POST", "/v1/chat/completions", request.body))
+        self.assertEqual(sent["x-caller"], ["c"])
+        self.assertEqual(sent["authorization"], ["Bearer k"])
+        self.assertNotEqual(sent["host"], ["edge"])
+
+    @defer.inlineCallbacks
+    def test_caller_authorization_kept(self):
+        """
+        A caller's own Authorization header is forwarded instead of the
+        configured API key.
+        """
+        script = Script(chunks=[b"{}"])
+        request = TunnelInput("t1", "GET", "/models", headers=[("Authorization", "Bearer caller")])
+        yield self.adapter(script, api_key="k").tunnel(request, Sink())
+        self.assertEqual(script.requests[0][2]["authorization"], ["Bearer caller"])
+
+    @defer.inlineCallbacks
+    def test_json_body(self):
+        """
+        A non-streamed JSON answer is relayed as is; its usage is observed.
+        """
+        body = json.dumps(
+            {"model": "m", "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "length"}],
+             "usage": {"prompt_tokens": 2, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}
+        ).encode()
+        script = Script(headers=[("Content-Type", "application/json")], chunks=[body[:10], body[10:]])
+        sink = Sink()
+        yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        self.assertEqual(b"".join(sink.bodies), body)
+        self.assertEqual(sink.of("usage"), [Usage(2, 5, cached_input_tokens=1)])
+        self.assertEqual(sink.of("metadata"), [{"model": "m", "finish_reason": "length"}])
+
+    @defer.inlineCallbacks
+    def test_error_status(self):
+        """
+        A non-2xx answer is relayed like any other: status, headers and the
+        provider's own error body; nothing is observed and the Deferred
+        succeeds.
+        """
+        body = b'{"error": {"message": "rate limited", "type": "rate_limit_error"}}'
+        script = Script(status=429, headers=[("Content-Type", "application/json")], chunks=[body])
+        sink = Sink()
+        yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        self.assertEqual(sink.calls[0], ("status", 429))
+        self.assertEqual(b"".join(sink.bodies), body)
+        self.assertEqual(sink.of("usage"), [])
+
+    @defer.inlineCallbacks
+    def test_unparseable_body_still_relayed(self):
+        """
+        A 2xx body we cannot parse is relayed in full; only observation
+        stops.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=[b"data: {not json\n\n", b"data: [DONE]\n\n"])
+        sink = Sink()
+        yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        self.assertEqual(b"".join(sink.bodies), b"data: {not json\n\ndata: [DONE]\n\n")
+        self.assertEqual(sink.of("usage"), [])
+
+    @defer.inlineCallbacks
+    def test_unreachable(self):
+        """
+        A refused connection fails the tunnel with ProviderUnreachable and
+        nothing reaches the sink.
+        """
+        adapter = self.adapter(base_url=closed_port(self) + "/v1")
+        sink = Sink()
+        yield self.assertFailure(adapter.tunnel(TunnelInput("t1", "GET", "/models"), sink), ProviderUnreachable)
+        self.assertEqual(sink.calls, [])
+
+    @defer.inlineCallbacks
+    def test_cancel(self):
+        """
+        Cancelling a tunnel mid-body fails it with CancelledError and the
+        provider sees its connection closed.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
+        sink = Sink()
+        d = self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        yield sink.first_body
+        d.cancel()
+        yield self.assertFailure(d, defer.CancelledError)
+        yield script.closed_early

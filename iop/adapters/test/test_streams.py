@@ -1,0 +1,120 @@
+"""
+Tests for L{iop.adapters.streams}: the incremental parsers, fed one byte at
+a time as framing tests should be, and error-body reading.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.adapters.interface import AdapterConfigError
+from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message, relay_headers
+
+
+def feed_bytewise(parser, data):
+    out = []
+    for i in range(len(data)):
+        out += parser.feed(data[i : i + 1])
+    return out + parser.finish()
+
+
+class SSEParserTests(SynchronousTestCase):
+    def test_bytewise(self):
+        """
+        Events split at every byte still come out whole and in order, with
+        multi-line data joined by newlines and comments ignored.
+        """
+        body = b": keepalive\n\ndata: one\n\ndata: two\ndata: lines\n\ndata:[DONE]\n\n"
+        self.assertEqual(feed_bytewise(SSEParser(), body), ["one", "two\nlines", "[DONE]"])
+
+    def test_line_endings(self):
+        """
+        CRLF, CR and LF all end lines, even when a CRLF is split between
+        two pieces.
+        """
+        parser = SSEParser()
+        self.assertEqual(parser.feed(b"data: a\r"), [])
+        self.assertEqual(parser.feed(b"\n\r\ndata: b\r\rdata: c\n\n"), ["a", "b", "c"])
+
+    def test_unterminated_last_event(self):
+        """
+        An event the body ends in without a blank line is still delivered
+        at the end.
+        """
+        parser = SSEParser()
+        self.assertEqual(parser.feed(b"data: x\n\ndata: y"), ["x"])
+        self.assertEqual(parser.finish(), ["y"])
+
+    def test_utf8_split(self):
+        """
+        A multi-byte character split across pieces decodes intact.
+        """
+        self.assertEqual(feed_bytewise(SSEParser(), "data: h\u00e9llo \u4e16\n\n".encode()), ["h\u00e9llo \u4e16"])
+
+
+class NDJSONParserTests(SynchronousTestCase):
+    def test_bytewise(self):
+        """
+        JSON lines fed one byte at a time parse whole; blank lines are
+        skipped and a last line without newline is parsed at the end.
+        """
+        body = b'{"a": 1}\n\n{"b": "\xc3\xa9"}\n{"c": 3}'
+        self.assertEqual(feed_bytewise(NDJSONParser(), body), [{"a": 1}, {"b": "\u00e9"}, {"c": 3}])
+
+    def test_bad_line(self):
+        """
+        A line that is not JSON raises ValueError.
+        """
+        self.assertRaises(ValueError, NDJSONParser().feed, b"nope\n")
+
+
+class ErrorMessageTests(SynchronousTestCase):
+    def test_shapes(self):
+        """
+        The message is found in OpenAI, vLLM, Ollama and FastAPI error
+        bodies; anything else is returned as text.
+        """
+        self.assertEqual(error_message(b'{"error": {"message": "bad", "type": "x"}}'), "bad")
+        self.assertEqual(error_message(b'{"object": "error", "message": "vbad", "code": 400}'), "vbad")
+        self.assertEqual(error_message(b'{"error": "model not found"}'), "model not found")
+        self.assertEqual(error_message(b'{"detail": "Not Found"}'), "Not Found")
+        self.assertEqual(error_message(b"Bad Gateway\n"), "Bad Gateway")
+
+
+class RelayHeadersTests(SynchronousTestCase):
+    def test_hop_by_hop(self):
+        """
+        Hop-by-hop headers, those named by Connection, and extra names are
+        dropped case-insensitively; the rest keep their order and case.
+        """
+        pairs = [
+            ("Content-Type", "text/event-stream"),
+            ("Connection", "keep-alive, X-Hop"),
+            ("Transfer-Encoding", "chunked"),
+            ("x-hop", "1"),
+            ("Host", "h"),
+            ("X-Request-Id", "r1"),
+        ]
+        self.assertEqual(
+            relay_headers(pairs, ("host",)), [("Content-Type", "text/event-stream"), ("X-Request-Id", "r1")]
+        )
+
+
+class HTTPAdapterConfigTests(SynchronousTestCase):
+    def test_base_url(self):
+        """
+        base_url is required and must be an http(s) URL; errors name the key.
+        """
+        e = self.assertRaises(AdapterConfigError, HTTPAdapter, "p", 1, {}, None)
+        self.assertIn("adapters[p].base_url", str(e))
+        e = self.assertRaises(AdapterConfigError, HTTPAdapter, "p", 1, {"base_url": "localhost:8000"}, None)
+        self.assertIn("adapters[p].base_url", str(e))
+
+    def test_headers(self):
+        """
+        Configured headers and the API key become default request headers;
+        a configured Authorization wins over api_key.
+        """
+        adapter = HTTPAdapter("p", 1, {"base_url": "http://h/v1/", "api_key": "k", "headers": {"X-A": "1"}}, None)
+        self.assertEqual(adapter.default_headers(), [("X-A", "1"), ("Authorization", "Bearer k")])
+        self.assertEqual(adapter.url("/chat/completions"), "http://h/v1/chat/completions")
+        adapter = HTTPAdapter("p", 1, {"base_url": "http://h", "api_key": "k", "headers": {"authorization": "x"}}, None)
+        self.assertEqual(adapter.default_headers(), [("authorization", "x")])
