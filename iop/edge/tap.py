@@ -7,6 +7,7 @@ from twisted.python import usage
 from twisted.web.server import Site
 
 from iop.config import ConfigError
+from iop.daemon import exit_zero_on_stop_signals
 from iop.edge import config as edge_config
 
 
@@ -32,6 +33,7 @@ def makeService(options):
     from iop.edge.service import EdgeService
     from iop.protocols.wire import WireFactory
 
+    exit_zero_on_stop_signals(reactor)
     config = options["edge_config"]
     top = service.MultiService()
     bus = EventBus(reactor)

@@ -78,10 +78,6 @@ class Daemon:
     def running(self):
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, signum):
-        if self.running():
-            self.process.send_signal(signum)
-
     def wait(self, timeout=15.0):
         """
         Wait for exit; return the exit status.
