@@ -42,6 +42,8 @@ class Stream(threading.Thread):
     def run(self):
         conn, response = self.edge.stream("POST", "/v1/runs", self.body, timeout=90)
         self.status = response.status
+        if response.status != 200:
+            self.events.append({"type": "http_error", "status": response.status, "body": response.read().decode()})
         try:
             for payload in sse_events(response):
                 self.events.append(json.loads(payload))

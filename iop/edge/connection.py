@@ -54,10 +54,12 @@ class EdgeNodeConnection:
     def _ready(self, message):
         if self.state not in ("pending", "ready"):
             raise ProtocolViolation(f"ready before registration (state {self.state})")
-        response = self.service.ready(self.link, message.node_id)
+        response, first = self.service.ready(self.link, message.node_id)
         self.wire.send(response)
         if response.ready:
             self.state = "ready"
+        if first:
+            self.service.activate(self.link)
 
     def _result(self, kind, message):
         if kind == "run_event":

@@ -118,19 +118,27 @@ class EdgeService:
 
     def ready(self, link, node_id):
         """
-        Handle a C{NodeReadyRequest}: only the current owner's first ready
-        activates the node's providers and serves waiting requests.
+        Handle a C{NodeReadyRequest}.
+
+        @return: C{(response, first)}; only the current owner's first ready
+            is C{first}, and the caller must L{activate} it once the
+            response is on the wire (the Node accepts work only after it).
         """
         try:
             first = self.registry.mark_ready(link, node_id)
         except Refused as refusal:
             self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
-            return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason)
-        if first:
-            self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
-            self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
-            self.pool.nodeReady(link.node_id, link.generation)
-        return iop_pb2.NodeReadyResponse(ready=True)
+            return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
+        return iop_pb2.NodeReadyResponse(ready=True), first
+
+    def activate(self, link):
+        """
+        The node is dispatch-ready: its providers go live and waiting
+        requests are served at once.
+        """
+        self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
+        self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
+        self.pool.nodeReady(link.node_id, link.generation)
 
     def lost(self, link, reason):
         """

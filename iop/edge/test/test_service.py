@@ -138,7 +138,8 @@ class FencingTests(SynchronousTestCase):
         """
         link = self.edge.service.registry.register("tok-1", wire=None)
         self.edge.service.registry.lost(link)
-        response = self.edge.service.ready(link, "n1")
+        response, first = self.edge.service.ready(link, "n1")
+        self.assertFalse(first)
         self.assertFalse(response.ready)
         self.assertIn("stale", response.reason)
 
@@ -325,3 +326,22 @@ class RunTests(SynchronousTestCase):
         self.assertEqual((provider["status"], provider["health"]), ("unavailable", "offline"))
         self.assertEqual(provider["capacity"], {"normal": 0, "long": 0})
         self.assertEqual(provider["in_use"], {"normal": 0, "long": 0})
+
+
+class ReadyOrderTests(SynchronousTestCase):
+    def test_readyAckBeforeQueuedWork(self):
+        """
+        A waiter served by a node's ready is sent to it only after the
+        NodeReadyResponse: the Node never sees work before its ack.
+        """
+        edge = EdgeHarness()
+        edge.register(token="tok-2")
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
+        self.successResultOf(edge.service.submit_run(spec, Recorder()))
+        waiting = edge.service.submit_run(spec, Recorder())
+        self.assertNoResult(waiting)
+        node, _, _ = edge.register(token="tok-1")
+        run = self.successResultOf(waiting)
+        self.assertEqual(run.link.node_id, "n1")
+        kinds = [kind for kind, _ in node.received]
+        self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
