@@ -1,0 +1,26 @@
+"""
+The operator-facing smoke scripts keep working.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_provider_capacity_smoke():
+    """
+    scripts/e2e-provider-capacity-smoke.sh passes: one capacity-1 provider
+    behind two model names serves concurrent requests one at a time and
+    ends with every counter at 0.
+    """
+    result = subprocess.run(
+        [os.path.join(ROOT, "scripts", "e2e-provider-capacity-smoke.sh")],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "provider capacity smoke: OK" in result.stdout
