@@ -1,0 +1,335 @@
+"""
+The C{cli} back end: a local command-line program as a model.
+
+Each run spawns C{command} with C{reactor.spawnProcess}, writes the last
+user message to its stdin and closes it, and streams its stdout back as
+C{delta} events. The exit status decides the terminal: 0 is C{complete},
+anything else C{error} with the tail of stderr, because the end of stderr
+is where command-line tools say what went wrong.
+
+Stopping a process is always SIGTERM, then SIGKILL after C{grace_sec}:
+that gives agents a chance to save their state, and guarantees the
+process is gone even if it ignores SIGTERM.
+
+With C{sessions: true}, runs that carry a C{session_id} get
+C{[session_arg, session_id]} appended to the command line, so that tools
+with their own conversation store (C{--session}, C{--resume}) continue the
+conversation; the adapter tracks those logical sessions so that one can
+be listed and terminated.
+"""
+
+import codecs
+import os
+import shutil
+import signal
+
+from twisted.internet import defer
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.adapters.base import AdapterBase
+from iop.adapters.interface import (
+    COMPLETE,
+    DELTA,
+    ERROR,
+    START,
+    AdapterConfigError,
+    Capabilities,
+    IAdapter,
+    RunEventData,
+    RunFailure,
+)
+
+#: How much of stderr an C{exit_status} error carries.
+STDERR_TAIL = 2048
+
+
+def _text(content):
+    """
+    A message's text: a string, or the text parts of OpenAI-style content.
+    """
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return content if isinstance(content, str) else ""
+
+
+class _RunProcess(ProcessProtocol):
+    """
+    One run's process: feeds stdin, turns stdout into C{delta} events,
+    keeps the tail of stderr.
+
+    @ivar outcome: why the adapter stopped it (C{cancelled}, C{timeout},
+        C{terminated}, C{stopped}), or C{None}.
+    """
+
+    def __init__(self, emit, stdin):
+        self.emit = emit
+        self.stdin = stdin
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.stderr = bytearray()
+        self.outcome = None
+        self.end = None
+        self._waiters = []
+        self.pid = None
+        self._kill_call = None
+
+    def connectionMade(self):
+        self.pid = self.transport.pid
+        self.transport.write(self.stdin)
+        self.transport.closeStdin()
+
+    def outReceived(self, data):
+        self._delta(self.decoder.decode(data))
+
+    def errReceived(self, data):
+        self.stderr.extend(data)
+        del self.stderr[:-STDERR_TAIL]
+
+    def _delta(self, text):
+        # Once the adapter stopped the run, nothing more is its output.
+        if text and self.outcome is None:
+            self.emit(RunEventData(DELTA, text=text))
+
+    def stop(self, outcome, reactor, grace):
+        """
+        SIGTERM now, SIGKILL after C{grace} seconds if still alive. Only
+        the first request counts: a process is stopped once, for one reason.
+        """
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        if self._signal("TERM"):
+            self._kill_call = reactor.callLater(grace, self._signal, "KILL")
+
+    def _signal(self, name):
+        try:
+            self.transport.signalProcess(name)
+        except (ProcessExitedAlready, OSError):
+            return False
+        return True
+
+    def processExited(self, reason):
+        if self._kill_call is not None and self._kill_call.active():
+            self._kill_call.cancel()
+        if self.outcome is not None:
+            # Children of a stopped process may hold its pipes open; we
+            # are not waiting for their output.
+            self.transport.loseConnection()
+
+    def processEnded(self, reason):
+        self._delta(self.decoder.decode(b"", final=True))
+        # The exception, not the Failure: a Failure would run errbacks.
+        self.end = reason.value
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(self.end)
+
+    def when_ended(self):
+        """
+        A new Deferred firing with the end reason (C{ProcessDone} or
+        C{ProcessTerminated}) once the process is gone and its pipes are
+        closed; waiters fire in the order they asked.
+        """
+        if self.end is not None:
+            return defer.succeed(self.end)
+        waiter = defer.Deferred()
+        self._waiters.append(waiter)
+        return waiter
+
+
+class _Session:
+    """
+    A logical session: what C{session_list} shows.
+    """
+
+    def __init__(self, session_id, target, now):
+        self.session_id = session_id
+        self.target = target
+        self.created_at = now
+        self.runs = 0
+        self.last_run_at = None
+        self.process = None
+
+    def describe(self):
+        return {
+            "session_id": self.session_id,
+            "target": self.target,
+            "created_at": self.created_at,
+            "runs": self.runs,
+            "last_run_at": self.last_run_at,
+            "running": self.process is not None,
+            "pid": self.process.pid if self.process is not None else None,
+        }
+
+
+@implementer(IAdapter)
+class CLIAdapter(AdapterBase):
+    """
+    Options: C{command} (argument list, required), C{env} (mapping merged
+    over the Node's environment), C{cwd}, C{timeout_sec}, C{grace_sec}
+    (default 2), C{sessions} (default false), C{session_arg} (default
+    C{--session}).
+
+    @ivar running: run id -> its process, while it lives.
+    """
+
+    type = "cli"
+    log = Logger()
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        super().__init__(name, max_concurrency, options, reactor)
+        command = self.option("command", kind=list, required=True)
+        if not command or not all(isinstance(arg, str) for arg in command):
+            raise AdapterConfigError(f"adapters[{name}].command must be a non-empty list of strings")
+        self.argv = list(command)
+        env = self.option("env", {}, dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise AdapterConfigError(f"adapters[{name}].env must map strings to strings")
+        self.env = dict(env)
+        self.cwd = self.option("cwd", None, str)
+        self.timeout = self._seconds("timeout_sec", None)
+        self.grace = self._seconds("grace_sec", 2, allow_zero=True)
+        self.sessions_enabled = self.option("sessions", False, bool)
+        self.session_arg = self.option("session_arg", "--session", str)
+        self.sessions = {}
+        self.running = {}
+
+    def _seconds(self, key, default, allow_zero=False):
+        value = self.option(key, default, (int, float))
+        if value is None:
+            return None
+        if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+            raise AdapterConfigError(f"adapters[{self.name}].{key} must be a positive number")
+        return value
+
+    def capabilities(self):
+        if self.sessions_enabled:
+            return Capabilities(max_concurrency=self.max_concurrency, sessions=True, commands=("session_list",))
+        return Capabilities(max_concurrency=self.max_concurrency)
+
+    def stop(self):
+        """
+        Stop every process still running; fires once they are all gone.
+        """
+        processes = list(self.running.values())
+        for process in processes:
+            process.stop("stopped", self.reactor, self.grace)
+        return defer.DeferredList([p.when_ended() for p in processes]).addCallback(lambda _: None)
+
+    def _argv(self, run):
+        argv = list(self.argv)
+        if self.sessions_enabled and run.session_id:
+            argv += [self.session_arg, run.session_id]
+        return argv
+
+    def execute(self, run, emit):
+        """
+        Run the command once for C{run}.
+
+        @return: a Deferred firing after the terminal event. Cancelling it
+            fails it with C{CancelledError} at once and stops the process
+            (SIGTERM, then SIGKILL after C{grace_sec}).
+        """
+        session = None
+        if self.sessions_enabled and run.session_id:
+            session = self.sessions.get(run.session_id)
+            if session is not None and session.process is not None:
+                emit(_error("session_busy", f"session {run.session_id} already has a run in progress"))
+                return defer.succeed(None)
+        env = dict(os.environ, **self.env)
+        argv = self._argv(run)
+        executable = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+        if executable is None:
+            emit(_error("spawn_failed", f"command not found: {argv[0]}"))
+            return defer.succeed(None)
+        process = _RunProcess(emit, _text(run.last_user_text()).encode("utf-8"))
+        try:
+            self.reactor.spawnProcess(process, executable, argv, env=env, path=self.cwd)
+        except OSError as e:
+            emit(_error("spawn_failed", f"cannot start {argv[0]}: {e}"))
+            return defer.succeed(None)
+        self.log.debug(
+            "adapter {adapter} run {run_id} started pid {pid}", adapter=self.name, run_id=run.run_id, pid=process.pid
+        )
+        self.running[run.run_id] = process
+        if self.sessions_enabled and run.session_id:
+            if session is None:
+                session = self.sessions[run.session_id] = _Session(run.session_id, run.target, self.reactor.seconds())
+            session.runs += 1
+            session.last_run_at = self.reactor.seconds()
+            session.process = process
+        emit(RunEventData(START))
+
+        result = defer.Deferred(lambda d: process.stop("cancelled", self.reactor, self.grace))
+        timer = None
+        if self.timeout:
+            timer = self.reactor.callLater(self.timeout, process.stop, "timeout", self.reactor, self.grace)
+
+        def ended(reason):
+            if timer is not None and timer.active():
+                timer.cancel()
+            self.running.pop(run.run_id, None)
+            if session is not None and session.process is process:
+                session.process = None
+            if not result.called:
+                emit(self._terminal(process, reason))
+                result.callback(None)
+
+        process.when_ended().addCallback(ended)
+        return result
+
+    def _terminal(self, process, end):
+        if process.outcome == "timeout":
+            return _error("timeout", f"killed after timeout_sec={self.timeout}")
+        if process.outcome == "terminated":
+            return _error("session_terminated", "the run's session was terminated")
+        if process.outcome == "stopped":
+            return _error("adapter_stopped", f"adapter {self.name} was stopped")
+        code, sig = getattr(end, "exitCode", None), getattr(end, "signal", None)
+        if code == 0:
+            return RunEventData(COMPLETE)
+        tail = bytes(process.stderr).decode("utf-8", "replace").strip()
+        if code is None:
+            what, status = f"killed by signal {_signal_name(sig)}", -(sig or 0)
+        else:
+            what, status = f"exit status {code}", code
+        return _error("exit_status", f"{what}: {tail}" if tail else what, status)
+
+    def terminate_session(self, target, session_id):
+        """
+        Forget the session, stopping its running process first.
+
+        @return: a Deferred firing with C{{"terminated": bool}} (whether
+            the session existed) once its process is gone.
+        """
+        if not self.sessions_enabled:
+            return super().terminate_session(target, session_id)
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return defer.succeed({"terminated": False})
+        self.log.info("adapter {adapter} terminating session {session_id}", adapter=self.name, session_id=session_id)
+        if session.process is None:
+            return defer.succeed({"terminated": True})
+        process = session.process
+        process.stop("terminated", self.reactor, self.grace)
+        return process.when_ended().addCallback(lambda _: {"terminated": True})
+
+    def command(self, name, args):
+        if name == "session_list" and self.sessions_enabled:
+            return defer.succeed([s.describe() for s in self.sessions.values()])
+        return super().command(name, args)
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _error(code, message, status=0):
+    return RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status))
