@@ -1,0 +1,364 @@
+"""
+Fake LLM providers for integration tests: an OpenAI-compatible server, a
+vLLM flavour of it, and Ollama's native API, on 127.0.0.1.
+
+    python tests/fake_providers.py KIND --port-file PATH [--delay-ms N]
+
+KIND is C{openai}, C{vllm} or C{ollama}. The server listens on port 0,
+writes the port to PATH (atomically) and prints C{PORT <n>} on stdout once
+listening.
+
+Answers are deterministic (fixed ids, C{created=0}, no timestamps) so a
+test can compare the bytes relayed through a tunnel with the bytes of a
+direct request. The reply to a chat request echoes the words of the last
+user message, one chunk per word (whitespace kept, so the chunks
+concatenate to the message).
+
+Special models:
+
+  - C{error-model}: HTTP 429 with an OpenAI error object (404 with
+    C{{"error": ...}} for ollama).
+  - C{slow*}: one chunk every C{--delay-ms} (default 50), and every
+    connection close is logged on stdout. With C{max_tokens} (OpenAI) or
+    C{options.num_predict} (ollama), exactly that many chunks are sent,
+    cycling through the words, so a test can make a stream as long as it
+    needs.
+
+C{GET /_stats} answers C{{"active", "max_active", "closed_early",
+"requests"}}: requests in flight now, the most seen at once, how many
+clients went away before their response finished, and the total (requests
+to C{/_stats} itself are not counted).
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from twisted.internet import reactor
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+WORD = re.compile(r"\S+\s*|\s+")
+MODELS = ["fake-model", "slow-model", "error-model"]
+REASONING = ["Thinking ", "it ", "over."]
+ZERO_TIME = "1970-01-01T00:00:00Z"
+
+
+def log(message):
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def dumps(data):
+    return json.dumps(data, separators=(", ", ": "))
+
+
+def last_user_text(messages):
+    for message in reversed(messages or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content") or ""
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content
+    return ""
+
+
+def pieces(text, count=None):
+    """
+    The words of C{text}; with C{count}, exactly that many, cycling.
+    """
+    words = WORD.findall(text) or ["ok"]
+    if count is None:
+        return words
+    return [words[i % len(words)] for i in range(count)]
+
+
+class Stats:
+    def __init__(self):
+        self.active = 0
+        self.max_active = 0
+        self.closed_early = 0
+        self.requests = 0
+
+    def begin(self, request):
+        """
+        Count a request in; count it out when it finishes or its client
+        goes away.
+        """
+        self.requests += 1
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        number = self.requests
+
+        def finished(_):
+            self.active -= 1
+
+        def lost(_):
+            self.active -= 1
+            self.closed_early += 1
+            log(f"CLOSED request={number} path={request.path.decode()} early=true")
+
+        request.notifyFinish().addCallbacks(finished, lost)
+        return number
+
+    def json(self):
+        return {
+            "active": self.active,
+            "max_active": self.max_active,
+            "closed_early": self.closed_early,
+            "requests": self.requests,
+        }
+
+
+class Stream:
+    """
+    Writes a list of byte strings, at once or one per delay; stops if the
+    client goes away.
+    """
+
+    def __init__(self, request, parts, delay, slow, number):
+        self.request = request
+        self.parts = list(parts)
+        self.delay = delay
+        self.slow = slow
+        self.number = number
+        self.gone = False
+        self.call = None
+        request.notifyFinish().addErrback(self.lost)
+
+    def lost(self, _):
+        self.gone = True
+        if self.call is not None and self.call.active():
+            self.call.cancel()
+
+    def start(self):
+        if not self.slow:
+            for part in self.parts:
+                self.request.write(part)
+            self.request.finish()
+            return
+        self.next()
+
+    def next(self):
+        self.call = None
+        if self.gone:
+            return
+        if not self.parts:
+            self.request.finish()
+            log(f"CLOSED request={self.number} path={self.request.path.decode()} early=false")
+            return
+        self.request.write(self.parts.pop(0))
+        # The last part ([DONE] or the done line) follows without a pause.
+        delay = self.delay if len(self.parts) > 1 else 0
+        self.call = reactor.callLater(delay, self.next)
+
+
+class Provider(Resource):
+    """
+    Routes by exact path; subclasses fill C{routes}.
+    """
+
+    isLeaf = True
+
+    def __init__(self, kind, delay):
+        super().__init__()
+        self.kind = kind
+        self.delay = delay
+        self.stats = Stats()
+
+    def render(self, request):
+        path = request.path.decode()
+        method = request.method.decode()
+        if path == "/_stats":
+            return self.json(request, 200, self.stats.json())
+        number = self.stats.begin(request)
+        handler = self.routes().get((method, path))
+        if handler is None:
+            return self.json(request, 404, {"error": f"no route {method} {path}"})
+        try:
+            body = json.loads(request.content.read() or b"{}")
+        except ValueError:
+            return self.json(request, 400, {"error": "request body is not JSON"})
+        return handler(request, body, number)
+
+    def json(self, request, status, data):
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"application/json")
+        return dumps(data).encode()
+
+    def stream(self, request, content_type, parts, model, number):
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", content_type)
+        Stream(request, parts, self.delay, model.startswith("slow"), number).start()
+        return NOT_DONE_YET
+
+
+class OpenAI(Provider):
+    """
+    C{POST /v1/chat/completions} and C{GET /v1/models}; the C{vllm} kind
+    adds reasoning deltas and the usage breakdown.
+    """
+
+    def routes(self):
+        return {("POST", "/v1/chat/completions"): self.chat, ("GET", "/v1/models"): self.models}
+
+    def models(self, request, body, number):
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]
+        return self.json(request, 200, {"object": "list", "data": data})
+
+    def usage(self, prompt, words, reasoning):
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(words) + len(reasoning)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if self.kind == "vllm":
+            usage["prompt_tokens_details"] = {"cached_tokens": prompt // 2}
+            usage["completion_tokens_details"] = {"reasoning_tokens": len(reasoning)}
+        return usage
+
+    def chat(self, request, body, number):
+        model = body.get("model") or "fake-model"
+        if model == "error-model":
+            error = {"message": "rate limited by fake", "type": "rate_limit_error", "param": None, "code": None}
+            return self.json(request, 429, {"error": error})
+        text = last_user_text(body.get("messages"))
+        limit = body.get("max_tokens") if model.startswith("slow") else None
+        words = pieces(text, limit if isinstance(limit, int) else None)
+        reasoning = REASONING if self.kind == "vllm" else []
+        usage = self.usage(len(text.split()), words, reasoning)
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": "".join(words)}
+            if reasoning:
+                message["reasoning_content"] = "".join(reasoning)
+            return self.json(
+                request,
+                200,
+                {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": usage,
+                },
+            )
+
+        def chunk(delta, finish=None, choices=True, **extra):
+            data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+            data["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}] if choices else []
+            data.update(extra)
+            return b"data: " + dumps(data).encode() + b"\n\n"
+
+        parts = [chunk({"role": "assistant", "content": ""})]
+        parts += [chunk({"reasoning_content": r}) for r in reasoning]
+        parts += [chunk({"content": w}) for w in words]
+        parts.append(chunk({}, finish="stop"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            parts.append(chunk(None, choices=False, usage=usage))
+        parts.append(b"data: [DONE]\n\n")
+        return self.stream(request, b"text/event-stream; charset=utf-8", parts, model, number)
+
+
+class Ollama(Provider):
+    """
+    Ollama's native API: C{/api/chat} (NDJSON), C{/api/tags}, C{/api/ps},
+    C{/api/show}, C{/api/pull}, C{/api/delete}.
+    """
+
+    def routes(self):
+        return {
+            ("POST", "/api/chat"): self.chat,
+            ("GET", "/api/tags"): self.tags,
+            ("GET", "/api/ps"): self.ps,
+            ("POST", "/api/show"): self.show,
+            ("POST", "/api/pull"): self.pull,
+            ("DELETE", "/api/delete"): self.delete,
+        }
+
+    def details(self):
+        return {"format": "gguf", "family": "fake", "parameter_size": "1B", "quantization_level": "Q4_0"}
+
+    def tags(self, request, body, number):
+        models = [
+            {"name": f"{m}:latest", "model": f"{m}:latest", "modified_at": ZERO_TIME, "size": 0,
+             "digest": "0" * 64, "details": self.details()}
+            for m in MODELS
+        ]
+        return self.json(request, 200, {"models": models})
+
+    def ps(self, request, body, number):
+        return self.json(request, 200, {"models": []})
+
+    def known(self, request, body):
+        model = body.get("model") or ""
+        if model.split(":")[0] in MODELS and model != "error-model":
+            return None
+        return self.json(request, 404, {"error": f"model '{model}' not found"})
+
+    def show(self, request, body, number):
+        return self.known(request, body) or self.json(
+            request, 200, {"modelfile": "", "parameters": "", "template": "{{ .Prompt }}", "details": self.details(),
+                           "model_info": {}}
+        )
+
+    def pull(self, request, body, number):
+        return self.json(request, 200, {"status": "success"})
+
+    def delete(self, request, body, number):
+        missing = self.known(request, body)
+        if missing:
+            return missing
+        request.setResponseCode(200)
+        return b""
+
+    def chat(self, request, body, number):
+        model = body.get("model") or "fake-model"
+        if model == "error-model":
+            return self.json(request, 404, {"error": 'model "error-model" not found, try pulling it first'})
+        text = last_user_text(body.get("messages"))
+        limit = (body.get("options") or {}).get("num_predict") if model.startswith("slow") else None
+        words = pieces(text, limit if isinstance(limit, int) else None)
+
+        def line(content="", thinking=None, done=False, **extra):
+            message = {"role": "assistant", "content": content}
+            if thinking is not None:
+                message["thinking"] = thinking
+            data = {"model": model, "created_at": ZERO_TIME, "message": message, "done": done}
+            data.update(extra)
+            return dumps(data).encode() + b"\n"
+
+        final = line(
+            done=True, done_reason="stop", total_duration=0, load_duration=0,
+            prompt_eval_count=len(text.split()), prompt_eval_duration=0,
+            eval_count=len(words) + len(REASONING), eval_duration=0,
+        )
+        if not body.get("stream", True):
+            data = json.loads(final)
+            data["message"] = {"role": "assistant", "content": "".join(words), "thinking": "".join(REASONING)}
+            return self.json(request, 200, data)
+        parts = [line(thinking=r) for r in REASONING] + [line(w) for w in words] + [final]
+        return self.stream(request, b"application/x-ndjson", parts, model, number)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["openai", "vllm", "ollama"])
+    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--delay-ms", type=int, default=50)
+    args = parser.parse_args(argv)
+    delay = max(args.delay_ms, 0) / 1000.0
+    resource = Ollama(args.kind, delay) if args.kind == "ollama" else OpenAI(args.kind, delay)
+    site = Site(resource)
+    site.noisy = False
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    number = port.getHost().port
+    partial = args.port_file + ".tmp"
+    with open(partial, "w") as f:
+        f.write(f"{number}\n")
+    os.replace(partial, args.port_file)
+    log(f"PORT {number}")
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()
