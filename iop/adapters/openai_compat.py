@@ -278,8 +278,8 @@ class OpenAICompatAdapter(HTTPAdapter):
             if observer is not None:
                 observer.finish()
 
-        d = read_body(
-            self.request(request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False),
-            on_response,
+        provider_request = self.request(
+            request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False
         )
+        d = read_body(provider_request, on_response)
         return d.addCallback(ended).addErrback(as_provider_error)

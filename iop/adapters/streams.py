@@ -97,6 +97,9 @@ class SSEParser:
     Server-sent events, fed in arbitrary pieces; yields each event's
     C{data} (its C{data:} lines joined by newlines). Only C{data} matters
     to OpenAI-style streams, so other fields are ignored.
+
+    @raise ProviderError: for a line longer than C{JSON_BODY_LIMIT}, so a
+        broken stream cannot grow the buffer without bound.
     """
 
     def __init__(self):
@@ -118,6 +121,8 @@ class SSEParser:
             self._line(buf[pos : match.start()], events)
             pos = match.end()
         self._buffer = buf[pos:]
+        if len(self._buffer) > JSON_BODY_LIMIT:
+            raise ProviderError(f"stream line longer than {JSON_BODY_LIMIT} bytes")
         return events
 
     def finish(self):
@@ -209,7 +214,7 @@ class _BodyReader(Protocol):
             return
         try:
             self.on_chunk(data)
-        except BaseException:
+        except Exception:
             self.abort(Failure())
 
     def abort(self, failure=None):
@@ -265,7 +270,7 @@ def read_body(request, on_response):
         failure = None
         try:
             on_chunk = on_response(response)
-        except BaseException:
+        except Exception:
             on_chunk, failure = None, Failure()
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
@@ -378,6 +383,7 @@ class HTTPAdapter(AdapterBase):
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
+        self.pool.maxPersistentPerHost = max_concurrency
         # A relay must never carry one caller's cookies into another's
         # request: a jar that accepts no cookie at all.
         jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))

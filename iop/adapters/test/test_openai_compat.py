@@ -255,7 +255,12 @@ class TunnelTests(OpenAICompatTestCase):
             tunnel_id="t1",
             method="POST",
             path="/chat/completions",
-            headers=[("Content-Type", "application/json"), ("Host", "edge"), ("Connection", "close"), ("X-Caller", "c")],
+            headers=[
+                ("Content-Type", "application/json"),
+                ("Host", "edge"),
+                ("Connection", "close"),
+                ("X-Caller", "c"),
+            ],
             body=b'{"model": "served", "stream": true}',
         )
         yield self.adapter(script, api_key="k").tunnel(request, sink)

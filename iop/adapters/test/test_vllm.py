@@ -85,5 +85,6 @@ class VLLMTests(TestCase):
         message and status.
         """
         script = Script(status=503, chunks=[b'{"message": "loading"}'])
-        error = yield self.assertFailure(self.adapter(Routes({"/v1/models": script})).command("models", {}), ProviderError)
+        adapter = self.adapter(Routes({"/v1/models": script}))
+        error = yield self.assertFailure(adapter.command("models", {}), ProviderError)
         self.assertEqual((error.message, error.status), ("loading", 503))
