@@ -136,3 +136,25 @@ def test_sigterm_exits_zero(pair):
     edge, node = pair
     assert node.stop(signal.SIGTERM) == 0
     assert edge.stop(signal.SIGTERM) == 0
+
+
+def test_caller_api_keys(launch):
+    """
+    With caller keys configured, a request without a valid key gets 401 in
+    OpenAI error form; a caller key works; an admin key works as a caller
+    key too but a caller key cannot run node commands.
+    """
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1")], "api_keys": ["caller"], "admin_keys": ["adm"]})
+    launch.node(edge.node_port, "tok-1")
+    wait_for(lambda: edge.status_with("adm")["nodes"][0]["connected"], what="node-1 connected")
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    status, error = edge.json("POST", "/v1/chat/completions", body)
+    assert status == 401 and error["error"]["code"] == "missing_api_key"
+    status, error = edge.json("POST", "/v1/chat/completions", body, {"authorization": "Bearer wrong"})
+    assert status == 401 and error["error"]["code"] == "invalid_api_key"
+    status, reply = edge.json("POST", "/v1/chat/completions", body, {"authorization": "Bearer caller"})
+    assert status == 200 and reply["choices"][0]["message"]["content"] == "hi"
+    status, _ = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer caller"})
+    assert status == 403
+    status, result = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer adm"})
+    assert status == 200 and result["command"] == "capabilities"

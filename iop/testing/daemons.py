@@ -129,7 +129,7 @@ class Edge(Daemon):
     def _listening(self):
         if not self.running():
             raise AssertionError(f"iop-edge exited:\n{self.output()}")
-        self.request("GET", "/v1/status")
+        self.request("GET", "/v1/models")
         return True
 
     def request(self, method, path, body=None, headers=None, timeout=30.0):
@@ -151,6 +151,9 @@ class Edge(Daemon):
 
     def status(self):
         return self.json("GET", "/v1/status")[1]
+
+    def status_with(self, key):
+        return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"})[1]
 
     def node_connected(self, node_id):
         nodes = {n["id"]: n for n in self.status()["nodes"]}

@@ -99,7 +99,7 @@ def read_json(request):
 
 
 def bearer(request):
-    header = request.getHeader(b"authorization") or ""
+    header = (request.getHeader(b"authorization") or b"").decode("latin-1")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
     return None
