@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-from iop.testing.daemons import Edge, Node  # noqa: E402
+from iop.testing.daemons import Edge, FakeProvider, Node
 
 
 class Launcher:
@@ -62,44 +62,6 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + report.when, report)
 
 
-class FakeProvider:
-    """
-    tests/fake_providers.py running as a subprocess.
-    """
-
-    def __init__(self, workdir, kind, delay_ms):
-        import subprocess
-
-        from iop.testing.daemons import wait_for
-
-        self.port_file = os.path.join(workdir, f"{kind}.port")
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "fake_providers.py"), kind, "--port-file", self.port_file, "--delay-ms", str(delay_ms)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: os.path.exists(self.port_file) and open(self.port_file).read().strip(), what=f"fake {kind} provider")
-        self.port = int(open(self.port_file).read().strip())
-
-    def url(self, path=""):
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def stats(self):
-        import json
-        import urllib.request
-
-        with urllib.request.urlopen(self.url("/_stats"), timeout=5) as response:
-            return json.loads(response.read())
-
-    def stop(self):
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except Exception:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -108,7 +70,7 @@ def fake_provider(tmp_path):
     started = []
 
     def start(kind, delay_ms=50):
-        provider = FakeProvider(str(tmp_path), kind, delay_ms)
+        provider = FakeProvider(os.path.join(HERE, "fake_providers.py"), str(tmp_path), kind, delay_ms)
         started.append(provider)
         return provider
 

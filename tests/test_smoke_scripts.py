@@ -24,3 +24,19 @@ def test_provider_capacity_smoke():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "provider capacity smoke: OK" in result.stdout
+
+
+def test_relay_benchmark_runs():
+    """
+    bench/relay.py still runs end to end (tiny sizes; no timing is
+    asserted — speed is read from its ratios, not tested).
+    """
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "relay.py"), "--requests", "2", "--concurrency", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for path in ("direct", "tunnel", "run"):
+        assert path in result.stdout

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import yaml
 
@@ -218,3 +219,34 @@ def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
         "adapters": [{"name": "echo", "type": "echo", "max_concurrency": max_concurrency, "delay_ms": delay_ms}],
         "providers": providers or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 1}}],
     }
+
+
+class FakeProvider:
+    """
+    tests/fake_providers.py (the C{script}) running as a subprocess.
+    """
+
+    def __init__(self, script, workdir, kind, delay_ms):
+        self.port_file = os.path.join(workdir, f"{kind}.port")
+        self.process = subprocess.Popen(
+            [sys.executable, script, kind, "--port-file", self.port_file, "--delay-ms", str(delay_ms)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: os.path.exists(self.port_file) and open(self.port_file).read().strip(), what=f"fake {kind} provider")
+        self.port = int(open(self.port_file).read().strip())
+
+    def url(self, path=""):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stats(self):
+        with urllib.request.urlopen(self.url("/_stats"), timeout=5) as response:
+            return json.loads(response.read())
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except Exception:
+            self.process.kill()
+            self.process.wait(timeout=10)
