@@ -1,0 +1,533 @@
+"""
+Provider pools, leases and the wait queue of the Edge (SPEC section 8).
+
+Ownership
+=========
+
+The pool owns two things and nothing else:
+
+  - B{capacity}: for every provider resource (C{node_id} + C{provider_id})
+    one ledger with a C{normal} and a C{long} counter and the leases that
+    count against them. Every model group naming the resource shares that
+    one ledger.
+  - B{waiters}: one FIFO queue per model group of callers waiting for room.
+
+It does not own connections. The registry (elsewhere) owns Node
+connections and their generations; the Edge service tells the pool when a
+Node's generation becomes ready (L{ProviderPool.nodeReady}) and when it is
+gone (L{ProviderPool.nodeDisconnected}). The pool knows nothing of the
+wire or of HTTP, and never touches the global reactor: time comes from the
+C{clock} it is given (an C{IReactorTime}, C{task.Clock} in tests).
+
+Rules
+=====
+
+  - A resource is I{live} from C{nodeReady(node, generation)} until
+    C{nodeDisconnected(node, generation)} with that same generation. A
+    disconnect naming any other generation is stale and changes nothing. A
+    ready with a new generation replaces the old one, returning the old
+    generation's leases first.
+  - L{ProviderPool.acquire} leases the least loaded live member with room
+    (lowest C{in_use / capacity} for the request class; ties go to config
+    order). With no room but a I{live candidate} (a live member whose
+    capacity for the class is above 0) it waits in the group's queue;
+    without a live candidate it fails at once with L{NoLiveProvider}.
+  - A lease is returned exactly once: by L{Lease.release} or by its Node's
+    disconnect (or replacement), whichever comes first. Later calls to
+    C{release} return C{False} and change nothing.
+  - Whenever room appears (a release, a ready) the queues are pumped:
+    repeatedly, B{the waiter that has waited longest among those that can
+    be served now} gets a lease. Within a group this is FIFO per request
+    class (all waiters of one group and class are eligible for the same
+    resources, so the oldest goes first); across groups the oldest waiter
+    wins. A waiter that cannot be served does not block a younger waiter
+    that can (a C{long} waiter does not hold back a C{normal} one).
+  - Because the queues are pumped after every change, no waiter is ever
+    left queued while a live resource of its group has room for its class;
+    so a new acquire that finds room never jumps the queue.
+  - After a disconnect every waiter is re-evaluated: one whose group has no
+    live candidate left fails at once with L{NoLiveProvider}; the others
+    keep waiting.
+
+Re-entrancy: the pool's state is made consistent before any Deferred is
+fired (it collects the waiters to serve or fail, updates its ledgers and
+queues, then fires). A callback may therefore call C{release}, C{acquire},
+C{cancel} or C{snapshot} synchronously.
+
+Unknown model group: L{ProviderPool.acquire} and L{ProviderPool.classify}
+raise C{KeyError} synchronously (a caller error, "model not found", not
+an outage); use L{ProviderPool.group} to check first.
+"""
+
+from dataclasses import dataclass
+from fractions import Fraction
+from heapq import merge
+from itertools import count
+from operator import attrgetter
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+NORMAL = "normal"
+LONG = "long"
+CLASSES = (NORMAL, LONG)
+
+
+class PoolError(Exception):
+    """
+    Base of the pool's failures. The message names the model group.
+
+    @ivar group: the model group's name.
+    @ivar klass: the request class (L{NORMAL} or L{LONG}).
+    """
+
+    def __init__(self, group, klass, problem):
+        super().__init__(f"model group {group!r}: {problem}")
+        self.group = group
+        self.klass = klass
+
+
+class NoLiveProvider(PoolError):
+    """
+    No provider of the model group is live with capacity for the request
+    class ("unavailable"): raised at once, or to a waiter whose last live
+    candidate disconnected.
+    """
+
+
+class QueueTimeout(PoolError):
+    """
+    The request waited C{queue_timeout_sec} without a provider having room.
+    """
+
+
+class QueueFull(PoolError):
+    """
+    No room, and the model group's queue already holds C{max_queue} waiters.
+    """
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """
+    A provider resource, keyed by C{(node_id, provider_id)}.
+
+    @ivar adapter: the adapter instance name on that Node.
+    @ivar adapter_type: C{echo}, C{openai_compat}, C{vllm}, C{ollama} or C{cli}.
+    """
+
+    node_id: str
+    provider_id: str
+    adapter: str
+    adapter_type: str
+    capacity_normal: int
+    capacity_long: int
+
+    @property
+    def key(self):
+        return (self.node_id, self.provider_id)
+
+    def capacity(self, klass):
+        return self.capacity_normal if klass == NORMAL else self.capacity_long
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """
+    One provider of a model group; C{target} is the model name at the back end.
+    """
+
+    node_id: str
+    provider_id: str
+    target: str
+
+    @property
+    def key(self):
+        return (self.node_id, self.provider_id)
+
+
+@dataclass(frozen=True)
+class ModelGroupSpec:
+    """
+    A model name callers use, and the providers that serve it.
+
+    @ivar members: a tuple of L{GroupMember}, in preference order for ties.
+    @ivar queue_timeout_sec: how long a request may wait for room.
+    @ivar max_queue: how many requests (of both classes) may wait;
+        C{None} for no limit.
+    @ivar long_threshold_chars: requests with more input characters than
+        this are L{LONG}; C{None} makes every request L{NORMAL}.
+    """
+
+    name: str
+    members: tuple
+    queue_timeout_sec: float = 30.0
+    max_queue: int | None = None
+    long_threshold_chars: int | None = None
+
+
+class Lease:
+    """
+    One slot of one provider resource, held by one request.
+
+    Call L{release} when the request ends (terminal event, send failure):
+    the first call returns the slot; later calls, and any call after the
+    Node's disconnect already returned the slot, change nothing.
+    """
+
+    def __init__(self, pool, member, spec, klass, generation, group):
+        self._pool = pool
+        self.node_id = member.node_id
+        self.provider_id = member.provider_id
+        self.adapter = spec.adapter
+        self.adapter_type = spec.adapter_type
+        self.target = member.target
+        self.klass = klass
+        self.generation = generation
+        self.group = group
+
+    @property
+    def active(self):
+        """
+        C{True} while the slot counts against its resource.
+        """
+        return self._pool._isActive(self)
+
+    def release(self):
+        """
+        Return the slot. C{True} the first time only.
+        """
+        return self._pool._release(self)
+
+    def __repr__(self):
+        return (
+            f"<Lease {self.group}/{self.klass} on {self.node_id}/{self.provider_id}"
+            f" gen={self.generation!r} target={self.target!r}>"
+        )
+
+
+class _Resource:
+    """
+    The ledger of one provider resource: its live generation (C{None} when
+    offline), its counters and the leases behind them.
+    """
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.generation = None
+        self.in_use = {NORMAL: 0, LONG: 0}
+        self.leases = {}  # Lease -> None, in grant order
+
+    @property
+    def live(self):
+        return self.generation is not None
+
+    def candidate(self, klass):
+        return self.live and self.spec.capacity(klass) > 0
+
+    def room(self, klass):
+        if not self.live:
+            return 0
+        return self.spec.capacity(klass) - self.in_use[klass]
+
+    def load(self, klass):
+        return Fraction(self.in_use[klass], self.spec.capacity(klass))
+
+    def take(self, lease):
+        self.in_use[lease.klass] += 1
+        self.leases[lease] = None
+
+    def give(self, lease):
+        if lease not in self.leases:
+            return False
+        del self.leases[lease]
+        self.in_use[lease.klass] -= 1
+        return True
+
+    def setGeneration(self, generation):
+        """
+        Go live under C{generation} (or offline for C{None}) with empty
+        counters; return how many leases of the previous generation this
+        returned.
+        """
+        returned = len(self.leases)
+        self.leases.clear()
+        self.in_use = {NORMAL: 0, LONG: 0}
+        self.generation = generation
+        return returned
+
+
+class _Waiter:
+    def __init__(self, seq, group, klass):
+        self.seq = seq
+        self.group = group
+        self.klass = klass
+        self.deferred = None
+        self.timer = None
+
+
+class ProviderPool:
+    """
+    Capacity and waiters for the Edge's provider resources and model groups.
+
+    @param clock: an C{IReactorTime} for queue timeouts.
+    @param providers: the L{ProviderSpec}s, in config order.
+    @param groups: the L{ModelGroupSpec}s, in config order.
+    @raise ValueError: duplicate providers or groups, a negative capacity,
+        or a group member naming an unknown provider.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock, providers, groups):
+        self._clock = clock
+        self._resources = {}
+        self._byNode = {}
+        for spec in providers:
+            if spec.key in self._resources:
+                raise ValueError(f"provider {spec.node_id}/{spec.provider_id} is configured twice")
+            for klass in CLASSES:
+                if not isinstance(spec.capacity(klass), int) or spec.capacity(klass) < 0:
+                    raise ValueError(
+                        f"provider {spec.node_id}/{spec.provider_id}: {klass} capacity must be"
+                        f" a non-negative integer, got {spec.capacity(klass)!r}"
+                    )
+            resource = _Resource(spec)
+            self._resources[spec.key] = resource
+            self._byNode.setdefault(spec.node_id, []).append(resource)
+        self._groups = {}
+        self._queues = {}  # group name -> {_Waiter: None}, oldest first
+        for group in groups:
+            if group.name in self._groups:
+                raise ValueError(f"model group {group.name!r} is configured twice")
+            for member in group.members:
+                if member.key not in self._resources:
+                    raise ValueError(
+                        f"model group {group.name!r}: unknown provider {member.node_id}/{member.provider_id}"
+                    )
+            self._groups[group.name] = group
+            self._queues[group.name] = {}
+        self._seq = count()
+
+    # -- questions
+
+    def group(self, name):
+        """
+        The L{ModelGroupSpec} called C{name}, or C{None}.
+        """
+        return self._groups.get(name)
+
+    def classify(self, group_name, input_chars):
+        """
+        L{LONG} if the group has a threshold and C{input_chars} exceeds it,
+        else L{NORMAL}.
+
+        @raise KeyError: unknown model group.
+        """
+        threshold = self._group(group_name).long_threshold_chars
+        if threshold is not None and input_chars > threshold:
+            return LONG
+        return NORMAL
+
+    def activeLeases(self):
+        """
+        Every lease currently counted, by resource in config order, then in
+        grant order.
+        """
+        return [lease for resource in self._resources.values() for lease in resource.leases]
+
+    def snapshot(self):
+        """
+        Providers in config order (an offline one shows capacity and
+        in_use 0) and the number of waiters per model group.
+        """
+        providers = []
+        for resource in self._resources.values():
+            spec = resource.spec
+            live = resource.live
+            providers.append(
+                {
+                    "node": spec.node_id,
+                    "id": spec.provider_id,
+                    "adapter": spec.adapter,
+                    "status": "available" if live else "unavailable",
+                    "health": "ok" if live else "offline",
+                    "capacity": {k: spec.capacity(k) if live else 0 for k in CLASSES},
+                    "in_use": {k: resource.in_use[k] for k in CLASSES},
+                }
+            )
+        groups = [{"name": name, "queued": len(queue)} for name, queue in self._queues.items()]
+        return {"providers": providers, "model_groups": groups}
+
+    # -- acquiring
+
+    def acquire(self, group_name, klass):
+        """
+        Lease a provider of C{group_name} for a request of class C{klass}.
+
+        @return: a cancellable Deferred firing with a L{Lease}, or failing
+            with L{NoLiveProvider}, L{QueueFull} or L{QueueTimeout};
+            cancelling it while it waits removes it from the queue.
+        @raise KeyError: unknown model group.
+        @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
+        """
+        group = self._group(group_name)
+        if klass not in CLASSES:
+            raise ValueError(f"model group {group_name!r}: unknown request class {klass!r}")
+        lease = self._tryLease(group, klass)
+        if lease is not None:
+            return defer.succeed(lease)
+        if not self._hasCandidate(group, klass):
+            return defer.fail(self._unavailable(group, klass))
+        queue = self._queues[group.name]
+        if group.max_queue is not None and len(queue) >= group.max_queue:
+            return defer.fail(QueueFull(group.name, klass, f"queue is full ({group.max_queue} waiting)"))
+        waiter = _Waiter(next(self._seq), group.name, klass)
+        waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
+        waiter.timer = self._clock.callLater(group.queue_timeout_sec, self._timedOut, waiter)
+        queue[waiter] = None
+        return waiter.deferred
+
+    def _group(self, name):
+        group = self._groups.get(name)
+        if group is None:
+            raise KeyError(f"unknown model group {name!r}")
+        return group
+
+    def _hasCandidate(self, group, klass):
+        return any(self._resources[m.key].candidate(klass) for m in group.members)
+
+    def _unavailable(self, group, klass):
+        return NoLiveProvider(group.name, klass, f"no live provider for {klass} requests")
+
+    def _tryLease(self, group, klass):
+        """
+        Take a slot on the least loaded member with room, or return C{None}.
+        """
+        best = None
+        for member in group.members:
+            resource = self._resources[member.key]
+            if resource.room(klass) > 0:
+                if best is None or resource.load(klass) < best[0].load(klass):
+                    best = (resource, member)
+        if best is None:
+            return None
+        resource, member = best
+        lease = Lease(self, member, resource.spec, klass, resource.generation, group.name)
+        resource.take(lease)
+        return lease
+
+    def _dequeue(self, waiter):
+        del self._queues[waiter.group][waiter]
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+
+    def _timedOut(self, waiter):
+        waiter.timer = None
+        self._dequeue(waiter)
+        group = self._groups[waiter.group]
+        self.log.info(
+            "model group {group}: {klass} request timed out after {timeout}s in queue",
+            group=group.name,
+            klass=waiter.klass,
+            timeout=group.queue_timeout_sec,
+        )
+        waiter.deferred.errback(
+            QueueTimeout(group.name, waiter.klass, f"no provider free within {group.queue_timeout_sec}s")
+        )
+
+    def _cancelled(self, waiter):
+        # The Deferred errbacks CancelledError once this returns. A waiter
+        # already served but not yet fired is no longer queued: _serve sees
+        # the fired Deferred and returns its lease.
+        if waiter in self._queues[waiter.group]:
+            self._dequeue(waiter)
+
+    def _waiters(self):
+        """
+        Every queued waiter, oldest first, as a list (safe to mutate the
+        queues while walking it).
+        """
+        return list(merge(*self._queues.values(), key=attrgetter("seq")))
+
+    def _pump(self):
+        """
+        Serve, oldest first, every waiter that can be served now; then fire.
+        One pass is enough: serving only ever takes room away.
+        """
+        served = []
+        for waiter in self._waiters():
+            lease = self._tryLease(self._groups[waiter.group], waiter.klass)
+            if lease is not None:
+                self._dequeue(waiter)
+                served.append((waiter, lease))
+        for waiter, lease in served:
+            if waiter.deferred.called:
+                # Cancelled by an earlier callback of this same batch.
+                lease.release()
+            else:
+                waiter.deferred.callback(lease)
+
+    # -- releasing
+
+    def _isActive(self, lease):
+        resource = self._resources[(lease.node_id, lease.provider_id)]
+        return lease in resource.leases
+
+    def _release(self, lease):
+        resource = self._resources[(lease.node_id, lease.provider_id)]
+        if not resource.give(lease):
+            return False
+        self._pump()
+        return True
+
+    # -- Node lifecycle (told by the Edge service)
+
+    def nodeReady(self, node_id, generation):
+        """
+        The Node's C{generation} is ready: its resources go live with their
+        configured capacity and waiters are served at once. A new
+        generation first returns the leases of the one it replaces; the
+        same generation again changes nothing.
+        """
+        returned = 0
+        for resource in self._byNode.get(node_id, ()):
+            if resource.generation != generation:
+                returned += resource.setGeneration(generation)
+        if returned:
+            self.log.info(
+                "node {node} ready as generation {generation}: returned {count} leases of the old generation",
+                node=node_id,
+                generation=generation,
+                count=returned,
+            )
+        self._pump()
+
+    def nodeDisconnected(self, node_id, generation):
+        """
+        The Node's C{generation} is gone. If it is the live one: return its
+        leases, take its resources offline, and fail at once every waiter
+        left without a live candidate. Otherwise (stale) change nothing.
+        """
+        resources = self._byNode.get(node_id, ())
+        if not resources or resources[0].generation is None or resources[0].generation != generation:
+            self.log.debug("ignoring stale disconnect of node {node} generation {generation}",
+                           node=node_id, generation=generation)
+            return
+        returned = sum(resource.setGeneration(None) for resource in resources)
+        failed = []
+        for waiter in self._waiters():
+            if not self._hasCandidate(self._groups[waiter.group], waiter.klass):
+                self._dequeue(waiter)
+                failed.append(waiter)
+        self.log.info(
+            "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",
+            node=node_id,
+            generation=generation,
+            count=returned,
+            failed=len(failed),
+        )
+        for waiter in failed:
+            if not waiter.deferred.called:  # not cancelled by an earlier errback
+                waiter.deferred.errback(self._unavailable(self._groups[waiter.group], waiter.klass))

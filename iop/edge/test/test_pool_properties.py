@@ -1,0 +1,312 @@
+"""
+Property-based tests for L{iop.edge.pool}: random interleavings of
+acquires, releases, Node lifecycle events, timeouts and cancellations,
+checked against a small model after every step and at quiescence.
+"""
+
+from fractions import Fraction
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from twisted.internet.defer import CancelledError
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.pool import (
+    LONG,
+    NORMAL,
+    GroupMember,
+    ModelGroupSpec,
+    NoLiveProvider,
+    ProviderPool,
+    ProviderSpec,
+    QueueFull,
+    QueueTimeout,
+)
+
+NODES = ("n1", "n2")
+RESOURCES = (("n1", "a"), ("n1", "b"), ("n2", "a"))
+CLASSES = (NORMAL, LONG)
+
+
+def makeGroups():
+    def members(*keys):
+        return tuple(GroupMember(node, pid, f"{node}-{pid}") for node, pid in keys)
+
+    return [
+        ModelGroupSpec("g1", members(("n1", "a"), ("n2", "a")), queue_timeout_sec=3),
+        ModelGroupSpec("g2", members(("n1", "a"), ("n1", "b")), queue_timeout_sec=5, max_queue=2),
+        ModelGroupSpec("g3", members(("n2", "a")), queue_timeout_sec=2),
+        ModelGroupSpec("g4", members(("n1", "b"), ("n2", "a")), queue_timeout_sec=4, max_queue=1),
+    ]
+
+
+GROUPS = {g.name: g for g in makeGroups()}
+MAX_TIMEOUT = max(g.queue_timeout_sec for g in GROUPS.values())
+
+
+class Acquisition:
+    """
+    One call to acquire and every result its Deferred delivered.
+    """
+
+    def __init__(self, group, klass, start):
+        self.group = group
+        self.klass = klass
+        self.start = start
+        self.results = []
+        self.deferred = None
+
+    @property
+    def pending(self):
+        return not self.results
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """
+    Drives a L{ProviderPool} and keeps a model: the live generation of each
+    Node, every lease granted and which leases we released successfully.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pool = None
+
+    @initialize(
+        capacities=st.lists(
+            st.tuples(st.sampled_from([0, 1, 1, 1, 2]), st.sampled_from([0, 1, 1, 1, 2])),
+            min_size=len(RESOURCES),
+            max_size=len(RESOURCES),
+        )
+    )
+    def setUpPool(self, capacities):
+        self.clock = Clock()
+        providers = [
+            ProviderSpec(node, pid, f"{node}-{pid}-adapter", "echo", normal, long)
+            for (node, pid), (normal, long) in zip(RESOURCES, capacities)
+        ]
+        self.capacity = {(p.node_id, p.provider_id): {NORMAL: p.capacity_normal, LONG: p.capacity_long} for p in providers}
+        self.pool = ProviderPool(self.clock, providers, makeGroups())
+        self.live = {node: None for node in NODES}
+        self.lastGeneration = {node: 0 for node in NODES}
+        self.acquisitions = []
+        self.leases = []
+        self.released = set()
+        for node in NODES:
+            self.ready(node)
+
+    # -- model helpers
+
+    def counted(self, lease):
+        return lease not in self.released and lease.generation == self.live[lease.node_id]
+
+    def countedLeases(self):
+        return [lease for lease in self.leases if self.counted(lease)]
+
+    def providers(self):
+        return {(p["node"], p["id"]): p for p in self.pool.snapshot()["providers"]}
+
+    def hasRoom(self, group, klass, providers):
+        return any(
+            providers[m.key]["capacity"][klass] - providers[m.key]["in_use"][klass] > 0 for m in GROUPS[group].members
+        )
+
+    def hasCandidate(self, group, klass, providers):
+        return any(providers[m.key]["capacity"][klass] > 0 for m in GROUPS[group].members)
+
+    def checkBounds(self):
+        for entry in self.providers().values():
+            for klass in CLASSES:
+                assert 0 <= entry["in_use"][klass] <= entry["capacity"][klass], entry
+
+    # -- actions
+
+    def acquire(self, group, klass, reentry):
+        record = Acquisition(group, klass, self.clock.seconds())
+        self.acquisitions.append(record)
+        before = self.providers()
+        calling = True
+
+        def granted(lease):
+            record.results.append(lease)
+            self.leases.append(lease)
+            # The pool is consistent before it fires anything.
+            self.checkBounds()
+            assert lease.active
+            assert (lease.group, lease.klass) == (group, klass)
+            assert lease.generation == self.live[lease.node_id]
+            member = [m for m in GROUPS[group].members if m.key == (lease.node_id, lease.provider_id)]
+            assert member and lease.target == member[0].target
+            if calling:
+                # Granted at once: the least loaded member with room, ties
+                # to config order.
+                withRoom = [
+                    m.key for m in GROUPS[group].members
+                    if before[m.key]["capacity"][klass] - before[m.key]["in_use"][klass] > 0
+                ]
+                best = min(withRoom, key=lambda k: Fraction(before[k]["in_use"][klass], before[k]["capacity"][klass]))
+                assert (lease.node_id, lease.provider_id) == best, (before, lease)
+            if reentry == "release":
+                self.release(lease)
+            elif reentry == "acquire":
+                self.acquire(group, klass, None)
+
+        def failed(failure):
+            kind = failure.trap(NoLiveProvider, QueueTimeout, QueueFull, CancelledError)
+            record.results.append(kind)
+            self.checkBounds()
+            if kind is NoLiveProvider:
+                assert not self.hasCandidate(group, klass, self.providers())
+            elif kind is QueueTimeout:
+                assert self.clock.seconds() - record.start >= GROUPS[group].queue_timeout_sec
+            elif kind is QueueFull:
+                queued = {g["name"]: g["queued"] for g in self.pool.snapshot()["model_groups"]}
+                assert queued[group] == GROUPS[group].max_queue
+            if kind is not CancelledError:
+                assert group in str(failure.value)
+
+        record.deferred = self.pool.acquire(group, klass)
+        record.deferred.addCallbacks(granted, failed)
+        calling = False
+
+    def release(self, lease):
+        expected = self.counted(lease)
+        result = lease.release()
+        assert result is expected, (lease, result)
+        if result:
+            self.released.add(lease)
+
+    # -- rules
+
+    @rule(
+        group=st.sampled_from(sorted(GROUPS)),
+        klass=st.sampled_from(CLASSES),
+        reentry=st.sampled_from([None, None, "release", "release", "acquire"]),
+        times=st.integers(1, 3),
+    )
+    def acquireRule(self, group, klass, reentry, times):
+        for _ in range(times):
+            self.acquire(group, klass, reentry)
+
+    @rule(index=st.integers(0, 1000), held=st.booleans())
+    def releaseOrSendFailure(self, index, held):
+        """
+        Release a held lease (terminal event or send failure), or any lease
+        ever granted (a duplicate release, or one of a dead generation).
+        """
+        choices = self.countedLeases() if held else self.leases
+        if choices:
+            self.release(choices[index % len(choices)])
+
+    @rule(node=st.sampled_from(NODES), reconnect=st.booleans())
+    def disconnect(self, node, reconnect):
+        """
+        The Node's live generation goes away (if it is offline, its last
+        generation is named again: stale), maybe followed by a reconnect.
+        """
+        generation = self.live[node]
+        self.live[node] = None
+        self.pool.nodeDisconnected(node, generation if generation is not None else self.lastGeneration[node])
+        if reconnect:
+            self.ready(node)
+
+    @rule(node=st.sampled_from(NODES), back=st.integers(1, 3))
+    def staleDisconnect(self, node, back):
+        self.pool.nodeDisconnected(node, self.lastGeneration[node] - back)
+
+    @rule(node=st.sampled_from(NODES))
+    def ready(self, node):
+        self.lastGeneration[node] += 1
+        self.live[node] = self.lastGeneration[node]
+        self.pool.nodeReady(node, self.live[node])
+
+    @rule(node=st.sampled_from(NODES))
+    def duplicateReady(self, node):
+        if self.live[node] is not None:
+            self.pool.nodeReady(node, self.live[node])
+
+    @rule(seconds=st.sampled_from([0.5, 1, 2, 3, 5]))
+    def advance(self, seconds):
+        self.clock.advance(seconds)
+
+    @rule(index=st.integers(0, 1000), waiting=st.booleans())
+    def cancel(self, index, waiting):
+        """
+        The caller goes away: cancel a waiting acquire, or any acquire
+        (one that already fired ignores the cancel).
+        """
+        choices = [a for a in self.acquisitions if a.pending] if waiting else self.acquisitions
+        if choices:
+            choices[index % len(choices)].deferred.cancel()
+
+    # -- invariants
+
+    @invariant()
+    def consistent(self):
+        if self.pool is None:
+            return
+        providers = self.providers()
+        self.checkBounds()
+        for key, entry in providers.items():
+            live = self.live[key[0]] is not None
+            assert entry["status"] == ("available" if live else "unavailable")
+            for klass in CLASSES:
+                assert entry["capacity"][klass] == (self.capacity[key][klass] if live else 0)
+                expected = sum(
+                    1 for lease in self.countedLeases() if (lease.node_id, lease.provider_id, lease.klass) == key + (klass,)
+                )
+                assert entry["in_use"][klass] == expected, (key, klass, entry, expected)
+        assert set(self.pool.activeLeases()) == set(self.countedLeases())
+        pending = [a for a in self.acquisitions if a.pending]
+        queued = {g["name"]: g["queued"] for g in self.pool.snapshot()["model_groups"]}
+        for name in GROUPS:
+            assert queued[name] == sum(1 for a in pending if a.group == name)
+        for waiter in pending:
+            assert not self.hasRoom(waiter.group, waiter.klass, providers)
+            assert self.hasCandidate(waiter.group, waiter.klass, providers)
+        assert len(self.clock.getDelayedCalls()) == len(pending)
+        assert all(len(a.results) <= 1 for a in self.acquisitions)
+
+    def teardown(self):
+        """
+        Quiescence: release everything and let every timeout pass; every
+        counter is then 0 and every acquire has fired exactly once.
+        """
+        if self.pool is None:
+            return
+        for _ in range(100):
+            held = self.countedLeases()
+            for lease in held:
+                self.release(lease)
+            if not held and not any(a.pending for a in self.acquisitions):
+                break
+            self.clock.advance(MAX_TIMEOUT + 1)
+        self.consistent()
+        for entry in self.providers().values():
+            assert entry["in_use"] == {NORMAL: 0, LONG: 0}, entry
+        assert self.pool.activeLeases() == []
+        assert self.clock.getDelayedCalls() == []
+        assert all(len(a.results) == 1 for a in self.acquisitions)
+
+
+class PoolPropertyTests(SynchronousTestCase):
+    """
+    Random interleavings against the model.
+    """
+
+    def test_randomInterleavings(self):
+        """
+        Over random interleavings of acquires (both classes, four groups
+        sharing three resources, with callbacks that release or acquire
+        re-entrantly), releases, duplicate releases, disconnects, stale
+        disconnects, reconnects, duplicate readies, clock advances and
+        cancellations: counters stay within [0, capacity] and equal the
+        live generation's unreleased leases; release returns True exactly
+        once per counted lease; no waiter waits while its group has room or
+        without a live candidate; every waiter has exactly one timer; and at
+        quiescence counters are 0 and every acquire fired exactly once.
+        """
+        run_state_machine_as_test(
+            PoolMachine,
+            settings=settings(max_examples=200, stateful_step_count=40, deadline=None, database=None),
+        )
