@@ -88,8 +88,13 @@ class RunRelay:
         self._cancelReason = None
 
     def begin(self, run):
-        self.manager.store.recordStart(
-            self.run_id, self.hosted.name, self.request.target, self.request.session_id, self.request.background
+        self.manager.record(
+            "recordStart",
+            self.run_id,
+            self.hosted.name,
+            self.request.target,
+            self.request.session_id,
+            self.request.background,
         )
         self.deferred = defer.maybeDeferred(self.hosted.adapter.execute, run, self.emit)
         self.deferred.addCallbacks(self._ended, self._failed)
@@ -202,13 +207,23 @@ class RunManager:
         End a run that never reached an adapter with one C{error} terminal.
         """
         self.log.info("run {run_id} refused: {code}: {message}", run_id=request.run_id, code=code, message=message)
-        self.store.recordStart(request.run_id, request.adapter, request.target, request.session_id, request.background)
+        self.record("recordStart", request.run_id, request.adapter, request.target, request.session_id, request.background)
         self.send(event_to_wire(request.run_id, 1, RunEventData(ERROR, error=RunFailure(code, message))))
         self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None)
         return None
 
+    def record(self, method, *args):
+        """
+        Write to the run store without ever letting it break the relay.
+        """
+        try:
+            d = defer.maybeDeferred(getattr(self.store, method), *args)
+        except Exception:
+            d = defer.fail()
+        d.addErrback(lambda f: self.log.failure("run store {method} failed", f, method=method))
+
     def ended(self, adapter, run_id, status, error, usage):
-        self.store.recordEnd(run_id, status, error)
+        self.record("recordEnd", run_id, status, error)
         self.usage.runEnded(adapter, status)
         if usage is not None:
             self.usage.usage(adapter, usage)

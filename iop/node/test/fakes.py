@@ -1,0 +1,262 @@
+"""
+Test doubles for the Node: a scriptable Edge on the other end of an
+in-memory wire, and adapters whose every step the test controls.
+"""
+
+import json
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.test.iosim import connectedServerAndClient
+from zope.interface import implementer
+
+from iop.adapters.base import AdapterBase
+from iop.adapters.echo import EchoAdapter
+from iop.adapters.interface import Capabilities, IAdapter, NotSupported
+from iop.node.context import NodeContext
+from iop.node.host import AdapterHost
+from iop.node.session import NodeSession
+from iop.protocols import iop_pb2
+from iop.protocols.wire import IWireReceiver, WireProtocol
+
+TOKEN = "secret-node-token"
+
+
+@implementer(IAdapter)
+class ManualAdapter(AdapterBase):
+    """
+    C{execute} and C{tunnel} return Deferreds the test fires by hand; each
+    call is recorded with its C{emit} or sink, and cancellation is noted.
+    """
+
+    type = "manual"
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        super().__init__(name, max_concurrency, options, reactor)
+        self.runs = []  # (RunInput, emit, Deferred)
+        self.tunnels = []  # (TunnelInput, sink, Deferred)
+        self.cancelled = []
+        self.started = 0
+        self.stopped = 0
+        self.terminated = []
+        self.commands = []
+
+    def capabilities(self):
+        return Capabilities(
+            max_concurrency=self.max_concurrency,
+            sessions=bool(self.options.get("sessions")),
+            tunnel=True,
+            commands=("manual_ping",),
+        )
+
+    def start(self):
+        self.started += 1
+        return defer.succeed(None)
+
+    def stop(self):
+        self.stopped += 1
+        return defer.succeed(None)
+
+    def _deferred(self, ident):
+        return defer.Deferred(lambda d: self.cancelled.append(ident))
+
+    def execute(self, run, emit):
+        d = self._deferred(run.run_id)
+        self.runs.append((run, emit, d))
+        return d
+
+    def tunnel(self, request, sink):
+        d = self._deferred(request.tunnel_id)
+        self.tunnels.append((request, sink, d))
+        return d
+
+    def terminate_session(self, target, session_id):
+        if not self.options.get("sessions"):
+            return super().terminate_session(target, session_id)
+        self.terminated.append((target, session_id))
+        return defer.succeed(None)
+
+    def command(self, name, args):
+        self.commands.append((name, args))
+        if name == "session_list":
+            return defer.succeed([{"session_id": "s1"}])
+        if name == "manual_ping":
+            return defer.succeed({"pong": args})
+        raise NotSupported(f"adapter {self.name} (manual) has no command {name!r}")
+
+
+class PlainAdapter(AdapterBase):
+    """
+    An adapter with none of the optional features (no tunnel, sessions or
+    commands): every optional call raises L{NotSupported}.
+    """
+
+    type = "plain"
+
+    def execute(self, run, emit):
+        return defer.succeed(None)
+
+
+class BrokenAdapter(AdapterBase):
+    type = "broken"
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        raise ValueError(f"adapters[{name}].base_url is required for type broken")
+
+
+TYPES = {"echo": EchoAdapter, "manual": ManualAdapter, "plain": PlainAdapter, "broken": BrokenAdapter}
+
+
+def build(name, type, max_concurrency, options, reactor):
+    """
+    A L{iop.adapters.registry.build_adapter} over the fake types.
+    """
+    return TYPES[type](name, max_concurrency, options, reactor)
+
+
+def adapterConfig(name, type="manual", max_concurrency=2, **options):
+    return iop_pb2.AdapterConfig(
+        name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
+    )
+
+
+def nodeConfig(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
+    return iop_pb2.NodeConfigPayload(
+        node_id=node_id, adapters=list(adapters), heartbeat_interval_sec=interval, heartbeat_timeout_sec=timeout
+    )
+
+
+def accepted(config):
+    return iop_pb2.RegisterResponse(accepted=True, config=config)
+
+
+def makeContext(clock=None, **kwargs):
+    clock = Clock() if clock is None else clock
+    host = kwargs.pop("host", None) or AdapterHost(clock, build)
+    return NodeContext(token=TOKEN, clock=clock, host=host, **kwargs)
+
+
+@implementer(IWireReceiver)
+class FakeEdge:
+    """
+    The Edge's end of one connection, answering registration from a
+    script and recording everything else.
+
+    @ivar registerResponse: sent in answer to C{RegisterRequest} (C{None}:
+        stay silent).
+    @ivar readyResponse: likewise for C{NodeReadyRequest}.
+    """
+
+    def __init__(self, registerResponse=None, readyResponse=None):
+        self.registerResponse = registerResponse
+        self.readyResponse = readyResponse
+        self.received = []
+        self.wire = None
+        self.lostReason = None
+
+    def wireConnected(self, wire):
+        self.wire = wire
+
+    def messageReceived(self, kind, message):
+        self.received.append((kind, message))
+        if kind == "register_request" and self.registerResponse is not None:
+            self.wire.send(self.registerResponse)
+        elif kind == "node_ready_request" and self.readyResponse is not None:
+            self.wire.send(self.readyResponse)
+
+    def wireLost(self, reason):
+        self.lostReason = reason
+
+    def of(self, kind):
+        return [message for k, message in self.received if k == kind]
+
+    def kinds(self):
+        return [k for k, _ in self.received]
+
+
+def connect(context, edge):
+    """
+    Wire a new L{NodeSession} to C{edge} in memory on the context's clock.
+
+    @return: C{(session, pump)}; the connection is made and flushed once.
+    """
+    session = NodeSession(context)
+    clock = context.clock
+    _, _, pump = connectedServerAndClient(
+        lambda: WireProtocol(edge, clock),
+        lambda: WireProtocol(session, clock),
+        clock=clock,
+    )
+    return session, pump
+
+
+def readyNode(*adapters, clock=None, **contextArgs):
+    """
+    A session that registered and became ready against a L{FakeEdge}
+    configuring C{adapters} (default: one C{manual} adapter called
+    C{manual}, max_concurrency 2).
+
+    @return: C{(session, edge, pump, context)}.
+    """
+    if not adapters:
+        adapters = (adapterConfig("manual"),)
+    context = makeContext(clock, **contextArgs)
+    edge = FakeEdge(accepted(nodeConfig(*adapters)), iop_pb2.NodeReadyResponse(ready=True))
+    session, pump = connect(context, edge)
+    pump.flush()
+    assert session.ready.called, "the session did not become ready"
+    edge.received.clear()
+    return session, edge, pump, context
+
+
+def runRequest(run_id="r1", adapter="manual", text="hello", **kwargs):
+    return iop_pb2.RunRequest(
+        run_id=run_id,
+        adapter=adapter,
+        messages=[iop_pb2.ChatMessage(role="user", content=text)],
+        **kwargs,
+    )
+
+
+def tunnelRequest(tunnel_id="t1", adapter="manual", body=b"{}"):
+    return iop_pb2.ProviderTunnelRequest(
+        tunnel_id=tunnel_id,
+        adapter=adapter,
+        method="POST",
+        path="/chat/completions",
+        headers=[iop_pb2.Header(name="Content-Type", value="application/json")],
+        body=body,
+    )
+
+
+class RecordingStore:
+    """
+    A run store that keeps its calls in memory.
+    """
+
+    def __init__(self):
+        self.starts = []
+        self.ends = []
+
+    def recordStart(self, run_id, adapter, target="", session_id="", background=False):
+        self.starts.append((run_id, adapter, target, session_id, background))
+        return defer.succeed(None)
+
+    def recordEnd(self, run_id, status, error=None):
+        self.ends.append((run_id, status, error))
+        return defer.succeed(None)
+
+    def recent(self, limit=50):
+        return defer.succeed([])
+
+
+class RecordingExit:
+    """
+    Stands in for L{iop.node.exit.ProcessExit}.
+    """
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, status, message):
+        self.calls.append((status, message))

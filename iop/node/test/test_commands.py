@@ -1,0 +1,181 @@
+"""
+Node commands and session termination, answered over the wire.
+"""
+
+import json
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node.test.fakes import adapterConfig, readyNode, runRequest
+from iop.protocols import iop_pb2
+
+
+class CommandTests(SynchronousTestCase):
+    def setUp(self):
+        self.session, self.edge, self.pump, self.context = readyNode(
+            adapterConfig("manual", max_concurrency=3, sessions=True),
+            adapterConfig("plain", type="plain", max_concurrency=1),
+        )
+
+    def command(self, command, adapter="", args=None, request_id="c1"):
+        self.edge.wire.send(
+            iop_pb2.NodeCommandRequest(
+                request_id=request_id, command=command, adapter=adapter, args_json=json.dumps(args) if args else ""
+            )
+        )
+        self.pump.flush()
+        [response] = [r for r in self.edge.of("node_command_response") if r.request_id == request_id]
+        return response
+
+    def result(self, response):
+        self.assertTrue(response.ok, response.error)
+        return json.loads(response.result_json)
+
+    def test_capabilities(self):
+        """
+        C{capabilities} lists every adapter with its type, concurrency,
+        features and current use.
+        """
+        self.edge.wire.send(runRequest("r1"))
+        self.pump.flush()
+        adapters = {a["name"]: a for a in self.result(self.command("capabilities"))["adapters"]}
+        self.assertEqual(
+            adapters["manual"],
+            {
+                "name": "manual",
+                "type": "manual",
+                "max_concurrency": 3,
+                "sessions": True,
+                "tunnel": True,
+                "commands": ["manual_ping"],
+                "in_use": 1,
+            },
+        )
+        self.assertEqual(adapters["plain"]["in_use"], 0)
+        self.assertFalse(adapters["plain"]["tunnel"])
+
+    def test_transportStatus(self):
+        """
+        C{transport_status} reports the node id, connection state and the
+        heartbeat settings in use.
+        """
+        status = self.result(self.command("transport_status"))
+        self.assertEqual(status["node_id"], "node-1")
+        self.assertTrue(status["connected"])
+        self.assertEqual(status["heartbeat"], {"interval_sec": 2.0, "timeout_sec": 5.0})
+        self.assertNotIn("generation", json.dumps(status))
+
+    def test_usageStatus(self):
+        """
+        C{usage_status} reports per-adapter token totals and run outcomes.
+        """
+        from iop.adapters.interface import COMPLETE, RunEventData, Usage
+
+        self.edge.wire.send(runRequest("r1"))
+        self.pump.flush()
+        self.context.host.get("manual").adapter.runs[0][1](RunEventData(COMPLETE, usage=Usage(10, 20)))
+        usage = self.result(self.command("usage_status"))["adapters"]["manual"]
+        self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (10, 20))
+        self.assertEqual(usage["runs"], {"complete": 1, "error": 0, "cancelled": 0})
+
+    def test_sessionList(self):
+        """
+        C{session_list} asks every adapter that keeps sessions.
+        """
+        result = self.result(self.command("session_list"))
+        self.assertEqual(result, {"adapters": {"manual": [{"session_id": "s1"}]}})
+
+    def test_sessionListOnSessionlessAdapter(self):
+        """
+        C{session_list} for a named adapter without sessions is a clear
+        error.
+        """
+        response = self.command("session_list", adapter="plain")
+        self.assertFalse(response.ok)
+        self.assertIn("does not support sessions", response.error)
+
+    def test_adapterCommandForwarded(self):
+        """
+        A command that is not a node command goes to the named adapter
+        with its parsed arguments.
+        """
+        result = self.result(self.command("manual_ping", adapter="manual", args={"x": 1}))
+        self.assertEqual(result, {"pong": {"x": 1}})
+
+    def test_adapterCommandNotSupported(self):
+        """
+        An adapter that does not know the command answers ok=false with its
+        "not supported" message.
+        """
+        response = self.command("ollama_list", adapter="plain")
+        self.assertFalse(response.ok)
+        self.assertIn("has no command 'ollama_list'", response.error)
+
+    def test_unknownAdapterAndMissingAdapter(self):
+        """
+        A command for an unknown adapter, or an adapter command with no
+        adapter named, is refused with a message saying so.
+        """
+        response = self.command("ollama_list", adapter="nope", request_id="c1")
+        self.assertFalse(response.ok)
+        self.assertIn("no adapter named 'nope'", response.error)
+        response = self.command("ollama_list", request_id="c2")
+        self.assertFalse(response.ok)
+        self.assertIn("name the adapter", response.error)
+
+    def test_badArgs(self):
+        """
+        Unparsable args_json is an error answer, not a dropped connection.
+        """
+        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c1", command="capabilities", args_json="{"))
+        self.pump.flush()
+        [response] = self.edge.of("node_command_response")
+        self.assertFalse(response.ok)
+        self.assertIn("args_json", response.error)
+        self.assertIsNone(self.edge.lostReason)
+
+
+class TerminateSessionTests(SynchronousTestCase):
+    def terminate(self, adapter):
+        session, edge, pump, context = readyNode(
+            adapterConfig("manual", sessions=True), adapterConfig("plain", type="plain")
+        )
+        edge.wire.send(
+            iop_pb2.CancelRequest(
+                kind=iop_pb2.CancelRequest.TERMINATE_SESSION,
+                adapter=adapter,
+                target="t",
+                session_id="s1",
+                request_id="q1",
+            )
+        )
+        pump.flush()
+        [response] = edge.of("cancel_response")
+        self.assertEqual(response.request_id, "q1")
+        return response, context
+
+    def test_terminated(self):
+        """
+        An adapter with sessions ends the session and answers ok.
+        """
+        response, context = self.terminate("manual")
+        self.assertTrue(response.ok)
+        self.assertEqual(context.host.get("manual").adapter.terminated, [("t", "s1")])
+
+    def test_notSupported(self):
+        """
+        An adapter without sessions answers ok=false with a clear "not
+        supported" reason naming the adapter.
+        """
+        response, context = self.terminate("plain")
+        self.assertFalse(response.ok)
+        self.assertIn("not supported", response.reason)
+        self.assertIn("adapter plain", response.reason)
+
+    def test_unknownAdapter(self):
+        """
+        An unknown adapter answers ok=false.
+        """
+        response, context = self.terminate("nope")
+        self.assertFalse(response.ok)
+        self.assertIn("nope", response.reason)

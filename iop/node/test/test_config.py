@@ -1,0 +1,110 @@
+"""
+node.yaml: defaults, the reconnect policy table, and errors that name the
+offending key.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config import ConfigError, Section
+from iop.node.config import DEFAULT_STORE, ReconnectPolicy, load_config, parse_config
+
+
+def parse(**data):
+    data.setdefault("edge", "tcp:host=127.0.0.1:port=7100")
+    data.setdefault("token", "t0ken")
+    return parse_config(Section(data, "", "node.yaml"))
+
+
+class ConfigTests(SynchronousTestCase):
+    def assertErrorNames(self, key, **data):
+        with self.assertRaises(ConfigError) as caught:
+            parse(**data)
+        self.assertIn(f"node.yaml: {key}:", str(caught.exception))
+        return str(caught.exception)
+
+    def test_defaults(self):
+        """
+        Only edge and token are needed; the rest has documented defaults
+        (metrics off).
+        """
+        config = parse()
+        self.assertEqual(config.store, DEFAULT_STORE)
+        self.assertEqual(config.reconnect, ReconnectPolicy(max_attempts=10, interval_sec=10.0))
+        self.assertEqual(config.register_timeout_sec, 10.0)
+        self.assertIsNone(config.metrics)
+
+    def test_policyTable(self):
+        """
+        max_attempts omitted = 10, 0 = unlimited, positive = that many;
+        interval_sec omitted = 10.
+        """
+        self.assertEqual(parse(reconnect={}).reconnect, ReconnectPolicy(10, 10.0))
+        unlimited = parse(reconnect={"max_attempts": 0, "interval_sec": 1}).reconnect
+        self.assertTrue(unlimited.unlimited)
+        self.assertFalse(unlimited.exhausted(10**6))
+        finite = parse(reconnect={"max_attempts": 3, "interval_sec": 0}).reconnect
+        self.assertEqual(finite, ReconnectPolicy(3, 0.0))
+        self.assertFalse(finite.exhausted(2))
+        self.assertTrue(finite.exhausted(3))
+
+    def test_unlimitedNeedsPositiveInterval(self):
+        """
+        Unlimited retrying with a zero or negative interval would spin: it
+        is an error naming reconnect.interval_sec.
+        """
+        message = self.assertErrorNames("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": 0})
+        self.assertIn("max_attempts is 0", message)
+        self.assertErrorNames("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": -1})
+
+    def test_invalidValues(self):
+        """
+        Wrong types and ranges are refused with the key's full path.
+        """
+        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": -1})
+        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": 2.5})
+        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": True})
+        self.assertErrorNames("reconnect.interval_sec", reconnect={"interval_sec": -1})
+        self.assertErrorNames("reconnect.interval_sec", reconnect={"interval_sec": "soon"})
+        self.assertErrorNames("register_timeout_sec", register_timeout_sec=0)
+        self.assertErrorNames("metrics", metrics=9100)
+        self.assertErrorNames("store", store="")
+
+    def test_requiredKeys(self):
+        """
+        edge and token are required.
+        """
+        with self.assertRaises(ConfigError) as caught:
+            parse_config(Section({"token": "x"}, "", "node.yaml"))
+        self.assertEqual(str(caught.exception), "node.yaml: edge: required")
+        with self.assertRaises(ConfigError) as caught:
+            parse_config(Section({"edge": "tcp:host=h:port=1"}, "", "node.yaml"))
+        self.assertEqual(str(caught.exception), "node.yaml: token: required")
+
+    def test_tokenNotEchoed(self):
+        """
+        A token of the wrong type is refused without repeating its value.
+        """
+        message = self.assertErrorNames("token", token=123456789)
+        self.assertNotIn("123456789", message)
+
+    def test_unknownKeys(self):
+        """
+        Typos are refused, at the top level and inside reconnect.
+        """
+        self.assertErrorNames("edge_url", edge_url="x")
+        self.assertErrorNames("reconnect.max_attempt", reconnect={"max_attempt": 3})
+
+    def test_shippedExample(self):
+        """
+        conf/node.yaml is valid and points at the demo Edge.
+        """
+        import os
+
+        import iop
+
+        path = os.path.join(os.path.dirname(os.path.dirname(iop.__file__)), "conf", "node.yaml")
+        if not os.path.exists(path):
+            raise self.skipTest("conf/node.yaml is not next to the package")
+        config = load_config(path)
+        self.assertEqual(config.edge, "tcp:host=127.0.0.1:port=7100")
+        self.assertEqual(config.token, "demo-node-token")

@@ -1,0 +1,72 @@
+"""
+The adapter host: keep, rebuild, retire; all-or-nothing application.
+"""
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node.host import AdapterHost, AdapterSetupError
+from iop.node.test.fakes import adapterConfig, build
+
+
+class HostTests(SynchronousTestCase):
+    def setUp(self):
+        self.host = AdapterHost(Clock(), build)
+
+    def test_retiredAdapterStopsWhenIdle(self):
+        """
+        An adapter removed while it has work in flight keeps running that
+        work and is stopped once its gate is idle.
+        """
+        self.successResultOf(self.host.apply([adapterConfig("a")]))
+        hosted = self.host.get("a")
+        slot = hosted.gate.acquire()
+        self.successResultOf(self.host.apply([]))
+        self.assertIsNone(self.host.get("a"))
+        self.assertEqual(hosted.adapter.stopped, 0)
+        slot.release()
+        self.assertEqual(hosted.adapter.stopped, 1)
+
+    def test_allOrNothing(self):
+        """
+        If one adapter fails to start, the ones started in the same apply
+        are stopped and the previous set stays in place.
+        """
+        self.successResultOf(self.host.apply([adapterConfig("old")]))
+        started = []
+
+        def flaky(name, *args):
+            adapter = build(name, *args)
+            if name == "bad":
+                adapter.start = lambda: defer.fail(RuntimeError("port in use"))
+            started.append(adapter)
+            return adapter
+
+        self.host.build = flaky
+        failure = self.failureResultOf(
+            self.host.apply([adapterConfig("old"), adapterConfig("new"), adapterConfig("bad")]), AdapterSetupError
+        )
+        self.assertIn("adapter bad: start failed: port in use", str(failure.value))
+        self.assertEqual([h.name for h in self.host.all()], ["old"])
+        self.assertEqual(started[0].stopped, 1)
+
+    def test_badOptionsJson(self):
+        """
+        options_json that is not a JSON object is a setup error naming the
+        adapter.
+        """
+        config = adapterConfig("a")
+        config.options_json = "[1]"
+        failure = self.failureResultOf(self.host.apply([config]), AdapterSetupError)
+        self.assertIn("adapter a: options_json", str(failure.value))
+
+    def test_stop(self):
+        """
+        stop() stops every adapter.
+        """
+        self.successResultOf(self.host.apply([adapterConfig("a"), adapterConfig("b")]))
+        adapters = [h.adapter for h in self.host.all()]
+        self.successResultOf(self.host.stop())
+        self.assertEqual([a.stopped for a in adapters], [1, 1])
+        self.assertEqual(self.host.all(), [])

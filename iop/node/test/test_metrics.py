@@ -1,0 +1,34 @@
+"""
+Node metrics: separate registries per instance and the /metrics page.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.test.requesthelper import DummyRequest
+
+from iop.node.metrics import MetricsPage, NodeMetrics
+
+
+class MetricsTests(SynchronousTestCase):
+    def test_separateRegistries(self):
+        """
+        Two NodeMetrics do not share counters (and do not clash on names).
+        """
+        a, b = NodeMetrics(), NodeMetrics()
+        a.runEnded("echo", "complete")
+        self.assertEqual(a.value("iop_node_runs_total", {"adapter": "echo", "status": "complete"}), 1)
+        self.assertIsNone(b.value("iop_node_runs_total", {"adapter": "echo", "status": "complete"}))
+
+    def test_page(self):
+        """
+        /metrics renders the Prometheus text format of the Node's registry.
+        """
+        metrics = NodeMetrics()
+        metrics.runEnded("echo", "error")
+        metrics.inFlight("echo", 2)
+        metrics.tunnelBody(123)
+        request = DummyRequest([b""])
+        body = MetricsPage(metrics.registry).render_GET(request).decode()
+        self.assertIn('iop_node_runs_total{adapter="echo",status="error"} 1.0', body)
+        self.assertIn('iop_node_in_flight{adapter="echo"} 2.0', body)
+        self.assertIn("iop_node_tunnel_bytes_total 123.0", body)
+        self.assertTrue(request.responseHeaders.getRawHeaders(b"content-type")[0].startswith(b"text/plain"))

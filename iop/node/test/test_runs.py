@@ -1,0 +1,341 @@
+"""
+Normalized runs over a live (in-memory) wire: event order and numbering,
+exactly one terminal, terminal synthesis, cancellation, the capacity gate,
+and what is recorded.
+"""
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.adapters.interface import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.node.runs import run_input
+from iop.node.test.fakes import RecordingStore, adapterConfig, readyNode, runRequest
+from iop.protocols import iop_pb2
+
+
+def events(edge, run_id=None):
+    return [e for e in edge.of("run_event") if run_id is None or e.run_id == run_id]
+
+
+class RunRelayTests(SynchronousTestCase):
+    def test_echoRelayOrder(self):
+        """
+        A run on the echo adapter arrives as start, one delta per word and
+        complete, numbered 1..n in order, with usage on the terminal; the
+        deltas concatenate back to the input.
+        """
+        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"))
+        edge.wire.send(runRequest("r1", adapter="echo", text="hello brave new world"))
+        pump.flush()
+        got = events(edge)
+        self.assertEqual([e.type for e in got], ["start", "delta", "delta", "delta", "delta", "complete"])
+        self.assertEqual([e.seq for e in got], [1, 2, 3, 4, 5, 6])
+        self.assertEqual("".join(e.text for e in got if e.type == "delta"), "hello brave new world")
+        terminal = got[-1]
+        self.assertEqual((terminal.usage.input_tokens, terminal.usage.output_tokens), (4, 4))
+        self.assertFalse(terminal.usage.HasField("reasoning_tokens"))
+        self.assertEqual(len(session.inflight), 0)
+
+    def test_runInput(self):
+        """
+        The adapter sees the request's messages as dicts and options_json
+        parsed.
+        """
+        request = runRequest("r9", target="m", session_id="s", background=True, options_json='{"temperature": 0.5}')
+        run = run_input(request)
+        self.assertEqual(run.messages, [{"role": "user", "content": "hello"}])
+        self.assertEqual((run.run_id, run.target, run.session_id, run.background), ("r9", "m", "s", True))
+        self.assertEqual(run.options, {"temperature": 0.5})
+
+    def test_breakdownOnlyWhenReported(self):
+        """
+        Usage breakdown fields are on the wire only when the adapter
+        reported them: absent is not zero.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        run, emit, d = context.host.get("manual").adapter.runs[0]
+        emit(RunEventData(COMPLETE, usage=Usage(3, 5, reasoning_tokens=2)))
+        pump.flush()
+        usage = events(edge)[-1].usage
+        self.assertEqual(usage.reasoning_tokens, 2)
+        self.assertTrue(usage.HasField("reasoning_tokens"))
+        self.assertFalse(usage.HasField("cached_input_tokens"))
+
+    def test_eventsAfterTerminalDropped(self):
+        """
+        Whatever an adapter emits after its terminal never reaches the wire.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        run, emit, d = context.host.get("manual").adapter.runs[0]
+        emit(RunEventData(START))
+        emit(RunEventData(COMPLETE))
+        emit(RunEventData(DELTA, text="late"))
+        emit(RunEventData(ERROR, error=RunFailure("x", "y")))
+        d.callback(None)
+        pump.flush()
+        self.assertEqual([e.type for e in events(edge)], ["start", "complete"])
+
+    def test_completeSynthesized(self):
+        """
+        An adapter whose Deferred succeeds without a terminal gets a
+        synthesized C{complete}, carrying the last usage it reported.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        run, emit, d = context.host.get("manual").adapter.runs[0]
+        emit(RunEventData(START))
+        emit(RunEventData(DELTA, text="hi", usage=Usage(1, 1)))
+        d.callback(None)
+        pump.flush()
+        got = events(edge)
+        self.assertEqual([(e.seq, e.type) for e in got], [(1, "start"), (2, "delta"), (3, "complete")])
+        self.assertEqual(got[-1].usage.output_tokens, 1)
+
+    def test_errorSynthesized(self):
+        """
+        An adapter whose Deferred fails without a terminal gets an C{error}
+        terminal with code C{adapter_error} and the failure's message.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        run, emit, d = context.host.get("manual").adapter.runs[0]
+        emit(RunEventData(START))
+        d.errback(RuntimeError("back end exploded"))
+        pump.flush()
+        got = events(edge)
+        self.assertEqual([e.type for e in got], ["start", "error"])
+        self.assertEqual(got[-1].error.code, "adapter_error")
+        self.assertIn("back end exploded", got[-1].error.message)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_executeRaisingSynchronously(self):
+        """
+        An adapter whose C{execute} raises before returning also ends with
+        one C{error} terminal, and its slot is freed.
+        """
+        session, edge, pump, context = readyNode()
+        adapter = context.host.get("manual").adapter
+
+        def boom(run, emit):
+            raise ValueError("bad input")
+
+        adapter.execute = boom
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        self.assertEqual([e.type for e in events(edge)], ["error"])
+        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+        self.flushLoggedErrors(ValueError)
+
+    def test_cancel(self):
+        """
+        CancelRequest(CANCEL_RUN) cancels the adapter's Deferred and the
+        terminal is C{cancelled}.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        adapter = context.host.get("manual").adapter
+        run, emit, d = adapter.runs[0]
+        emit(RunEventData(START))
+        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
+        pump.flush()
+        self.assertEqual(adapter.cancelled, ["r1"])
+        self.assertEqual([e.type for e in events(edge)], ["start", "cancelled"])
+        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+
+    def test_cancelUnknownIgnored(self):
+        """
+        Cancelling an unknown or finished run changes nothing and keeps the
+        connection.
+        """
+        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"))
+        edge.wire.send(runRequest("r1", adapter="echo"))
+        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
+        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="nope"))
+        pump.flush()
+        self.assertEqual(events(edge)[-1].type, "complete")
+        self.assertIsNone(edge.lostReason)
+
+    def test_unknownAdapter(self):
+        """
+        A run for an adapter the node does not have ends at once with one
+        C{error} terminal, code C{unknown_adapter}.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1", adapter="nope"))
+        pump.flush()
+        [event] = events(edge)
+        self.assertEqual((event.seq, event.type, event.error.code), (1, "error", "unknown_adapter"))
+
+    def test_invalidOptions(self):
+        """
+        A run whose options_json is not a JSON object ends with an error
+        terminal and takes no capacity.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1", options_json="[1, 2]"))
+        pump.flush()
+        [event] = events(edge)
+        self.assertEqual(event.error.code, "invalid_request")
+        self.assertEqual(context.host.get("manual").adapter.runs, [])
+
+
+class CapacityTests(SynchronousTestCase):
+    def test_capacityExceeded(self):
+        """
+        Beyond max_concurrency a run ends at once with C{error} code
+        C{capacity_exceeded}; it is never queued on the node.
+        """
+        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
+        edge.wire.send(runRequest("r1"))
+        edge.wire.send(runRequest("r2"))
+        pump.flush()
+        adapter = context.host.get("manual").adapter
+        self.assertEqual(len(adapter.runs), 1)
+        [event] = events(edge, "r2")
+        self.assertEqual((event.type, event.error.code), ("error", "capacity_exceeded"))
+        self.assertIn("max_concurrency of 1", event.error.message)
+
+    def test_gateSharedByTunnelAndRun(self):
+        """
+        A tunnel and a run on the same adapter instance share one gate: with
+        room for one, a tunnel in flight refuses the run and a run in flight
+        refuses the tunnel.
+        """
+        from iop.node.test.fakes import tunnelRequest
+
+        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
+        edge.wire.send(tunnelRequest("t1"))
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        self.assertEqual(events(edge, "r1")[0].error.code, "capacity_exceeded")
+
+        adapter = context.host.get("manual").adapter
+        adapter.tunnels[0][2].callback(None)
+        edge.wire.send(runRequest("r2"))
+        edge.wire.send(tunnelRequest("t2"))
+        pump.flush()
+        self.assertEqual(len(adapter.runs), 1)
+        frames = [f for f in edge.of("provider_tunnel_frame") if f.tunnel_id == "t2"]
+        self.assertEqual(frames[0].error.code, "capacity_exceeded")
+
+    def test_slotFreedBeforeTerminal(self):
+        """
+        When the terminal is sent the slot is already free: an Edge that
+        sends the next run in reaction to a terminal finds room.
+        """
+        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
+        gate = context.host.get("manual").gate
+        seen = []
+        send = session.wire.send
+
+        def spy(message):
+            if message.DESCRIPTOR.name == "RunEvent" and message.type in ("complete", "error", "cancelled"):
+                seen.append(gate.inUse)
+            send(message)
+
+        session.wire.send = spy
+        edge.wire.send(runRequest("r1"))
+        edge.wire.send(runRequest("r2"))
+        pump.flush()
+        adapter = context.host.get("manual").adapter
+        adapter.runs[0][1](RunEventData(COMPLETE))
+        pump.flush()
+        self.assertEqual(seen, [1, 0])
+
+    def test_inFlightGauge(self):
+        """
+        The in-flight gauge follows the gate.
+        """
+        from iop.node.host import AdapterHost
+        from iop.node.metrics import NodeMetrics
+        from iop.node.test.fakes import build
+
+        clock = Clock()
+        metrics = NodeMetrics()
+        session, edge, pump, context = readyNode(clock=clock, host=AdapterHost(clock, build, metrics), metrics=metrics)
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "manual"}), 1)
+        context.host.get("manual").adapter.runs[0][2].callback(None)
+        self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "manual"}), 0)
+        self.assertEqual(metrics.value("iop_node_runs_total", {"adapter": "manual", "status": "complete"}), 1)
+
+
+class DisconnectTests(SynchronousTestCase):
+    def test_lossCancelsInFlight(self):
+        """
+        Losing the connection cancels every run of the session, frees its
+        slots, and sends nothing (the terminal could not be delivered).
+        """
+        store = RecordingStore()
+        session, edge, pump, context = readyNode(store=store)
+        edge.wire.send(runRequest("r1"))
+        edge.wire.send(runRequest("r2"))
+        pump.flush()
+        adapter = context.host.get("manual").adapter
+        edge.received.clear()
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(sorted(adapter.cancelled), ["r1", "r2"])
+        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(len(session.inflight), 0)
+        self.assertEqual(
+            sorted(store.ends), [("r1", "cancelled", "connection to the Edge lost"), ("r2", "cancelled", "connection to the Edge lost")]
+        )
+
+    def test_shutdownCancelsAndTells(self):
+        """
+        A local shutdown cancels in-flight runs while the connection is
+        still up, so the Edge gets their C{cancelled} terminals.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        session.shutdown("the node is shutting down")
+        pump.flush()
+        self.assertEqual([e.type for e in events(edge)], ["cancelled"])
+
+
+class RecordingTests(SynchronousTestCase):
+    def test_storeAndUsage(self):
+        """
+        Each run is recorded at start and at its terminal, refused runs
+        included, and the usage book counts outcomes and reported tokens.
+        """
+        store = RecordingStore()
+        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo", max_concurrency=1), store=store)
+        edge.wire.send(runRequest("r1", adapter="echo", text="a b", target="t", session_id="s"))
+        edge.wire.send(runRequest("r2", adapter="nope"))
+        pump.flush()
+        self.assertEqual(store.starts, [("r1", "echo", "t", "s", False), ("r2", "nope", "", "", False)])
+        self.assertEqual(store.ends[0], ("r1", "complete", None))
+        self.assertEqual(store.ends[1][:2], ("r2", "error"))
+        self.assertIn("unknown_adapter", store.ends[1][2])
+        usage = context.usage.snapshot()["echo"]
+        self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (2, 2))
+        self.assertEqual(usage["runs"]["complete"], 1)
+
+    def test_storeFailureDoesNotBreakRelay(self):
+        """
+        A store whose writes fail (or raise) never stops the relay.
+        """
+        class Failing(RecordingStore):
+            def recordStart(self, *a, **k):
+                return defer.fail(RuntimeError("disk full"))
+
+            def recordEnd(self, *a, **k):
+                raise RuntimeError("disk still full")
+
+        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"), store=Failing())
+        edge.wire.send(runRequest("r1", adapter="echo", text="x"))
+        pump.flush()
+        self.assertEqual([e.type for e in events(edge)], ["start", "delta", "complete"])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)

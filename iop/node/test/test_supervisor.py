@@ -1,0 +1,327 @@
+"""
+The connection supervisor: one retry policy for failed dials, refused or
+timed-out handshakes and lost sessions; the attempt count and its reset;
+and how each terminal outcome becomes an exit status.
+"""
+
+from twisted.internet import defer
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node.config import ReconnectPolicy
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_REFUSED, ProcessExit
+from iop.node.supervisor import Supervisor
+from iop.node.test.fakes import (
+    FakeEdge,
+    RecordingExit,
+    accepted,
+    adapterConfig,
+    makeContext,
+    nodeConfig,
+    runRequest,
+)
+from iop.protocols import iop_pb2
+from iop.protocols.wire import WireProtocol
+
+READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+
+
+class FakeEndpoint:
+    """
+    A client endpoint whose every dial the test answers: refuse it, or
+    connect it in memory to a L{FakeEdge}.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.pending = []
+        self.dials = 0
+
+    def connect(self, factory):
+        self.dials += 1
+        d = defer.Deferred()
+        self.pending.append((factory, d))
+        return d
+
+    def refuse(self):
+        factory, d = self.pending.pop(0)
+        d.errback(ConnectionRefusedError("nobody home"))
+
+    def accept(self, edge):
+        factory, d = self.pending.pop(0)
+        protocol = factory.buildProtocol(None)
+        server = WireProtocol(edge, self.clock)
+        pump = iosim.connect(
+            server, iosim.makeFakeServer(server), protocol, iosim.makeFakeClient(protocol), greet=False, clock=self.clock
+        )
+        d.callback(protocol)
+        pump.flush()
+        return pump
+
+
+def readyEdge():
+    return FakeEdge(accepted(nodeConfig(adapterConfig("manual"))), READY_OK)
+
+
+class SupervisorTestsMixin:
+    def supervisor(self, max_attempts=10, interval_sec=10.0, **contextArgs):
+        self.clock = Clock()
+        self.context = makeContext(self.clock, **contextArgs)
+        self.context.transport.edge = "tcp:host=edge.test:port=7100"
+        self.endpoint = FakeEndpoint(self.clock)
+        self.exit = RecordingExit()
+        supervisor = Supervisor(
+            self.endpoint, self.context, ReconnectPolicy(max_attempts, interval_sec), self.clock, self.exit
+        )
+        supervisor.startService()
+        self.addCleanup(self.stop, supervisor)
+        return supervisor
+
+    def stop(self, supervisor):
+        if supervisor.running:
+            supervisor.stopService()
+        self.clock.advance(0)
+
+    def failAttempts(self, count, interval):
+        for _ in range(count):
+            self.endpoint.refuse()
+            self.clock.advance(interval)
+
+
+class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
+    def test_defaultGivesUpAfterTen(self):
+        """
+        With the default policy (10 attempts, 10 s apart), nine failed
+        attempts are retried and the tenth ends the Node with status 3 and
+        a message giving the count.
+        """
+        self.supervisor()
+        self.failAttempts(9, 10)
+        self.assertEqual(self.endpoint.dials, 10)
+        self.assertEqual(self.exit.calls, [])
+        self.endpoint.refuse()
+        self.clock.advance(0)
+        [(status, message)] = self.exit.calls
+        self.assertEqual(status, EXIT_EXHAUSTED)
+        self.assertIn("10 consecutive connect attempts failed", message)
+        self.assertIn("nobody home", message)
+
+    def test_finite(self):
+        """
+        max_attempts=2: the second consecutive failure ends the Node with
+        status 3, after exactly one retry at the configured interval.
+        """
+        self.supervisor(max_attempts=2, interval_sec=0.2)
+        self.endpoint.refuse()
+        self.clock.advance(0.19)
+        self.assertEqual(self.endpoint.dials, 1)
+        self.clock.advance(0.01)
+        self.assertEqual(self.endpoint.dials, 2)
+        self.endpoint.refuse()
+        self.assertEqual(self.exit.calls, [], "exit must be scheduled, not re-entrant")
+        self.clock.advance(0)
+        self.assertEqual(self.exit.calls[0][0], EXIT_EXHAUSTED)
+        self.assertIn("2 consecutive connect attempts failed", self.exit.calls[0][1])
+
+    def test_unlimited(self):
+        """
+        max_attempts=0 never gives up.
+        """
+        self.supervisor(max_attempts=0, interval_sec=1)
+        self.failAttempts(200, 1)
+        self.assertEqual(self.exit.calls, [])
+        self.assertEqual(self.endpoint.dials, 201)
+
+    def test_retryLogged(self):
+        """
+        Each failed attempt is logged with its number, the reason and the
+        delay before the next one.
+        """
+        with capturedLogs() as events:
+            self.supervisor(max_attempts=3, interval_sec=2.5)
+            self.endpoint.refuse()
+        texts = [formatEvent(e) for e in events if "connect attempt" in e.get("log_format", "")]
+        self.assertEqual(
+            texts, ["connect attempt 1 failed: Connection was refused by other side: nobody home; retrying in 2.5s"]
+        )
+        self.assertFalse([e for e in events if "Scheduling retry" in e.get("log_format", "")])
+
+    def test_countResetsOnceReady(self):
+        """
+        The count of consecutive failures resets once a session becomes
+        ready: failures before and after a ready session do not add up.
+        """
+        supervisor = self.supervisor(max_attempts=3, interval_sec=1)
+        self.failAttempts(2, 1)
+        self.assertEqual(supervisor.failures, 2)
+        edge = readyEdge()
+        pump = self.endpoint.accept(edge)
+        self.assertIsNotNone(supervisor.readySession)
+        self.assertEqual(supervisor.failures, 0)
+        self.assertEqual(self.context.transport.sessions, 1)
+
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        self.assertIsNone(supervisor.readySession)
+        self.clock.advance(1)
+        self.failAttempts(2, 1)
+        self.assertEqual(self.exit.calls, [])
+        self.endpoint.refuse()
+        self.clock.advance(0)
+        self.assertEqual(self.exit.calls[0][0], EXIT_EXHAUSTED)
+
+    def test_lostSessionReconnects(self):
+        """
+        A lost ready session is retried under the same policy, and the
+        next ready session is announced through C{whenReady}.
+        """
+        supervisor = self.supervisor(max_attempts=1, interval_sec=1)
+        edge = readyEdge()
+        pump = self.endpoint.accept(edge)
+        first = self.successResultOf(supervisor.whenReady())
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        waiting = supervisor.whenReady()
+        self.assertNoResult(waiting)
+        self.clock.advance(1)
+        self.endpoint.accept(readyEdge())
+        second = self.successResultOf(waiting)
+        self.assertIsNot(first, second)
+        self.assertEqual(self.exit.calls, [])
+
+    def test_retryableRefusalCounts(self):
+        """
+        A duplicate-connection refusal is a failed attempt like a refused
+        dial: with max_attempts=1 it ends the Node with status 3.
+        """
+        self.supervisor(max_attempts=1, interval_sec=1)
+        edge = FakeEdge(iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.DUPLICATE_CONNECTION, reason="dup"))
+        self.endpoint.accept(edge)
+        self.clock.advance(0)
+        [(status, message)] = self.exit.calls
+        self.assertEqual(status, EXIT_EXHAUSTED)
+        self.assertIn("DUPLICATE_CONNECTION", message)
+
+    def test_registerTimeoutCounts(self):
+        """
+        A handshake the Edge never answers fails the attempt after
+        register_timeout_sec, and the Node retries.
+        """
+        supervisor = self.supervisor(max_attempts=5, interval_sec=1, register_timeout=10)
+        edge = FakeEdge()
+        pump = self.endpoint.accept(edge)
+        self.assertEqual(supervisor.failures, 0)
+        self.clock.advance(10)
+        pump.flush()
+        self.assertEqual(supervisor.failures, 1)
+        self.clock.advance(1)
+        self.assertEqual(self.endpoint.dials, 2)
+
+
+class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
+    def test_fatalRefusalExitsTwo(self):
+        """
+        An unknown token ends the Node with status 2 and a message naming
+        the cause; it is not retried.
+        """
+        self.supervisor(max_attempts=0, interval_sec=1)
+        edge = FakeEdge(
+            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.UNKNOWN_TOKEN, reason="token matches no node")
+        )
+        with capturedLogs() as events:
+            pump = self.endpoint.accept(edge)
+            pump.flush()
+            self.clock.advance(0)
+        [(status, message)] = self.exit.calls
+        self.assertEqual(status, EXIT_REFUSED)
+        self.assertIn("UNKNOWN_TOKEN", message)
+        self.assertIn("token matches no node", message)
+        self.assertFalse([e for e in events if "retrying" in e.get("log_format", "")])
+
+    def test_adapterBuildFailureExitsTwo(self):
+        """
+        An adapter the Node cannot build is fatal too (status 2).
+        """
+        self.supervisor()
+        edge = FakeEdge(accepted(nodeConfig(adapterConfig("bad", type="broken"))), READY_OK)
+        self.endpoint.accept(edge)
+        self.clock.advance(0)
+        self.assertEqual(self.exit.calls[0][0], EXIT_REFUSED)
+        self.assertIn("adapter bad", self.exit.calls[0][1])
+
+    def test_stopServiceCancelsWork(self):
+        """
+        Stopping the supervisor cancels in-flight runs (telling the Edge),
+        closes the connection, stops retrying, and its Deferred fires once
+        the connection is gone.
+        """
+        supervisor = self.supervisor()
+        edge = readyEdge()
+        pump = self.endpoint.accept(edge)
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        d = supervisor.stopService()
+        pump.flush()
+        self.successResultOf(d)
+        self.assertEqual([e.type for e in edge.of("run_event")], ["cancelled"])
+        self.assertIsNotNone(edge.lostReason)
+        self.clock.advance(100)
+        self.assertEqual(self.endpoint.dials, 1)
+        self.assertEqual(self.exit.calls, [])
+
+    def test_stopWhileWaiting(self):
+        """
+        Stopping between attempts cancels the pending retry.
+        """
+        supervisor = self.supervisor(interval_sec=5)
+        self.endpoint.refuse()
+        self.successResultOf(supervisor.stopService())
+        self.clock.advance(10)
+        self.assertEqual(self.endpoint.dials, 1)
+
+
+class FakeReactor:
+    def __init__(self):
+        self.stopped = 0
+
+    def stop(self):
+        self.stopped += 1
+
+
+class ProcessExitTests(SynchronousTestCase):
+    def test_nonZeroStatus(self):
+        """
+        A non-zero status stops the reactor and leaves an atexit hook that
+        ends the process with that status.
+        """
+        reactor, hooks, exits = FakeReactor(), [], []
+        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append((f, a)), hardExit=exits.append)
+        exit(3, "giving up")
+        self.assertEqual(reactor.stopped, 1)
+        [(hook, args)] = hooks
+        hook(*args)
+        self.assertEqual(exits, [3])
+
+    def test_onlyFirstCallCounts(self):
+        """
+        A second exit request (say, exhaustion racing a fatal refusal) is
+        ignored.
+        """
+        reactor, hooks = FakeReactor(), []
+        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hardExit=lambda s: None)
+        exit(2, "refused")
+        exit(3, "exhausted")
+        self.assertEqual(hooks, [(2,)])
+        self.assertEqual(reactor.stopped, 1)
+
+    def test_zeroStatusLeavesTwistdAlone(self):
+        """
+        Status 0 just stops the reactor (twistd exits 0 by itself).
+        """
+        reactor, hooks = FakeReactor(), []
+        ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hardExit=lambda s: None)(0, "bye")
+        self.assertEqual(hooks, [])
+        self.assertEqual(reactor.stopped, 1)

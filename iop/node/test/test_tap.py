@@ -1,0 +1,87 @@
+"""
+The twistd plugin: discovery, options, and what makeService builds or
+refuses.
+"""
+
+from twisted.application.service import IServiceMaker
+from twisted.plugin import getPlugins
+from twisted.python.filepath import FilePath
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node import tap
+from iop.node.service import NodeService
+
+
+class TapTests(SynchronousTestCase):
+    def write(self, text):
+        path = FilePath(self.mktemp())
+        path.setContent(text.encode("utf-8"))
+        return path.path
+
+    def test_pluginDiscovered(self):
+        """
+        twistd finds the C{iop-node} tapname pointing at this module.
+        """
+        makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)}
+        self.assertIn("iop-node", makers)
+        self.assertEqual(makers["iop-node"].module, "iop.node.tap")
+
+    def test_options(self):
+        """
+        C{--config}/C{-c} defaults to conf/node.yaml.
+        """
+        options = tap.Options()
+        options.parseOptions([])
+        self.assertEqual(options["config"], "conf/node.yaml")
+        options.parseOptions(["-c", "x.yaml"])
+        self.assertEqual(options["config"], "x.yaml")
+
+    def test_badConfigExitsWithOneLine(self):
+        """
+        A bad config stops twistd with status 1 and a one-line message
+        naming the file and key.
+        """
+        path = self.write('edge: "tcp:host=h:port=1"\ntoken: t\nreconnect: {max_attempts: 0, interval_sec: 0}\n')
+        options = tap.Options()
+        options.parseOptions(["--config", path])
+        with self.assertRaises(SystemExit) as caught:
+            tap.makeService(options)
+        message = str(caught.exception.code)
+        self.assertIn(f"{path}: reconnect.interval_sec:", message)
+        self.assertNotIn("\n", message)
+
+    def test_badEndpointNamesKey(self):
+        """
+        An edge string that is not a client endpoint is a config error
+        naming C{edge}.
+        """
+        path = self.write('edge: "nonsense:1"\ntoken: t\n')
+        options = tap.Options()
+        options.parseOptions(["--config", path])
+        with self.assertRaises(SystemExit) as caught:
+            tap.makeService(options)
+        self.assertIn(": edge: not a valid client endpoint", str(caught.exception.code))
+
+    def test_serviceTree(self):
+        """
+        makeService builds the store, the supervisor and, when configured,
+        the metrics listener; nothing is started.
+        """
+        path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\nmetrics: "tcp:0:interface=127.0.0.1"\n')
+        options = tap.Options()
+        options.parseOptions(["--config", path])
+        service = tap.makeService(options)
+        self.assertIsInstance(service, NodeService)
+        self.assertEqual(list(service), [service.store, service.supervisor, service.metricsListener])
+        self.assertFalse(service.running)
+
+    def test_metricsDisabled(self):
+        """
+        Without C{metrics} no listener is built.
+        """
+        path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n')
+        options = tap.Options()
+        options.parseOptions(["--config", path])
+        service = tap.makeService(options)
+        self.assertIsNone(service.metricsListener)
+        self.assertEqual(len(list(service)), 2)

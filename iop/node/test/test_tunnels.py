@@ -1,0 +1,169 @@
+"""
+Raw provider tunnels: frame order, body chunking, exactly one end/error
+frame, cancellation, and refusals.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.adapters.interface import NotSupported, Usage
+from iop.node.test.fakes import adapterConfig, readyNode, tunnelRequest
+from iop.protocols import iop_pb2
+from iop.protocols.wire import TUNNEL_CHUNK_BYTES
+
+
+def frames(edge, tunnel_id="t1"):
+    return [f for f in edge.of("provider_tunnel_frame") if f.tunnel_id == tunnel_id]
+
+
+def kinds(edge, tunnel_id="t1"):
+    return [f.WhichOneof("frame") for f in frames(edge, tunnel_id)]
+
+
+class TunnelTests(SynchronousTestCase):
+    def setUp(self):
+        self.session, self.edge, self.pump, self.context = readyNode()
+        self.adapter = self.context.host.get("manual").adapter
+
+    def open(self, tunnel_id="t1", body=b'{"model": "m"}'):
+        self.edge.wire.send(tunnelRequest(tunnel_id, body=body))
+        self.pump.flush()
+        return self.adapter.tunnels[-1]
+
+    def test_request(self):
+        """
+        The adapter receives the request's method, path, headers and body.
+        """
+        request, sink, d = self.open()
+        self.assertEqual((request.tunnel_id, request.method, request.path), ("t1", "POST", "/chat/completions"))
+        self.assertEqual(request.headers, [("Content-Type", "application/json")])
+        self.assertEqual(request.body, b'{"model": "m"}')
+
+    def test_frameOrderAndChunking(self):
+        """
+        status, headers, body pieces, then end, numbered 1..n; a body write
+        larger than the chunk limit is split and the pieces rejoin into the
+        provider's exact bytes; usage and metadata are frames of their own.
+        """
+        request, sink, d = self.open()
+        big = bytes(range(256)) * (TUNNEL_CHUNK_BYTES // 256 * 2 + 3)
+        sink.status(200)
+        sink.headers([(b"Content-Type", b"text/event-stream")])
+        sink.body(b"data: 1\n\n")
+        sink.body(big)
+        sink.usage(Usage(7, 9))
+        sink.metadata({"model": "m"})
+        d.callback(None)
+        self.pump.flush()
+
+        got = frames(self.edge)
+        self.assertEqual(
+            kinds(self.edge), ["status", "headers", "body", "body", "body", "body", "usage", "metadata_json", "end"]
+        )
+        self.assertEqual([f.seq for f in got], list(range(1, 10)))
+        self.assertEqual(got[0].status, 200)
+        self.assertEqual([(h.name, h.value) for h in got[1].headers.headers], [("Content-Type", "text/event-stream")])
+        bodies = [f.body for f in got if f.WhichOneof("frame") == "body"]
+        self.assertTrue(all(len(b) <= TUNNEL_CHUNK_BYTES for b in bodies))
+        self.assertEqual(b"".join(bodies), b"data: 1\n\n" + big)
+        self.assertEqual(got[6].usage.output_tokens, 9)
+        self.assertFalse(got[6].usage.HasField("cached_input_tokens"))
+        self.assertEqual(got[7].metadata_json, '{"model": "m"}')
+        self.assertEqual(self.context.metrics.value("iop_node_tunnel_bytes_total"), len(big) + 9)
+        self.assertEqual(self.context.usage.snapshot()["manual"]["output_tokens"], 9)
+
+    def test_failureEndsWithError(self):
+        """
+        A failing tunnel ends with exactly one error frame carrying the
+        failure's message; nothing follows it.
+        """
+        request, sink, d = self.open()
+        sink.status(502)
+        d.errback(ConnectionError("provider went away"))
+        sink.body(b"late")
+        self.pump.flush()
+        self.assertEqual(kinds(self.edge), ["status", "error"])
+        error = frames(self.edge)[-1].error
+        self.assertEqual(error.code, "adapter_error")
+        self.assertIn("provider went away", error.message)
+        self.flushLoggedErrors(ConnectionError)
+
+    def test_cancel(self):
+        """
+        CancelRequest(CANCEL_RUN, run_id=tunnel_id) cancels the adapter's
+        Deferred; the tunnel ends with an error frame coded C{cancelled} and
+        its slot is free.
+        """
+        request, sink, d = self.open()
+        sink.status(200)
+        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.pump.flush()
+        self.assertEqual(self.adapter.cancelled, ["t1"])
+        self.assertEqual(kinds(self.edge), ["status", "error"])
+        self.assertEqual(frames(self.edge)[-1].error.code, "cancelled")
+        self.assertEqual(self.context.host.get("manual").gate.inUse, 0)
+
+    def test_slotFreedBeforeEnd(self):
+        """
+        The gate slot is free by the time the end frame is sent.
+        """
+        gate = self.context.host.get("manual").gate
+        seen = []
+        send = self.session.wire.send
+
+        def spy(message):
+            if message.DESCRIPTOR.name == "ProviderTunnelFrame" and message.WhichOneof("frame") in ("end", "error"):
+                seen.append(gate.inUse)
+            send(message)
+
+        self.session.wire.send = spy
+        request, sink, d = self.open()
+        d.callback(None)
+        self.assertEqual(seen, [0])
+
+    def test_lossCancels(self):
+        """
+        Losing the connection cancels the tunnel and frees its slot.
+        """
+        self.open()
+        self.edge.wire.transport.loseConnection()
+        self.pump.flush()
+        self.assertEqual(self.adapter.cancelled, ["t1"])
+        self.assertEqual(self.context.host.get("manual").gate.inUse, 0)
+
+
+class TunnelRefusalTests(SynchronousTestCase):
+    def test_notSupported(self):
+        """
+        An adapter with no raw tunnel answers with a single error frame,
+        code C{tunnel_not_supported}, and gives its slot back.
+        """
+        session, edge, pump, context = readyNode(adapterConfig("plain", type="plain"))
+        edge.wire.send(tunnelRequest("t1", adapter="plain"))
+        pump.flush()
+        [frame] = frames(edge)
+        self.assertEqual((frame.seq, frame.error.code), (1, "tunnel_not_supported"))
+        self.assertIn("no raw provider tunnel", frame.error.message)
+        self.assertEqual(context.host.get("plain").gate.inUse, 0)
+
+    def test_notSupportedFromDeferred(self):
+        """
+        L{NotSupported} arriving through the Deferred is reported the same
+        way.
+        """
+        from twisted.internet import defer
+
+        session, edge, pump, context = readyNode()
+        context.host.get("manual").adapter.tunnel = lambda request, sink: defer.fail(NotSupported("nope"))
+        edge.wire.send(tunnelRequest("t1"))
+        pump.flush()
+        self.assertEqual(frames(edge)[0].error.code, "tunnel_not_supported")
+
+    def test_unknownAdapter(self):
+        """
+        A tunnel for an unknown adapter gets one error frame,
+        C{unknown_adapter}.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(tunnelRequest("t1", adapter="nope"))
+        pump.flush()
+        self.assertEqual(frames(edge)[0].error.code, "unknown_adapter")
