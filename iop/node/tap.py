@@ -10,7 +10,7 @@ from twisted.python import usage
 
 from iop.config import ConfigError
 from iop.node.config import load_config
-from iop.node.exit import ProcessExit
+from iop.node.exit import ProcessExit, exitZeroOnSignals
 
 
 class Options(usage.Options):
@@ -25,10 +25,12 @@ def makeService(options):
     from iop.node.service import NodeService
 
     path = options["config"]
+    exit = ProcessExit(reactor)
     try:
-        config = load_config(path)
-        return NodeService(config, reactor, ProcessExit(reactor), source=path)
+        service = NodeService(load_config(path), reactor, exit, source=path)
     except ConfigError as e:
         # SystemExit prints its message on stderr and exits with status 1,
         # instead of the traceback twistd would show for any other error.
         raise SystemExit(f"iop-node: bad configuration: {e}") from None
+    reactor.callWhenRunning(exitZeroOnSignals, reactor, exit)
+    return service
