@@ -7,7 +7,7 @@ from importlib import metadata
 
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer
-from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.internet.endpoints import clientFromString
 from twisted.logger import Logger
 
 from iop.adapters.registry import build_adapter

@@ -109,10 +109,9 @@ class NodeSession:
         self._cancelTimer()
         why = (self.wire.closeReason if self.wire is not None else None) or reason.getErrorMessage()
         if previous == READY:
+            # An unexpected loss is logged by the supervisor with its retry.
             if self._closing:
                 self.log.info("connection to the Edge closed: {why}", why=why)
-            else:
-                self.log.warn("connection to the Edge lost: {why}", why=why)
             self.context.transport.connected = False
             self.inflight.cancelAll("connection to the Edge lost")
             self.commands.cancelAll()
