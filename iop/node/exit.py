@@ -11,8 +11,8 @@ twistd has finished.
 A local shutdown (SIGTERM, SIGINT) must exit 0, but twistd, after a clean
 shutdown caused by one of those signals, sends the same signal to itself
 again so the process ends "killed by SIGTERM" (status 143, or 130 for
-SIGINT). L{exitZeroOnSignals} takes the two signals over and stops through
-the same exit helper with status 0.
+SIGINT). The tap uses L{iop.daemon.on_stop_signals} to take the two signals
+over and stop through the same exit helper with status 0.
 
 Library code receives an exit callable, C{exit(status, message)}; tests pass
 a recorder instead of L{ProcessExit} so nothing kills the test process.
@@ -20,7 +20,6 @@ a recorder instead of L{ProcessExit} so nothing kills the test process.
 
 import atexit
 import os
-import signal
 import sys
 
 from twisted.internet.error import ReactorNotRunning
@@ -72,18 +71,3 @@ class ProcessExit:
             except Exception:
                 pass
         self._hardExit(status)
-
-
-def exitZeroOnSignals(reactor, exit):
-    """
-    Handle SIGTERM and SIGINT by a clean stop with status 0. Call once the
-    reactor runs (its own handlers are installed at startup and would
-    replace these).
-    """
-
-    def handler(signum, frame):
-        name = signal.Signals(signum).name
-        reactor.callFromThread(exit, EXIT_OK, f"received {name}, shutting down")
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handler)

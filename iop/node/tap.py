@@ -10,7 +10,8 @@ from twisted.python import usage
 
 from iop.config import ConfigError
 from iop.node.config import load_config
-from iop.node.exit import ProcessExit, exitZeroOnSignals
+from iop.daemon import on_stop_signals
+from iop.node.exit import EXIT_OK, ProcessExit
 
 
 class Options(usage.Options):
@@ -32,5 +33,5 @@ def makeService(options):
         # SystemExit prints its message on stderr and exits with status 1,
         # instead of the traceback twistd would show for any other error.
         raise SystemExit(f"iop-node: bad configuration: {e}") from None
-    reactor.callWhenRunning(exitZeroOnSignals, reactor, exit)
+    on_stop_signals(reactor, lambda message: exit(EXIT_OK, message))
     return service

@@ -12,7 +12,8 @@ from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import ReconnectPolicy
-from iop.node.exit import EXIT_EXHAUSTED, EXIT_REFUSED, ProcessExit, exitZeroOnSignals
+from iop.daemon import on_stop_signals
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_OK, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
 from iop.node.test.fakes import (
     FakeEdge,
@@ -337,12 +338,15 @@ class ProcessExitTests(SynchronousTestCase):
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.addCleanup(signal.signal, signum, signal.getsignal(signum))
 
-        class ThreadSafeReactor:
+        class RunningReactor:
             def callFromThread(self, f, *args):
                 f(*args)
 
+            def callWhenRunning(self, f, *args):
+                f(*args)
+
         exits = RecordingExit()
-        exitZeroOnSignals(ThreadSafeReactor(), exits)
+        on_stop_signals(RunningReactor(), lambda message: exits(EXIT_OK, message))
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
         signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
         self.assertEqual(exits.calls, [(0, "received SIGTERM, shutting down"), (0, "received SIGINT, shutting down")])
