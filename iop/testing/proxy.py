@@ -75,7 +75,8 @@ class FreezableProxy:
                     if not data:
                         return
                     peer[sock].sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: heal() closed the sockets under us.
             return
         finally:
             _close(a)
