@@ -59,6 +59,7 @@ def backends(launch, fake_provider, tmp_path):
             provider("vllm", "vllm"),
             provider("ollama", "ollama"),
             provider("agent", "agent"),
+            provider("slow-agent", "slow-agent"),
             provider("single", "single", capacity=4),
         ],
     }
@@ -69,6 +70,8 @@ def backends(launch, fake_provider, tmp_path):
         group("qwen", "vllm", "fake-model"),
         group("llama", "ollama", "fake-model"),
         group("agent", "agent", ""),
+        group("slow-agent", "slow-agent", ""),
+        group("llama-error", "ollama", "error-model"),
         group("single-slow", "single", "slow-model"),
     ]
     edge = launch.edge({"nodes": [node], "model_groups": groups, "admin_keys": ["adm"]})
@@ -286,3 +289,37 @@ def test_tunnel_and_run_share_the_node_gate(backends):
     finally:
         conn.close()
     assert fake.stats()["max_active"] == 1
+
+
+def test_normalized_provider_error_keeps_status(backends):
+    """
+    A provider error on a normalized run (Ollama, unknown model) reaches an
+    OpenAI caller with the provider's status, in OpenAI error form.
+    """
+    edge = backends["edge"]
+    status, body = edge.json(
+        "POST", "/v1/runs", {"adapter": "ollama", "node": "gpu", "target": "error-model", "input": "x", "stream": False}
+    )
+    assert status == 200 and body["status"] == "error"
+    provider_status = body["events"][-1]["error"]["status"]
+    assert provider_status == 404
+    status, body = edge.json("POST", CHAT, {"model": "llama-error", "messages": [{"role": "user", "content": "x"}]})
+    assert status == provider_status
+    assert body["error"]["code"] == "provider_error"
+
+
+def test_non_streaming_caller_disconnect_kills_cli_process(backends):
+    """
+    A caller that disconnects from a non-streaming completion cancels the
+    run: the CLI process is stopped and the lease returns.
+    """
+    edge, pidfile = backends["edge"], backends["pidfile"]
+    conn = http.client.HTTPConnection("127.0.0.1", edge.http_port, timeout=30)
+    body = {"model": "slow-agent", "messages": [{"role": "user", "content": "w " * 100}]}
+    conn.request("POST", CHAT, body=json.dumps(body), headers={"content-type": "application/json"})
+    wait_for(lambda: os.path.exists(pidfile) and open(pidfile).read(), what="the process to start")
+    pid = int(open(pidfile).read())
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: not _alive(pid), timeout=5, what="the CLI process to be gone")
+    wait_for(lambda: all(p["in_use"]["normal"] == 0 for p in edge.status()["nodes"][0]["providers"]), what="lease back")

@@ -161,3 +161,26 @@ def test_queue_timeout_is_429(launch):
     assert status == 429
     assert "chat" in body["error"]["message"]
     busy.join(timeout=30)
+
+
+def test_waiter_leaves_queue_when_caller_goes(launch):
+    """
+    A queued caller that disconnects leaves the queue at once; the run it
+    would have started never happens.
+    """
+    node = echo_node("a", "tok-a", delay_ms=50, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
+    groups = [{"name": "chat", "providers": [{"node": "a", "provider": "gpu", "target": "m"}], "queue_timeout_sec": 60}]
+    edge = launch.edge({"nodes": [node], "model_groups": groups})
+    launch.node(edge.node_port, "tok-a")
+    edge.wait_connected("a")
+    busy = Stream(edge, {"model": "chat", "input": "w " * 40, "stream": True})
+    busy.start()
+    wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the slot taken")
+    conn, _ = edge.stream_request("POST", "/v1/runs", {"model": "chat", "input": "never", "stream": True})
+    wait_for(lambda: queued(edge) == 1, what="the waiter to queue")
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: queued(edge) == 0, timeout=5, what="the waiter to leave")
+    busy.join(timeout=30)
+    assert busy.types()[-1] == "complete"
+    assert providers(edge)[("a", "gpu")]["in_use"] == {"normal": 0, "long": 0}

@@ -158,3 +158,28 @@ def test_caller_api_keys(launch):
     assert status == 403
     status, result = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer adm"})
     assert status == 200 and result["command"] == "capabilities"
+
+
+def test_metrics(pair):
+    """
+    The Edge serves Prometheus metrics that reflect the live node.
+    """
+    edge, _ = pair
+    status, headers, body = edge.request("GET", "/metrics")
+    assert status == 200
+    assert 'iop_edge_node_connected{node="node-1"} 1.0' in body.decode()
+
+
+def test_bad_config_names_the_key(launch, tmp_path):
+    """
+    A bad edge.yaml or node.yaml stops the daemon at start with a non-zero
+    status and a message naming the key.
+    """
+    edge = launch.edge({"nodes": [{"id": "n", "token": "t", "adapters": [{"name": "e", "type": "gpt"}]}]}, start=False)
+    edge.start_process()
+    assert edge.wait(timeout=20) != 0
+    assert "nodes[0].adapters[0].type" in edge.output()
+    node = launch.node(1, "t", start=False, reconnect={"max_attempts": 0, "interval_sec": 0})
+    node.start()
+    assert node.wait(timeout=20) == 1
+    assert "reconnect.interval_sec" in node.output()

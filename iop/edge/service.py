@@ -28,14 +28,16 @@ class ServiceError(Exception):
     """
     A caller-facing failure. C{kind} maps to an HTTP status in surfaces:
     C{invalid} 400, C{not_found} 404, C{unavailable} 503, C{busy} 429,
-    C{timeout} 504, C{failed} 502.
+    C{timeout} 504, C{failed} 502; C{status}, when set, is the back end's
+    own HTTP status, passed on as it is.
     """
 
-    def __init__(self, kind, message, code=None):
+    def __init__(self, kind, message, code=None, status=None):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.code = code or kind
+        self.status = status
 
 
 @dataclass

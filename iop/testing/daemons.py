@@ -123,9 +123,15 @@ class Edge(Daemon):
         self.config = config
 
     def start(self):
-        super().start()
+        self.start_process()
         wait_for(self._listening, what="the Edge to listen")
         return self
+
+    def start_process(self):
+        """
+        Start without waiting for the listeners (for a start that must fail).
+        """
+        return super().start()
 
     def _listening(self):
         if not self.running():
@@ -163,12 +169,19 @@ class Edge(Daemon):
     def wait_connected(self, node_id, connected=True, timeout=20.0):
         wait_for(lambda: self.node_connected(node_id) == connected, timeout=timeout, what=f"{node_id} connected={connected}")
 
+    def stream_request(self, method, path, body, headers=None, timeout=30.0):
+        """
+        Send a request without waiting for the answer. @return: C{(connection, None)}.
+        """
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        conn.request(method, path, body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
+        return conn, None
+
     def stream(self, method, path, body, headers=None, timeout=30.0):
         """
         Open a streaming request. @return: C{(connection, response)}.
         """
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
-        conn.request(method, path, body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
+        conn, _ = self.stream_request(method, path, body, headers, timeout)
         return conn, conn.getresponse()
 
     @property

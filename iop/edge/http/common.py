@@ -77,7 +77,8 @@ def write_error(request, error):
     """
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
-    write_json(request, _STATUS_BY_KIND.get(error.kind, 500), error_body(error.kind, error.message, error.code))
+    status = error.status or _STATUS_BY_KIND.get(error.kind, 500)
+    write_json(request, status, error_body(error.kind, error.message, error.code))
 
 
 def read_json(request):

@@ -81,6 +81,19 @@ def openai_usage(usage):
     return result
 
 
+#: Run failure codes that mean something other than "the back end failed".
+_KIND_BY_FAILURE = {"capacity_exceeded": "busy", "node_disconnected": "unavailable", "unknown_adapter": "not_found"}
+
+
+def run_failure_error(failure):
+    """
+    The HTTP error for a run that ended in C{error} before any output: the
+    provider's own status when it reported one, else by failure code.
+    """
+    status = failure.status if 400 <= failure.status < 600 else None
+    return ServiceError(_KIND_BY_FAILURE.get(failure.code, "failed"), failure.message, code=failure.code, status=status)
+
+
 class ChatCompletions(JSONResource):
     def __init__(self, service, keys, clock):
         super().__init__(service, keys)
@@ -161,8 +174,7 @@ class ChunkRenderer(_Renderer):
             return
         if event.type == ERROR and not self.stream.open:
             # Nothing sent yet: the caller gets a proper error status.
-            error = event.error
-            write_error(self.call.request, ServiceError("failed", error.message, code=error.code))
+            write_error(self.call.request, run_failure_error(event.error))
             return
         if event.type == START:
             self.stream.send(self.chunk({"role": "assistant", "content": ""}))
@@ -220,8 +232,7 @@ class ResponseRenderer(_Renderer):
                 response["usage"] = openai_usage(event.usage)
             write_json(self.call.request, 200, response)
         elif event.type == ERROR:
-            error = event.error
-            write_error(self.call.request, ServiceError("failed", error.message, code=error.code))
+            write_error(self.call.request, run_failure_error(event.error))
 
 
 @implementer(ITunnelListener)
@@ -266,7 +277,7 @@ class TunnelRelay:
             # Mid-body: the only honest signal left is an aborted response.
             self.request.channel.transport.abortConnection()
             return
-        write_error(self.request, ServiceError("failed", failure.message, code=failure.code))
+        write_error(self.request, run_failure_error(failure))
 
 
 class Models(JSONResource):
