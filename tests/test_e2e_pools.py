@@ -145,18 +145,27 @@ def test_no_live_provider_is_503_at_once(launch):
     assert all(p["status"] == "unavailable" and p["health"] == "offline" for n in nodes for p in n["providers"])
 
 
-def test_queue_timeout_is_429(launch):
+def one_busy_provider(launch, delay_ms, queue_timeout_sec):
     """
-    A waiter whose queue timeout passes gets HTTP 429 naming the group.
+    Model group "chat" over one capacity-1 provider on node "a", with its
+    slot taken by a 30-word run in the background.
     """
-    node = echo_node("a", "tok-a", delay_ms=100, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
-    groups = [{"name": "chat", "providers": [{"node": "a", "provider": "gpu", "target": "m"}], "queue_timeout_sec": 0.5}]
+    node = echo_node("a", "tok-a", delay_ms=delay_ms, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
+    groups = [{"name": "chat", "providers": [{"node": "a", "provider": "gpu", "target": "m"}], "queue_timeout_sec": queue_timeout_sec}]
     edge = launch.edge({"nodes": [node], "model_groups": groups})
     launch.node(edge.node_port, "tok-a")
     edge.wait_connected("a")
     busy = Stream(edge, {"model": "chat", "input": "w " * 30, "stream": True})
     busy.start()
     wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the slot taken")
+    return edge, busy
+
+
+def test_queue_timeout_is_429(launch):
+    """
+    A waiter whose queue timeout passes gets HTTP 429 naming the group.
+    """
+    edge, busy = one_busy_provider(launch, delay_ms=100, queue_timeout_sec=0.5)
     status, body = edge.json("POST", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}]})
     assert status == 429
     assert "chat" in body["error"]["message"]
@@ -168,14 +177,7 @@ def test_waiter_leaves_queue_when_caller_goes(launch):
     A queued caller that disconnects leaves the queue at once; the run it
     would have started never happens.
     """
-    node = echo_node("a", "tok-a", delay_ms=50, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
-    groups = [{"name": "chat", "providers": [{"node": "a", "provider": "gpu", "target": "m"}], "queue_timeout_sec": 60}]
-    edge = launch.edge({"nodes": [node], "model_groups": groups})
-    launch.node(edge.node_port, "tok-a")
-    edge.wait_connected("a")
-    busy = Stream(edge, {"model": "chat", "input": "w " * 40, "stream": True})
-    busy.start()
-    wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the slot taken")
+    edge, busy = one_busy_provider(launch, delay_ms=50, queue_timeout_sec=60)
     conn, _ = edge.stream_request("POST", "/v1/runs", {"model": "chat", "input": "never", "stream": True})
     wait_for(lambda: queued(edge) == 1, what="the waiter to queue")
     conn.sock.close()
