@@ -1,0 +1,143 @@
+"""
+Bad input against real daemons: garbage on the Node port and malformed
+HTTP bodies each hurt only their own connection or request, and the
+Edge keeps serving the real Node. Every loop is bounded; everything talks
+to loopback only.
+"""
+
+import json
+import random
+import socket
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from iop.protocols import iop_pb2
+from iop.protocols.wire import MAX_FRAME_BYTES, envelope
+from iop.testing.daemons import echo_node, wait_for
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from conftest import Launcher
+
+    launcher = Launcher(str(tmp_path_factory.mktemp("bad-input")))
+    try:
+        edge = launcher.edge({"nodes": [echo_node("node-1", "tok-1")]})
+        launcher.node(edge.node_port, "tok-1")
+        edge.wait_connected("node-1")
+        yield edge
+    finally:
+        launcher.stop_all()
+
+
+def frame(message):
+    data = envelope(message).SerializeToString()
+    return struct.pack("!I", len(data)) + data
+
+
+def closed_by_peer(sock, timeout=5.0):
+    """
+    Whether the peer closed the connection (EOF or reset) within C{timeout}.
+    """
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def still_serving(edge):
+    status, body = edge.json("POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "still here"}]})
+    return status == 200 and body["choices"][0]["message"]["content"] == "still here"
+
+
+BAD_STREAMS = {
+    "garbage frame": struct.pack("!I", 5) + b"\xff\xff\xff\xff\x0f",
+    "oversize header": struct.pack("!I", MAX_FRAME_BYTES + 1),
+    "empty envelope": struct.pack("!I", 0),
+    "work before registering": frame(iop_pb2.RunEvent(run_id="x", type="delta")),
+    "ready before registering": frame(iop_pb2.NodeReadyRequest(node_id="node-1")),
+    "unknown token": frame(iop_pb2.RegisterRequest(token="nope")),
+    "duplicate of a live node": frame(iop_pb2.RegisterRequest(token="tok-1")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_STREAMS))
+def test_bad_frames_close_only_their_connection(served, name):
+    """
+    Each kind of bad input on the Node port closes that one connection;
+    the registered Node stays connected and serves.
+    """
+    with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as sock:
+        sock.sendall(BAD_STREAMS[name])
+        assert closed_by_peer(sock), f"{name}: the Edge kept the connection open"
+    assert served.node_connected("node-1")
+    assert still_serving(served)
+
+
+def test_random_bytes_fuzz(served):
+    """
+    A bounded number of connections sending random bytes never disturb the
+    registered Node.
+    """
+    rng = random.Random(1234)
+    for _ in range(40):
+        with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as sock:
+            payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 512)))
+            try:
+                sock.sendall(payload)
+            except OSError:
+                pass
+    wait_for(lambda: served.node_connected("node-1"), what="node-1 still connected")
+    assert still_serving(served)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+chat_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.one_of(st.just("echo"), json_values),
+        "messages": st.one_of(st.lists(st.fixed_dictionaries({"role": json_values, "content": json_values}), max_size=3), json_values),
+        "stream": json_values,
+        "stream_options": json_values,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=chat_bodies)
+def test_malformed_chat_bodies_get_4xx(served, body):
+    """
+    Random, mostly malformed chat bodies are answered with a 2xx or a 4xx
+    in OpenAI error form, never a server error.
+    """
+    status, headers, data = served.request("POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert status < 500, (body, data)
+    if status >= 400:
+        assert "error" in json.loads(data)
+
+
+def test_non_json_bodies(served):
+    """
+    Bodies that are not JSON objects get 400 invalid_json.
+    """
+    for raw in (b"", b"[]", b"null", b"{", b"\xff\xfe", b'"text"'):
+        status, _, data = served.request("POST", "/v1/runs", raw)
+        if raw == b"":
+            assert status == 400
+            continue
+        assert status == 400, raw
+        assert json.loads(data)["error"]["code"] == "invalid_json"
+    assert still_serving(served)
