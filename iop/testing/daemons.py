@@ -116,11 +116,21 @@ class Edge(Daemon):
             "http": f"tcp:{self.http_port}:interface=127.0.0.1",
         }
         os.makedirs(workdir, exist_ok=True)
-        path = os.path.join(workdir, "edge.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(config, f)
-        super().__init__("iop-edge", workdir, path)
+        super().__init__("iop-edge", workdir, os.path.join(workdir, "edge.yaml"))
         self.config = config
+        self._write_config()
+
+    def _write_config(self):
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(self.config, f)
+
+    def rewrite_listen(self, **endpoints):
+        """
+        Replace listener endpoints (C{nodes=}, C{http=}) before starting,
+        e.g. to listen with TLS.
+        """
+        self.config["listen"].update(endpoints)
+        self._write_config()
 
     def start(self):
         self.start_process()
