@@ -1,0 +1,81 @@
+"""
+The event bus fans events out without letting one subscriber hold up
+another or the publisher.
+"""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.bus import EventBus
+
+
+class EventBusTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.bus = EventBus(self.clock, backlog=3)
+
+    def test_fanOutOnNextTurn(self):
+        """
+        Every subscriber gets every event of its topics, in order, on the
+        next reactor turn (never inside publish).
+        """
+        a, b = [], []
+        self.bus.subscribe(lambda topic, event: a.append((topic, event)))
+        self.bus.subscribe(lambda topic, event: b.append(event), topics=["node"])
+        self.bus.publish("run", 1)
+        self.bus.node_event("n1", "ready")
+        self.assertEqual((a, b), ([], []))
+        self.clock.advance(0)
+        self.assertEqual(a, [("run", 1), ("node", {"node": "n1", "event": "ready"})])
+        self.assertEqual(b, [{"node": "n1", "event": "ready"}])
+
+    def test_failingSubscriberIsolated(self):
+        """
+        A subscriber that raises is logged and does not stop delivery to the
+        others or to itself later.
+        """
+        good = []
+        calls = []
+
+        def bad(topic, event):
+            calls.append(event)
+            raise RuntimeError("boom")
+
+        self.bus.subscribe(bad)
+        self.bus.subscribe(lambda topic, event: good.append(event))
+        self.bus.publish("run", 1)
+        self.bus.publish("run", 2)
+        self.clock.advance(0)
+        self.assertEqual(good, [1, 2])
+        self.assertEqual(calls, [1, 2])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
+
+    def test_backlogBounded(self):
+        """
+        Events published faster than a subscriber is served are kept up to
+        its backlog: it gets the newest ones and counts what it lost, and
+        publishing never waits.
+        """
+        got = []
+        subscription = self.bus.subscribe(lambda topic, event: got.append(event))
+        for i in range(5):
+            self.bus.publish("run", i)
+        self.assertEqual(subscription.dropped, 2)
+        self.clock.advance(0)
+        self.assertEqual(got, [2, 3, 4])
+        self.bus.publish("run", 5)
+        self.clock.advance(0)
+        self.assertEqual(got, [2, 3, 4, 5])
+
+    def test_cancel(self):
+        """
+        A cancelled subscription receives nothing more and leaves no timer.
+        """
+        got = []
+        subscription = self.bus.subscribe(lambda topic, event: got.append(event))
+        self.bus.publish("run", 1)
+        subscription.cancel()
+        self.clock.advance(0)
+        self.assertEqual(got, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertNotIn(subscription, self.bus.subscriptions)
