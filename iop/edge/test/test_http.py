@@ -1,0 +1,176 @@
+"""
+The HTTP surfaces in memory: a real twisted.web resource tree in front of
+the real Edge service, driven by treq's StubTreq, with a scripted Node on
+an in-memory wire.
+"""
+
+import json
+
+from treq.testing import StubTreq
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.http.root import build_root
+from iop.edge.test.helpers import EdgeHarness
+from iop.protocols import iop_pb2
+
+BASE = "http://edge.invalid"
+
+
+class SurfaceTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness()
+        self.node, self.pump, _ = self.edge.register()
+        self.http = StubTreq(build_root(self.edge.service, self.edge.config, self.edge.clock))
+
+    def post(self, path, body, raw=None, headers=None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        return self.http.post(BASE + path, data=data, headers=headers or {b"content-type": [b"application/json"]})
+
+    def answer(self, *events, usage=None, error=None):
+        """
+        Reply to the last RunRequest with the given (type, text) events.
+        """
+        self.pump.flush()
+        run_id = self.node.of("run_request")[-1].run_id
+        for seq, (kind, text) in enumerate(events, 1):
+            message = iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind, text=text)
+            if kind in ("complete", "error") and usage is not None:
+                message.usage.CopyFrom(usage)
+            if kind == "error" and error is not None:
+                message.error.CopyFrom(error)
+            self.node.wire.send(message)
+        self.pump.flush()
+        self.http.flush()
+
+    def result(self, d):
+        response = self.successResultOf(d)
+        body = self.successResultOf(response.content())
+        return response.code, response.headers, body
+
+    def test_nonStreamingCompletion(self):
+        """
+        A non-streamed completion is one chat.completion with the joined
+        text and OpenAI usage; the breakdown appears only when reported.
+        """
+        d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "hi you"}]})
+        usage = iop_pb2.Usage(input_tokens=2, output_tokens=2, cached_input_tokens=0)
+        self.answer(("start", ""), ("delta", "hi "), ("delta", "you"), ("complete", ""), usage=usage)
+        code, _, body = self.result(d)
+        reply = json.loads(body)
+        self.assertEqual(code, 200)
+        self.assertEqual(reply["object"], "chat.completion")
+        self.assertEqual(reply["choices"][0]["message"], {"role": "assistant", "content": "hi you"})
+        self.assertEqual(reply["usage"]["total_tokens"], 4)
+        self.assertEqual(reply["usage"]["prompt_tokens_details"], {"cached_tokens": 0})
+        self.assertNotIn("completion_tokens_details", reply["usage"])
+
+    def test_streamingChunks(self):
+        """
+        A streamed completion is chat.completion.chunk events: a role chunk,
+        content chunks, a stop chunk, a usage chunk when asked, [DONE].
+        """
+        d = self.post(
+            "/v1/chat/completions",
+            {"model": "echo", "stream": True, "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": "a"}]},
+        )
+        self.answer(("start", ""), ("delta", "a"), ("reasoning_delta", "hm"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1))
+        code, headers, body = self.result(d)
+        self.assertEqual(code, 200)
+        self.assertEqual(headers.getRawHeaders(b"content-type"), [b"text/event-stream"])
+        payloads = [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
+        self.assertEqual(payloads[-1], "[DONE]")
+        chunks = [json.loads(p) for p in payloads[:-1]]
+        self.assertEqual(chunks[0]["choices"][0]["delta"]["role"], "assistant")
+        self.assertEqual(chunks[1]["choices"][0]["delta"], {"content": "a"})
+        self.assertEqual(chunks[2]["choices"][0]["delta"], {"reasoning_content": "hm"})
+        self.assertEqual(chunks[3]["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(chunks[4]["choices"], [])
+        self.assertEqual(chunks[4]["usage"]["completion_tokens"], 1)
+
+    def test_errorBeforeOutputKeepsProviderStatus(self):
+        """
+        A run that fails before any output answers with the provider's HTTP
+        status and an OpenAI error body.
+        """
+        d = self.post("/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]})
+        self.answer(("error", ""), error=iop_pb2.RunError(code="provider_error", message="slow down", status=429))
+        code, _, body = self.result(d)
+        self.assertEqual(code, 429)
+        self.assertEqual(json.loads(body)["error"]["message"], "slow down")
+
+    def test_capacityExceededIs429(self):
+        """
+        A Node refusing work over its gate is a 429 for the caller.
+        """
+        d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (429, "capacity_exceeded"))
+
+    def test_badJson(self):
+        """
+        Malformed JSON is a 400 with an OpenAI-style error; nothing is sent
+        to the Node.
+        """
+        code, _, body = self.result(self.post("/v1/chat/completions", None, raw=b"{nope"))
+        self.assertEqual(code, 400)
+        error = json.loads(body)["error"]
+        self.assertEqual((error["type"], error["code"]), ("invalid_request_error", "invalid_json"))
+        self.pump.flush()
+        self.assertEqual(self.node.of("run_request"), [])
+
+    def test_missingMessages(self):
+        """
+        A completion without messages is a 400 naming the problem.
+        """
+        code, _, body = self.result(self.post("/v1/chat/completions", {"model": "echo"}))
+        self.assertEqual(code, 400)
+        self.assertIn("messages", json.loads(body)["error"]["message"])
+
+    def test_unknownModel(self):
+        """
+        A model that names neither a group nor an adapter is a 404.
+        """
+        code, _, _ = self.result(self.post("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "a"}]}))
+        self.assertEqual(code, 404)
+
+    def test_nativeRunEvents(self):
+        """
+        POST /v1/runs streams one JSON per event with run_id and type, text
+        on deltas and usage on the terminal.
+        """
+        d = self.post("/v1/runs", {"adapter": "echo", "node": "n1", "input": "x", "stream": True})
+        self.answer(("start", ""), ("delta", "x"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1))
+        _, _, body = self.result(d)
+        events = [json.loads(line[6:]) for line in body.decode().split("\n") if line.startswith("data: ")]
+        self.assertEqual([e["type"] for e in events], ["start", "delta", "complete"])
+        self.assertEqual(len({e["run_id"] for e in events}), 1)
+        self.assertEqual(events[1]["text"], "x")
+        self.assertEqual(events[2]["usage"], {"input_tokens": 1, "output_tokens": 1})
+
+    def test_statusAndModels(self):
+        """
+        The status lists every configured node; /v1/models lists groups and
+        the ready node's adapters.
+        """
+        code, _, body = self.result(self.http.get(BASE + "/v1/status"))
+        self.assertEqual([(n["id"], n["connected"]) for n in json.loads(body)["nodes"]], [("n1", True), ("n2", False)])
+        code, _, body = self.result(self.http.get(BASE + "/v1/models"))
+        self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp", "echo"])
+
+    def test_unknownPathAndMethod(self):
+        """
+        Unknown paths are JSON 404s; a wrong method is a JSON 405.
+        """
+        code, _, body = self.result(self.http.get(BASE + "/v2/nothing"))
+        self.assertEqual(code, 404)
+        self.assertIn("error", json.loads(body))
+        code, _, body = self.result(self.http.delete(BASE + "/v1/status"))
+        self.assertEqual(code, 405)
+
+    def test_adminNeedsKey(self):
+        """
+        Node commands need an admin key.
+        """
+        code, _, body = self.result(self.post("/v1/nodes/n1/commands", {"command": "capabilities"}))
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (403, "admin_key_required"))
