@@ -12,21 +12,29 @@ status 0.
 import signal
 
 
+def on_signals(reactor, signums, callback):
+    """
+    Once C{reactor} runs, each of C{signums} calls C{callback(message)} in
+    the reactor thread.
+    """
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        reactor.callFromThread(callback, f"received {name}")
+
+    def install():
+        for signum in signums:
+            signal.signal(signum, handler)
+
+    reactor.callWhenRunning(install)
+
+
 def on_stop_signals(reactor, stop):
     """
     Once C{reactor} runs, SIGTERM and SIGINT call C{stop(message)} in the
     reactor thread instead of twistd's handlers.
     """
-
-    def handler(signum, frame):
-        name = signal.Signals(signum).name
-        reactor.callFromThread(stop, f"received {name}, shutting down")
-
-    def install():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, handler)
-
-    reactor.callWhenRunning(install)
+    on_signals(reactor, (signal.SIGTERM, signal.SIGINT), lambda message: stop(f"{message}, shutting down"))
 
 
 def exit_zero_on_stop_signals(reactor):

@@ -19,6 +19,7 @@ from iop.edge import bus as lifecycle
 from iop.edge.dispatch import Placement, RunDispatch, TunnelDispatch
 from iop.edge.pool import NoLiveProvider, ProviderPool, QueueFull, QueueTimeout
 from iop.edge.registry import NodeRegistry, Refused
+from iop.edge.reload import changed_nodes
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire, usage_to_json
 from iop.protocols.wire import Heartbeat
@@ -117,6 +118,32 @@ class EdgeService:
                 options_json=json.dumps(adapter.options, sort_keys=True),
             )
         return payload
+
+    def reload(self, config):
+        """
+        Take a re-read configuration: adapter changes are pushed to the
+        ready Nodes they concern as C{ConfigRefresh}; a pending Node gets
+        the new configuration with its registration answer anyway.
+
+        @return: the ids of the nodes that were pushed a refresh.
+        @raise ConfigError: if the change needs a restart (nothing applied).
+        """
+        changed = changed_nodes(self.config, config)
+        self.config = config
+        self.registry.nodes = list(config.nodes)
+        pushed = []
+        for node_id in changed:
+            link = self.registry.ready_link(node_id)
+            if link is None:
+                continue
+            try:
+                link.wire.send(iop_pb2.ConfigRefresh(config=self.config_payload(node_id)))
+            except Exception as e:
+                self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
+                continue
+            pushed.append(node_id)
+        self.log.info("configuration reloaded; refresh pushed to {nodes}", nodes=", ".join(pushed) or "no node")
+        return pushed
 
     def ready(self, link, node_id):
         """

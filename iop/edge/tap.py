@@ -2,12 +2,15 @@
 C{twistd -n iop-edge --config edge.yaml}: the Edge daemon.
 """
 
+import signal
+
 from twisted.application import service, strports
+from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.server import Site
 
 from iop.config import ConfigError
-from iop.daemon import exit_zero_on_stop_signals
+from iop.daemon import exit_zero_on_stop_signals, on_signals
 from iop.edge import config as edge_config
 
 
@@ -21,6 +24,21 @@ class Options(usage.Options):
             self["edge_config"] = edge_config.load(self["config"])
         except ConfigError as e:
             raise usage.UsageError(str(e))
+
+
+log = Logger()
+
+
+def reload(edge, path, why):
+    """
+    Re-read C{edge.yaml} and apply what can change while running (see
+    L{iop.edge.reload}); a bad or too-large change is logged and ignored.
+    """
+    log.info("{why}: reloading {path}", why=why, path=path)
+    try:
+        edge.reload(edge_config.load(path))
+    except ConfigError as e:
+        log.error("reload refused, keeping the running configuration: {error}", error=str(e))
 
 
 def makeService(options):
@@ -39,6 +57,7 @@ def makeService(options):
     bus = EventBus(reactor)
     edge = EdgeService(config, reactor, bus)
     top.edge = edge
+    on_signals(reactor, (signal.SIGHUP,), lambda message: reload(edge, options["config"], message))
     nodes = WireFactory(lambda: EdgeNodeConnection(edge), reactor, edge.heartbeat())
     strports.service(config.listen_nodes, nodes).setServiceParent(top)
     metrics = build_metrics(edge, bus) if config.metrics else None

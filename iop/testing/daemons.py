@@ -118,9 +118,12 @@ class Edge(Daemon):
         os.makedirs(workdir, exist_ok=True)
         super().__init__("iop-edge", workdir, os.path.join(workdir, "edge.yaml"))
         self.config = config
-        self._write_config()
+        self.rewrite_config()
 
-    def _write_config(self):
+    def rewrite_config(self):
+        """
+        Write C{self.config} to the Edge's edge.yaml (after changing it).
+        """
         with open(self.config_path, "w") as f:
             yaml.safe_dump(self.config, f)
 
@@ -130,7 +133,7 @@ class Edge(Daemon):
         e.g. to listen with TLS.
         """
         self.config["listen"].update(endpoints)
-        self._write_config()
+        self.rewrite_config()
 
     def start(self):
         self.start_process()

@@ -3,11 +3,16 @@ Edge service tests over in-memory connections: registration, readiness,
 generation fencing, run relay, cancel and disconnects.
 """
 
+import copy
+import json
+
 from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config import ConfigError
 
 from iop.edge.config import token_digest
 from iop.edge.service import RunSpec, ServiceError
-from iop.edge.test.helpers import EDGE_YAML, EdgeHarness, Recorder
+from iop.edge.test.helpers import EDGE_YAML, EdgeHarness, Recorder, edge_config
 from iop.protocols import iop_pb2
 
 
@@ -345,3 +350,64 @@ class ReadyOrderTests(SynchronousTestCase):
         self.assertEqual(run.link.node_id, "n1")
         kinds = [kind for kind, _ in node.received]
         self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
+
+
+class ReloadTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness()
+        self.ready, self.pump, _ = self.edge.register(token="tok-1")
+        self.pending, self.pending_pump, _ = self.edge.register(token="tok-2", ready=False)
+
+    def changed(self, mutate):
+        data = copy.deepcopy(EDGE_YAML)
+        mutate(data)
+        return edge_config(data)
+
+    def test_adapterChangePushedToReadyNode(self):
+        """
+        Changed adapter settings are pushed as ConfigRefresh to a ready
+        node, not to a pending one; a node that registers later gets them
+        in its registration answer.
+        """
+        def mutate(data):
+            for node in data["nodes"]:
+                node["adapters"][0].update(max_concurrency=7, delay_ms=5)
+
+        pushed = self.edge.service.reload(self.changed(mutate))
+        self.pump.flush()
+        self.pending_pump.flush()
+        self.assertEqual(pushed, ["n1"])
+        (refresh,) = self.ready.of("config_refresh")
+        adapter = refresh.config.adapters[0]
+        self.assertEqual((adapter.max_concurrency, json.loads(adapter.options_json)), (7, {"delay_ms": 5}))
+        self.assertEqual(self.pending.of("config_refresh"), [])
+        self.assertEqual(self.edge.service.config_payload("n2").adapters[0].max_concurrency, 7)
+
+    def test_unchangedPushesNothing(self):
+        """
+        Reloading the same configuration sends nothing.
+        """
+        self.assertEqual(self.edge.service.reload(edge_config()), [])
+        self.pump.flush()
+        self.assertEqual(self.ready.of("config_refresh"), [])
+
+    def test_restartOnlyChangesRefused(self):
+        """
+        A change to model groups, tokens or listeners is refused as a whole
+        with the reason, and nothing is applied or pushed.
+        """
+        for mutate, fragment in [
+            (lambda d: d["model_groups"][0].update(queue_timeout_sec=1), "model_groups"),
+            (lambda d: d["nodes"][0].update(token="other"), "nodes[n1].token"),
+            (lambda d: d["listen"].update(http="tcp:1"), "listen_http"),
+            (lambda d: d["nodes"].append(dict(d["nodes"][1], id="n3", token="tok-3", providers=[])), "nodes were added"),
+        ]:
+            def both(data, mutate=mutate):
+                mutate(data)
+                data["nodes"][0]["adapters"][0]["max_concurrency"] = 9
+
+            error = self.assertRaises(ConfigError, self.edge.service.reload, self.changed(both))
+            self.assertIn(fragment, str(error))
+        self.pump.flush()
+        self.assertEqual(self.ready.of("config_refresh"), [])
+        self.assertEqual(self.edge.service.config_payload("n1").adapters[0].max_concurrency, 2)

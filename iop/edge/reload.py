@@ -1,0 +1,39 @@
+"""
+What a configuration reload may change while the Edge runs.
+
+On SIGHUP the Edge re-reads C{edge.yaml}. The adapters of configured nodes
+(their options, concurrency, new or removed adapters without providers)
+are applied at once: each ready Node whose adapters changed is pushed a
+C{ConfigRefresh}. Everything else — listeners, keys, heartbeat, the set of
+nodes and their tokens, providers and model groups — is owned by running
+objects (listening ports, the registry, the pool), so a reload that changes
+any of it is refused as a whole, naming what needs a restart.
+"""
+
+from dataclasses import fields
+
+from iop.config import ConfigError
+
+_NODE_FIELDS_NEEDING_RESTART = ("id", "token_digest", "providers")
+
+
+def changed_nodes(old, new):
+    """
+    The ids of nodes whose adapters differ between C{old} and C{new}.
+
+    @raise ConfigError: if anything but node adapters changed.
+    """
+    for field in fields(old):
+        if field.name != "nodes" and getattr(old, field.name) != getattr(new, field.name):
+            raise ConfigError(f"{field.name} changed: restart the Edge to apply it (nothing was reloaded)")
+    if [n.id for n in old.nodes] != [n.id for n in new.nodes]:
+        raise ConfigError("nodes were added, removed or reordered: restart the Edge to apply it (nothing was reloaded)")
+    changed = []
+    for before, after in zip(old.nodes, new.nodes):
+        for name in _NODE_FIELDS_NEEDING_RESTART:
+            if getattr(before, name) != getattr(after, name):
+                shown = "token" if name == "token_digest" else name
+                raise ConfigError(f"nodes[{before.id}].{shown} changed: restart the Edge to apply it (nothing was reloaded)")
+        if before.adapters != after.adapters:
+            changed.append(after.id)
+    return changed
