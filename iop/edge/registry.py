@@ -17,7 +17,7 @@ Rules (SPEC section 4):
 """
 
 import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from twisted.logger import Logger
 
@@ -52,7 +52,6 @@ class NodeLink:
     since: float
     ready: bool = False
     open: bool = True
-    meta: dict = field(default_factory=dict)
 
 
 class NodeRegistry:

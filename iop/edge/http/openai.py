@@ -144,7 +144,6 @@ class _Renderer:
         self.model = model
         self.created = created
         self.include_usage = include_usage
-        self.id = None
 
     def _id(self):
         return "chatcmpl-" + self.call.dispatch.id.split("-", 1)[-1]
