@@ -126,15 +126,8 @@ class Runs(JSONResource):
         spec = parse_run(body)
         call = Call(self.service, request)
         listener_class = EventStreamListener if body.get("stream", True) else CollectingListener
-        d = call.placed(self.service.place(spec.model, spec.adapter, spec.node, spec.target, spec.input_chars()))
-
-        def placed(placement):
-            if call.gone:
-                placement.release()
-                return
-            call.started(self.service.start_run(placement, spec, listener_class(call)))
-
-        d.addCallback(placed)
+        d = call.placed(self.service.submit_run(spec, listener_class(call)))
+        d.addCallback(call.started)
         d.addErrback(call.fail)
         return NOT_DONE_YET
 
