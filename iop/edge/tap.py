@@ -17,14 +17,6 @@ from iop.edge import config as edge_config
 class Options(usage.Options):
     optParameters = [["config", "c", "conf/edge.yaml", "Path to edge.yaml."]]
 
-    def postOptions(self):
-        # Read and validate now, so a bad config stops twistd with one clear
-        # line naming the key, before anything listens.
-        try:
-            self["edge_config"] = edge_config.load(self["config"])
-        except ConfigError as e:
-            raise usage.UsageError(str(e))
-
 
 log = Logger()
 
@@ -51,8 +43,12 @@ def makeService(options):
     from iop.edge.service import EdgeService
     from iop.protocols.wire import WireFactory
 
+    try:
+        config = edge_config.load(options["config"])
+    except ConfigError as e:
+        # One line naming the key, exit status 1, before anything listens.
+        raise SystemExit(f"iop-edge: bad configuration: {e}") from None
     exit_zero_on_stop_signals(reactor)
-    config = options["edge_config"]
     top = service.MultiService()
     bus = EventBus(reactor)
     edge = EdgeService(config, reactor, bus)
