@@ -104,23 +104,32 @@ def test_waiter_survives_node_death_and_is_served_once(launch):
     )
 
 
+def one_busy_provider(launch, delay_ms, queue_timeout_sec, names=("chat",)):
+    """
+    Model groups C{names} over one capacity-1 provider on node "a", with
+    its slot taken by a 30-word run of the first group in the background.
+    """
+    node = echo_node("a", "tok-a", delay_ms=delay_ms, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
+    groups = [
+        {"name": name, "providers": [{"node": "a", "provider": "gpu", "target": name}], "queue_timeout_sec": queue_timeout_sec}
+        for name in names
+    ]
+    edge = launch.edge({"nodes": [node], "model_groups": groups})
+    launch.node(edge.node_port, "tok-a")
+    edge.wait_connected("a")
+    busy = Stream(edge, {"model": names[0], "input": "w " * 30, "stream": True})
+    busy.start()
+    wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the slot taken")
+    return edge, busy
+
+
 def test_shared_capacity_two_model_names(launch):
     """
     Two model names over one capacity-1 provider: concurrent requests run
     one at a time (the second waits in the queue), both complete, and the
     counters end at 0.
     """
-    node = echo_node("a", "tok-a", delay_ms=40, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
-    groups = [
-        {"name": name, "providers": [{"node": "a", "provider": "gpu", "target": name}], "queue_timeout_sec": 30}
-        for name in ("small", "large")
-    ]
-    edge = launch.edge({"nodes": [node], "model_groups": groups})
-    launch.node(edge.node_port, "tok-a")
-    edge.wait_connected("a")
-    first = Stream(edge, {"model": "small", "input": "x " * 40, "stream": True})
-    first.start()
-    wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the first run to hold the slot")
+    edge, first = one_busy_provider(launch, delay_ms=40, queue_timeout_sec=30, names=("small", "large"))
     second = Stream(edge, {"model": "large", "input": "y " * 5, "stream": True})
     second.start()
     wait_for(lambda: queued(edge, "large") == 1, what="the second to wait")
@@ -143,22 +152,6 @@ def test_no_live_provider_is_503_at_once(launch):
     nodes = edge.status()["nodes"]
     assert [n["connected"] for n in nodes] == [False, False]
     assert all(p["status"] == "unavailable" and p["health"] == "offline" for n in nodes for p in n["providers"])
-
-
-def one_busy_provider(launch, delay_ms, queue_timeout_sec):
-    """
-    Model group "chat" over one capacity-1 provider on node "a", with its
-    slot taken by a 30-word run in the background.
-    """
-    node = echo_node("a", "tok-a", delay_ms=delay_ms, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
-    groups = [{"name": "chat", "providers": [{"node": "a", "provider": "gpu", "target": "m"}], "queue_timeout_sec": queue_timeout_sec}]
-    edge = launch.edge({"nodes": [node], "model_groups": groups})
-    launch.node(edge.node_port, "tok-a")
-    edge.wait_connected("a")
-    busy = Stream(edge, {"model": "chat", "input": "w " * 30, "stream": True})
-    busy.start()
-    wait_for(lambda: providers(edge)[("a", "gpu")]["in_use"]["normal"] == 1, what="the slot taken")
-    return edge, busy
 
 
 def test_queue_timeout_is_429(launch):
