@@ -23,7 +23,6 @@ from iop.adapters.streams import (
     ProviderError,
     SSEParser,
     as_provider_error,
-    read_body,
     relay_headers,
     response_headers,
 )
@@ -281,5 +280,5 @@ class OpenAICompatAdapter(HTTPAdapter):
         provider_request = self.request(
             request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False
         )
-        d = read_body(provider_request, on_response)
+        d = self.read(provider_request, on_response)
         return d.addCallback(ended).addErrback(as_provider_error)

@@ -78,6 +78,16 @@ class ProviderError(Exception):
         return RunFailure(code=self.code, message=self.message, status=self.status)
 
 
+class ProviderStalled(ProviderError):
+    """
+    The provider sent nothing (no headers, no body bytes) for longer than
+    the adapter's C{idle_timeout_sec}; its connection was closed so that a
+    hung back end cannot hold capacity forever.
+    """
+
+    code = "provider_timeout"
+
+
 class ProviderUnreachable(ProviderError):
     """
     No response at all: the connection was refused, timed out, or closed
@@ -238,7 +248,7 @@ class _BodyReader(Protocol):
             self.result.errback(reason)
 
 
-def read_body(request, on_response):
+def read_body(request, on_response, idle_timeout=None, clock=None):
     """
     Drive one unbuffered treq request to the end of its body.
 
@@ -247,6 +257,10 @@ def read_body(request, on_response):
     @param on_response: called once with the response; returns the callable
         that receives each body chunk. It or that callable may raise to
         close the connection and fail the result.
+    @param idle_timeout: seconds the provider may stay silent (before its
+        headers, or between body chunks) before the connection is closed
+        and the result fails with L{ProviderStalled}; C{None} waits forever.
+    @param clock: the C{IReactorTime} for C{idle_timeout}.
     @return: a Deferred firing with the response once the body ended.
         Cancelling it at any point closes the provider connection: before
         the headers by cancelling C{request}, after them by stopping the
@@ -254,6 +268,8 @@ def read_body(request, on_response):
     """
     reader = None
     cancelled = False
+    stalled = None
+    timer = None
 
     def cancel(result):
         nonlocal cancelled
@@ -265,26 +281,61 @@ def read_body(request, on_response):
 
     result = defer.Deferred(cancel)
 
+    def expire():
+        nonlocal timer, stalled
+        timer = None
+        stalled = Failure(ProviderStalled(f"provider sent nothing for {idle_timeout:g}s; connection closed"))
+        if reader is None:
+            request.cancel()
+        else:
+            reader.abort(stalled)
+
+    def touch():
+        nonlocal timer
+        if idle_timeout is None or result.called:
+            return
+        if timer is None:
+            timer = clock.callLater(idle_timeout, expire)
+        else:
+            timer.reset(idle_timeout)
+
+    def settled(outcome):
+        if timer is not None and timer.active():
+            timer.cancel()
+        return outcome
+
     def got_response(response):
         nonlocal reader
+        touch()
         failure = None
         try:
             on_chunk = on_response(response)
         except Exception:
             on_chunk, failure = None, Failure()
+
+        def on_data(data):
+            touch()
+            on_chunk(data)
+
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
-        reader = _BodyReader(on_chunk, result, response, failure)
+        reader = _BodyReader(on_data, result, response, failure)
         response.deliverBody(reader)
         if failure is not None:
             reader.abort()
 
     def request_failed(failure):
         # A cancelled request fails with whatever the Agent says; the
-        # caller sees CancelledError from Deferred.cancel instead.
-        if not cancelled and not result.called:
+        # caller sees CancelledError from Deferred.cancel, or the stall.
+        if result.called:
+            return
+        if stalled is not None:
+            result.errback(stalled)
+        elif not cancelled:
             result.errback(failure)
 
+    touch()
+    result.addBoth(settled)
     request.addCallbacks(got_response, request_failed)
     return result
 
@@ -358,7 +409,9 @@ class HTTPAdapter(AdapterBase):
 
     Options: C{base_url} (required), C{api_key} (sent as a bearer token),
     C{headers} (a mapping sent with every request), C{connect_timeout_sec}
-    (default 10).
+    (default 10), C{idle_timeout_sec} (default 300; 0 disables: how long
+    the provider may send nothing before the request fails as
+    C{provider_timeout} and its capacity is freed).
 
     Connections are kept alive for a short while (2 s, below the 5 s idle
     timeout of uvicorn-based servers such as vLLM, so that we never send a
@@ -381,6 +434,11 @@ class HTTPAdapter(AdapterBase):
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
+        idle = self.option("idle_timeout_sec", 300, (int, float))
+        if idle < 0:
+            raise AdapterConfigError(f"adapters[{name}].idle_timeout_sec must not be negative")
+        self.idle_timeout = idle or None
+        self.clock = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
@@ -418,6 +476,12 @@ class HTTPAdapter(AdapterBase):
             method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs
         )
 
+    def read(self, request, on_response):
+        """
+        L{read_body} with this adapter's idle timeout.
+        """
+        return read_body(request, on_response, self.idle_timeout, self.clock)
+
     def fetch_json(self, method, path, payload=None):
         """
         A whole JSON response (C{None} for an empty body).
@@ -428,7 +492,7 @@ class HTTPAdapter(AdapterBase):
         """
         body = bytearray()
         kwargs = {} if payload is None else {"json": payload}
-        d = read_body(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
+        d = self.read(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
 
         def parse(response):
             if not 200 <= response.code < 300:
@@ -478,7 +542,7 @@ class HTTPAdapter(AdapterBase):
             )
             emit(RunEventData(ERROR, error=error.failure()))
 
-        d = read_body(self.request("POST", path, json=payload), on_response)
+        d = self.read(self.request("POST", path, json=payload), on_response)
         d.addCallback(ended)
         d.addErrback(as_provider_error)
         d.addErrback(failed)

@@ -6,10 +6,11 @@ loopback sockets.
 import json
 
 from twisted.internet import defer, reactor
+from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.interface import IAdapter, RunFailure, RunInput, TunnelInput, Usage
+from iop.adapters.interface import AdapterConfigError, IAdapter, RunFailure, RunInput, TunnelInput, Usage
 from iop.adapters.openai_compat import OpenAICompatAdapter
 from iop.adapters.streams import ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, Sink, chunk, closed_port, serve, sse
@@ -233,6 +234,63 @@ class ExecuteTests(OpenAICompatTestCase):
         yield self.assertFailure(d, defer.CancelledError)
         yield script.closed_early
         self.assertEqual(events.types(), [])
+
+
+class IdleTimeoutTests(OpenAICompatTestCase):
+    def stalled_adapter(self, script):
+        adapter = self.adapter(script, idle_timeout_sec=30)
+        adapter.clock = Clock()
+        return adapter
+
+    @defer.inlineCallbacks
+    def test_silent_before_headers(self):
+        """
+        A provider that answers nothing for idle_timeout_sec ends the run
+        with a provider_timeout error and sees its connection closed.
+        """
+        script = Script(headers_only=True)
+        adapter = self.stalled_adapter(script)
+        events = Events()
+        d = adapter.execute(run_input(), events)
+        yield script.arrived
+        adapter.clock.advance(29)
+        self.assertEqual(events.types(), [])
+        adapter.clock.advance(1)
+        yield d
+        yield script.closed_early
+        self.assertEqual(events.types(), ["error"])
+        self.assertEqual(events.events[-1].error.code, "provider_timeout")
+
+    @defer.inlineCallbacks
+    def test_stalls_mid_stream(self):
+        """
+        Each chunk restarts the idle timer; a stream that then stalls is
+        closed and ends with provider_timeout after its deltas.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
+        adapter = self.stalled_adapter(script)
+        events = Events()
+        first = events.first("delta")
+        d = adapter.execute(run_input(), events)
+        yield first
+        adapter.clock.advance(29)
+        self.assertEqual(events.types(), ["start", "delta"])
+        adapter.clock.advance(1)
+        yield d
+        yield script.closed_early
+        self.assertEqual(events.types(), ["start", "delta", "error"])
+        self.assertEqual(events.events[-1].error.code, "provider_timeout")
+
+    def test_disabled_and_invalid(self):
+        """
+        idle_timeout_sec 0 disables the timer; a negative one is refused,
+        naming the key.
+        """
+        self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).idle_timeout)
+        error = self.assertRaises(
+            AdapterConfigError, OpenAICompatAdapter, "p", 1, {"base_url": "http://x/v1", "idle_timeout_sec": -1}, reactor
+        )
+        self.assertIn("idle_timeout_sec", str(error))
 
 
 class TunnelTests(OpenAICompatTestCase):
