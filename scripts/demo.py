@@ -38,6 +38,7 @@ def main():
     try:
         print("starting iop-edge (conf/edge.yaml) and iop-node (conf/node.yaml)...")
         edge.start()
+        wait_for(status, timeout=20, what="the Edge to listen on 127.0.0.1:8080")
         node.start()
         wait_for(lambda: status()["nodes"][0]["connected"], timeout=20, what="node-1 to connect")
         print("node-1 is connected and ready.\n")
