@@ -23,10 +23,9 @@ from iop.adapters.interface import (
     RunFailure,
     RunInput,
 )
+from iop.node.work import Refused, Work, admit
 from iop.protocols.convert import event_to_wire
 
-UNKNOWN_ADAPTER = "unknown_adapter"
-CAPACITY_EXCEEDED = "capacity_exceeded"
 ADAPTER_ERROR = "adapter_error"
 INVALID_REQUEST = "invalid_request"
 
@@ -67,27 +66,19 @@ def _failure_text(failure):
     return f"{name}: {message}" if message else name
 
 
-class RunRelay:
+class RunRelay(Work):
     """
     One run in flight: relays the adapter's events until exactly one
     terminal has been sent.
     """
 
-    log = Logger()
-
     def __init__(self, manager, request, hosted, slot):
-        self.manager = manager
+        super().__init__(manager, request.run_id, hosted, slot)
         self.request = request
         self.run_id = request.run_id
-        self.hosted = hosted
-        self.slot = slot
-        self.seq = 0
-        self.finished = False
         self.usage = None
-        self.deferred = None
-        self._cancelReason = None
 
-    def begin(self, run):
+    def start(self, run):
         self.manager.record(
             "recordStart",
             self.run_id,
@@ -96,9 +87,7 @@ class RunRelay:
             self.request.session_id,
             self.request.background,
         )
-        self.deferred = defer.maybeDeferred(self.hosted.adapter.execute, run, self.emit)
-        self.deferred.addCallbacks(self._ended, self._failed)
-        self.deferred.addErrback(lambda f: self.log.failure("run {run_id} relay failed", f, run_id=self.run_id))
+        self.begin(self.hosted.adapter.execute, run, self.emit)
 
     def emit(self, event):
         """
@@ -117,38 +106,27 @@ class RunRelay:
         else:
             self._send(event)
 
-    def cancel(self, reason=None):
-        """
-        Cancel the adapter's work; the terminal will be C{cancelled}.
-        """
-        if self.finished or self.deferred is None:
-            return
-        self._cancelReason = reason or "cancelled by the Edge"
-        self.deferred.cancel()
-
     def _ended(self, result):
         if not self.finished:
-            self._finish(RunEventData(CANCELLED if self._cancelReason else COMPLETE, usage=self.usage))
+            self._finish(RunEventData(CANCELLED if self.cancelReason else COMPLETE, usage=self.usage))
 
     def _failed(self, failure):
         if self.finished:
             if not failure.check(defer.CancelledError):
                 self.log.failure("run {run_id}: adapter failed after its terminal", failure, run_id=self.run_id)
             return
-        if self._cancelReason or failure.check(defer.CancelledError):
+        if self.cancelReason or failure.check(defer.CancelledError):
             self._finish(RunEventData(CANCELLED, usage=self.usage))
             return
         self.log.failure("run {run_id}: adapter {adapter} failed", failure, run_id=self.run_id, adapter=self.hosted.name)
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
     def _finish(self, event):
-        self.finished = True
-        self.slot.release()
-        self.manager.inflight.discard(self.run_id, self)
+        self.release()
         self._send(event)
         error = event.error.message if event.error is not None else None
-        if event.type == CANCELLED and self._cancelReason:
-            error = self._cancelReason
+        if event.type == CANCELLED and self.cancelReason:
+            error = self.cancelReason
         self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage)
 
     def _send(self, event):
@@ -180,26 +158,21 @@ class RunManager:
         """
         Handle one C{RunRequest}.
         """
-        if request.run_id in self.inflight:
-            self.log.warn("ignoring a second RunRequest for in-flight id {run_id}", run_id=request.run_id)
-            return None
-        hosted = self.host.get(request.adapter)
-        if hosted is None:
-            return self._refuse(request, UNKNOWN_ADAPTER, f"no adapter named {request.adapter!r} on this node")
         try:
-            run = run_input(request)
-        except BadRequest as e:
-            return self._refuse(request, INVALID_REQUEST, str(e))
-        slot = hosted.gate.acquire()
-        if slot is None:
-            return self._refuse(
-                request,
-                CAPACITY_EXCEEDED,
-                f"adapter {hosted.name} is at its max_concurrency of {hosted.gate.limit}",
-            )
+            admitted = admit(self.host, self.inflight, request.run_id, request.adapter)
+            if admitted is None:
+                self.log.warn("ignoring a second RunRequest for in-flight id {run_id}", run_id=request.run_id)
+                return None
+            hosted, slot = admitted
+            try:
+                run = run_input(request)
+            except BadRequest as e:
+                slot.release()
+                raise Refused(INVALID_REQUEST, str(e)) from None
+        except Refused as refusal:
+            return self._refuse(request, refusal.code, refusal.message)
         relay = RunRelay(self, request, hosted, slot)
-        self.inflight.add(request.run_id, relay)
-        relay.begin(run)
+        relay.start(run)
         return relay
 
     def _refuse(self, request, code, message):

@@ -20,7 +20,8 @@ from iop.adapters.interface import ITunnelSink, NotSupported, TunnelInput
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
-from iop.node.runs import ADAPTER_ERROR, CAPACITY_EXCEEDED, UNKNOWN_ADAPTER
+from iop.node.runs import ADAPTER_ERROR
+from iop.node.work import Refused, Work, admit
 
 TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
 CANCELLED = "cancelled"
@@ -72,32 +73,26 @@ class WireTunnelSink:
         self._relay.frame(metadata_json=json.dumps(info))
 
 
-class TunnelRelay:
+class TunnelRelay(Work):
     """
     One tunnel in flight.
     """
 
-    log = Logger()
-
     def __init__(self, manager, request, hosted, slot):
-        self.manager = manager
+        super().__init__(manager, request.tunnel_id, hosted, slot)
         self.tunnel_id = request.tunnel_id
-        self.hosted = hosted
-        self.slot = slot
-        self.seq = 0
-        self.finished = False
-        self.deferred = None
-        self._cancelReason = None
 
-    def begin(self, request):
-        sink = WireTunnelSink(self)
-        self.deferred = defer.maybeDeferred(self.hosted.adapter.tunnel, tunnel_input(request), sink)
-        self.deferred.addCallbacks(self._ended, self._failed)
-        self.deferred.addErrback(lambda f: self.log.failure("tunnel {id} relay failed", f, id=self.tunnel_id))
+    def start(self, request):
+        self.begin(self.hosted.adapter.tunnel, tunnel_input(request), WireTunnelSink(self))
 
     def frame(self, **field):
-        if self.finished:
-            return
+        """
+        Send one frame of the provider's response; nothing after the end.
+        """
+        if not self.finished:
+            self._frame(**field)
+
+    def _frame(self, **field):
         self.seq += 1
         self.manager.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field))
 
@@ -109,23 +104,17 @@ class TunnelRelay:
         if not self.finished:
             self.manager.usage.usage(self.hosted.name, usage)
 
-    def cancel(self, reason=None):
-        if self.finished or self.deferred is None:
-            return
-        self._cancelReason = reason or "cancelled by the Edge"
-        self.deferred.cancel()
-
     def _ended(self, result):
-        if self._cancelReason:
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self._cancelReason))
+        if self.cancelReason:
+            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancelReason))
         else:
             self._finish(end=iop_pb2.TunnelEnd())
 
     def _failed(self, failure):
         if self.finished:
             return
-        if self._cancelReason or failure.check(defer.CancelledError):
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self._cancelReason or "cancelled"))
+        if self.cancelReason or failure.check(defer.CancelledError):
+            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancelReason or "cancelled"))
         elif failure.check(NotSupported):
             self._finish(error=iop_pb2.RunError(code=TUNNEL_NOT_SUPPORTED, message=str(failure.value)))
         else:
@@ -143,10 +132,8 @@ class TunnelRelay:
     def _finish(self, **terminal):
         if self.finished:
             return
-        self.slot.release()
-        self.manager.inflight.discard(self.tunnel_id, self)
-        self.frame(**terminal)
-        self.finished = True
+        self.release()
+        self._frame(**terminal)
         self.manager.usage.tunnelEnded(self.hosted.name)
 
 
@@ -166,20 +153,15 @@ class TunnelManager:
         self.metrics = metrics
 
     def start(self, request):
-        if request.tunnel_id in self.inflight:
+        try:
+            admitted = admit(self.host, self.inflight, request.tunnel_id, request.adapter)
+        except Refused as refusal:
+            return self._refuse(request, refusal.code, refusal.message)
+        if admitted is None:
             self.log.warn("ignoring a second tunnel request for in-flight id {id}", id=request.tunnel_id)
             return None
-        hosted = self.host.get(request.adapter)
-        if hosted is None:
-            return self._refuse(request, UNKNOWN_ADAPTER, f"no adapter named {request.adapter!r} on this node")
-        slot = hosted.gate.acquire()
-        if slot is None:
-            return self._refuse(
-                request, CAPACITY_EXCEEDED, f"adapter {hosted.name} is at its max_concurrency of {hosted.gate.limit}"
-            )
-        relay = TunnelRelay(self, request, hosted, slot)
-        self.inflight.add(request.tunnel_id, relay)
-        relay.begin(request)
+        relay = TunnelRelay(self, request, *admitted)
+        relay.start(request)
         return relay
 
     def _refuse(self, request, code, message):

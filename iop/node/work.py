@@ -1,11 +1,17 @@
 """
-The runs and tunnels one connection has in flight, by id.
+What runs and tunnels have in common on the Node: admission through the
+adapter's capacity gate (L{admit}), the life of one piece of work in
+flight (L{Work}), and the registry of a connection's work by id
+(L{Inflight}).
 
 Runs and tunnels share one id space (the Edge cancels either with
 C{CancelRequest(CANCEL_RUN, run_id)}), so they share one registry. When the
 connection goes, everything in it is cancelled: nothing on the Node may
 outlive the session it served, or its capacity slot would leak.
 """
+
+from twisted.internet import defer
+from twisted.logger import Logger
 
 
 class Inflight:
@@ -38,3 +44,87 @@ class Inflight:
     def cancelAll(self, reason=None):
         for work in list(self._work.values()):
             work.cancel(reason)
+
+
+UNKNOWN_ADAPTER = "unknown_adapter"
+CAPACITY_EXCEEDED = "capacity_exceeded"
+
+
+class Refused(Exception):
+    """
+    Work that cannot start: C{code} and C{message} go into its single
+    error terminal.
+    """
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def admit(host, inflight, work_id, adapter_name):
+    """
+    Admission shared by runs and tunnels: find the adapter and take a slot
+    of its capacity gate.
+
+    @return: C{(hosted, slot)}, or C{None} when C{work_id} is already in
+        flight (a repeated request, to be ignored).
+    @raise Refused: for an unknown adapter or a full gate (never queued:
+        queueing is the Edge's job).
+    """
+    if work_id in inflight:
+        return None
+    hosted = host.get(adapter_name)
+    if hosted is None:
+        raise Refused(UNKNOWN_ADAPTER, f"no adapter named {adapter_name!r} on this node")
+    slot = hosted.gate.acquire()
+    if slot is None:
+        raise Refused(CAPACITY_EXCEEDED, f"adapter {hosted.name} is at its max_concurrency of {hosted.gate.limit}")
+    return hosted, slot
+
+
+class Work:
+    """
+    One run or tunnel in flight: its gate slot, the adapter's Deferred and
+    why it was cancelled. Subclasses turn the outcome (C{_ended},
+    C{_failed}) into their own terminal, calling L{release} first so that
+    the slot is free before the Edge sees the end.
+    """
+
+    log = Logger()
+
+    def __init__(self, manager, work_id, hosted, slot):
+        self.manager = manager
+        self.work_id = work_id
+        self.hosted = hosted
+        self.slot = slot
+        self.seq = 0
+        self.finished = False
+        self.deferred = None
+        self.cancelReason = None
+        manager.inflight.add(work_id, self)
+
+    def begin(self, call, *args):
+        """
+        Start the adapter's C{call(*args)}; its outcome ends this work.
+        """
+        self.deferred = defer.maybeDeferred(call, *args)
+        self.deferred.addCallbacks(self._ended, self._failed)
+        self.deferred.addErrback(lambda f: self.log.failure("{id}: relay failed", f, id=self.work_id))
+
+    def cancel(self, reason=None):
+        """
+        Cancel the adapter's work; the terminal will say it was cancelled.
+        """
+        if self.finished or self.deferred is None:
+            return
+        self.cancelReason = reason or "cancelled by the Edge"
+        self.deferred.cancel()
+
+    def release(self):
+        """
+        Free the slot and leave the in-flight registry, once.
+        """
+        self.finished = True
+        self.slot.release()
+        self.manager.inflight.discard(self.work_id, self)
