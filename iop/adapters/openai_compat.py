@@ -23,9 +23,9 @@ from iop.adapters.streams import (
     ProviderError,
     SSEParser,
     as_provider_error,
-    relay_headers,
     response_headers,
 )
+from iop.httpheaders import relay_headers
 
 #: Request headers a tunnel never forwards: they describe the hop or are
 #: set by the HTTP client (treq asks for gzip itself and inflates it, so

@@ -36,6 +36,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
+from iop.httpheaders import relay_headers
 from iop.adapters.interface import COMPLETE, ERROR, START, AdapterConfigError, RunEventData, RunFailure
 
 #: How much of an error response body is kept for the error message.
@@ -43,22 +44,6 @@ ERROR_BODY_LIMIT = 64 * 1024
 #: How much of a non-streamed JSON body is buffered for parsing.
 JSON_BODY_LIMIT = 16 * 1024 * 1024
 
-#: Headers that describe one hop, not the message (RFC 9110 section 7.6.1);
-#: a relay must not forward them.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 
 
 class ProviderError(Exception):
@@ -371,18 +356,6 @@ def capped_appender(buffer, limit):
             buffer.extend(data[:room])
 
     return append
-
-
-def relay_headers(pairs, extra_drop=()):
-    """
-    C{pairs} without hop-by-hop headers, including those the
-    C{Connection} header names.
-    """
-    drop = set(HOP_BY_HOP) | {name.lower() for name in extra_drop}
-    for name, value in pairs:
-        if name.lower() == "connection":
-            drop.update(token.strip().lower() for token in value.split(","))
-    return [(name, value) for name, value in pairs if name.lower() not in drop]
 
 
 def response_headers(response):

@@ -6,7 +6,8 @@ a time as framing tests should be, and error-body reading.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import AdapterConfigError
-from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message, relay_headers
+from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message
+from iop.httpheaders import relay_headers
 
 
 def feed_bytewise(parser, data):

@@ -19,25 +19,14 @@ from iop.adapters.interface import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_error, write_json
 from iop.edge.service import RunSpec, ServiceError
+from iop.httpheaders import relay_headers
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
 
-#: Hop-by-hop headers never relayed from a provider to the caller
-#: (RFC 9110 section 7.6.1), plus the framing the Edge redoes itself.
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "date",
-    "server",
-}
+#: Framing headers the Edge's own HTTP server sets itself, besides the
+#: hop-by-hop ones: never copied from the provider's response.
+_OWN_HEADERS = ("content-length", "date", "server")
 
 
 def text_of(content):
@@ -252,9 +241,8 @@ class TunnelRelay:
     def headers(self, pairs):
         if self.call.gone:
             return
-        for name, value in pairs:
-            if name.lower() not in _HOP_BY_HOP:
-                self.request.responseHeaders.addRawHeader(name, value)
+        for name, value in relay_headers(pairs, _OWN_HEADERS):
+            self.request.responseHeaders.addRawHeader(name, value)
 
     def body(self, data):
         if not self.call.gone and data:

@@ -2,6 +2,7 @@
 The committed C{iop_pb2.py} must be exactly what C{iop.proto} generates.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,9 +21,7 @@ class DriftTests(SynchronousTestCase):
         Regenerating from the .proto gives the committed module byte for
         byte; run `make proto` after editing the schema.
         """
-        try:
-            import grpc_tools  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("grpc_tools") is None:
             raise SkipTest("grpcio-tools (a test dependency) is not installed")
         with tempfile.TemporaryDirectory() as out:
             subprocess.run(
