@@ -9,9 +9,9 @@ ending it returns its lease. Callers see it through a listener: an
 L{IRunListener} for runs, an L{ITunnelListener} for tunnels.
 """
 
+import json
 from dataclasses import dataclass
 
-from twisted.logger import Logger
 from zope.interface import Interface
 
 from iop.adapters.interface import CANCELLED, ERROR, TERMINAL_TYPES, ITunnelSink, RunEventData, RunFailure
@@ -74,8 +74,6 @@ class Dispatch:
     """
     Base class: the bookkeeping shared by runs and tunnels.
     """
-
-    log = Logger()
 
     def __init__(self, tracker, dispatch_id, placement, listener):
         self.tracker = tracker
@@ -164,7 +162,7 @@ class TunnelDispatch(Dispatch):
             self.tracker.publish_tunnel_usage(self, usage_to_json(usage))
             self.listener.usage(usage)
         elif which == "metadata_json":
-            self.listener.metadata(frame.metadata_json)
+            self.listener.metadata(json.loads(frame.metadata_json))
         elif which == "end":
             self.finish()
             self.listener.end()

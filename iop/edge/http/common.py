@@ -153,18 +153,18 @@ class JSONResource(Resource):
         if handler is None:
             write_error(request, HTTPError("method", f"{request.method.decode()} is not allowed here"))
             return NOT_DONE_YET
-        try:
-            (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
-            result = handler(request)
-        except ServiceError as e:
-            write_error(request, e)
-            return NOT_DONE_YET
-        if result is NOT_DONE_YET:
-            return NOT_DONE_YET
-        d = defer.maybeDeferred(lambda: result)
-        d.addCallback(lambda obj: write_json(request, 200, obj))
+        d = defer.maybeDeferred(self._handle, handler, request)
+        d.addCallback(self._respond, request)
         d.addErrback(self._failed, request)
         return NOT_DONE_YET
+
+    def _handle(self, handler, request):
+        (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        return handler(request)
+
+    def _respond(self, result, request):
+        if result is not NOT_DONE_YET:
+            write_json(request, 200, result)
 
     def _failed(self, failure, request):
         if not failure.check(ServiceError):
