@@ -40,6 +40,20 @@ def assert_gone(testcase, pid):
     testcase.assertRaises(ProcessLookupError, os.kill, pid, 0)
 
 
+@defer.inlineCallbacks
+def running(adapter, run):
+    """
+    Start C{run} on C{adapter} and wait for its first delta.
+
+    @return: a Deferred firing with C{(execute Deferred, events, process)}.
+    """
+    events = Events()
+    first = events.first("delta")
+    d = adapter.execute(run, events)
+    yield first
+    return d, events, adapter.running[run.run_id]
+
+
 class CLITestCase(TestCase):
     def adapter(self, **options):
         adapter = CLIAdapter("cli", 2, options, reactor)
@@ -109,11 +123,7 @@ class RunTests(CLITestCase):
         terminal, and the process is gone afterwards.
         """
         adapter = self.adapter(**python(HANG))
-        events = Events()
-        first = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield first
-        process = adapter.running["r1"]
+        d, events, process = yield running(adapter, run_input())
         d.cancel()
         yield self.assertFailure(d, defer.CancelledError)
         yield process.when_ended()
@@ -128,11 +138,7 @@ class RunTests(CLITestCase):
         grace_sec.
         """
         adapter = self.adapter(**python(STUBBORN, grace_sec=0.2))
-        events = Events()
-        first = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield first
-        process = adapter.running["r1"]
+        d, events, process = yield running(adapter, run_input())
         d.cancel()
         self.failureResultOf(d, defer.CancelledError)
         reason = yield process.when_ended()
@@ -158,11 +164,8 @@ class RunTests(CLITestCase):
         are gone; their runs end with adapter_stopped.
         """
         adapter = CLIAdapter("cli", 2, python(HANG), reactor)
-        events = Events()
-        first = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield first
-        pid = adapter.running["r1"].pid
+        d, events, process = yield running(adapter, run_input())
+        pid = process.pid
         yield adapter.stop()
         assert_gone(self, pid)
         yield d
@@ -202,11 +205,8 @@ class SessionTests(CLITestCase):
         session_terminated error, and forgets the session.
         """
         adapter = self.adapter(**python(HANG, sessions=True))
-        events = Events()
-        first = events.first("delta")
-        d = adapter.execute(run_input(session_id="s1"), events)
-        yield first
-        pid = adapter.running["r1"].pid
+        d, events, process = yield running(adapter, run_input(session_id="s1"))
+        pid = process.pid
         result = yield adapter.terminate_session("", "s1")
         self.assertEqual(result, {"terminated": True})
         assert_gone(self, pid)
