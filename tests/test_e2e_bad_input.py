@@ -9,6 +9,7 @@ import json
 import random
 import socket
 import struct
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,18 +41,20 @@ def frame(message):
 
 def closed_by_peer(sock, timeout=5.0):
     """
-    Whether the peer closed the connection (EOF or reset) within C{timeout}.
+    Whether the peer closed the connection (EOF or reset) within C{timeout}
+    (whatever it sent before, such as a refusal or heartbeats).
     """
-    sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
     try:
-        while True:
-            data = sock.recv(65536)
-            if not data:
+        while time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            if not sock.recv(65536):
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
     except socket.timeout:
         return False
+    return False
 
 
 def still_serving(edge):

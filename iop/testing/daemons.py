@@ -218,12 +218,14 @@ class Node(Daemon):
         super().__init__("iop-node", workdir, path)
 
 
-def sse_events(response):
+def sse_events(response, max_lines=100_000):
     """
-    Yield each C{data:} payload of a server-sent event stream as it comes.
+    Yield each C{data:} payload of a server-sent event stream as it comes,
+    until the stream ends. Each read is bounded by the connection's
+    timeout, the whole stream by C{max_lines}.
     """
     buffer = b""
-    while True:
+    for _ in range(max_lines):
         line = response.readline()
         if not line:
             return
@@ -233,6 +235,7 @@ def sse_events(response):
         elif line == b"" and buffer:
             yield buffer.decode("utf-8")
             buffer = b""
+    raise AssertionError(f"event stream still going after {max_lines} lines")
 
 
 def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
