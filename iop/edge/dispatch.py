@@ -51,7 +51,6 @@ class Placement:
     adapter_type: str
     target: str = ""
     lease: object = None
-    group: str | None = None
 
     @property
     def node_id(self):

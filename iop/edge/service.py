@@ -242,7 +242,7 @@ class EdgeService:
         if model is not None and self.pool.group(model) is not None:
             klass = self.pool.classify(model, input_chars)
             d = self.pool.acquire(model, klass)
-            d.addCallback(self._placement_from_lease, model)
+            d.addCallback(self._placement_from_lease)
             d.addErrback(self._pool_failure)
             return d
         try:
@@ -250,12 +250,12 @@ class EdgeService:
         except ServiceError as e:
             return defer.fail(e)
 
-    def _placement_from_lease(self, lease, group):
+    def _placement_from_lease(self, lease):
         link = self.registry.ready_link(lease.node_id)
         if link is None or link.generation != lease.generation:
             lease.release()
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
-        return Placement(link, lease.adapter, lease.adapter_type, lease.target, lease=lease, group=group)
+        return Placement(link, lease.adapter, lease.adapter_type, lease.target, lease=lease)
 
     def _pool_failure(self, failure):
         if failure.check(NoLiveProvider):
