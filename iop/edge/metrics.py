@@ -9,7 +9,8 @@ process (tests).
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.twisted import MetricsResource
+
+from iop.metricspage import MetricsPage
 
 
 class _ServiceCollector:
@@ -52,4 +53,4 @@ def build_metrics(service, bus):
             node_events.labels(payload["event"]).inc()
 
     bus.subscribe(observe)
-    return MetricsResource(registry=registry)
+    return MetricsPage(registry)

@@ -5,18 +5,15 @@ Each L{NodeMetrics} has its own C{CollectorRegistry} rather than the
 process-global one, so tests (and a process hosting several Nodes) can
 build as many as they like. The metrics are always collected; serving
 them over HTTP is optional (C{metrics} in C{node.yaml}).
-
-C{/metrics} is rendered by a small resource of our own instead of
-C{prometheus_client.twisted.MetricsResource}, which imports the global
-reactor and renders in a thread pool; rendering a few counters is cheap
-enough to do on the reactor thread.
 """
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+
+from iop.metricspage import MetricsPage
 
 
 class NodeMetrics:
@@ -58,22 +55,6 @@ class NodeMetrics:
         The current value of one sample (for tests and status output).
         """
         return self.registry.get_sample_value(name, labels or {})
-
-
-class MetricsPage(Resource):
-    """
-    The Prometheus text exposition of one registry.
-    """
-
-    isLeaf = True
-
-    def __init__(self, registry):
-        super().__init__()
-        self.registry = registry
-
-    def render_GET(self, request):
-        request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
-        return generate_latest(self.registry)
 
 
 def metricsService(reactor, description, metrics):

@@ -5,7 +5,8 @@ Node metrics: separate registries per instance and the /metrics page.
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
-from iop.node.metrics import MetricsPage, NodeMetrics
+from iop.metricspage import MetricsPage
+from iop.node.metrics import NodeMetrics
 
 
 class MetricsTests(SynchronousTestCase):
