@@ -30,14 +30,18 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.interface import (
+from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
+from iop.run import (
+    ADAPTER_STOPPED,
     COMPLETE,
     DELTA,
     ERROR,
+    EXIT_STATUS,
+    SESSION_BUSY,
+    SESSION_TERMINATED,
+    SPAWN_FAILED,
     START,
-    AdapterConfigError,
-    Capabilities,
-    IAdapter,
+    TIMEOUT,
     RunEventData,
     RunFailure,
 )
@@ -238,19 +242,19 @@ class CLIAdapter(AdapterBase):
         if self.sessions_enabled and run.session_id:
             session = self.sessions.get(run.session_id)
             if session is not None and session.process is not None:
-                emit(_error("session_busy", f"session {run.session_id} already has a run in progress"))
+                emit(_error(SESSION_BUSY, f"session {run.session_id} already has a run in progress"))
                 return defer.succeed(None)
         env = dict(os.environ, **self.env)
         argv = self._argv(run)
         executable = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
         if executable is None:
-            emit(_error("spawn_failed", f"command not found: {argv[0]}"))
+            emit(_error(SPAWN_FAILED, f"command not found: {argv[0]}"))
             return defer.succeed(None)
         process = _RunProcess(emit, _text(run.last_user_text()).encode("utf-8"))
         try:
             self.reactor.spawnProcess(process, executable, argv, env=env, path=self.cwd)
         except OSError as e:
-            emit(_error("spawn_failed", f"cannot start {argv[0]}: {e}"))
+            emit(_error(SPAWN_FAILED, f"cannot start {argv[0]}: {e}"))
             return defer.succeed(None)
         self.log.debug(
             "adapter {adapter} run {run_id} started pid {pid}", adapter=self.name, run_id=run.run_id, pid=process.pid
@@ -284,11 +288,11 @@ class CLIAdapter(AdapterBase):
 
     def _terminal(self, process, end):
         if process.outcome == "timeout":
-            return _error("timeout", f"killed after timeout_sec={self.timeout}")
+            return _error(TIMEOUT, f"killed after timeout_sec={self.timeout}")
         if process.outcome == "terminated":
-            return _error("session_terminated", "the run's session was terminated")
+            return _error(SESSION_TERMINATED, "the run's session was terminated")
         if process.outcome == "stopped":
-            return _error("adapter_stopped", f"adapter {self.name} was stopped")
+            return _error(ADAPTER_STOPPED, f"adapter {self.name} was stopped")
         code, sig = getattr(end, "exitCode", None), getattr(end, "signal", None)
         if code == 0:
             return RunEventData(COMPLETE)
@@ -297,7 +301,7 @@ class CLIAdapter(AdapterBase):
             what, status = f"killed by signal {_signal_name(sig)}", -(sig or 0)
         else:
             what, status = f"exit status {code}", code
-        return _error("exit_status", f"{what}: {tail}" if tail else what, status)
+        return _error(EXIT_STATUS, f"{what}: {tail}" if tail else what, status)
 
     def terminate_session(self, target, session_id):
         """

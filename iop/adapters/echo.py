@@ -12,7 +12,8 @@ from twisted.internet import defer, task
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.interface import COMPLETE, DELTA, START, AdapterConfigError, IAdapter, RunEventData, Usage
+from iop.adapters.interface import AdapterConfigError, IAdapter
+from iop.run import COMPLETE, DELTA, START, RunEventData, Usage
 
 _WORD = re.compile(r"\S+\s*|\s+")
 

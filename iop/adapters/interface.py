@@ -2,8 +2,8 @@
 What a back end looks like to a Node.
 
 Adapters know nothing of the wire or the Edge: they turn a L{RunInput} into
-a sequence of L{RunEventData} (normalized runs) or relay a provider's raw
-HTTP response into an L{ITunnelSink} (tunnels). The Node session puts both
+a sequence of L{iop.run.RunEventData} (normalized runs) or relay a provider's raw
+HTTP response into an L{iop.run.ITunnelSink} (tunnels). The Node session puts both
 on the wire.
 
 Cancellation is Twisted's: the Deferred returned by C{execute} or C{tunnel}
@@ -15,58 +15,6 @@ enforces the capacity gate.
 from dataclasses import dataclass, field
 
 from zope.interface import Attribute, Interface
-
-#: Event types a run may emit; the last three are terminals.
-START = "start"
-DELTA = "delta"
-REASONING_DELTA = "reasoning_delta"
-COMPLETE = "complete"
-ERROR = "error"
-CANCELLED = "cancelled"
-TERMINAL_TYPES = frozenset({COMPLETE, ERROR, CANCELLED})
-EVENT_TYPES = frozenset({START, DELTA, REASONING_DELTA}) | TERMINAL_TYPES
-
-
-@dataclass
-class Usage:
-    """
-    Token counts exactly as the provider reported them.
-
-    The breakdown fields are C{None} unless the provider reported them:
-    absent is not zero, and nothing here is ever estimated.
-    """
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int | None = None
-    cached_input_tokens: int | None = None
-
-
-@dataclass
-class RunFailure:
-    """
-    Why a run ended in C{error}.
-
-    @ivar code: a short machine-readable reason (C{provider_error},
-        C{capacity_exceeded}, C{exit_status}, C{node_disconnected}, ...).
-    @ivar status: the provider's HTTP status or the process exit code.
-    """
-
-    code: str
-    message: str
-    status: int = 0
-
-
-@dataclass
-class RunEventData:
-    """
-    One event of a normalized run, as an adapter emits it.
-    """
-
-    type: str
-    text: str = ""
-    usage: Usage | None = None
-    error: RunFailure | None = None
 
 
 @dataclass
@@ -140,29 +88,6 @@ class AdapterConfigError(ValueError):
     """
 
 
-class ITunnelSink(Interface):
-    """
-    Where a tunnel's provider response goes, in order: C{status}, then
-    C{headers}, then any number of C{body} calls. C{usage} and C{metadata}
-    are side observations and may come at any point after C{headers}.
-    """
-
-    def status(code):
-        """The provider's HTTP status code."""
-
-    def headers(pairs):
-        """The provider's response headers as C{[(name, value)]}."""
-
-    def body(data):
-        """Raw response bytes, exactly as they arrived."""
-
-    def usage(usage):
-        """A L{Usage} parsed from the relayed stream."""
-
-    def metadata(info):
-        """Other observations (model name, finish reason) as a dict."""
-
-
 class IAdapter(Interface):
     """
     One configured back end on a Node.
@@ -200,7 +125,7 @@ class IAdapter(Interface):
     def tunnel(request, sink):
         """
         Relay the raw provider response to C{request} (a L{TunnelInput})
-        into C{sink} (an L{ITunnelSink}).
+        into C{sink} (an L{iop.run.ITunnelSink}).
 
         @return: a cancellable Deferred firing when the body is complete;
             cancelling it closes the provider connection.

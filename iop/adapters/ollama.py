@@ -10,8 +10,9 @@ Ollama is not an OpenAI tunnel target: its runs are always normalized.
 from twisted.internet import defer
 from zope.interface import implementer
 
-from iop.adapters.interface import DELTA, REASONING_DELTA, Capabilities, IAdapter, RunEventData, Usage
+from iop.adapters.interface import Capabilities, IAdapter
 from iop.adapters.streams import HTTPAdapter, NDJSONParser, ProviderError
+from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
 #: model options and go under C{options}.

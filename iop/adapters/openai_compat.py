@@ -16,7 +16,7 @@ import json
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.adapters.interface import DELTA, REASONING_DELTA, Capabilities, IAdapter, RunEventData, Usage
+from iop.adapters.interface import Capabilities, IAdapter
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
     HTTPAdapter,
@@ -26,6 +26,7 @@ from iop.adapters.streams import (
     response_headers,
 )
 from iop.httpheaders import relay_headers
+from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
 
 #: Request headers a tunnel never forwards: they describe the hop or are
 #: set by the HTTP client (treq asks for gzip itself and inflates it, so

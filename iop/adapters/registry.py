@@ -1,25 +1,14 @@
 """
 Adapter types by name, and building an adapter instance from its config.
 
-Types are named by dotted path so that importing the registry does not
-import every back end's dependencies.
+The catalogue of types (L{iop.run.ADAPTER_TYPES}) names each class by
+dotted path, so that importing it does not import every back end.
 """
 
 from twisted.python.reflect import namedAny
 
 from iop.adapters.interface import AdapterConfigError
-
-ADAPTER_TYPES = {
-    "echo": "iop.adapters.echo.EchoAdapter",
-    "openai_compat": "iop.adapters.openai_compat.OpenAICompatAdapter",
-    "vllm": "iop.adapters.vllm.VLLMAdapter",
-    "ollama": "iop.adapters.ollama.OllamaAdapter",
-    "cli": "iop.adapters.cli.CLIAdapter",
-}
-
-#: Types whose back end speaks OpenAI-compatible HTTP: the Edge sends their
-#: OpenAI-surface requests as raw provider tunnels.
-TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
+from iop.run import ADAPTER_TYPES
 
 
 def build_adapter(name, type, max_concurrency, options, reactor):

@@ -37,7 +37,8 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
 from iop.httpheaders import relay_headers
-from iop.adapters.interface import COMPLETE, ERROR, START, AdapterConfigError, RunEventData, RunFailure
+from iop.adapters.interface import AdapterConfigError
+from iop.run import COMPLETE, ERROR, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE, START, RunEventData, RunFailure
 
 #: How much of an error response body is kept for the error message.
 ERROR_BODY_LIMIT = 64 * 1024
@@ -52,7 +53,7 @@ class ProviderError(Exception):
     inside the stream). C{code} becomes L{RunFailure.code}.
     """
 
-    code = "provider_error"
+    code = PROVIDER_ERROR
 
     def __init__(self, message, status=0):
         super().__init__(message)
@@ -70,7 +71,7 @@ class ProviderStalled(ProviderError):
     hung back end cannot hold capacity forever.
     """
 
-    code = "provider_timeout"
+    code = PROVIDER_TIMEOUT
 
 
 class ProviderUnreachable(ProviderError):
@@ -79,7 +80,7 @@ class ProviderUnreachable(ProviderError):
     before a response arrived.
     """
 
-    code = "provider_unreachable"
+    code = PROVIDER_UNREACHABLE
 
 
 # -- incremental parsers ------------------------------------------------------

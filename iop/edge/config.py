@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from iop.adapters.registry import ADAPTER_TYPES
+from iop.run import ADAPTER_TYPES
 from iop.config import ConfigError, load_yaml
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from zope.interface import Interface
 
-from iop.adapters.interface import CANCELLED, ERROR, TERMINAL_TYPES, ITunnelSink, RunEventData, RunFailure
-from iop.adapters.registry import TUNNEL_TYPES
+from iop.run import CANCELLED, ERROR, TERMINAL_TYPES, TUNNEL_TYPES, ITunnelSink, RunEventData, RunFailure
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
 

@@ -13,21 +13,20 @@ import json
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from iop.adapters.interface import (
+from iop.adapters.interface import RunInput
+from iop.node.work import Refused, Work, admit
+from iop.protocols.convert import event_to_wire
+from iop.run import (
+    ADAPTER_ERROR,
     CANCELLED,
     COMPLETE,
     ERROR,
     EVENT_TYPES,
+    INVALID_REQUEST,
     TERMINAL_TYPES,
     RunEventData,
     RunFailure,
-    RunInput,
 )
-from iop.node.work import Refused, Work, admit
-from iop.protocols.convert import event_to_wire
-
-ADAPTER_ERROR = "adapter_error"
-INVALID_REQUEST = "invalid_request"
 
 
 class BadRequest(ValueError):

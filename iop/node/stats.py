@@ -6,7 +6,7 @@ and tunnels' usage observations); nothing is estimated. The book lives as
 long as the process, across reconnects.
 """
 
-from iop.adapters.interface import CANCELLED, COMPLETE, ERROR
+from iop.run import CANCELLED, COMPLETE, ERROR
 
 
 class UsageBook:
@@ -26,7 +26,7 @@ class UsageBook:
 
     def usage(self, adapter, usage):
         """
-        Add one reported L{iop.adapters.interface.Usage}.
+        Add one reported L{iop.run.Usage}.
         """
         entry = self._entry(adapter)
         entry["input_tokens"] += usage.input_tokens

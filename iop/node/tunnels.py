@@ -16,15 +16,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.adapters.interface import ITunnelSink, NotSupported, TunnelInput
+from iop.adapters.interface import NotSupported, TunnelInput
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
-from iop.node.runs import ADAPTER_ERROR
 from iop.node.work import Refused, Work, admit
-
-TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
-CANCELLED = "cancelled"
+from iop.run import ADAPTER_ERROR, CANCELLED, TUNNEL_NOT_SUPPORTED, ITunnelSink
 
 
 def tunnel_input(request):

@@ -13,6 +13,8 @@ outlive the session it served, or its capacity slot would leak.
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from iop.run import CAPACITY_EXCEEDED, UNKNOWN_ADAPTER
+
 
 class Inflight:
     def __init__(self):
@@ -44,10 +46,6 @@ class Inflight:
     def cancelAll(self, reason=None):
         for work in list(self._work.values()):
             work.cancel(reason)
-
-
-UNKNOWN_ADAPTER = "unknown_adapter"
-CAPACITY_EXCEEDED = "capacity_exceeded"
 
 
 class Refused(Exception):

@@ -1,10 +1,10 @@
 """
 Conversions between wire messages and the plain data classes that the
-rest of the code uses (L{iop.adapters.interface}), kept in one place so
+rest of the code uses (L{iop.run}), kept in one place so
 that "absent is not zero" for the usage breakdown holds everywhere.
 """
 
-from iop.adapters.interface import RunEventData, RunFailure, Usage
+from iop.run import RunEventData, RunFailure, Usage
 from iop.protocols import iop_pb2
 
 _BREAKDOWN = ("reasoning_tokens", "cached_input_tokens")

@@ -8,9 +8,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from iop.adapters.echo import EchoAdapter, words
-from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput, Usage
+from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput
 from iop.adapters.registry import build_adapter
 from iop.adapters.test.providers import Events
+from iop.run import Usage
 
 
 def run_input(text):

@@ -16,11 +16,12 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
-from iop.adapters.interface import RunInput, TunnelInput, Usage
+from iop.adapters.interface import RunInput, TunnelInput
 from iop.adapters.ollama import OllamaAdapter
 from iop.adapters.openai_compat import OpenAICompatAdapter
 from iop.adapters.test.providers import Events, Sink
 from iop.adapters.vllm import VLLMAdapter
+from iop.run import Usage
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "fake_providers.py")
 

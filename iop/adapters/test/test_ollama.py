@@ -9,9 +9,10 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.interface import IAdapter, NotSupported, RunFailure, RunInput, TunnelInput, Usage
+from iop.adapters.interface import IAdapter, NotSupported, RunInput, TunnelInput
 from iop.adapters.ollama import OllamaAdapter
 from iop.adapters.test.providers import Events, Routes, Script, serve
+from iop.run import RunFailure, Usage
 
 
 def line(content="", thinking=None, **extra):

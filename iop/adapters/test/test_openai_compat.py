@@ -10,10 +10,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.interface import AdapterConfigError, IAdapter, RunFailure, RunInput, TunnelInput, Usage
+from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
 from iop.adapters.openai_compat import OpenAICompatAdapter
 from iop.adapters.streams import ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, Sink, chunk, closed_port, serve, sse
+from iop.run import RunFailure, Usage
 
 SSE_HEADERS = [("Content-Type", "text/event-stream")]
 

@@ -9,10 +9,11 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.interface import IAdapter, NotSupported, RunInput, Usage
+from iop.adapters.interface import IAdapter, NotSupported, RunInput
 from iop.adapters.streams import ProviderError
 from iop.adapters.test.providers import Events, Routes, Script, chunk, serve, sse
 from iop.adapters.vllm import VLLMAdapter
+from iop.run import Usage
 
 
 class VLLMTests(TestCase):

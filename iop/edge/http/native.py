@@ -13,7 +13,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.adapters.interface import TERMINAL_TYPES
+from iop.run import TERMINAL_TYPES
 from iop.edge.dispatch import IRunListener
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, NotFound, read_json, write_json
 from iop.edge.http.openai import parse_messages

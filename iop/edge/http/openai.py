@@ -15,7 +15,7 @@ import json
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.adapters.interface import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
+from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_error, write_json
 from iop.edge.service import RunSpec, ServiceError

@@ -69,7 +69,7 @@ class CommandTests(SynchronousTestCase):
         """
         C{usage_status} reports per-adapter token totals and run outcomes.
         """
-        from iop.adapters.interface import COMPLETE, RunEventData, Usage
+        from iop.run import COMPLETE, RunEventData, Usage
 
         self.edge.wire.send(runRequest("r1"))
         self.pump.flush()

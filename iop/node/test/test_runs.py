@@ -8,7 +8,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.adapters.interface import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
 from iop.node.runs import run_input
 from iop.node.test.fakes import RecordingStore, adapterConfig, readyNode, runRequest
 from iop.protocols import iop_pb2

@@ -5,10 +5,11 @@ frame, cancellation, and refusals.
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.adapters.interface import NotSupported, Usage
+from iop.adapters.interface import NotSupported
 from iop.node.test.fakes import adapterConfig, readyNode, tunnelRequest
 from iop.protocols import iop_pb2
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
+from iop.run import Usage
 
 
 def frames(edge, tunnel_id="t1"):

@@ -1,0 +1,167 @@
+"""
+The run vocabulary: what every layer of iop says about a piece of work.
+
+This module is the ground floor. The wire (L{iop.protocols}), the Edge,
+the Node and the adapters all import it, and it imports none of them, so
+the Edge can speak of runs without importing a single back end.
+
+It holds:
+
+  - the event types of a normalized run and which of them are terminals;
+  - L{Usage}, L{RunFailure} and L{RunEventData}, the plain data that
+    adapters emit, the Node puts on the wire and the Edge renders;
+  - L{ITunnelSink}, where a provider tunnel's raw response goes;
+  - the adapter-type catalogue (L{ADAPTER_TYPES}, L{TUNNEL_TYPES});
+  - every failure code a run or tunnel can end with (L{FAILURE_CODES}).
+"""
+
+from dataclasses import dataclass
+
+from zope.interface import Interface
+
+# -- event types --------------------------------------------------------------
+
+#: Event types a run may emit, in this order: C{start}, any number of
+#: C{delta} / C{reasoning_delta}, then exactly one terminal.
+START = "start"
+DELTA = "delta"
+REASONING_DELTA = "reasoning_delta"
+COMPLETE = "complete"
+ERROR = "error"
+CANCELLED = "cancelled"
+TERMINAL_TYPES = frozenset({COMPLETE, ERROR, CANCELLED})
+EVENT_TYPES = frozenset({START, DELTA, REASONING_DELTA}) | TERMINAL_TYPES
+
+
+# -- the data of a run ----------------------------------------------------------
+
+
+@dataclass
+class Usage:
+    """
+    Token counts exactly as the provider reported them.
+
+    The breakdown fields are C{None} unless the provider reported them:
+    absent is not zero, and nothing here is ever estimated.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+
+@dataclass
+class RunFailure:
+    """
+    Why a run or tunnel ended in C{error} (or C{cancelled}).
+
+    @ivar code: one of L{FAILURE_CODES}.
+    @ivar status: the provider's HTTP status or the process exit code,
+        when there is one; 0 otherwise.
+    """
+
+    code: str
+    message: str
+    status: int = 0
+
+
+@dataclass
+class RunEventData:
+    """
+    One event of a normalized run, as an adapter emits it.
+    """
+
+    type: str
+    text: str = ""
+    usage: Usage | None = None
+    error: RunFailure | None = None
+
+
+class ITunnelSink(Interface):
+    """
+    Where a tunnel's provider response goes, in order: C{status}, then
+    C{headers}, then any number of C{body} calls. C{usage} and C{metadata}
+    are side observations and may come at any point after C{headers}.
+    """
+
+    def status(code):
+        """The provider's HTTP status code."""
+
+    def headers(pairs):
+        """The provider's response headers as C{[(name, value)]}."""
+
+    def body(data):
+        """Raw response bytes, exactly as they arrived."""
+
+    def usage(usage):
+        """A L{Usage} parsed from the relayed stream."""
+
+    def metadata(info):
+        """Other observations (model name, finish reason) as a dict."""
+
+
+# -- adapter types ----------------------------------------------------------------
+
+#: Adapter types by name, each the dotted path of its class: naming a type
+#: (in config validation, on the Edge) never imports a back end.
+ADAPTER_TYPES = {
+    "echo": "iop.adapters.echo.EchoAdapter",
+    "openai_compat": "iop.adapters.openai_compat.OpenAICompatAdapter",
+    "vllm": "iop.adapters.vllm.VLLMAdapter",
+    "ollama": "iop.adapters.ollama.OllamaAdapter",
+    "cli": "iop.adapters.cli.CLIAdapter",
+}
+
+#: Types whose back end speaks OpenAI-compatible HTTP: the Edge sends their
+#: OpenAI-surface requests as raw provider tunnels.
+TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
+
+
+# -- failure codes ------------------------------------------------------------------
+
+#: Where the work was refused or lost (Node and Edge).
+UNKNOWN_ADAPTER = "unknown_adapter"
+CAPACITY_EXCEEDED = "capacity_exceeded"
+NODE_DRAINING = "node_draining"
+NODE_DISCONNECTED = "node_disconnected"
+SEND_FAILED = "send_failed"
+SHUTTING_DOWN = "shutting_down"
+INVALID_REQUEST = "invalid_request"
+TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
+ADAPTER_ERROR = "adapter_error"
+#: The back end's own failures (HTTP adapters).
+PROVIDER_ERROR = "provider_error"
+PROVIDER_TIMEOUT = "provider_timeout"
+PROVIDER_UNREACHABLE = "provider_unreachable"
+#: A command-line back end's failures.
+SPAWN_FAILED = "spawn_failed"
+EXIT_STATUS = "exit_status"
+TIMEOUT = "timeout"
+SESSION_BUSY = "session_busy"
+SESSION_TERMINATED = "session_terminated"
+ADAPTER_STOPPED = "adapter_stopped"
+
+#: Every failure code a run or tunnel may end with: code -> (who says it,
+#: what it means). C{cancelled} is the code of every C{cancelled} terminal.
+FAILURE_CODES = {
+    CANCELLED: ("Node, Edge", "the caller, the Edge or a drain cancelled the work"),
+    UNKNOWN_ADAPTER: ("Node", "no adapter of that name on the node"),
+    CAPACITY_EXCEEDED: ("Node", "the adapter's gate is at max_concurrency"),
+    NODE_DRAINING: ("Node", "the node is shutting down and takes no new work"),
+    INVALID_REQUEST: ("Node", "the run request could not be read (bad options JSON, ...)"),
+    TUNNEL_NOT_SUPPORTED: ("Node", "the adapter has no raw HTTP back end"),
+    ADAPTER_ERROR: ("Node", "the adapter failed in an unexpected way"),
+    NODE_DISCONNECTED: ("Edge", "the node's connection was lost mid-work"),
+    SEND_FAILED: ("Edge", "the request could not be sent to the node"),
+    SHUTTING_DOWN: ("Edge", "the Edge is draining: queued work refused, in-flight work past the grace cancelled"),
+    PROVIDER_ERROR: ("adapter", "the provider answered an error status or broke the stream"),
+    PROVIDER_TIMEOUT: ("adapter", "the provider sent nothing for idle_timeout_sec"),
+    PROVIDER_UNREACHABLE: ("adapter", "the provider could not be connected to"),
+    SPAWN_FAILED: ("cli adapter", "the command could not be started"),
+    EXIT_STATUS: ("cli adapter", "the command exited non-zero (status = exit code)"),
+    TIMEOUT: ("cli adapter", "the command ran past timeout_sec and was killed"),
+    SESSION_BUSY: ("cli adapter", "the session already has a run in progress"),
+    SESSION_TERMINATED: ("cli adapter", "the run's session was terminated"),
+    ADAPTER_STOPPED: ("cli adapter", "the adapter was stopped under the run"),
+}
