@@ -32,6 +32,24 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # response is relayed as several frames and never starves heartbeats.
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
+#: The wire-protocol version this code speaks. Version 2 added draining
+#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves.
+WIRE_VERSION = 2
+#: The oldest version an Edge still serves. A Node that sends no version
+#: predates versioning and is version 1. The rule (docs/wire.md): the Edge
+#: serves every version from L{OLDEST_WIRE_VERSION} to L{WIRE_VERSION} and
+#: never sends a message newer than the Node's version; anything else is
+#: refused with C{INCOMPATIBLE_VERSION}.
+OLDEST_WIRE_VERSION = 1
+
+
+def peer_wire_version(register_request):
+    """
+    The version a C{RegisterRequest} declares (an absent field is 1).
+    """
+    return register_request.wire_version or 1
+
+
 _FIELD_BY_TYPE = {
     field.message_type.full_name: field.name
     for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
