@@ -37,13 +37,19 @@ def on_stop_signals(reactor, stop):
     on_signals(reactor, (signal.SIGTERM, signal.SIGINT), lambda message: stop(f"{message}, shutting down"))
 
 
-def exit_zero_on_stop_signals(reactor):
+def stop_then_hurry(reactor, hurry):
     """
-    SIGTERM/SIGINT stop the reactor, and the process exits 0.
+    The first SIGTERM/SIGINT stops the reactor (services drain in their
+    C{stopService}) and the process exits 0; any later one calls
+    C{hurry()} to end the drain at once.
     """
-    on_stop_signals(reactor, lambda message: _stop(reactor))
+    signals = []
 
+    def stop(message):
+        signals.append(message)
+        if len(signals) > 1:
+            hurry()
+        elif reactor.running:
+            reactor.stop()
 
-def _stop(reactor):
-    if reactor.running:
-        reactor.stop()
+    on_stop_signals(reactor, stop)

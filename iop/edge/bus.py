@@ -15,6 +15,7 @@ from twisted.logger import Logger
 #: Node lifecycle event kinds.
 REGISTERED = "registered"
 READY = "ready"
+DRAINING = "draining"
 DISCONNECTED = "disconnected"
 REJECTED = "rejected"
 

@@ -63,6 +63,8 @@ class EdgeConfig:
     admin_keys: frozenset = frozenset()
     manhole: ManholeSpec | None = None
     run_grace_sec: float = 10.0
+    #: How long a stopping Edge lets work in flight finish before ending it.
+    shutdown_grace_sec: float = 30.0
 
     def node(self, node_id):
         for node in self.nodes:
@@ -91,7 +93,7 @@ def load(path):
 
 
 def parse(top):
-    top.unknown({"listen", "heartbeat", "nodes", "model_groups", "api_keys", "admin_keys", "manhole", "metrics", "run_grace_sec"})
+    top.unknown({"listen", "heartbeat", "nodes", "model_groups", "api_keys", "admin_keys", "manhole", "metrics", "run_grace_sec", "shutdown_grace_sec"})
     listen = top.section("listen")
     listen.unknown({"nodes", "http"})
     heartbeat = top.section("heartbeat", None)
@@ -105,6 +107,7 @@ def parse(top):
         api_keys=frozenset(_strings(top, "api_keys")),
         admin_keys=frozenset(_strings(top, "admin_keys")),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
+        shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")

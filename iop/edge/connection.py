@@ -1,28 +1,29 @@
 """
 The Edge's end of one Node connection: an L{IWireReceiver} that turns wire
-messages into L{EdgeService} calls, enforcing what each connection state
-may send.
+messages into L{iop.edge.links.NodeLinks} calls, enforcing what each
+connection state may send.
 
 States: C{new} (only C{RegisterRequest}), C{pending} (registered; only
 C{NodeReadyRequest}), C{ready} (results of work: run events, tunnel frames,
-command and cancel answers; a repeated ready is acknowledged). Anything
-else closes the connection as a protocol violation.
+command and cancel answers, the Node's draining notice; a repeated ready is
+acknowledged). Anything else closes the connection as a protocol
+violation.
 """
 
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.protocols.wire import IWireReceiver, ProtocolViolation
+from iop.protocols.wire import IWireReceiver, ProtocolViolation, peer_wire_version
 
-_READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response"}
+_READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response", "node_draining"}
 
 
 @implementer(IWireReceiver)
 class EdgeNodeConnection:
     log = Logger()
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, links):
+        self.links = links
         self.wire = None
         self.link = None
         self.state = "new"
@@ -43,7 +44,7 @@ class EdgeNodeConnection:
     def _register(self, message):
         if self.state != "new":
             raise ProtocolViolation("already registered on this connection")
-        self.link, response = self.service.register(message.token, self.wire)
+        self.link, response = self.links.register(message.token, peer_wire_version(message), self.wire)
         self.wire.send(response)
         if self.link is None:
             self.state = "refused"
@@ -54,22 +55,24 @@ class EdgeNodeConnection:
     def _ready(self, message):
         if self.state not in ("pending", "ready"):
             raise ProtocolViolation(f"ready before registration (state {self.state})")
-        response, first = self.service.ready(self.link, message.node_id)
+        response, first = self.links.ready(self.link, message.node_id)
         self.wire.send(response)
         if response.ready:
             self.state = "ready"
         if first:
-            self.service.activate(self.link)
+            self.links.activate(self.link)
 
     def _result(self, kind, message):
         if kind == "run_event":
-            self.service.run_event(self.link, message)
+            self.links.run_event(self.link, message)
         elif kind == "provider_tunnel_frame":
-            self.service.tunnel_frame(self.link, message)
+            self.links.tunnel_frame(self.link, message)
+        elif kind == "node_draining":
+            self.links.node_draining(self.link, message)
         else:
-            self.service.request_answered(self.link, message.request_id, message)
+            self.links.answered(self.link, message.request_id, message)
 
     def wireLost(self, reason):
         if self.link is not None:
             why = self.wire.closeReason or reason.getErrorMessage()
-            self.service.lost(self.link, why)
+            self.links.lost(self.link, why)

@@ -12,11 +12,23 @@ L{IRunListener} for runs, an L{ITunnelListener} for tunnels.
 import json
 from dataclasses import dataclass
 
+from twisted.logger import Logger
 from zope.interface import Interface
 
-from iop.run import CANCELLED, ERROR, TERMINAL_TYPES, TUNNEL_TYPES, ITunnelSink, RunEventData, RunFailure
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
+from iop.run import (
+    CANCELLED,
+    ERROR,
+    NODE_DISCONNECTED,
+    SEND_FAILED,
+    SHUTTING_DOWN,
+    TERMINAL_TYPES,
+    TUNNEL_TYPES,
+    ITunnelSink,
+    RunEventData,
+    RunFailure,
+)
 
 
 class IRunListener(Interface):
@@ -71,7 +83,11 @@ class Placement:
 class Dispatch:
     """
     Base class: the bookkeeping shared by runs and tunnels.
+
+    @ivar tracker: the L{iop.edge.inflight.Inflight} table this belongs to.
     """
+
+    log = Logger()
 
     def __init__(self, tracker, dispatch_id, placement, listener):
         self.tracker = tracker
@@ -98,13 +114,30 @@ class Dispatch:
         try:
             self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
         except Exception as e:
-            self.fail("send_failed", f"could not send cancel: {e}")
+            self.fail(SEND_FAILED, f"could not send cancel: {e}")
             return
         self._grace = self.tracker.clock.callLater(grace, self.cancelled_locally)
 
     def cancelled_locally(self):
         self._grace = None
         self.end_cancelled("cancelled; the node did not confirm in time")
+
+    def shut_down(self, message):
+        """
+        The Edge is stopping and this work outlived the grace: ask the Node
+        to cancel (best effort) and end it here at once with a
+        C{shutting_down} terminal, so the caller gets a proper ending.
+        """
+        if self.done:
+            return
+        try:
+            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+        except Exception as e:
+            self.log.info("cancel of {id} not sent while shutting down: {error}", id=self.id, error=e)
+        self.end_cancelled(message, SHUTTING_DOWN)
+
+    def node_lost(self, message):
+        self.fail(NODE_DISCONNECTED, message)
 
     def finish(self):
         """
@@ -135,8 +168,8 @@ class RunDispatch(Dispatch):
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
 
-    def end_cancelled(self, message):
-        self.deliver(RunEventData(CANCELLED, error=RunFailure(code="cancelled", message=message)))
+    def end_cancelled(self, message, code=CANCELLED):
+        self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
 
 
 class TunnelDispatch(Dispatch):
@@ -160,7 +193,12 @@ class TunnelDispatch(Dispatch):
             self.tracker.publish_tunnel_usage(self, usage_to_json(usage))
             self.listener.usage(usage)
         elif which == "metadata_json":
-            self.listener.metadata(json.loads(frame.metadata_json))
+            try:
+                info = json.loads(frame.metadata_json)
+            except ValueError:
+                self.log.warn("tunnel {id}: metadata from the node is not JSON; ignored", id=self.id)
+                return
+            self.listener.metadata(info)
         elif which == "end":
             self.finish()
             self.listener.end()
@@ -171,5 +209,5 @@ class TunnelDispatch(Dispatch):
         if self.finish():
             self.listener.error(RunFailure(code=code, message=message, status=status))
 
-    def end_cancelled(self, message):
-        self.fail("cancelled", message)
+    def end_cancelled(self, message, code=CANCELLED):
+        self.fail(code, message)

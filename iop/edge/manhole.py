@@ -33,8 +33,8 @@ def manhole_factory(users, namespace, host_key_path=HOST_KEY):
     return factory
 
 
-def manhole_service(spec, namespace):
+def manhole_service(spec, namespace, reactor):
     """
     @param spec: the L{iop.edge.config.ManholeSpec}.
     """
-    return strports.service(spec.listen, manhole_factory(spec.users, namespace))
+    return strports.service(spec.listen, manhole_factory(spec.users, namespace), reactor=reactor)

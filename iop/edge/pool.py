@@ -1,5 +1,5 @@
 """
-Provider pools, leases and the wait queue of the Edge (SPEC section 8).
+Provider pools, leases and the wait queue of the Edge.
 
 Ownership
 =========
@@ -215,6 +215,7 @@ class _Resource:
     def __init__(self, spec):
         self.spec = spec
         self.generation = None
+        self.draining = False
         self.in_use = {NORMAL: 0, LONG: 0}
         self.leases = {}  # Lease -> None, in grant order
 
@@ -223,10 +224,10 @@ class _Resource:
         return self.generation is not None
 
     def candidate(self, klass):
-        return self.live and self.spec.capacity(klass) > 0
+        return self.live and not self.draining and self.spec.capacity(klass) > 0
 
     def room(self, klass):
-        if not self.live:
+        if not self.live or self.draining:
             return 0
         return self.spec.capacity(klass) - self.in_use[klass]
 
@@ -254,6 +255,7 @@ class _Resource:
         self.leases.clear()
         self.in_use = {NORMAL: 0, LONG: 0}
         self.generation = generation
+        self.draining = False
         return returned
 
 
@@ -350,7 +352,7 @@ class ProviderPool:
                     "node": spec.node_id,
                     "id": spec.provider_id,
                     "adapter": spec.adapter,
-                    "status": "available" if live else "unavailable",
+                    "status": ("draining" if resource.draining else "available") if live else "unavailable",
                     "health": "ok" if live else "offline",
                     "capacity": {k: spec.capacity(k) if live else 0 for k in CLASSES},
                     "in_use": {k: resource.in_use[k] for k in CLASSES},
@@ -504,6 +506,42 @@ class ProviderPool:
             )
         self._pump()
 
+    def node_draining(self, node_id, generation):
+        """
+        The Node's live C{generation} is shutting down: its resources keep
+        their leases (returned as the work ends) but take no new ones, and
+        every waiter left without a live candidate fails at once.
+        """
+        resources = self._byNode.get(node_id, ())
+        if not resources or resources[0].generation != generation:
+            return
+        for resource in resources:
+            resource.draining = True
+        self._fail_waiters(lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None)
+
+    def fail_waiters(self, error):
+        """
+        Fail every queued waiter with C{error} (the Edge is shutting down).
+        """
+        self._fail_waiters(lambda waiter: True, error)
+
+    def _fail_waiters(self, condition, error):
+        """
+        Take every waiter meeting C{condition} out of its queue, then fail
+        each with C{error} (C{None}: L{NoLiveProvider} for its group).
+
+        @return: how many failed.
+        """
+        failed = []
+        for waiter in self._waiters():
+            if condition(waiter):
+                self._dequeue(waiter)
+                failed.append(waiter)
+        for waiter in failed:
+            if not waiter.deferred.called:  # not cancelled by an earlier errback
+                waiter.deferred.errback(error or self._unavailable(self._groups[waiter.group], waiter.klass))
+        return len(failed)
+
     def nodeDisconnected(self, node_id, generation):
         """
         The Node's C{generation} is gone. If it is the live one: return its
@@ -516,18 +554,11 @@ class ProviderPool:
                            node=node_id, generation=generation)
             return
         returned = sum(resource.setGeneration(None) for resource in resources)
-        failed = []
-        for waiter in self._waiters():
-            if not self._hasCandidate(self._groups[waiter.group], waiter.klass):
-                self._dequeue(waiter)
-                failed.append(waiter)
+        failed = self._fail_waiters(lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None)
         self.log.info(
             "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",
             node=node_id,
             generation=generation,
             count=returned,
-            failed=len(failed),
+            failed=failed,
         )
-        for waiter in failed:
-            if not waiter.deferred.called:  # not cancelled by an earlier errback
-                waiter.deferred.errback(self._unavailable(self._groups[waiter.group], waiter.klass))

@@ -6,7 +6,7 @@ generations. A generation numbers each accepted registration of a node; it
 is internal to the Edge (never on the wire or in config) and is what lets
 the Edge ignore anything a stale connection says or suffers.
 
-Rules (SPEC section 4):
+Rules:
   - a token that matches no node is refused (fatal for the Node);
   - a node that already has a live owner connection refuses a second one
     (retryable: the Node tries again later);
@@ -44,6 +44,8 @@ class NodeLink:
     One accepted connection of a node.
 
     @ivar wire: what to send on (an object with C{send(message)}).
+    @ivar wire_version: the wire version the Node declared.
+    @ivar draining: the Node said it is shutting down.
     """
 
     node_id: str
@@ -52,6 +54,8 @@ class NodeLink:
     since: float
     ready: bool = False
     open: bool = True
+    wire_version: int = 1
+    draining: bool = False
 
 
 class NodeRegistry:
@@ -134,6 +138,12 @@ class NodeRegistry:
 
     def ready_links(self):
         return [link for link in self._owners.values() if link.ready and link.open]
+
+    def links(self):
+        """
+        Every current owner connection, pending or ready.
+        """
+        return [link for link in self._owners.values() if link.open]
 
     def owner(self, node_id):
         """

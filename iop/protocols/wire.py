@@ -171,6 +171,15 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
     def timeoutConnection(self):
         self.drop(f"heartbeat timeout: nothing received for {self.heartbeat.timeout:g}s")
 
+    def close(self, reason):
+        """
+        End this connection in order: what was sent is flushed first. For
+        planned ends (a drain), not errors.
+        """
+        if self.closeReason is None:
+            self.closeReason = reason
+        self.transport.loseConnection()
+
     def drop(self, reason):
         """
         Close this connection at once, logging why.

@@ -13,31 +13,25 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from iop.edge.service import ServiceError
+from iop.edge.errors import ServiceError
 
 log = Logger()
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
-_STATUS_BY_KIND = {
-    "invalid": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "method": 405,
-    "too_large": 413,
-    "busy": 429,
-    "failed": 502,
-    "unavailable": 503,
-    "timeout": 504,
-}
-
-_TYPE_BY_KIND = {
-    "invalid": "invalid_request_error",
-    "unauthorized": "authentication_error",
-    "forbidden": "permission_error",
-    "not_found": "not_found_error",
-    "busy": "rate_limit_error",
+#: The one table from a failure's kind (L{ServiceError.kind}) to its HTTP
+#: status and OpenAI error type. Anything else is a 500 C{api_error}.
+ERRORS_BY_KIND = {
+    "invalid": (400, "invalid_request_error"),
+    "unauthorized": (401, "authentication_error"),
+    "forbidden": (403, "permission_error"),
+    "not_found": (404, "not_found_error"),
+    "method": (405, "invalid_request_error"),
+    "too_large": (413, "invalid_request_error"),
+    "busy": (429, "rate_limit_error"),
+    "failed": (502, "api_error"),
+    "unavailable": (503, "api_error"),
+    "timeout": (504, "api_error"),
 }
 
 
@@ -51,7 +45,7 @@ def error_body(kind, message, code=None):
     return {
         "error": {
             "message": message,
-            "type": _TYPE_BY_KIND.get(kind, "api_error"),
+            "type": ERRORS_BY_KIND.get(kind, (500, "api_error"))[1],
             "code": code or kind,
             "param": None,
         }
@@ -77,7 +71,7 @@ def write_error(request, error):
     """
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
-    status = error.status or _STATUS_BY_KIND.get(error.kind, 500)
+    status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
     write_json(request, status, error_body(error.kind, error.message, error.code))
 
 
@@ -191,37 +185,41 @@ class NotFound(Resource):
 class Call:
     """
     One HTTP request and the work it started. When the caller goes away,
-    a waiting placement is cancelled (the waiter leaves the queue) and a
-    started run or tunnel is cancelled on its Node.
+    a waiting submission is cancelled (the waiter leaves the queue) and
+    started work is cancelled on its Node.
     """
 
     def __init__(self, service, request):
         self.service = service
         self.request = request
         self.gone = False
-        self.placing = None
-        self.dispatch = None
+        self.submitting = None
+        self.work_id = None
         request.notifyFinish().addErrback(self._caller_gone)
 
     def _caller_gone(self, failure):
         self.gone = True
-        if self.placing is not None and not self.placing.called:
-            self.placing.cancel()
-        if self.dispatch is not None and not self.dispatch.done:
-            self.service.cancel(self.dispatch.id)
+        if self.submitting is not None and not self.submitting.called:
+            self.submitting.cancel()
+        elif self.work_id is not None:
+            self.service.cancel(self.work_id)
 
-    def placed(self, d):
+    def submit(self, spec, listener_for):
         """
-        Track the placement Deferred; returns it for chaining.
-        """
-        self.placing = d
-        return d
+        Submit C{spec} to the service for this request; errors before the
+        work starts are answered here.
 
-    def started(self, dispatch):
-        self.dispatch = dispatch
+        @return: C{NOT_DONE_YET}.
+        """
+        self.submitting = self.service.submit(spec, listener_for)
+        self.submitting.addCallback(self._started)
+        self.submitting.addErrback(self.fail)
+        return NOT_DONE_YET
+
+    def _started(self, work_id):
+        self.work_id = work_id
         if self.gone:
-            self.service.cancel(dispatch.id)
-        return dispatch
+            self.service.cancel(work_id)
 
     def fail(self, failure):
         """
@@ -267,3 +265,9 @@ class EventStream:
     def send_raw(self, text):
         self.start()
         self.request.write(f"data: {text}\n\n".encode("utf-8"))
+
+    def done(self):
+        """
+        OpenAI's end-of-stream marker, C{data: [DONE]}.
+        """
+        self.send_raw("[DONE]")

@@ -10,15 +10,14 @@ commands and the status snapshot.
 """
 
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.run import TERMINAL_TYPES
 from iop.edge.dispatch import IRunListener
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, NotFound, read_json, write_json
 from iop.edge.http.openai import parse_messages
-from iop.edge.service import RunSpec
+from iop.edge.spec import RunSpec
 from iop.protocols.convert import usage_to_json
+from iop.run import TERMINAL_TYPES
 
 
 def run_event_json(run_id, event):
@@ -53,14 +52,15 @@ class EventStreamListener:
     Native run events as SSE, one C{data:} JSON per event.
     """
 
-    def __init__(self, call):
+    def __init__(self, call, run_id):
         self.call = call
+        self.run_id = run_id
         self.stream = EventStream(call.request)
 
     def event(self, event):
         if self.call.gone:
             return
-        self.stream.send(run_event_json(self.call.dispatch.id, event))
+        self.stream.send(run_event_json(self.run_id, event))
         if event.type in TERMINAL_TYPES:
             self.call.finish()
 
@@ -71,15 +71,16 @@ class CollectingListener:
     For C{"stream": false}: every event, answered as one JSON document.
     """
 
-    def __init__(self, call):
+    def __init__(self, call, run_id):
         self.call = call
+        self.run_id = run_id
         self.events = []
 
     def event(self, event):
-        self.events.append(run_event_json(self.call.dispatch.id, event))
+        self.events.append(run_event_json(self.run_id, event))
         if event.type in TERMINAL_TYPES and not self.call.gone:
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
-            result = {"run_id": self.call.dispatch.id, "status": event.type, "text": text, "events": self.events}
+            result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             write_json(self.call.request, 200, result)
 
 
@@ -126,10 +127,7 @@ class Runs(JSONResource):
         spec = parse_run(body)
         call = Call(self.service, request)
         listener_class = EventStreamListener if body.get("stream", True) else CollectingListener
-        d = call.placed(self.service.submit_run(spec, listener_class(call)))
-        d.addCallback(call.started)
-        d.addErrback(call.fail)
-        return NOT_DONE_YET
+        return call.submit(spec, lambda kind, run_id: listener_class(call, run_id))
 
 
 class CancelRun(JSONResource):

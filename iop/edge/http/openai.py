@@ -12,14 +12,15 @@ response.
 
 import json
 
-from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
 from iop.edge.dispatch import IRunListener, ITunnelListener
+from iop.edge.errors import ServiceError
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_error, write_json
-from iop.edge.service import RunSpec, ServiceError
+from iop.edge.service import TUNNEL
+from iop.edge.spec import RunSpec, TunnelSpec
 from iop.httpheaders import relay_headers
+from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
@@ -71,7 +72,14 @@ def openai_usage(usage):
 
 
 #: Run failure codes that mean something other than "the back end failed".
-_KIND_BY_FAILURE = {"capacity_exceeded": "busy", "node_disconnected": "unavailable", "unknown_adapter": "not_found"}
+_KIND_BY_FAILURE = {
+    "capacity_exceeded": "busy",
+    "node_disconnected": "unavailable",
+    "node_draining": "unavailable",
+    "shutting_down": "unavailable",
+    "cancelled": "unavailable",
+    "unknown_adapter": "not_found",
+}
 
 
 def run_failure_error(failure):
@@ -94,48 +102,38 @@ class ChatCompletions(JSONResource):
         if not isinstance(model, str) or not model:
             raise HTTPError("invalid", "model is required", code="missing_model")
         messages = parse_messages(body.get("messages"))
-        call = Call(self.service, request)
-        d = call.placed(
-            self.service.place(model=model, adapter=model, input_chars=sum(len(m["content"]) for m in messages))
-        )
-        d.addCallback(self._placed, call, body, messages, request)
-        d.addErrback(call.fail)
-        return NOT_DONE_YET
-
-    def _placed(self, placement, call, body, messages, request):
-        if call.gone:
-            placement.release()
-            return
-        if placement.tunnels:
-            forwarded = dict(body, model=placement.target or body["model"])
-            headers = [("content-type", "application/json")]
-            accept = request.getHeader(b"accept")
-            if accept:
-                headers.append(("accept", accept))
-            listener = TunnelRelay(call)
-            call.started(
-                self.service.start_tunnel(
-                    placement, "POST", "/chat/completions", headers, json.dumps(forwarded).encode(), listener
-                )
-            )
-            return
         stream = bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        options = {k: v for k, v in body.items() if k not in _ENVELOPE_KEYS}
-        spec = RunSpec(messages=messages, options=options)
-        renderer = (ChunkRenderer if stream else ResponseRenderer)(call, body["model"], int(self.clock.seconds()), include_usage)
-        call.started(self.service.start_run(placement, spec, renderer))
+        stream_options = body.get("stream_options") or {}
+        include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        headers = [("content-type", "application/json")]
+        accept = request.getHeader(b"accept")
+        if accept:
+            headers.append(("accept", accept))
+        spec = RunSpec(
+            messages=messages,
+            model=model,
+            adapter=model,
+            options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
+            tunnel=TunnelSpec("POST", "/chat/completions", headers, body),
+        )
+        call = Call(self.service, request)
+        created = int(self.clock.seconds())
+
+        def listener_for(kind, work_id):
+            if kind == TUNNEL:
+                return TunnelRelay(call)
+            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
+
+        return call.submit(spec, listener_for)
 
 
 class _Renderer:
-    def __init__(self, call, model, created, include_usage):
+    def __init__(self, call, work_id, model, created, include_usage):
         self.call = call
+        self.id = "chatcmpl-" + work_id.split("-", 1)[-1]
         self.model = model
         self.created = created
         self.include_usage = include_usage
-
-    def _id(self):
-        return "chatcmpl-" + self.call.dispatch.id.split("-", 1)[-1]
 
 
 @implementer(IRunListener)
@@ -150,7 +148,7 @@ class ChunkRenderer(_Renderer):
 
     def chunk(self, delta, finish_reason=None):
         return {
-            "id": self._id(),
+            "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
@@ -160,7 +158,7 @@ class ChunkRenderer(_Renderer):
     def event(self, event):
         if self.call.gone:
             return
-        if event.type == ERROR and not self.stream.open:
+        if event.type in (ERROR, CANCELLED) and not self.stream.open:
             # Nothing sent yet: the caller gets a proper error status.
             write_error(self.call.request, run_failure_error(event.error))
             return
@@ -170,18 +168,21 @@ class ChunkRenderer(_Renderer):
             self.stream.send(self.chunk({"content": event.text}))
         elif event.type == REASONING_DELTA:
             self.stream.send(self.chunk({"reasoning_content": event.text}))
-        elif event.type in (COMPLETE, CANCELLED):
-            self.stream.send(self.chunk({}, "stop" if event.type == COMPLETE else "cancelled"))
+        elif event.type == COMPLETE:
+            self.stream.send(self.chunk({}, "stop"))
             if self.include_usage and event.usage is not None:
                 final = self.chunk({})
                 final["choices"] = []
                 final["usage"] = openai_usage(event.usage)
                 self.stream.send(final)
-            self.stream.send_raw("[DONE]")
+            self.stream.done()
             self.call.finish()
-        elif event.type == ERROR:
+        elif event.type in (ERROR, CANCELLED):
+            # The stream began: the terminal is an error event, then the
+            # end-of-stream marker, so an SDK ends its iteration cleanly.
             error = event.error
             self.stream.send({"error": {"message": error.message, "type": "api_error", "code": error.code}})
+            self.stream.done()
             self.call.finish()
 
 
@@ -203,23 +204,23 @@ class ResponseRenderer(_Renderer):
             self.text.append(event.text)
         elif event.type == REASONING_DELTA:
             self.reasoning.append(event.text)
-        elif event.type in (COMPLETE, CANCELLED):
+        elif event.type == COMPLETE:
             message = {"role": "assistant", "content": "".join(self.text)}
             if self.reasoning:
                 message["reasoning_content"] = "".join(self.reasoning)
             response = {
-                "id": self._id(),
+                "id": self.id,
                 "object": "chat.completion",
                 "created": self.created,
                 "model": self.model,
                 "choices": [
-                    {"index": 0, "message": message, "finish_reason": "stop" if event.type == COMPLETE else "cancelled"}
+                    {"index": 0, "message": message, "finish_reason": "stop"}
                 ],
             }
             if event.usage is not None:
                 response["usage"] = openai_usage(event.usage)
             write_json(self.call.request, 200, response)
-        elif event.type == ERROR:
+        elif event.type in (ERROR, CANCELLED):
             write_error(self.call.request, run_failure_error(event.error))
 
 
@@ -233,6 +234,8 @@ class TunnelRelay:
     def __init__(self, call):
         self.call = call
         self.request = call.request
+        self.event_stream = False
+        self.tail = b""
 
     def status(self, code):
         if not self.call.gone:
@@ -243,10 +246,13 @@ class TunnelRelay:
             return
         for name, value in relay_headers(pairs, _OWN_HEADERS):
             self.request.responseHeaders.addRawHeader(name, value)
+            if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
+                self.event_stream = True
 
     def body(self, data):
         if not self.call.gone and data:
             self.request.write(data)
+            self.tail = (self.tail + data)[-2:]
 
     def usage(self, usage):
         pass
@@ -261,8 +267,20 @@ class TunnelRelay:
         if self.call.gone or self.request.finished:
             return
         if self.request.startedWriting:
-            # Mid-body: the only honest signal left is an aborted response.
-            self.request.channel.transport.abortConnection()
+            if self.event_stream:
+                # Mid-stream SSE: end it the way the surface ends streams,
+                # with an error event and the end-of-stream marker.
+                if self.tail != b"\n\n":
+                    self.request.write(b"\n\n")
+                stream = EventStream(self.request)
+                stream.open = True
+                stream.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
+                stream.done()
+                self.call.finish()
+            else:
+                # Mid-body of one JSON document: the only honest signal
+                # left is an aborted response.
+                self.request.channel.transport.abortConnection()
             return
         write_error(self.request, run_failure_error(failure))
 

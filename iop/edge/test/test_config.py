@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
 from iop.edge.config import parse, token_digest
-from iop.edge.test.helpers import EDGE_YAML
+from iop.testing.edge import EDGE_YAML
 
 
 def parsed(mutate):

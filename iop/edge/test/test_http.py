@@ -9,8 +9,7 @@ import json
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.http.root import build_root
-from iop.edge.test.helpers import EdgeHarness
+from iop.testing.edge import EdgeHarness
 from iop.protocols import iop_pb2
 
 BASE = "http://edge.invalid"
@@ -20,7 +19,7 @@ class SurfaceTests(SynchronousTestCase):
     def setUp(self):
         self.edge = EdgeHarness()
         self.node, self.pump, _ = self.edge.register()
-        self.http = StubTreq(build_root(self.edge.service, self.edge.config, self.edge.clock))
+        self.http = StubTreq(self.edge.site.resource)
 
     def post(self, path, body, raw=None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()

@@ -11,8 +11,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 
 from iop.edge.config import token_digest
-from iop.edge.service import RunSpec, ServiceError
-from iop.edge.test.helpers import EDGE_YAML, EdgeHarness, Recorder, edge_config
+from iop.edge.errors import ServiceError
+from iop.edge.spec import RunSpec
+from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
 from iop.protocols import iop_pb2
 
 
@@ -79,9 +80,9 @@ class RegistrationTests(SynchronousTestCase):
         fallback and pooled placement all fail, and it shows disconnected.
         """
         self.edge.register(ready=False)
-        self.failureResultOf(self.edge.service.place(adapter="echo", node="n1"), ServiceError)
-        self.failureResultOf(self.edge.service.place(adapter="echo"), ServiceError)
-        f = self.failureResultOf(self.edge.service.place(model="grp"), ServiceError)
+        self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], adapter="echo", node="n1"), Recorder().for_run), ServiceError)
+        self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], adapter="echo"), Recorder().for_run), ServiceError)
+        f = self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], model="grp"), Recorder().for_run), ServiceError)
         self.assertEqual(f.value.kind, "unavailable")
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
 
@@ -143,7 +144,7 @@ class FencingTests(SynchronousTestCase):
         """
         link = self.edge.service.registry.register("tok-1", wire=None)
         self.edge.service.registry.lost(link)
-        response, first = self.edge.service.ready(link, "n1")
+        response, first = self.edge.service.links.ready(link, "n1")
         self.assertFalse(first)
         self.assertFalse(response.ready)
         self.assertIn("stale", response.reason)
@@ -155,7 +156,7 @@ class FencingTests(SynchronousTestCase):
         """
         owner, _, _ = self.edge.register()
         recorder = Recorder()
-        self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        self.successResultOf(self.edge.service.submit(hello(), recorder.for_run))
         duplicate, dup_pump, _ = self.edge.register(ready=False)
         self.assertTrue(duplicate.lost)
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
@@ -193,23 +194,23 @@ class RunTests(SynchronousTestCase):
         Node's events to the listener in order, ending at the terminal.
         """
         recorder = Recorder()
-        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
+        run = self.successResultOf(self.edge.service.submit(hello(), recorder.for_run))
         self.pump.flush()
         (request,) = self.node.of("run_request")
-        self.assertEqual(request.run_id, run.id)
+        self.assertEqual(request.run_id, run)
         self.assertEqual([(m.role, m.content) for m in request.messages], [("user", "hello world")])
-        self.reply(run.id, ("start", ""), ("delta", "hello "), ("delta", "world"), ("complete", ""))
+        self.reply(run, ("start", ""), ("delta", "hello "), ("delta", "world"), ("complete", ""))
         self.assertEqual(recorder.types(), ["start", "delta", "delta", "complete"])
         self.assertEqual("".join(e.text for e in recorder.events), "hello world")
-        self.assertNotIn(run.id, self.edge.service.inflight)
+        self.assertNotIn(run, self.edge.service.inflight)
 
     def test_eventsAfterTerminalIgnored(self):
         """
         Nothing reaches the listener after the terminal.
         """
         recorder = Recorder()
-        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
-        self.reply(run.id, ("complete", ""), ("delta", "late"))
+        run = self.successResultOf(self.edge.service.submit(hello(), recorder.for_run))
+        self.reply(run, ("complete", ""), ("delta", "late"))
         self.assertEqual(recorder.types(), ["complete"])
 
     def test_singleNodeFallback(self):
@@ -219,10 +220,10 @@ class RunTests(SynchronousTestCase):
         """
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo")
-        run = self.successResultOf(self.edge.service.submit_run(spec, recorder))
-        self.assertEqual(run.link.node_id, "n1")
+        run = self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
+        self.assertEqual(self.edge.service.inflight.get(run).link.node_id, "n1")
         self.edge.register(token="tok-2")
-        f = self.failureResultOf(self.edge.service.submit_run(spec, Recorder()), ServiceError)
+        f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertIn("name a node", f.value.message)
 
     def test_cancel(self):
@@ -231,14 +232,14 @@ class RunTests(SynchronousTestCase):
         cancelled terminal ends it.
         """
         recorder = Recorder()
-        run = self.successResultOf(self.edge.service.submit_run(hello(), recorder))
-        self.assertTrue(self.edge.service.cancel(run.id))
+        run = self.successResultOf(self.edge.service.submit(hello(), recorder.for_run))
+        self.assertTrue(self.edge.service.cancel(run))
         self.pump.flush()
         (cancel,) = self.node.of("cancel_request")
-        self.assertEqual((cancel.kind, cancel.run_id), (iop_pb2.CancelRequest.CANCEL_RUN, run.id))
-        self.reply(run.id, ("cancelled", ""))
+        self.assertEqual((cancel.kind, cancel.run_id), (iop_pb2.CancelRequest.CANCEL_RUN, run))
+        self.reply(run, ("cancelled", ""))
         self.assertEqual(recorder.types(), ["cancelled"])
-        self.assertFalse(self.edge.service.cancel(run.id))
+        self.assertFalse(self.edge.service.cancel(run))
 
     def test_cancelWithoutAnswer(self):
         """
@@ -247,8 +248,8 @@ class RunTests(SynchronousTestCase):
         """
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
-        run = self.successResultOf(self.edge.service.submit_run(spec, recorder))
-        self.edge.service.cancel(run.id)
+        run = self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
+        self.edge.service.cancel(run)
         self.edge.clock.advance(self.edge.config.run_grace_sec)
         self.assertEqual(recorder.types(), ["cancelled"])
         self.assertEqual(self.edge.service.pool.activeLeases(), [])
@@ -261,7 +262,7 @@ class RunTests(SynchronousTestCase):
         """
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
-        self.successResultOf(self.edge.service.submit_run(spec, recorder))
+        self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
         self.assertEqual(len(self.edge.service.pool.activeLeases()), 1)
         self.edge_protocol.transport.loseConnection()
         self.pump.flush()
@@ -278,9 +279,9 @@ class RunTests(SynchronousTestCase):
         A pooled run's lease returns exactly once, on its terminal.
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
-        run = self.successResultOf(self.edge.service.submit_run(spec, Recorder()))
-        lease = run.placement.lease
-        self.reply(run.id, ("complete", ""))
+        run = self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
+        lease = self.edge.service.inflight.get(run).placement.lease
+        self.reply(run, ("complete", ""))
         self.assertEqual(self.edge.service.pool.activeLeases(), [])
         self.assertFalse(lease.release())
 
@@ -290,10 +291,10 @@ class RunTests(SynchronousTestCase):
         submit.
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x" * (17 * 1024 * 1024)}], model="grp")
-        f = self.failureResultOf(self.edge.service.submit_run(spec, Recorder()), ServiceError)
+        f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertEqual(f.value.code, "send_failed")
         self.assertEqual(self.edge.service.pool.activeLeases(), [])
-        self.assertEqual(self.edge.service.inflight, {})
+        self.assertEqual(len(self.edge.service.inflight), 0)
 
     def test_command(self):
         """
@@ -342,12 +343,12 @@ class ReadyOrderTests(SynchronousTestCase):
         edge = EdgeHarness()
         edge.register(token="tok-2")
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
-        self.successResultOf(edge.service.submit_run(spec, Recorder()))
-        waiting = edge.service.submit_run(spec, Recorder())
+        self.successResultOf(edge.service.submit(spec, Recorder().for_run))
+        waiting = edge.service.submit(spec, Recorder().for_run)
         self.assertNoResult(waiting)
         node, _, _ = edge.register(token="tok-1")
         run = self.successResultOf(waiting)
-        self.assertEqual(run.link.node_id, "n1")
+        self.assertEqual(edge.service.inflight.get(run).link.node_id, "n1")
         kinds = [kind for kind, _ in node.received]
         self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
 
@@ -381,7 +382,7 @@ class ReloadTests(SynchronousTestCase):
         adapter = refresh.config.adapters[0]
         self.assertEqual((adapter.max_concurrency, json.loads(adapter.options_json)), (7, {"delay_ms": 5}))
         self.assertEqual(self.pending.of("config_refresh"), [])
-        self.assertEqual(self.edge.service.config_payload("n2").adapters[0].max_concurrency, 7)
+        self.assertEqual(self.edge.service.links.config_payload("n2").adapters[0].max_concurrency, 7)
 
     def test_unchangedPushesNothing(self):
         """
@@ -410,4 +411,4 @@ class ReloadTests(SynchronousTestCase):
             self.assertIn(fragment, str(error))
         self.pump.flush()
         self.assertEqual(self.ready.of("config_refresh"), [])
-        self.assertEqual(self.edge.service.config_payload("n1").adapters[0].max_concurrency, 2)
+        self.assertEqual(self.edge.service.links.config_payload("n1").adapters[0].max_concurrency, 2)

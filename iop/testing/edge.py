@@ -1,7 +1,8 @@
 """
-An in-memory Edge and scripted Nodes for Edge unit tests: the real
-L{EdgeService}, L{EdgeNodeConnection} and L{WireProtocol} on both ends,
-wired together by L{twisted.test.iosim} on a L{Clock}.
+An in-memory Edge and scripted Nodes: the real L{EdgeService} (its tree
+built, never started), L{EdgeNodeConnection} and L{WireProtocol} on both
+ends, wired together by L{twisted.test.iosim} on a L{Clock}. No process,
+thread or socket.
 """
 
 from twisted.internet.task import Clock
@@ -14,7 +15,7 @@ from iop.edge.config import parse
 from iop.edge.connection import EdgeNodeConnection
 from iop.edge.service import EdgeService
 from iop.protocols import iop_pb2
-from iop.protocols.wire import Heartbeat, IWireReceiver, WireProtocol
+from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
 
 EDGE_YAML = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
@@ -83,6 +84,7 @@ class EdgeHarness:
         self.node_events = []
         self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
         self.service = EdgeService(self.config, self.clock, self.bus)
+        self.site = self.service.site
         self.pumps = []
 
     def connect(self):
@@ -90,7 +92,7 @@ class EdgeHarness:
         Open one Node connection. @return: C{(node, pump, edge_protocol)}.
         """
         node = ScriptedNode()
-        edge_protocol = WireProtocol(EdgeNodeConnection(self.service), self.clock, Heartbeat(2, 5))
+        edge_protocol = WireProtocol(EdgeNodeConnection(self.service.links), self.clock, Heartbeat(2, 5))
         node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
         pump = iosim.connect(
             edge_protocol,
@@ -107,9 +109,9 @@ class EdgeHarness:
         for pump in self.pumps:
             pump.flush()
 
-    def register(self, token="tok-1", ready=True):
+    def register(self, token="tok-1", ready=True, wire_version=WIRE_VERSION):
         node, pump, edge_protocol = self.connect()
-        node.wire.send(iop_pb2.RegisterRequest(token=token))
+        node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=wire_version))
         pump.flush()
         if ready:
             node.wire.send(iop_pb2.NodeReadyRequest(node_id=node.of("register_response")[0].config.node_id))
@@ -119,11 +121,17 @@ class EdgeHarness:
 
 class Recorder:
     """
-    A run listener that keeps every event.
+    A run listener that keeps every event; C{for_run} is a surface's
+    C{listener_for} that hands it out and notes the work's id.
     """
 
     def __init__(self):
         self.events = []
+        self.work_id = None
+
+    def for_run(self, kind, work_id):
+        self.work_id = work_id
+        return self
 
     def event(self, event):
         self.events.append(event)

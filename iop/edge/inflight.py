@@ -1,0 +1,151 @@
+"""
+The Edge's table of work in flight: runs and tunnels (L{Dispatch}
+objects) and the node commands waiting for their answer.
+
+It is indexed by Node link, so that losing one Node touches only that
+Node's work, and it can tell a draining Edge when nothing is left
+(L{Inflight.when_idle}). Run events of in-flight work are published on the
+event bus from here.
+"""
+
+from twisted.internet import defer
+
+from iop.protocols.convert import usage_to_json
+
+
+class Inflight:
+    """
+    @ivar clock: the C{IReactorTime} dispatches use for cancel grace.
+    @ivar bus: the L{iop.edge.bus.EventBus} run events go to.
+    """
+
+    def __init__(self, clock, bus):
+        self.clock = clock
+        self.bus = bus
+        self._work = {}
+        self._by_link = {}
+        self._requests = {}
+        self._per_node = {}
+        self._idle_waiters = []
+
+    # -- runs and tunnels
+
+    def __len__(self):
+        return len(self._work)
+
+    def __contains__(self, work_id):
+        return work_id in self._work
+
+    def get(self, work_id):
+        return self._work.get(work_id)
+
+    def add(self, dispatch):
+        self._work[dispatch.id] = dispatch
+        self._by_link.setdefault(dispatch.link, {})[dispatch.id] = dispatch
+        node_id = dispatch.link.node_id
+        self._per_node[node_id] = self._per_node.get(node_id, 0) + 1
+
+    def forget(self, dispatch):
+        if self._work.pop(dispatch.id, None) is None:
+            return
+        on_link = self._by_link.get(dispatch.link)
+        if on_link is not None:
+            on_link.pop(dispatch.id, None)
+            if not on_link:
+                del self._by_link[dispatch.link]
+        node_id = dispatch.link.node_id
+        self._per_node[node_id] -= 1
+        if not self._per_node[node_id]:
+            del self._per_node[node_id]
+        self._check_idle()
+
+    def on_link(self, link):
+        """
+        The work in flight on one connection (a list: safe to end each).
+        """
+        return list(self._by_link.get(link, {}).values())
+
+    def on_node(self, node_id):
+        """
+        How many runs and tunnels are in flight on C{node_id}.
+        """
+        return self._per_node.get(node_id, 0)
+
+    def all(self):
+        return list(self._work.values())
+
+    # -- node commands waiting for an answer
+
+    def expect(self, link, request_id):
+        """
+        @return: a Deferred for the answer to C{request_id} on C{link};
+            cancelling it forgets the request.
+        """
+
+        def cancel(d):
+            self._requests.pop(request_id, None)
+            self._check_idle()
+
+        d = defer.Deferred(cancel)
+        self._requests[request_id] = (link, d)
+        return d
+
+    def answered(self, link, request_id, result):
+        """
+        An answer arrived; one from any connection but the asker's is
+        ignored.
+        """
+        pending = self._requests.get(request_id)
+        if pending is None or pending[0] is not link:
+            return
+        del self._requests[request_id]
+        pending[1].callback(result)
+        self._check_idle()
+
+    def unexpect(self, request_id):
+        """
+        Forget a request that could not be sent.
+        """
+        self._requests.pop(request_id, None)
+        self._check_idle()
+
+    def fail_requests(self, error, link=None):
+        """
+        Fail every pending request (of C{link} only, if given) with C{error}.
+        """
+        for request_id, (request_link, d) in list(self._requests.items()):
+            if link is None or request_link is link:
+                del self._requests[request_id]
+                d.errback(error)
+        self._check_idle()
+
+    # -- draining
+
+    def when_idle(self):
+        """
+        @return: a Deferred firing once no run, tunnel or command is in
+            flight (at once if none is).
+        """
+        d = defer.Deferred()
+        self._idle_waiters.append(d)
+        self._check_idle()
+        return d
+
+    def _check_idle(self):
+        if self._idle_waiters and not self._work and not self._requests:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for d in waiters:
+                d.callback(None)
+
+    # -- run events on the bus
+
+    def publish_run_event(self, dispatch, event):
+        payload = {"run_id": dispatch.id, "node": dispatch.link.node_id, "type": event.type}
+        if event.usage is not None:
+            payload["usage"] = usage_to_json(event.usage)
+        if event.error is not None:
+            payload["error"] = {"code": event.error.code, "message": event.error.message}
+        self.bus.publish("run", payload)
+
+    def publish_tunnel_usage(self, dispatch, usage):
+        self.bus.publish("run", {"run_id": dispatch.id, "node": dispatch.link.node_id, "type": "usage", "usage": usage})

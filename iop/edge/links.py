@@ -1,0 +1,230 @@
+"""
+The Edge's side of its Node links: everything a Node says on the wire, and
+everything the Edge says to Nodes that is not a caller's work.
+
+  - registration (token, wire version, configuration payload), readiness
+    and activation, loss, and a Node's notice that it is draining;
+  - results of work: run events and tunnel frames go to the in-flight
+    table, command and cancel answers to whoever asked;
+  - configuration refresh pushes after a reload, and the Edge's own
+    draining notice.
+
+It mirrors the Node's session: L{iop.edge.connection.EdgeNodeConnection}
+enforces which message each connection state may send and calls here. The
+registry owns connections and generations, the pool owns capacity, the
+in-flight table owns work; this module only tells each what happened.
+"""
+
+import json
+
+from twisted.logger import Logger
+
+from iop.edge import bus as lifecycle
+from iop.edge.dispatch import RunDispatch, TunnelDispatch
+from iop.edge.errors import ServiceError
+from iop.edge.registry import Refused
+from iop.edge.reload import changed_nodes
+from iop.protocols import iop_pb2
+from iop.protocols.convert import event_from_wire
+from iop.protocols.wire import OLDEST_WIRE_VERSION, WIRE_VERSION
+
+#: The first wire version that knows C{EdgeDraining}/C{NodeDraining}.
+DRAINING_WIRE_VERSION = 2
+
+
+class NodeLinks:
+    """
+    @param config: a callable returning the running
+        L{iop.edge.config.EdgeConfig} (it changes on reload).
+    """
+
+    log = Logger()
+
+    def __init__(self, config, registry, pool, inflight, bus):
+        self._config = config
+        self.registry = registry
+        self.pool = pool
+        self.inflight = inflight
+        self.bus = bus
+
+    # -- registration and readiness
+
+    def register(self, token, wire_version, wire):
+        """
+        Handle a C{RegisterRequest}.
+
+        @return: C{(link, response)}; C{link} is C{None} when refused.
+        """
+        if not OLDEST_WIRE_VERSION <= wire_version <= WIRE_VERSION:
+            reason = (
+                f"wire version {wire_version} is not served here"
+                f" (this Edge serves {OLDEST_WIRE_VERSION} to {WIRE_VERSION}): upgrade the older side"
+            )
+            return self._refused(self.registry.find_node(token), iop_pb2.INCOMPATIBLE_VERSION, reason)
+        try:
+            link = self.registry.register(token, wire)
+        except Refused as refusal:
+            return self._refused(self.registry.find_node(token), refusal.code, refusal.reason)
+        link.wire_version = wire_version
+        try:
+            payload = self.config_payload(link.node_id)
+        except Exception as e:
+            self.registry.lost(link)
+            reason = f"could not build the configuration of node {link.node_id}: {e}"
+            return self._refused(self.registry.find_node(token), iop_pb2.CONFIG_BUILD_FAILED, reason)
+        self.bus.node_event(link.node_id, lifecycle.REGISTERED, generation=link.generation)
+        self.log.info(
+            "node {node} registered (generation {generation}, wire version {version})",
+            node=link.node_id,
+            generation=link.generation,
+            version=wire_version,
+        )
+        return link, iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
+
+    def _refused(self, node, code, reason):
+        self.bus.node_event(node.id if node else None, lifecycle.REJECTED, reason=reason)
+        self.log.warn("registration refused: {reason}", reason=reason)
+        return None, iop_pb2.RegisterResponse(accepted=False, code=code, reason=reason, wire_version=WIRE_VERSION)
+
+    def config_payload(self, node_id):
+        config = self._config()
+        node = config.node(node_id)
+        payload = iop_pb2.NodeConfigPayload(
+            node_id=node.id,
+            heartbeat_interval_sec=config.heartbeat_interval,
+            heartbeat_timeout_sec=config.heartbeat_timeout,
+        )
+        for adapter in node.adapters:
+            payload.adapters.add(
+                name=adapter.name,
+                type=adapter.type,
+                max_concurrency=adapter.max_concurrency,
+                options_json=json.dumps(adapter.options, sort_keys=True),
+            )
+        return payload
+
+    def ready(self, link, node_id):
+        """
+        Handle a C{NodeReadyRequest}.
+
+        @return: C{(response, first)}; only the current owner's first ready
+            is C{first}, and the caller must L{activate} it once the
+            response is on the wire (the Node accepts work only after it).
+        """
+        try:
+            first = self.registry.mark_ready(link, node_id)
+        except Refused as refusal:
+            self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
+            return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
+        return iop_pb2.NodeReadyResponse(ready=True), first
+
+    def activate(self, link):
+        """
+        The node is dispatch-ready: its providers go live and waiting
+        requests are served at once.
+        """
+        self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
+        self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
+        self.pool.nodeReady(link.node_id, link.generation)
+
+    def node_draining(self, link, message):
+        """
+        The Node is shutting down: its providers take no new leases; its
+        work in flight goes on until it ends or the Node's grace passes.
+        """
+        if self.registry.ready_link(link.node_id) is not link or link.draining:
+            return
+        link.draining = True
+        self.log.info(
+            "node {node} is draining ({grace:g}s grace): {reason}",
+            node=link.node_id,
+            grace=message.grace_sec,
+            reason=message.reason or "no reason given",
+        )
+        self.bus.node_event(link.node_id, lifecycle.DRAINING, generation=link.generation)
+        self.pool.node_draining(link.node_id, link.generation)
+
+    def lost(self, link, reason):
+        """
+        A registered connection closed. Only the current ready owner's loss
+        takes the node out of service.
+        """
+        if not self.registry.lost(link):
+            return
+        self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
+        self.pool.nodeDisconnected(link.node_id, link.generation)
+        for dispatch in self.inflight.on_link(link):
+            dispatch.node_lost(f"node {link.node_id} disconnected: {reason}")
+        self.inflight.fail_requests(ServiceError("unavailable", f"node {link.node_id} disconnected"), link)
+        self.bus.node_event(link.node_id, lifecycle.DISCONNECTED, generation=link.generation, reason=reason)
+
+    # -- results of work
+
+    def run_event(self, link, message):
+        dispatch = self._dispatch_on(link, message.run_id, RunDispatch)
+        if dispatch is not None:
+            dispatch.deliver(event_from_wire(message))
+
+    def tunnel_frame(self, link, message):
+        dispatch = self._dispatch_on(link, message.tunnel_id, TunnelDispatch)
+        if dispatch is not None:
+            dispatch.frame(message)
+
+    def _dispatch_on(self, link, dispatch_id, kind):
+        dispatch = self.inflight.get(dispatch_id)
+        if dispatch is None or dispatch.link is not link or not isinstance(dispatch, kind):
+            # Late events after a local end (cancel grace, disconnect) are normal.
+            return None
+        return dispatch
+
+    def answered(self, link, request_id, result):
+        """
+        A C{NodeCommandResponse} or C{CancelResponse} arrived.
+        """
+        self.inflight.answered(link, request_id, result)
+
+    # -- what the Edge tells its Nodes
+
+    def reload(self, old, new):
+        """
+        Push a C{ConfigRefresh} to every ready Node whose adapters differ
+        between configurations C{old} and C{new} (C{new} is already the
+        running one).
+
+        @return: the ids of the nodes that were pushed a refresh.
+        @raise ConfigError: if the change needs a restart (nothing applied).
+        """
+        changed = changed_nodes(old, new)
+        self.registry.nodes = list(new.nodes)
+        pushed = []
+        for node_id in changed:
+            link = self.registry.ready_link(node_id)
+            if link is None:
+                continue
+            try:
+                link.wire.send(iop_pb2.ConfigRefresh(config=self.config_payload(node_id)))
+            except Exception as e:
+                self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
+                continue
+            pushed.append(node_id)
+        return pushed
+
+    def say_draining(self, grace, reason):
+        """
+        Tell every connected Node that speaks wire version 2 or later that
+        this Edge is draining: it will get no new work, and the coming
+        close is no failed attempt.
+        """
+        for link in self.registry.links():
+            if link.wire_version >= DRAINING_WIRE_VERSION:
+                try:
+                    link.wire.send(iop_pb2.EdgeDraining(grace_sec=grace, reason=reason))
+                except Exception as e:
+                    self.log.info("draining notice to {node} not sent: {error}", node=link.node_id, error=e)
+
+    def close_all(self, reason):
+        """
+        Close every Node connection (the drain is over).
+        """
+        for link in self.registry.links():
+            link.wire.close(reason)

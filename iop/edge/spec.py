@@ -1,0 +1,68 @@
+"""
+What a caller asks of the Edge, independent of the surface it came through.
+
+A surface builds one L{RunSpec} and hands it to
+L{iop.edge.service.EdgeService.submit}. When the request can travel as a
+raw provider tunnel (an OpenAI-surface request), the spec also carries a
+L{TunnelSpec}; the provider the pool chooses decides which of the two is
+used, never the caller.
+"""
+
+import json
+import secrets
+from dataclasses import dataclass, field
+
+
+def new_id(prefix):
+    """
+    A fresh, unguessable id such as C{run-3f2a...}.
+    """
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass
+class TunnelSpec:
+    """
+    The caller's HTTP request, to be relayed to an OpenAI-compatible
+    provider as it is.
+
+    @ivar path: relative to the provider's base URL (C{/chat/completions}).
+    @ivar headers: C{[(name, value)]} to send to the provider.
+    @ivar body: the caller's JSON body; only C{model} is rewritten to the
+        provider's target.
+    """
+
+    method: str
+    path: str
+    headers: list
+    body: dict
+
+    def encoded_body(self, target):
+        """
+        The body to send to a provider that knows the model as C{target}.
+        """
+        return json.dumps(dict(self.body, model=target or self.body.get("model"))).encode("utf-8")
+
+
+@dataclass
+class RunSpec:
+    """
+    SubmitRun's arguments. Either C{model} (a model group) or C{adapter}
+    (an adapter name, on C{node} or the single ready node) says where.
+
+    @ivar tunnel: how to carry the request if the chosen provider takes raw
+        OpenAI-compatible HTTP; C{None} means "always a normalized run".
+    """
+
+    messages: list
+    adapter: str = ""
+    target: str = ""
+    node: str | None = None
+    model: str | None = None
+    session_id: str = ""
+    background: bool = False
+    options: dict = field(default_factory=dict)
+    tunnel: TunnelSpec | None = None
+
+    def input_chars(self):
+        return sum(len(m.get("content") or "") for m in self.messages)
