@@ -109,6 +109,16 @@ class EdgeHarness:
         for pump in self.pumps:
             pump.flush()
 
+    def advance(self, seconds, step=1.0):
+        """
+        Let C{seconds} pass in steps, flushing every connection at each, so
+        heartbeats keep live links alive as they would on a real reactor.
+        """
+        while seconds > 0:
+            self.clock.advance(min(step, seconds))
+            seconds -= step
+            self.flush()
+
     def register(self, token="tok-1", ready=True, wire_version=WIRE_VERSION):
         node, pump, edge_protocol = self.connect()
         node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=wire_version))

@@ -86,6 +86,35 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(chunks[4]["choices"], [])
         self.assertEqual(chunks[4]["usage"]["completion_tokens"], 1)
 
+    def test_streamCutByDrainEndsWithTerminal(self):
+        """
+        A stream still running when a drain ends gets an error event naming
+        C{shutting_down} and then C{[DONE]}: an ending, never a cut.
+        """
+        d = self.post("/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]})
+        self.answer(("start", ""), ("delta", "a"))
+        self.edge.service.stopService()
+        self.edge.service.hurry()
+        self.http.flush()
+        code, _, body = self.result(d)
+        self.assertEqual(code, 200)
+        payloads = [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
+        self.assertEqual(payloads[-1], "[DONE]")
+        self.assertEqual(json.loads(payloads[-2])["error"]["code"], "shutting_down")
+
+    def test_requestDuringDrainIs503(self):
+        """
+        A request arriving on an open connection during a drain is answered
+        503 C{shutting_down} and reaches no Node.
+        """
+        self.edge.service.stopService()
+        d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+        self.http.flush()
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (503, "shutting_down"))
+        self.pump.flush()
+        self.assertEqual(self.node.of("run_request"), [])
+
     def test_errorBeforeOutputKeepsProviderStatus(self):
         """
         A run that fails before any output answers with the provider's HTTP
