@@ -9,11 +9,10 @@ commands and the status snapshot.
   GET  /v1/status                   every configured node and model group
 """
 
-from twisted.web.resource import Resource
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener
-from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, NotFound, read_json, write_json
+from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_json
 from iop.edge.http.openai import parse_messages
 from iop.edge.spec import RunSpec
 from iop.protocols.convert import usage_to_json
@@ -115,13 +114,6 @@ def parse_run(body):
 
 
 class Runs(JSONResource):
-    isLeaf = False
-
-    def getChild(self, name, request):
-        if request.postpath == [b"cancel"]:
-            return CancelRun(self.service, self.keys, name.decode("utf-8", "replace"))
-        return NotFound()
-
     def handle_POST(self, request):
         body = read_json(request)
         spec = parse_run(body)
@@ -131,14 +123,11 @@ class Runs(JSONResource):
 
 
 class CancelRun(JSONResource):
-    def __init__(self, service, keys, run_id):
-        super().__init__(service, keys)
-        self.run_id = run_id
-
     def handle_POST(self, request):
-        if not self.service.cancel(self.run_id):
-            raise HTTPError("not_found", f"no run {self.run_id} is in flight", code="run_not_found")
-        return {"run_id": self.run_id, "cancelling": True}
+        run_id = request.path_params["run_id"]
+        if not self.service.cancel(run_id):
+            raise HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found")
+        return {"run_id": run_id, "cancelling": True}
 
 
 class Status(JSONResource):
@@ -160,11 +149,8 @@ class TerminateSession(JSONResource):
 class NodeCommands(JSONResource):
     admin = True
 
-    def __init__(self, service, keys, node_id):
-        super().__init__(service, keys)
-        self.node_id = node_id
-
     def handle_POST(self, request):
+        node_id = request.path_params["node"]
         body = read_json(request)
         command = _string(body, "command")
         if not command:
@@ -172,17 +158,5 @@ class NodeCommands(JSONResource):
         args = body.get("args") or {}
         if not isinstance(args, dict):
             raise HTTPError("invalid", "args must be an object", code="invalid_args")
-        d = self.service.command(self.node_id, command, _string(body, "adapter"), args)
-        return d.addCallback(lambda result: {"node": self.node_id, "command": command, "result": result})
-
-
-class Nodes(Resource):
-    def __init__(self, service, keys):
-        super().__init__()
-        self.service = service
-        self.keys = keys
-
-    def getChild(self, name, request):
-        if request.postpath == [b"commands"]:
-            return NodeCommands(self.service, self.keys, name.decode("utf-8", "replace"))
-        return NotFound()
+        d = self.service.command(node_id, command, _string(body, "adapter"), args)
+        return d.addCallback(lambda result: {"node": node_id, "command": command, "result": result})
