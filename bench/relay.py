@@ -27,9 +27,10 @@ import tempfile
 import threading
 import time
 
-from iop.testing.daemons import Edge, FakeProvider, Node
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
+from support.daemons import FAKE_PROVIDERS, Edge, FakeProvider, Node  # noqa: E402
+
 PROMPT = " ".join(f"word{i}" for i in range(64))
 
 
@@ -107,7 +108,7 @@ def main(argv=None):
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="iop-bench-")
-    provider = FakeProvider(os.path.join(ROOT, "tests", "fake_providers.py"), workdir, "openai", 0)
+    provider = FakeProvider(FAKE_PROVIDERS, workdir, "openai", 0)
     node_conf = {
         "id": "bench-node",
         "token": "bench-token",

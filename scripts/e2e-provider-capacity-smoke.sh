@@ -10,10 +10,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 exec "$PY" - <<'PYEOF'
 import json
+import sys
 import tempfile
 import threading
 
-from iop.testing.daemons import Edge, Node, echo_node, sse_events, wait_for
+sys.path.insert(0, "tests")  # the process harness: tests/support/ (cwd is the repo root)
+from support.daemons import Edge, Node, echo_node, sse_events, wait_for
 
 workdir = tempfile.mkdtemp(prefix="iop-smoke-")
 node_conf = echo_node("gpu-box", "smoke-token", delay_ms=30,

@@ -1,6 +1,6 @@
 """
 Fixtures for multi-process tests: every daemon a test starts is stopped
-at teardown, whatever happened.
+at teardown, whatever happened. The harness itself is in C{support/}.
 """
 
 import os
@@ -8,8 +8,13 @@ import sys
 
 import pytest
 
+# The harness is the package `support` in this directory: put the directory
+# on sys.path (pytest's default import mode does too; others do not).
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-from iop.testing.daemons import Edge, FakeProvider, Node
+from support.daemons import FAKE_PROVIDERS, Edge, FakeProvider, Node  # noqa: E402
 
 
 class Launcher:
@@ -62,15 +67,12 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + report.when, report)
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 @pytest.fixture
 def fake_provider(tmp_path):
     started = []
 
     def start(kind, delay_ms=50):
-        provider = FakeProvider(os.path.join(HERE, "fake_providers.py"), str(tmp_path), kind, delay_ms)
+        provider = FakeProvider(FAKE_PROVIDERS, str(tmp_path), kind, delay_ms)
         started.append(provider)
         return provider
 

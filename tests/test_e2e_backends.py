@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from iop.testing.daemons import sse_events, wait_for
+from support.daemons import FAKE_CLI, sse_events, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 CHAT = "/v1/chat/completions"
 
 
@@ -33,7 +32,7 @@ def backends(launch, fake_provider, tmp_path):
     openai_fake = fake_provider("openai", delay_ms=100)
     vllm_fake = fake_provider("vllm")
     ollama_fake = fake_provider("ollama")
-    cli = [sys.executable, os.path.join(HERE, "fake_cli.py")]
+    cli = [sys.executable, FAKE_CLI]
     pidfile = str(tmp_path / "cli.pid")
     node = {
         "id": "gpu",

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from iop.protocols import iop_pb2
 from iop.protocols.wire import MAX_FRAME_BYTES, envelope
-from iop.testing.daemons import echo_node, wait_for
+from support.daemons import echo_node, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import json
 import signal
 import time
 
-from iop.testing.daemons import echo_node, sse_events, wait_for
-from iop.testing.proxy import FreezableProxy
+from support.daemons import echo_node, sse_events, wait_for
+from support.proxy import FreezableProxy
 
 EDGE = {"nodes": [echo_node("node-1", "tok-1", delay_ms=100)]}
 

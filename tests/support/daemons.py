@@ -20,7 +20,9 @@ import urllib.request
 import yaml
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_PROVIDERS = os.path.join(HERE, "fake_providers.py")
+FAKE_CLI = os.path.join(HERE, "fake_cli.py")
 
 
 def free_port():
@@ -252,7 +254,8 @@ def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
 
 class FakeProvider:
     """
-    tests/fake_providers.py (the C{script}) running as a subprocess.
+    A fake provider server (the C{script}, normally L{FAKE_PROVIDERS})
+    running as a subprocess.
     """
 
     def __init__(self, script, workdir, kind, delay_ms):
