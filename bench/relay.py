@@ -29,7 +29,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
-from support.daemons import FAKE_PROVIDERS, Edge, FakeProvider, Node  # noqa: E402
+from support.daemons import FAKE_PROVIDERS, FakeProvider, Launcher  # noqa: E402
 
 PROMPT = " ".join(f"word{i}" for i in range(64))
 
@@ -118,11 +118,10 @@ def main(argv=None):
         "providers": [{"id": "fake", "adapter": "fake", "capacity": {"normal": 64, "long": 0}}],
     }
     group = {"name": "bench", "providers": [{"node": "bench-node", "provider": "fake", "target": "fake-model"}]}
-    edge = Edge(os.path.join(workdir, "edge"), {"nodes": [node_conf], "model_groups": [group]})
-    node = Node(os.path.join(workdir, "node"), edge.node_port, "bench-token")
+    launcher = Launcher(workdir)
     try:
-        edge.start()
-        node.start()
+        edge = launcher.edge({"nodes": [node_conf], "model_groups": [group]})
+        launcher.node(edge.node_port, "bench-token")
         edge.wait_connected("bench-node")
         targets = paths(provider.port, edge.http_port)
         for target in targets.values():  # warm up connections and code paths
@@ -131,8 +130,7 @@ def main(argv=None):
             results = {name: measure(target, args.requests, concurrency) for name, target in targets.items()}
             report("streamed chat completion, 64 chunks", results, concurrency)
     finally:
-        node.stop()
-        edge.stop()
+        launcher.stop_all()
         provider.stop()
     return 0
 

@@ -14,38 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from support.daemons import FAKE_PROVIDERS, Edge, FakeProvider, Node  # noqa: E402
-
-
-class Launcher:
-    def __init__(self, root):
-        self.root = root
-        self.daemons = []
-        self.count = 0
-
-    def _dir(self, name):
-        self.count += 1
-        path = os.path.join(self.root, f"{self.count:02d}-{name}")
-        os.makedirs(path, exist_ok=True)
-        return path
-
-    def edge(self, config, start=True):
-        edge = Edge(self._dir("edge"), config)
-        self.daemons.append(edge)
-        return edge.start() if start else edge
-
-    def node(self, edge_port, token, start=True, **kwargs):
-        node = Node(self._dir("node"), edge_port, token, **kwargs)
-        self.daemons.append(node)
-        return node.start() if start else node
-
-    def stop_all(self):
-        for daemon in reversed(self.daemons):
-            try:
-                daemon.stop()
-            except Exception:
-                if daemon.process is not None:
-                    daemon.process.kill()
+from support.daemons import FAKE_PROVIDERS, FakeProvider, Launcher  # noqa: E402
 
 
 @pytest.fixture

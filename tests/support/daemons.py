@@ -220,6 +220,42 @@ class Node(Daemon):
         super().__init__("iop-node", workdir, path)
 
 
+class Launcher:
+    """
+    Starts Edges and Nodes, each in its own numbered directory under
+    C{root}, and stops every one of them (L{stop_all}) whatever happened.
+    """
+
+    def __init__(self, root):
+        self.root = root
+        self.daemons = []
+        self.count = 0
+
+    def _dir(self, name):
+        self.count += 1
+        path = os.path.join(self.root, f"{self.count:02d}-{name}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def edge(self, config, start=True):
+        edge = Edge(self._dir("edge"), config)
+        self.daemons.append(edge)
+        return edge.start() if start else edge
+
+    def node(self, edge_port, token, start=True, **kwargs):
+        node = Node(self._dir("node"), edge_port, token, **kwargs)
+        self.daemons.append(node)
+        return node.start() if start else node
+
+    def stop_all(self):
+        for daemon in reversed(self.daemons):
+            try:
+                daemon.stop()
+            except Exception:
+                if daemon.process is not None:
+                    daemon.process.kill()
+
+
 def sse_events(response, max_lines=100_000):
     """
     Yield each C{data:} payload of a server-sent event stream as it comes,
