@@ -199,6 +199,18 @@ class Edge(Daemon):
         conn, _ = self.stream_request(method, path, body, headers, timeout)
         return conn, conn.getresponse()
 
+    def run_events(self, body, headers=None, timeout=30.0):
+        """
+        One streamed native run (C{POST /v1/runs}), read to its end.
+        @return: its events, as dicts.
+        """
+        conn, response = self.stream("POST", "/v1/runs", dict(body, stream=True), headers, timeout)
+        try:
+            assert response.status == 200, response.read()
+            return [json.loads(p) for p in sse_events(response)]
+        finally:
+            conn.close()
+
     @property
     def base_url(self):
         return f"http://127.0.0.1:{self.http_port}"
