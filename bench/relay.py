@@ -27,9 +27,10 @@ import tempfile
 import threading
 import time
 
-from iop.testing.daemons import Edge, FakeProvider, Node
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
+from support.daemons import FAKE_PROVIDERS, FakeProvider, Launcher  # noqa: E402
+
 PROMPT = " ".join(f"word{i}" for i in range(64))
 
 
@@ -107,7 +108,7 @@ def main(argv=None):
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="iop-bench-")
-    provider = FakeProvider(os.path.join(ROOT, "tests", "fake_providers.py"), workdir, "openai", 0)
+    provider = FakeProvider(FAKE_PROVIDERS, workdir, "openai", 0)
     node_conf = {
         "id": "bench-node",
         "token": "bench-token",
@@ -117,11 +118,10 @@ def main(argv=None):
         "providers": [{"id": "fake", "adapter": "fake", "capacity": {"normal": 64, "long": 0}}],
     }
     group = {"name": "bench", "providers": [{"node": "bench-node", "provider": "fake", "target": "fake-model"}]}
-    edge = Edge(os.path.join(workdir, "edge"), {"nodes": [node_conf], "model_groups": [group]})
-    node = Node(os.path.join(workdir, "node"), edge.node_port, "bench-token")
+    launcher = Launcher(workdir)
     try:
-        edge.start()
-        node.start()
+        edge = launcher.edge({"nodes": [node_conf], "model_groups": [group]})
+        launcher.node(edge.node_port, "bench-token")
         edge.wait_connected("bench-node")
         targets = paths(provider.port, edge.http_port)
         for target in targets.values():  # warm up connections and code paths
@@ -130,8 +130,7 @@ def main(argv=None):
             results = {name: measure(target, args.requests, concurrency) for name, target in targets.items()}
             report("streamed chat completion, 64 chunks", results, concurrency)
     finally:
-        node.stop()
-        edge.stop()
+        launcher.stop_all()
         provider.stop()
     return 0
 

@@ -12,9 +12,10 @@ import json
 import os
 import sys
 
-from iop.testing.daemons import Daemon, sse_events, wait_for
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
+from support.daemons import Daemon, sse_events, wait_for  # noqa: E402
+
 HTTP = ("127.0.0.1", 8080)
 
 

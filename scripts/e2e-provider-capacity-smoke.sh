@@ -10,22 +10,23 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 exec "$PY" - <<'PYEOF'
 import json
+import sys
 import tempfile
 import threading
 
-from iop.testing.daemons import Edge, Node, echo_node, sse_events, wait_for
+sys.path.insert(0, "tests")  # the process harness: tests/support/ (cwd is the repo root)
+from support.daemons import Launcher, echo_node, sse_events
 
 workdir = tempfile.mkdtemp(prefix="iop-smoke-")
 node_conf = echo_node("gpu-box", "smoke-token", delay_ms=30,
                       providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
 groups = [{"name": name, "providers": [{"node": "gpu-box", "provider": "gpu", "target": name}], "queue_timeout_sec": 60}
           for name in ("model-small", "model-large")]
-edge = Edge(f"{workdir}/edge", {"nodes": [node_conf], "model_groups": groups})
-node = Node(f"{workdir}/node", edge.node_port, "smoke-token")
+launcher = Launcher(workdir)
 results, peak = [], {"in_use": 0, "queued": 0}
 try:
-    edge.start()
-    node.start()
+    edge = launcher.edge({"nodes": [node_conf], "model_groups": groups})
+    launcher.node(edge.node_port, "smoke-token")
     edge.wait_connected("gpu-box")
 
     def request(model, text):
@@ -59,6 +60,5 @@ try:
     assert all(g["queued"] == 0 for g in final["model_groups"])
     print("provider capacity smoke: OK")
 finally:
-    node.stop()
-    edge.stop()
+    launcher.stop_all()
 PYEOF

@@ -1,6 +1,6 @@
 """
 Fixtures for multi-process tests: every daemon a test starts is stopped
-at teardown, whatever happened.
+at teardown, whatever happened. The harness itself is in C{support/}.
 """
 
 import os
@@ -8,39 +8,13 @@ import sys
 
 import pytest
 
+# The harness is the package `support` in this directory: put the directory
+# on sys.path (pytest's default import mode does too; others do not).
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-from iop.testing.daemons import Edge, FakeProvider, Node
-
-
-class Launcher:
-    def __init__(self, root):
-        self.root = root
-        self.daemons = []
-        self.count = 0
-
-    def _dir(self, name):
-        self.count += 1
-        path = os.path.join(self.root, f"{self.count:02d}-{name}")
-        os.makedirs(path, exist_ok=True)
-        return path
-
-    def edge(self, config, start=True):
-        edge = Edge(self._dir("edge"), config)
-        self.daemons.append(edge)
-        return edge.start() if start else edge
-
-    def node(self, edge_port, token, start=True, **kwargs):
-        node = Node(self._dir("node"), edge_port, token, **kwargs)
-        self.daemons.append(node)
-        return node.start() if start else node
-
-    def stop_all(self):
-        for daemon in reversed(self.daemons):
-            try:
-                daemon.stop()
-            except Exception:
-                if daemon.process is not None:
-                    daemon.process.kill()
+from support.daemons import FAKE_PROVIDERS, FakeProvider, Launcher  # noqa: E402
 
 
 @pytest.fixture
@@ -62,15 +36,12 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + report.when, report)
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 @pytest.fixture
 def fake_provider(tmp_path):
     started = []
 
     def start(kind, delay_ms=50):
-        provider = FakeProvider(os.path.join(HERE, "fake_providers.py"), str(tmp_path), kind, delay_ms)
+        provider = FakeProvider(FAKE_PROVIDERS, str(tmp_path), kind, delay_ms)
         started.append(provider)
         return provider
 

@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from iop.testing.daemons import sse_events, wait_for
+from support.daemons import FAKE_CLI, sse_events, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 CHAT = "/v1/chat/completions"
 
 
@@ -33,7 +32,7 @@ def backends(launch, fake_provider, tmp_path):
     openai_fake = fake_provider("openai", delay_ms=100)
     vllm_fake = fake_provider("vllm")
     ollama_fake = fake_provider("ollama")
-    cli = [sys.executable, os.path.join(HERE, "fake_cli.py")]
+    cli = [sys.executable, FAKE_CLI]
     pidfile = str(tmp_path / "cli.pid")
     node = {
         "id": "gpu",
@@ -90,15 +89,6 @@ def direct(fake, path, body):
         conn.close()
 
 
-def native(edge, body):
-    conn, response = edge.stream("POST", "/v1/runs", dict(body, stream=True))
-    try:
-        assert response.status == 200, response.read()
-        return [json.loads(p) for p in sse_events(response)]
-    finally:
-        conn.close()
-
-
 def chat_text(edge, model, text="hello tunnel world"):
     conn, response = edge.stream("POST", CHAT, {"model": model, "stream": True, "messages": [{"role": "user", "content": text}]})
     try:
@@ -145,10 +135,10 @@ def test_usage_breakdown_only_when_reported(backends):
     OpenAI fake does not: the fields are absent, not zero.
     """
     edge = backends["edge"]
-    vllm_terminal = native(edge, {"model": "qwen", "input": "count my tokens"})[-1]
+    vllm_terminal = edge.run_events({"model": "qwen", "input": "count my tokens"})[-1]
     assert vllm_terminal["type"] == "complete"
     assert {"reasoning_tokens", "cached_input_tokens"} <= set(vllm_terminal["usage"])
-    openai_terminal = native(edge, {"model": "gpt", "input": "count my tokens"})[-1]
+    openai_terminal = edge.run_events({"model": "gpt", "input": "count my tokens"})[-1]
     assert openai_terminal["type"] == "complete"
     assert openai_terminal["usage"]["output_tokens"] > 0
     assert "reasoning_tokens" not in openai_terminal["usage"]
@@ -160,7 +150,7 @@ def test_reasoning_deltas(backends):
     vLLM's reasoning_content arrives as reasoning_delta events, apart from
     the answer's deltas.
     """
-    events = native(backends["edge"], {"model": "qwen", "input": "think first"})
+    events = backends["edge"].run_events({"model": "qwen", "input": "think first"})
     reasoning = "".join(e.get("text", "") for e in events if e["type"] == "reasoning_delta")
     answer = "".join(e.get("text", "") for e in events if e["type"] == "delta")
     assert reasoning and answer == "think first"
@@ -173,7 +163,7 @@ def test_ollama_and_cli_on_both_surfaces(backends, model):
     and through /v1/chat/completions (rendered as OpenAI chunks).
     """
     edge = backends["edge"]
-    events = native(edge, {"model": model, "input": "hello from native"})
+    events = edge.run_events({"model": model, "input": "hello from native"})
     assert events[0]["type"] == "start" and events[-1]["type"] == "complete"
     assert "".join(e.get("text", "") for e in events if e["type"] == "delta").strip() == "hello from native"
     assert chat_text(edge, model, "hello from openai").strip() == "hello from openai"
@@ -187,7 +177,7 @@ def test_ollama_usage_and_commands(backends):
     node command (admin key required).
     """
     edge = backends["edge"]
-    terminal = native(edge, {"model": "llama", "input": "one two"})[-1]
+    terminal = edge.run_events({"model": "llama", "input": "one two"})[-1]
     assert terminal["usage"]["input_tokens"] > 0 and terminal["usage"]["output_tokens"] > 0
     status, _ = edge.json("POST", "/v1/nodes/gpu/commands", {"command": "ollama_list", "adapter": "ollama"})
     assert status == 403
@@ -257,7 +247,7 @@ def test_terminate_session(backends):
     sessions answers "not supported".
     """
     edge = backends["edge"]
-    events = native(edge, {"adapter": "slow-agent", "node": "gpu", "input": "hi", "session_id": "s-1"})
+    events = edge.run_events({"adapter": "slow-agent", "node": "gpu", "input": "hi", "session_id": "s-1"})
     assert events[-1]["type"] == "complete"
     assert "[session s-1]" in "".join(e.get("text", "") for e in events)
     status, body = edge.json("POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "slow-agent", "session_id": "s-1"})
@@ -282,7 +272,7 @@ def test_tunnel_and_run_share_the_node_gate(backends):
     try:
         assert response.status == 200
         response.readline()
-        events = native(edge, {"adapter": "single", "node": "gpu", "target": "slow-model", "input": "x"})
+        events = edge.run_events({"adapter": "single", "node": "gpu", "target": "slow-model", "input": "x"})
         assert events[-1]["type"] == "error"
         assert events[-1]["error"]["code"] == "capacity_exceeded"
         response.read()

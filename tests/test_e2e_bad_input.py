@@ -17,13 +17,11 @@ from hypothesis import strategies as st
 
 from iop.protocols import iop_pb2
 from iop.protocols.wire import MAX_FRAME_BYTES, envelope
-from iop.testing.daemons import echo_node, wait_for
+from support.daemons import Launcher, echo_node, wait_for
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from conftest import Launcher
-
     launcher = Launcher(str(tmp_path_factory.mktemp("bad-input")))
     try:
         edge = launcher.edge({"nodes": [echo_node("node-1", "tok-1")]})

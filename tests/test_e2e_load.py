@@ -11,7 +11,7 @@ import pytest_twisted
 import treq
 from twisted.internet import defer
 
-from iop.testing.daemons import echo_node
+from support.daemons import echo_node
 
 STREAMS = 60
 

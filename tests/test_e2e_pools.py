@@ -8,7 +8,7 @@ import json
 import signal
 import threading
 
-from iop.testing.daemons import echo_node, sse_events, wait_for
+from support.daemons import echo_node, sse_events, wait_for
 
 
 def two_node_edge(delay_ms):

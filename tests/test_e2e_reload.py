@@ -5,7 +5,7 @@ its connected Nodes, without a restart or a reconnect.
 
 import signal
 
-from iop.testing.daemons import echo_node, wait_for
+from support.daemons import echo_node, wait_for
 
 ADMIN = {"authorization": "Bearer adm"}
 

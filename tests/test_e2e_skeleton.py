@@ -9,7 +9,7 @@ import signal
 import openai
 import pytest
 
-from iop.testing.daemons import echo_node, sse_events, wait_for
+from support.daemons import echo_node, sse_events, wait_for
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 

@@ -8,18 +8,12 @@ import json
 import signal
 import time
 
-from iop.testing.daemons import echo_node, sse_events, wait_for
-from iop.testing.proxy import FreezableProxy
+from support.daemons import echo_node, sse_events, wait_for
+from support.proxy import FreezableProxy
 
 EDGE = {"nodes": [echo_node("node-1", "tok-1", delay_ms=100)]}
 
-
-def complete(edge, text="one two three"):
-    conn, response = edge.stream("POST", "/v1/runs", {"adapter": "echo", "input": text, "stream": True})
-    try:
-        return [json.loads(p) for p in sse_events(response)]
-    finally:
-        conn.close()
+RUN = {"adapter": "echo", "input": "one two three"}
 
 
 def test_node_started_before_edge(launch):
@@ -33,7 +27,7 @@ def test_node_started_before_edge(launch):
     assert node.running()
     edge.start()
     edge.wait_connected("node-1")
-    assert complete(edge)[-1]["type"] == "complete"
+    assert edge.run_events(RUN)[-1]["type"] == "complete"
 
 
 def test_edge_restart(launch):
@@ -47,7 +41,7 @@ def test_edge_restart(launch):
     edge.stop(signal.SIGKILL)
     edge.start()
     edge.wait_connected("node-1")
-    assert complete(edge)[-1]["type"] == "complete"
+    assert edge.run_events(RUN)[-1]["type"] == "complete"
     assert node.running()
 
 
@@ -92,7 +86,7 @@ def test_frozen_link(launch):
         assert time.monotonic() - frozen < 7.5
         proxy.heal()
         edge.wait_connected("node-1", timeout=30)
-        assert complete(edge)[-1]["type"] == "complete"
+        assert edge.run_events(RUN)[-1]["type"] == "complete"
     finally:
         proxy.close()
 

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from iop.testing.daemons import echo_node
+from support.daemons import echo_node
 
 
 def self_signed(directory):

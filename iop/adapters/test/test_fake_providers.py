@@ -1,5 +1,5 @@
 """
-The adapters against C{tests/fake_providers.py}, the fake back ends the
+The adapters against C{tests/support/fake_providers.py}, the fake back ends the
 multi-process tests use: this proves the fakes speak the protocols the
 adapters expect, and that a tunnel relays exactly the bytes a direct
 request gets. Skipped when the source tree's C{tests/} is not there.
@@ -23,7 +23,7 @@ from iop.adapters.test.providers import Events, Sink
 from iop.adapters.vllm import VLLMAdapter
 from iop.run import Usage
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "fake_providers.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "support", "fake_providers.py")
 
 
 class _Fake(ProcessProtocol):
@@ -69,7 +69,7 @@ class FakeProviderTestCase(TestCase):
     @defer.inlineCallbacks
     def setUp(self):
         if not os.path.exists(SCRIPT):
-            raise SkipTest("tests/fake_providers.py is not in this tree")
+            raise SkipTest("tests/support/fake_providers.py is not in this tree")
         self.fake = _Fake()
         port_file = os.path.abspath(self.mktemp())
         args = [sys.executable, SCRIPT, self.kind, "--port-file", port_file, "--delay-ms", "20"]

@@ -2,7 +2,7 @@
 Fake LLM providers for integration tests: an OpenAI-compatible server, a
 vLLM flavour of it, and Ollama's native API, on 127.0.0.1.
 
-    python tests/fake_providers.py KIND --port-file PATH [--delay-ms N]
+    python tests/support/fake_providers.py KIND --port-file PATH [--delay-ms N]
 
 KIND is C{openai}, C{vllm} or C{ollama}. The server listens on port 0,
 writes the port to PATH (atomically) and prints C{PORT <n>} on stdout once

@@ -20,7 +20,9 @@ import urllib.request
 import yaml
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_PROVIDERS = os.path.join(HERE, "fake_providers.py")
+FAKE_CLI = os.path.join(HERE, "fake_cli.py")
 
 
 def free_port():
@@ -197,6 +199,18 @@ class Edge(Daemon):
         conn, _ = self.stream_request(method, path, body, headers, timeout)
         return conn, conn.getresponse()
 
+    def run_events(self, body, headers=None, timeout=30.0):
+        """
+        One streamed native run (C{POST /v1/runs}), read to its end.
+        @return: its events, as dicts.
+        """
+        conn, response = self.stream("POST", "/v1/runs", dict(body, stream=True), headers, timeout)
+        try:
+            assert response.status == 200, response.read()
+            return [json.loads(p) for p in sse_events(response)]
+        finally:
+            conn.close()
+
     @property
     def base_url(self):
         return f"http://127.0.0.1:{self.http_port}"
@@ -216,6 +230,42 @@ class Node(Daemon):
         with open(path, "w") as f:
             yaml.safe_dump(config, f)
         super().__init__("iop-node", workdir, path)
+
+
+class Launcher:
+    """
+    Starts Edges and Nodes, each in its own numbered directory under
+    C{root}, and stops every one of them (L{stop_all}) whatever happened.
+    """
+
+    def __init__(self, root):
+        self.root = root
+        self.daemons = []
+        self.count = 0
+
+    def _dir(self, name):
+        self.count += 1
+        path = os.path.join(self.root, f"{self.count:02d}-{name}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def edge(self, config, start=True):
+        edge = Edge(self._dir("edge"), config)
+        self.daemons.append(edge)
+        return edge.start() if start else edge
+
+    def node(self, edge_port, token, start=True, **kwargs):
+        node = Node(self._dir("node"), edge_port, token, **kwargs)
+        self.daemons.append(node)
+        return node.start() if start else node
+
+    def stop_all(self):
+        for daemon in reversed(self.daemons):
+            try:
+                daemon.stop()
+            except Exception:
+                if daemon.process is not None:
+                    daemon.process.kill()
 
 
 def sse_events(response, max_lines=100_000):
@@ -252,7 +302,8 @@ def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
 
 class FakeProvider:
     """
-    tests/fake_providers.py (the C{script}) running as a subprocess.
+    A fake provider server (the C{script}, normally L{FAKE_PROVIDERS})
+    running as a subprocess.
     """
 
     def __init__(self, script, workdir, kind, delay_ms):
