@@ -4,6 +4,7 @@ setup(
     name="iop",
     version="0.1.0",
     description="An open gateway for running LLM work on machines that dial in",
+    license="MIT",
     python_requires=">=3.11",
     packages=find_packages(include=["iop", "iop.*"]) + ["twisted.plugins"],
     package_data={"iop.protocols": ["iop.proto"]},
@@ -12,7 +13,6 @@ setup(
         # The generated iop_pb2.py refuses an older runtime than its generator.
         "protobuf>=7.35.1,<8",
         "treq>=26.7",
-        "txaio>=26.6",
         "pyyaml>=6",
         "zope.interface>=8",
         "prometheus-client>=0.26",
