@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from iop.edge import bus as lifecycle
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
-from iop.edge.registry import Refused
+from iop.edge.registry import RegistrationRefused
 from iop.edge.reload import changed_nodes
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire
@@ -63,7 +63,7 @@ class NodeLinks:
             return self._refused(self.registry.find_node(token), iop_pb2.INCOMPATIBLE_VERSION, reason)
         try:
             link = self.registry.register(token, wire)
-        except Refused as refusal:
+        except RegistrationRefused as refusal:
             return self._refused(self.registry.find_node(token), refusal.code, refusal.reason)
         link.wire_version = wire_version
         try:
@@ -113,7 +113,7 @@ class NodeLinks:
         """
         try:
             first = self.registry.mark_ready(link, node_id)
-        except Refused as refusal:
+        except RegistrationRefused as refusal:
             self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
             return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
         return iop_pb2.NodeReadyResponse(ready=True), first

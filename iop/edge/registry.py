@@ -25,7 +25,7 @@ from iop.edge.config import token_digest
 from iop.protocols import iop_pb2
 
 
-class Refused(Exception):
+class RegistrationRefused(Exception):
     """
     A registration or ready that the registry will not accept.
 
@@ -85,14 +85,14 @@ class NodeRegistry:
         Claim pending ownership of the node the token names.
 
         @return: the new L{NodeLink} (not yet ready).
-        @raise Refused: for an unknown token or a node with a live owner.
+        @raise RegistrationRefused: for an unknown token or a node with a live owner.
         """
         node = self.find_node(token)
         if node is None:
-            raise Refused(iop_pb2.UNKNOWN_TOKEN, "unknown token")
+            raise RegistrationRefused(iop_pb2.UNKNOWN_TOKEN, "unknown token")
         owner = self._owners.get(node.id)
         if owner is not None and owner.open:
-            raise Refused(iop_pb2.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
+            raise RegistrationRefused(iop_pb2.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
         generation = self._generations.get(node.id, 0) + 1
         self._generations[node.id] = generation
         link = NodeLink(node_id=node.id, generation=generation, wire=wire, since=self.clock.seconds())
@@ -105,12 +105,12 @@ class NodeRegistry:
 
         @return: C{True} on the current owner's first ready, C{False} for a
             repeated one (acknowledged, no effect).
-        @raise Refused: if C{link} is stale, closed, or names another node.
+        @raise RegistrationRefused: if C{link} is stale, closed, or names another node.
         """
         if link is None or node_id != link.node_id:
-            raise Refused(iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration")
+            raise RegistrationRefused(iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration")
         if not link.open or self._owners.get(link.node_id) is not link:
-            raise Refused(iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale")
+            raise RegistrationRefused(iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale")
         if link.ready:
             return False
         link.ready = True

@@ -121,7 +121,7 @@ class ChatCompletions(JSONResource):
 
         def listener_for(kind, work_id):
             if kind == TUNNEL:
-                return TunnelRelay(call)
+                return TunnelPassthrough(call)
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
 
         return call.submit(spec, listener_for)
@@ -225,7 +225,7 @@ class ResponseRenderer(_Renderer):
 
 
 @implementer(ITunnelListener)
-class TunnelRelay:
+class TunnelPassthrough:
     """
     The provider's own response, relayed to the caller as it comes:
     status, headers (minus hop-by-hop) and raw body bytes.
