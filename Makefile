@@ -4,11 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit integration proto bench clean
+.PHONY: install demo test check lint format unit integration proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+# What ruff and mypy look at (the generated iop_pb2.py is excluded in pyproject.toml).
+SOURCES := iop tests bench scripts twisted
 
 $(STAMP): $(BIN)/python setup.py
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
@@ -19,9 +22,20 @@ install: $(STAMP)
 demo: install
 	$(BIN)/python scripts/demo.py
 
-test: install
+# Every test, after the quality gate: what CI runs.
+test: check integration
+
+# The quality gate: lint, format, types, unit tests.
+check: install
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
+	$(BIN)/mypy
 	$(BIN)/trial iop
-	$(BIN)/pytest -q tests
+
+# Rewrite the sources the way `make check` wants them.
+format: install
+	$(BIN)/ruff check --fix $(SOURCES)
+	$(BIN)/ruff format $(SOURCES)
 
 unit: install
 	$(BIN)/trial iop

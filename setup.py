@@ -25,6 +25,10 @@ setup(
             "openai>=3",
             # Pinned with protobuf: regenerates iop_pb2.py for the drift test.
             "grpcio-tools==1.85.1",
+            # The quality gate (`make check`).
+            "ruff>=0.17",
+            "mypy>=2.4",
+            "mypy-zope>=1.0.17",
         ],
     },
 )
