@@ -55,7 +55,11 @@ def timed_stream(port, path, body):
 def paths(provider_port, edge_port):
     messages = [{"role": "user", "content": PROMPT}]
     return {
-        "direct": (provider_port, "/v1/chat/completions", {"model": "fake-model", "stream": True, "messages": messages}),
+        "direct": (
+            provider_port,
+            "/v1/chat/completions",
+            {"model": "fake-model", "stream": True, "messages": messages},
+        ),
         "tunnel": (edge_port, "/v1/chat/completions", {"model": "bench", "stream": True, "messages": messages}),
         "run": (edge_port, "/v1/runs", {"model": "bench", "stream": True, "input": messages}),
     }
@@ -90,7 +94,9 @@ def p95(values):
 def report(name, results, concurrency):
     direct = results["direct"]
     print(f"\n{name} (concurrency {concurrency}, {len(direct[0])} requests per path)")
-    print(f"{'path':8} {'ttfb p50':>10} {'ttfb p95':>10} {'total p50':>10} {'total p95':>10} {'req/s':>8} {'x direct (p50 total)':>22}")
+    print(
+        f"{'path':8} {'ttfb p50':>10} {'ttfb p95':>10} {'total p50':>10} {'total p95':>10} {'req/s':>8} {'x direct (p50 total)':>22}"
+    )
     base = statistics.median(s[1] for s in direct[0])
     for path, (samples, wall) in results.items():
         firsts = [s[0] for s in samples]
@@ -112,9 +118,7 @@ def main(argv=None):
     node_conf = {
         "id": "bench-node",
         "token": "bench-token",
-        "adapters": [
-            {"name": "fake", "type": "openai_compat", "max_concurrency": 64, "base_url": provider.url("/v1")}
-        ],
+        "adapters": [{"name": "fake", "type": "openai_compat", "max_concurrency": 64, "base_url": provider.url("/v1")}],
         "providers": [{"id": "fake", "adapter": "fake", "capacity": {"normal": 64, "long": 0}}],
     }
     group = {"name": "bench", "providers": [{"node": "bench-node", "provider": "fake", "target": "fake-model"}]}

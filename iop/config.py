@@ -92,7 +92,14 @@ class Section:
 
 
 def _names(kinds):
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping", list: "a list"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        dict: "a mapping",
+        list: "a list",
+    }
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 

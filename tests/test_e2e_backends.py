@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-
 from support.daemons import FAKE_CLI, sse_events, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -41,7 +40,13 @@ def backends(launch, fake_provider, tmp_path):
             {"name": "openai", "type": "openai_compat", "max_concurrency": 4, "base_url": openai_fake.url("/v1")},
             {"name": "vllm", "type": "vllm", "max_concurrency": 4, "base_url": vllm_fake.url("/v1")},
             {"name": "ollama", "type": "ollama", "max_concurrency": 4, "base_url": ollama_fake.url()},
-            {"name": "agent", "type": "cli", "max_concurrency": 2, "command": cli, "env": {"FAKE_CLI_PIDFILE": pidfile}},
+            {
+                "name": "agent",
+                "type": "cli",
+                "max_concurrency": 2,
+                "command": cli,
+                "env": {"FAKE_CLI_PIDFILE": pidfile},
+            },
             {
                 "name": "slow-agent",
                 "type": "cli",
@@ -90,14 +95,18 @@ def direct(fake, path, body):
 
 
 def chat_text(edge, model, text="hello tunnel world"):
-    conn, response = edge.stream("POST", CHAT, {"model": model, "stream": True, "messages": [{"role": "user", "content": text}]})
+    conn, response = edge.stream(
+        "POST", CHAT, {"model": model, "stream": True, "messages": [{"role": "user", "content": text}]}
+    )
     try:
         assert response.status == 200
         payloads = list(sse_events(response))
     finally:
         conn.close()
     assert payloads[-1] == "[DONE]"
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in map(json.loads, payloads[:-1]) if c["choices"])
+    return "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in map(json.loads, payloads[:-1]) if c["choices"]
+    )
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -182,7 +191,10 @@ def test_ollama_usage_and_commands(backends):
     status, _ = edge.json("POST", "/v1/nodes/gpu/commands", {"command": "ollama_list", "adapter": "ollama"})
     assert status == 403
     status, body = edge.json(
-        "POST", "/v1/nodes/gpu/commands", {"command": "ollama_list", "adapter": "ollama"}, {"authorization": "Bearer adm"}
+        "POST",
+        "/v1/nodes/gpu/commands",
+        {"command": "ollama_list", "adapter": "ollama"},
+        {"authorization": "Bearer adm"},
     )
     assert status == 200, body
     assert "models" in body["result"]
@@ -195,7 +207,9 @@ def test_caller_disconnect_closes_provider_connection(backends):
     """
     edge, fake = backends["edge"], backends["openai"]
     conn, response = edge.stream(
-        "POST", CHAT, {"model": "gpt-slow", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "a b c"}]}
+        "POST",
+        CHAT,
+        {"model": "gpt-slow", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "a b c"}]},
     )
     assert response.status == 200
     response.readline()
@@ -213,7 +227,9 @@ def test_cli_cancel_kills_process(backends):
     Cancelling a CLI run stops its process and ends the run `cancelled`.
     """
     edge, pidfile = backends["edge"], backends["pidfile"]
-    conn, response = edge.stream("POST", "/v1/runs", {"adapter": "slow-agent", "node": "gpu", "input": "w " * 100, "stream": True})
+    conn, response = edge.stream(
+        "POST", "/v1/runs", {"adapter": "slow-agent", "node": "gpu", "input": "w " * 100, "stream": True}
+    )
     try:
         events = sse_events(response)
         first = json.loads(next(events))
@@ -250,9 +266,13 @@ def test_terminate_session(backends):
     events = edge.run_events({"adapter": "slow-agent", "node": "gpu", "input": "hi", "session_id": "s-1"})
     assert events[-1]["type"] == "complete"
     assert "[session s-1]" in "".join(e.get("text", "") for e in events)
-    status, body = edge.json("POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "slow-agent", "session_id": "s-1"})
+    status, body = edge.json(
+        "POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "slow-agent", "session_id": "s-1"}
+    )
     assert status == 200 and body["terminated"] is True, body
-    status, body = edge.json("POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "openai", "session_id": "s-1"})
+    status, body = edge.json(
+        "POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "openai", "session_id": "s-1"}
+    )
     assert status == 200 and body["terminated"] is False
     assert "not support" in body["reason"]
 
@@ -267,7 +287,9 @@ def test_tunnel_and_run_share_the_node_gate(backends):
     before = fake.stats()["max_active"]
     assert before <= 1
     conn, response = edge.stream(
-        "POST", CHAT, {"model": "single-slow", "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": "a b"}]}
+        "POST",
+        CHAT,
+        {"model": "single-slow", "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": "a b"}]},
     )
     try:
         assert response.status == 200

@@ -14,10 +14,10 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.daemons import Launcher, echo_node, wait_for
 
 from iop.protocols import iop_pb2
 from iop.protocols.wire import MAX_FRAME_BYTES, envelope
-from support.daemons import Launcher, echo_node, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,15 @@ def closed_by_peer(sock, timeout=5.0):
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
     return False
 
 
 def still_serving(edge):
-    status, body = edge.json("POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "still here"}]})
+    status, body = edge.json(
+        "POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "still here"}]}
+    )
     return status == 200 and body["choices"][0]["message"]["content"] == "still here"
 
 
@@ -110,7 +112,9 @@ chat_bodies = st.fixed_dictionaries(
     {},
     optional={
         "model": st.one_of(st.just("echo"), json_values),
-        "messages": st.one_of(st.lists(st.fixed_dictionaries({"role": json_values, "content": json_values}), max_size=3), json_values),
+        "messages": st.one_of(
+            st.lists(st.fixed_dictionaries({"role": json_values, "content": json_values}), max_size=3), json_values
+        ),
         "stream": json_values,
         "stream_options": json_values,
     },

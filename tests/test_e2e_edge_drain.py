@@ -21,7 +21,9 @@ def start_pair(launch, delay_ms, grace):
 
 def open_stream(edge):
     conn, response = edge.stream(
-        "POST", "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": WORDS}]}
+        "POST",
+        "/v1/chat/completions",
+        {"model": "echo", "stream": True, "messages": [{"role": "user", "content": WORDS}]},
     )
     assert response.status == 200
     return conn, response, sse_events(response)

@@ -9,9 +9,8 @@ import json
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import defer
-
 from support.daemons import echo_node
+from twisted.internet import defer
 
 STREAMS = 60
 
@@ -20,7 +19,11 @@ STREAMS = 60
 def pool_edge(launch):
     providers = [{"id": "echo", "adapter": "echo", "capacity": {"normal": 4, "long": 0}}]
     nodes = [echo_node(n, f"tok-{n}", delay_ms=5, max_concurrency=4, providers=providers) for n in ("a", "b")]
-    group = {"name": "chat", "providers": [{"node": n, "provider": "echo", "target": "t"} for n in ("a", "b")], "queue_timeout_sec": 60}
+    group = {
+        "name": "chat",
+        "providers": [{"node": n, "provider": "echo", "target": "t"} for n in ("a", "b")],
+        "queue_timeout_sec": 60,
+    }
     edge = launch.edge({"nodes": nodes, "model_groups": [group]})
     for n in ("a", "b"):
         launch.node(edge.node_port, f"tok-{n}")

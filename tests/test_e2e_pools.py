@@ -13,13 +13,21 @@ from support.daemons import echo_node, sse_events, wait_for
 
 def two_node_edge(delay_ms):
     nodes = [
-        echo_node(n, f"tok-{n}", delay_ms=delay_ms, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
+        echo_node(
+            n,
+            f"tok-{n}",
+            delay_ms=delay_ms,
+            providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}],
+        )
         for n in ("a", "b")
     ]
     groups = [
         {
             "name": "chat",
-            "providers": [{"node": "a", "provider": "gpu", "target": "m"}, {"node": "b", "provider": "gpu", "target": "m"}],
+            "providers": [
+                {"node": "a", "provider": "gpu", "target": "m"},
+                {"node": "b", "provider": "gpu", "target": "m"},
+            ],
             "queue_timeout_sec": 60,
         }
     ]
@@ -109,9 +117,18 @@ def one_busy_provider(launch, delay_ms, queue_timeout_sec, names=("chat",)):
     Model groups C{names} over one capacity-1 provider on node "a", with
     its slot taken by a 30-word run of the first group in the background.
     """
-    node = echo_node("a", "tok-a", delay_ms=delay_ms, providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}])
+    node = echo_node(
+        "a",
+        "tok-a",
+        delay_ms=delay_ms,
+        providers=[{"id": "gpu", "adapter": "echo", "capacity": {"normal": 1, "long": 0}}],
+    )
     groups = [
-        {"name": name, "providers": [{"node": "a", "provider": "gpu", "target": name}], "queue_timeout_sec": queue_timeout_sec}
+        {
+            "name": name,
+            "providers": [{"node": "a", "provider": "gpu", "target": name}],
+            "queue_timeout_sec": queue_timeout_sec,
+        }
         for name in names
     ]
     edge = launch.edge({"nodes": [node], "model_groups": groups})
@@ -146,7 +163,9 @@ def test_no_live_provider_is_503_at_once(launch):
     once (never queued), in OpenAI error form naming the model group.
     """
     edge = launch.edge(two_node_edge(delay_ms=0))
-    status, body = edge.json("POST", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}]})
+    status, body = edge.json(
+        "POST", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert status == 503
     assert "chat" in body["error"]["message"]
     nodes = edge.status()["nodes"]
@@ -159,7 +178,9 @@ def test_queue_timeout_is_429(launch):
     A waiter whose queue timeout passes gets HTTP 429 naming the group.
     """
     edge, busy = one_busy_provider(launch, delay_ms=100, queue_timeout_sec=0.5)
-    status, body = edge.json("POST", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}]})
+    status, body = edge.json(
+        "POST", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert status == 429
     assert "chat" in body["error"]["message"]
     busy.join(timeout=30)

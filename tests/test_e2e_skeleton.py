@@ -8,7 +8,6 @@ import signal
 
 import openai
 import pytest
-
 from support.daemons import echo_node, sse_events, wait_for
 
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -29,7 +28,9 @@ def test_stream_completion_raw_sse(pair):
     """
     edge, _ = pair
     conn, response = edge.stream(
-        "POST", "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": TEXT}]}
+        "POST",
+        "/v1/chat/completions",
+        {"model": "echo", "stream": True, "messages": [{"role": "user", "content": TEXT}]},
     )
     try:
         assert response.status == 200
@@ -124,7 +125,9 @@ def test_bad_json_is_openai_error(pair):
     status, _, body = edge.request("POST", "/v1/chat/completions", b"{not json")
     assert status == 400
     assert json.loads(body)["error"]["code"] == "invalid_json"
-    status, body = edge.json("POST", "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    status, body = edge.json(
+        "POST", "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert status == 404 and "error" in body
     assert edge.node_connected("node-1")
 
@@ -154,9 +157,13 @@ def test_caller_api_keys(launch):
     assert status == 401 and error["error"]["code"] == "invalid_api_key"
     status, reply = edge.json("POST", "/v1/chat/completions", body, {"authorization": "Bearer caller"})
     assert status == 200 and reply["choices"][0]["message"]["content"] == "hi"
-    status, _ = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer caller"})
+    status, _ = edge.json(
+        "POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer caller"}
+    )
     assert status == 403
-    status, result = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer adm"})
+    status, result = edge.json(
+        "POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer adm"}
+    )
     assert status == 200 and result["command"] == "capabilities"
 
 

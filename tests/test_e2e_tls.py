@@ -11,7 +11,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-
 from support.daemons import echo_node
 
 
@@ -22,7 +21,7 @@ def self_signed(directory):
     """
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -42,7 +41,11 @@ def self_signed(directory):
     os.makedirs(trust, exist_ok=True)
     key_path, cert_path = os.path.join(directory, "edge.key"), os.path.join(directory, "edge.crt")
     with open(key_path, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
     pem = cert.public_bytes(serialization.Encoding.PEM)
     for path in (cert_path, os.path.join(trust, "edge.pem")):
         with open(path, "wb") as f:
@@ -61,11 +64,16 @@ def test_node_over_tls(launch, tmp_path):
     edge.rewrite_listen(nodes=f"ssl:{edge.node_port}:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}")
     edge.start()
     untrusting = launch.node(
-        edge.node_port, "tok-1", extra={"edge": f"tls:localhost:{edge.node_port}"}, reconnect={"max_attempts": 2, "interval_sec": 0.2}
+        edge.node_port,
+        "tok-1",
+        extra={"edge": f"tls:localhost:{edge.node_port}"},
+        reconnect={"max_attempts": 2, "interval_sec": 0.2},
     )
     assert untrusting.wait(timeout=20) != 0
     assert edge.node_connected("node-1") is False
     launch.node(edge.node_port, "tok-1", extra={"edge": f"tls:localhost:{edge.node_port}:trustRoots={trust}"})
     edge.wait_connected("node-1")
-    status, body = edge.json("POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "over tls"}]})
+    status, body = edge.json(
+        "POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "over tls"}]}
+    )
     assert status == 200 and body["choices"][0]["message"]["content"] == "over tls"

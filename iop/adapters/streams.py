@@ -36,15 +36,23 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
-from iop.httpheaders import relay_headers
 from iop.adapters.interface import AdapterConfigError
-from iop.run import COMPLETE, ERROR, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE, START, RunEventData, RunFailure
+from iop.httpheaders import relay_headers
+from iop.run import (
+    COMPLETE,
+    ERROR,
+    PROVIDER_ERROR,
+    PROVIDER_TIMEOUT,
+    PROVIDER_UNREACHABLE,
+    START,
+    RunEventData,
+    RunFailure,
+)
 
 #: How much of an error response body is kept for the error message.
 ERROR_BODY_LIMIT = 64 * 1024
 #: How much of a non-streamed JSON body is buffered for parsing.
 JSON_BODY_LIMIT = 16 * 1024 * 1024
-
 
 
 class ProviderError(Exception):
@@ -446,9 +454,7 @@ class HTTPAdapter(AdapterBase):
         raw = Headers()
         for name, value in self.default_headers() if headers is None else headers:
             raw.addRawHeader(_header_bytes(name), _header_bytes(value))
-        return self.http.request(
-            method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs
-        )
+        return self.http.request(method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs)
 
     def read(self, request, on_response):
         """

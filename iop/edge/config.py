@@ -10,9 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from iop.run import ADAPTER_TYPES
 from iop.config import ConfigError, load_yaml
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
+from iop.run import ADAPTER_TYPES
 
 _ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
 
@@ -93,7 +93,20 @@ def load(path):
 
 
 def parse(top):
-    top.unknown({"listen", "heartbeat", "nodes", "model_groups", "api_keys", "admin_keys", "manhole", "metrics", "run_grace_sec", "shutdown_grace_sec"})
+    top.unknown(
+        {
+            "listen",
+            "heartbeat",
+            "nodes",
+            "model_groups",
+            "api_keys",
+            "admin_keys",
+            "manhole",
+            "metrics",
+            "run_grace_sec",
+            "shutdown_grace_sec",
+        }
+    )
     listen = top.section("listen")
     listen.unknown({"nodes", "http"})
     heartbeat = top.section("heartbeat", None)

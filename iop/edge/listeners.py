@@ -44,7 +44,13 @@ def add_listeners(edge, reactor):
     if config.manhole is not None:
         from iop.edge.manhole import manhole_service
 
-        namespace = {"edge": edge, "registry": edge.registry, "pool": edge.pool, "bus": edge.bus, "inflight": edge.inflight}
+        namespace = {
+            "edge": edge,
+            "registry": edge.registry,
+            "pool": edge.pool,
+            "bus": edge.bus,
+            "inflight": edge.inflight,
+        }
         console = manhole_service(config.manhole, namespace, reactor)
         console.setServiceParent(edge)
     return nodes, http, console

@@ -21,7 +21,9 @@ class _ServiceCollector:
         status = self.service.status()
         connected = GaugeMetricFamily("iop_edge_node_connected", "1 if the node is dispatch-ready", labels=["node"])
         in_use = GaugeMetricFamily("iop_edge_provider_in_use", "Leases held", labels=["node", "provider", "class"])
-        capacity = GaugeMetricFamily("iop_edge_provider_capacity", "Effective capacity", labels=["node", "provider", "class"])
+        capacity = GaugeMetricFamily(
+            "iop_edge_provider_capacity", "Effective capacity", labels=["node", "provider", "class"]
+        )
         for node in status["nodes"]:
             connected.add_metric([node["id"]], 1 if node["connected"] else 0)
             for provider in node["providers"]:

@@ -550,11 +550,14 @@ class ProviderPool:
         """
         resources = self._byNode.get(node_id, ())
         if not resources or resources[0].generation is None or resources[0].generation != generation:
-            self.log.debug("ignoring stale disconnect of node {node} generation {generation}",
-                           node=node_id, generation=generation)
+            self.log.debug(
+                "ignoring stale disconnect of node {node} generation {generation}", node=node_id, generation=generation
+            )
             return
         returned = sum(resource.setGeneration(None) for resource in resources)
-        failed = self._fail_waiters(lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None)
+        failed = self._fail_waiters(
+            lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None
+        )
         self.log.info(
             "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",
             node=node_id,

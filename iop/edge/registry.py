@@ -108,9 +108,13 @@ class NodeRegistry:
         @raise RegistrationRefused: if C{link} is stale, closed, or names another node.
         """
         if link is None or node_id != link.node_id:
-            raise RegistrationRefused(iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration")
+            raise RegistrationRefused(
+                iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration"
+            )
         if not link.open or self._owners.get(link.node_id) is not link:
-            raise RegistrationRefused(iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale")
+            raise RegistrationRefused(
+                iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale"
+            )
         if link.ready:
             return False
         link.ready = True

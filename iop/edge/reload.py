@@ -29,11 +29,13 @@ def changed_nodes(old, new):
     if [n.id for n in old.nodes] != [n.id for n in new.nodes]:
         raise ConfigError("nodes were added, removed or reordered: restart the Edge to apply it (nothing was reloaded)")
     changed = []
-    for before, after in zip(old.nodes, new.nodes):
+    for before, after in zip(old.nodes, new.nodes, strict=True):
         for name in _NODE_FIELDS_NEEDING_RESTART:
             if getattr(before, name) != getattr(after, name):
                 shown = "token" if name == "token_digest" else name
-                raise ConfigError(f"nodes[{before.id}].{shown} changed: restart the Edge to apply it (nothing was reloaded)")
+                raise ConfigError(
+                    f"nodes[{before.id}].{shown} changed: restart the Edge to apply it (nothing was reloaded)"
+                )
         if before.adapters != after.adapters:
             changed.append(after.id)
     return changed

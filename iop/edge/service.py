@@ -141,7 +141,9 @@ class EdgeService(MultiService):
         except Exception as e:
             self.log.warn("sending {kind} {id} failed: {error}", kind=dispatch.kind, id=dispatch.id, error=e)
             dispatch.finish()
-            raise ServiceError("failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed") from None
+            raise ServiceError(
+                "failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed"
+            ) from None
         return work_id
 
     def cancel(self, work_id):
@@ -259,9 +261,7 @@ class EdgeService(MultiService):
         grace = self.config.shutdown_grace_sec
         self.draining = True
         busy = len(self.inflight)
-        self.log.info(
-            "draining: {busy} run(s)/tunnel(s) in flight, up to {grace:g}s to finish", busy=busy, grace=grace
-        )
+        self.log.info("draining: {busy} run(s)/tunnel(s) in flight, up to {grace:g}s to finish", busy=busy, grace=grace)
         stopping = [defer.maybeDeferred(child.stopService) for child in self._listeners if child.running]
         self.pool.fail_waiters(_shutting_down())
         self.links.say_draining(grace, "the Edge is shutting down")

@@ -4,8 +4,8 @@ rest of the code uses (L{iop.run}), kept in one place so
 that "absent is not zero" for the usage breakdown holds everywhere.
 """
 
-from iop.run import RunEventData, RunFailure, Usage
 from iop.protocols import iop_pb2
+from iop.run import RunEventData, RunFailure, Usage
 
 _BREAKDOWN = ("reasoning_tokens", "cached_input_tokens")
 

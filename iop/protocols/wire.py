@@ -51,8 +51,7 @@ def peer_wire_version(register_request):
 
 
 _FIELD_BY_TYPE = {
-    field.message_type.full_name: field.name
-    for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
+    field.message_type.full_name: field.name for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
 }
 
 

@@ -37,7 +37,10 @@ EDGE_YAML = {
     "model_groups": [
         {
             "name": "grp",
-            "providers": [{"node": "n1", "provider": "p1", "target": "t1"}, {"node": "n2", "provider": "p2", "target": "t2"}],
+            "providers": [
+                {"node": "n1", "provider": "p1", "target": "t1"},
+                {"node": "n2", "provider": "p2", "target": "t2"},
+            ],
             "queue_timeout_sec": 10,
         }
     ],

@@ -182,14 +182,21 @@ class Edge(Daemon):
         return nodes[node_id]["connected"]
 
     def wait_connected(self, node_id, connected=True, timeout=20.0):
-        wait_for(lambda: self.node_connected(node_id) == connected, timeout=timeout, what=f"{node_id} connected={connected}")
+        wait_for(
+            lambda: self.node_connected(node_id) == connected, timeout=timeout, what=f"{node_id} connected={connected}"
+        )
 
     def stream_request(self, method, path, body, headers=None, timeout=30.0):
         """
         Send a request without waiting for the answer. @return: C{(connection, None)}.
         """
         conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
-        conn.request(method, path, body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
+        conn.request(
+            method,
+            path,
+            body=json.dumps(body).encode(),
+            headers={"content-type": "application/json", **(headers or {})},
+        )
         return conn, None
 
     def stream(self, method, path, body, headers=None, timeout=30.0):
@@ -296,7 +303,8 @@ def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
         "id": node_id,
         "token": token,
         "adapters": [{"name": "echo", "type": "echo", "max_concurrency": max_concurrency, "delay_ms": delay_ms}],
-        "providers": providers or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 1}}],
+        "providers": providers
+        or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 1}}],
     }
 
 
@@ -313,7 +321,9 @@ class FakeProvider:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for(lambda: os.path.exists(self.port_file) and open(self.port_file).read().strip(), what=f"fake {kind} provider")
+        wait_for(
+            lambda: os.path.exists(self.port_file) and open(self.port_file).read().strip(), what=f"fake {kind} provider"
+        )
         self.port = int(open(self.port_file).read().strip())
 
     def url(self, path=""):

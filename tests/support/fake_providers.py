@@ -280,8 +280,14 @@ class Ollama(Provider):
 
     def tags(self, request, body, number):
         models = [
-            {"name": f"{m}:latest", "model": f"{m}:latest", "modified_at": ZERO_TIME, "size": 0,
-             "digest": "0" * 64, "details": self.details()}
+            {
+                "name": f"{m}:latest",
+                "model": f"{m}:latest",
+                "modified_at": ZERO_TIME,
+                "size": 0,
+                "digest": "0" * 64,
+                "details": self.details(),
+            }
             for m in MODELS
         ]
         return self.json(request, 200, {"models": models})
@@ -297,8 +303,15 @@ class Ollama(Provider):
 
     def show(self, request, body, number):
         return self.known(request, body) or self.json(
-            request, 200, {"modelfile": "", "parameters": "", "template": "{{ .Prompt }}", "details": self.details(),
-                           "model_info": {}}
+            request,
+            200,
+            {
+                "modelfile": "",
+                "parameters": "",
+                "template": "{{ .Prompt }}",
+                "details": self.details(),
+                "model_info": {},
+            },
         )
 
     def pull(self, request, body, number):
@@ -328,9 +341,14 @@ class Ollama(Provider):
             return dumps(data).encode() + b"\n"
 
         final = line(
-            done=True, done_reason="stop", total_duration=0, load_duration=0,
-            prompt_eval_count=len(text.split()), prompt_eval_duration=0,
-            eval_count=len(words) + len(REASONING), eval_duration=0,
+            done=True,
+            done_reason="stop",
+            total_duration=0,
+            load_duration=0,
+            prompt_eval_count=len(text.split()),
+            prompt_eval_duration=0,
+            eval_count=len(words) + len(REASONING),
+            eval_duration=0,
         )
         if not body.get("stream", True):
             data = json.loads(final)

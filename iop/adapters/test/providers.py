@@ -149,9 +149,11 @@ def chunk(content=None, reasoning=None, reasoning_key="reasoning_content", finis
         delta[reasoning_key] = reasoning
     if content is not None:
         delta["content"] = content
-    choices = [] if usage is not None and content is None and reasoning is None and finish is None else [
-        {"index": 0, "delta": delta, "finish_reason": finish}
-    ]
+    choices = (
+        []
+        if usage is not None and content is None and reasoning is None and finish is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    )
     data = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices}
     if usage is not None:
         data["usage"] = usage

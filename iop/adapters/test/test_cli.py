@@ -69,8 +69,14 @@ class RunTests(CLITestCase):
         between start and complete; no usage is invented.
         """
         events = Events()
-        run = RunInput("r1", messages=[{"role": "user", "content": "old"}, {"role": "assistant", "content": "x"},
-                                        {"role": "user", "content": "h\u00e9llo"}])
+        run = RunInput(
+            "r1",
+            messages=[
+                {"role": "user", "content": "old"},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "h\u00e9llo"},
+            ],
+        )
         yield self.adapter(**python(UPPER)).execute(run, events)
         self.assertEqual(events.types()[0], "start")
         self.assertEqual(events.types()[-1], "complete")

@@ -289,7 +289,12 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         """
         self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).idle_timeout)
         error = self.assertRaises(
-            AdapterConfigError, OpenAICompatAdapter, "p", 1, {"base_url": "http://x/v1", "idle_timeout_sec": -1}, reactor
+            AdapterConfigError,
+            OpenAICompatAdapter,
+            "p",
+            1,
+            {"base_url": "http://x/v1", "idle_timeout_sec": -1},
+            reactor,
         )
         self.assertIn("idle_timeout_sec", str(error))
 
@@ -354,8 +359,11 @@ class TunnelTests(OpenAICompatTestCase):
         A non-streamed JSON answer is relayed as is; its usage is observed.
         """
         body = json.dumps(
-            {"model": "m", "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "length"}],
-             "usage": {"prompt_tokens": 2, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}
+            {
+                "model": "m",
+                "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}},
+            }
         ).encode()
         script = Script(headers=[("Content-Type", "application/json")], chunks=[body[:10], body[10:]])
         sink = Sink()

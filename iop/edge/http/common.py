@@ -115,7 +115,9 @@ class Keys:
             return
         key = bearer(request)
         if key is None:
-            raise HTTPError("unauthorized", "an API key is required (Authorization: Bearer ...)", code="missing_api_key")
+            raise HTTPError(
+                "unauthorized", "an API key is required (Authorization: Bearer ...)", code="missing_api_key"
+            )
         if key not in self.api_keys and key not in self.admin_keys:
             raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
 
@@ -264,7 +266,7 @@ class EventStream:
 
     def send_raw(self, text):
         self.start()
-        self.request.write(f"data: {text}\n\n".encode("utf-8"))
+        self.request.write(f"data: {text}\n\n".encode())
 
     def done(self):
         """

@@ -10,8 +10,6 @@ provider runs a normalized run rendered here as OpenAI chunks or one JSON
 response.
 """
 
-import json
-
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
@@ -213,9 +211,7 @@ class ResponseRenderer(_Renderer):
                 "object": "chat.completion",
                 "created": self.created,
                 "model": self.model,
-                "choices": [
-                    {"index": 0, "message": message, "finish_reason": "stop"}
-                ],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
             }
             if event.usage is not None:
                 response["usage"] = openai_usage(event.usage)
@@ -289,5 +285,7 @@ class Models(JSONResource):
     def handle_GET(self, request):
         return {
             "object": "list",
-            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "iop"} for name in self.service.models()],
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "iop"} for name in self.service.models()
+            ],
         }

@@ -50,16 +50,20 @@ class EdgeConfigTests(SynchronousTestCase):
         """
         token_sha256 must be 64 hex digits.
         """
+
         def mutate(d):
             d["nodes"][0].pop("token")
             d["nodes"][0]["token_sha256"] = "abc"
+
         self.assertRefused(mutate, "nodes[0].token_sha256")
 
     def test_unknownAdapterType(self):
         """
         An adapter type that does not exist is named.
         """
-        self.assertRefused(lambda d: d["nodes"][0]["adapters"][0].update(type="gpt"), "nodes[0].adapters[0].type", "gpt")
+        self.assertRefused(
+            lambda d: d["nodes"][0]["adapters"][0].update(type="gpt"), "nodes[0].adapters[0].type", "gpt"
+        )
 
     def test_unknownKey(self):
         """
@@ -72,7 +76,8 @@ class EdgeConfigTests(SynchronousTestCase):
         A model group naming a provider its node lacks is refused.
         """
         self.assertRefused(
-            lambda d: d["model_groups"][0]["providers"][0].update(provider="zz"), "model_groups[0].providers[0].provider"
+            lambda d: d["model_groups"][0]["providers"][0].update(provider="zz"),
+            "model_groups[0].providers[0].provider",
         )
 
     def test_duplicateNode(self):

@@ -9,8 +9,8 @@ import json
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.testing.edge import EdgeHarness
 from iop.protocols import iop_pb2
+from iop.testing.edge import EdgeHarness
 
 BASE = "http://edge.invalid"
 
@@ -70,9 +70,20 @@ class SurfaceTests(SynchronousTestCase):
         """
         d = self.post(
             "/v1/chat/completions",
-            {"model": "echo", "stream": True, "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": "a"}]},
+            {
+                "model": "echo",
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "a"}],
+            },
         )
-        self.answer(("start", ""), ("delta", "a"), ("reasoning_delta", "hm"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1))
+        self.answer(
+            ("start", ""),
+            ("delta", "a"),
+            ("reasoning_delta", "hm"),
+            ("complete", ""),
+            usage=iop_pb2.Usage(input_tokens=1, output_tokens=1),
+        )
         code, headers, body = self.result(d)
         self.assertEqual(code, 200)
         self.assertEqual(headers.getRawHeaders(b"content-type"), [b"text/event-stream"])
@@ -91,7 +102,9 @@ class SurfaceTests(SynchronousTestCase):
         A stream still running when a drain ends gets an error event naming
         C{shutting_down} and then C{[DONE]}: an ending, never a cut.
         """
-        d = self.post("/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]})
+        d = self.post(
+            "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]}
+        )
         self.answer(("start", ""), ("delta", "a"))
         self.edge.service.stopService()
         self.edge.service.hurry()
@@ -120,7 +133,9 @@ class SurfaceTests(SynchronousTestCase):
         A run that fails before any output answers with the provider's HTTP
         status and an OpenAI error body.
         """
-        d = self.post("/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]})
+        d = self.post(
+            "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]}
+        )
         self.answer(("error", ""), error=iop_pb2.RunError(code="provider_error", message="slow down", status=429))
         code, _, body = self.result(d)
         self.assertEqual(code, 429)
@@ -159,7 +174,9 @@ class SurfaceTests(SynchronousTestCase):
         """
         A model that names neither a group nor an adapter is a 404.
         """
-        code, _, _ = self.result(self.post("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "a"}]}))
+        code, _, _ = self.result(
+            self.post("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "a"}]})
+        )
         self.assertEqual(code, 404)
 
     def test_nativeRunEvents(self):
@@ -168,7 +185,9 @@ class SurfaceTests(SynchronousTestCase):
         on deltas and usage on the terminal.
         """
         d = self.post("/v1/runs", {"adapter": "echo", "node": "n1", "input": "x", "stream": True})
-        self.answer(("start", ""), ("delta", "x"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1))
+        self.answer(
+            ("start", ""), ("delta", "x"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1)
+        )
         _, _, body = self.result(d)
         events = [json.loads(line[6:]) for line in body.decode().split("\n") if line.startswith("data: ")]
         self.assertEqual([e["type"] for e in events], ["start", "delta", "complete"])

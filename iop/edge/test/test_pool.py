@@ -74,8 +74,16 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
         pool.nodeReady("n1", "gen-7")
         lease = self.leaseOf(pool.acquire("m", NORMAL))
         self.assertEqual(
-            (lease.node_id, lease.provider_id, lease.adapter, lease.adapter_type, lease.target,
-             lease.klass, lease.generation, lease.group),
+            (
+                lease.node_id,
+                lease.provider_id,
+                lease.adapter,
+                lease.adapter_type,
+                lease.target,
+                lease.klass,
+                lease.generation,
+                lease.group,
+            ),
             ("n1", "p1", "vllm-a", "vllm", "m-on-n1", NORMAL, "gen-7", "m"),
         )
         self.assertTrue(lease.active)
@@ -428,8 +436,7 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         pool.nodeDisconnected("n1", 1)
         self.assertEqual(served, [])
         pool.nodeReady("n1", 2)
-        self.assertEqual([(i, lease.node_id, lease.generation) for i, lease in served],
-                         [(0, "n1", 2), (1, "n1", 2)])
+        self.assertEqual([(i, lease.node_id, lease.generation) for i, lease in served], [(0, "n1", 2), (1, "n1", 2)])
         pool.nodeReady("n1", 2)  # a duplicate ready changes nothing
         self.assertEqual(len(served), 2)
         self.assertEqual(self.queued(pool, "m"), 1)
@@ -472,7 +479,10 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         the queue length of every model group.
         """
         pool = self.makePool(
-            [provider("n1", "p1", normal=2, long=1, adapter="a1"), provider("n2", "p2", normal=3, long=2, adapter="a2")],
+            [
+                provider("n1", "p1", normal=2, long=1, adapter="a1"),
+                provider("n2", "p2", normal=3, long=2, adapter="a2"),
+            ],
             [group("m", ("n1", "p1")), group("o", ("n2", "p2"))],
             ready=["n1"],
         )
@@ -482,10 +492,24 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
             pool.snapshot(),
             {
                 "providers": [
-                    {"node": "n1", "id": "p1", "adapter": "a1", "status": "available", "health": "ok",
-                     "capacity": {"normal": 2, "long": 1}, "in_use": {"normal": 0, "long": 1}},
-                    {"node": "n2", "id": "p2", "adapter": "a2", "status": "unavailable", "health": "offline",
-                     "capacity": {"normal": 0, "long": 0}, "in_use": {"normal": 0, "long": 0}},
+                    {
+                        "node": "n1",
+                        "id": "p1",
+                        "adapter": "a1",
+                        "status": "available",
+                        "health": "ok",
+                        "capacity": {"normal": 2, "long": 1},
+                        "in_use": {"normal": 0, "long": 1},
+                    },
+                    {
+                        "node": "n2",
+                        "id": "p2",
+                        "adapter": "a2",
+                        "status": "unavailable",
+                        "health": "offline",
+                        "capacity": {"normal": 0, "long": 0},
+                        "in_use": {"normal": 0, "long": 0},
+                    },
                 ],
                 "model_groups": [{"name": "m", "queued": 1}, {"name": "o", "queued": 0}],
             },

@@ -6,7 +6,8 @@ checked against a small model after every step and at quiescence.
 
 from fractions import Fraction
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
@@ -83,9 +84,11 @@ class PoolMachine(RuleBasedStateMachine):
         self.clock = Clock()
         providers = [
             ProviderSpec(node, pid, f"{node}-{pid}-adapter", "echo", normal, long)
-            for (node, pid), (normal, long) in zip(RESOURCES, capacities)
+            for (node, pid), (normal, long) in zip(RESOURCES, capacities, strict=True)
         ]
-        self.capacity = {(p.node_id, p.provider_id): {NORMAL: p.capacity_normal, LONG: p.capacity_long} for p in providers}
+        self.capacity = {
+            (p.node_id, p.provider_id): {NORMAL: p.capacity_normal, LONG: p.capacity_long} for p in providers
+        }
         self.pool = ProviderPool(self.clock, providers, makeGroups())
         self.live = {node: None for node in NODES}
         self.lastGeneration = {node: 0 for node in NODES}
@@ -141,7 +144,8 @@ class PoolMachine(RuleBasedStateMachine):
                 # Granted at once: the least loaded member with room, ties
                 # to config order.
                 withRoom = [
-                    m.key for m in GROUPS[group].members
+                    m.key
+                    for m in GROUPS[group].members
                     if before[m.key]["capacity"][klass] - before[m.key]["in_use"][klass] > 0
                 ]
                 best = min(withRoom, key=lambda k: Fraction(before[k]["in_use"][klass], before[k]["capacity"][klass]))
@@ -253,7 +257,9 @@ class PoolMachine(RuleBasedStateMachine):
             for klass in CLASSES:
                 assert entry["capacity"][klass] == (self.capacity[key][klass] if live else 0)
                 expected = sum(
-                    1 for lease in self.countedLeases() if (lease.node_id, lease.provider_id, lease.klass) == key + (klass,)
+                    1
+                    for lease in self.countedLeases()
+                    if (lease.node_id, lease.provider_id, lease.klass) == key + (klass,)
                 )
                 assert entry["in_use"][klass] == expected, (key, klass, entry, expected)
         assert set(self.pool.activeLeases()) == set(self.countedLeases())

@@ -9,12 +9,11 @@ import json
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
-
 from iop.edge.config import token_digest
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
-from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
 from iop.protocols import iop_pb2
+from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
 
 
 def hello():
@@ -80,9 +79,15 @@ class RegistrationTests(SynchronousTestCase):
         fallback and pooled placement all fail, and it shows disconnected.
         """
         self.edge.register(ready=False)
-        self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], adapter="echo", node="n1"), Recorder().for_run), ServiceError)
-        self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], adapter="echo"), Recorder().for_run), ServiceError)
-        f = self.failureResultOf(self.edge.service.submit(RunSpec(messages=[], model="grp"), Recorder().for_run), ServiceError)
+        self.failureResultOf(
+            self.edge.service.submit(RunSpec(messages=[], adapter="echo", node="n1"), Recorder().for_run), ServiceError
+        )
+        self.failureResultOf(
+            self.edge.service.submit(RunSpec(messages=[], adapter="echo"), Recorder().for_run), ServiceError
+        )
+        f = self.failureResultOf(
+            self.edge.service.submit(RunSpec(messages=[], model="grp"), Recorder().for_run), ServiceError
+        )
         self.assertEqual(f.value.kind, "unavailable")
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
 
@@ -370,6 +375,7 @@ class ReloadTests(SynchronousTestCase):
         node, not to a pending one; a node that registers later gets them
         in its registration answer.
         """
+
         def mutate(data):
             for node in data["nodes"]:
                 node["adapters"][0].update(max_concurrency=7, delay_ms=5)
@@ -401,8 +407,12 @@ class ReloadTests(SynchronousTestCase):
             (lambda d: d["model_groups"][0].update(queue_timeout_sec=1), "model_groups"),
             (lambda d: d["nodes"][0].update(token="other"), "nodes[n1].token"),
             (lambda d: d["listen"].update(http="tcp:1"), "listen_http"),
-            (lambda d: d["nodes"].append(dict(d["nodes"][1], id="n3", token="tok-3", providers=[])), "nodes were added"),
+            (
+                lambda d: d["nodes"].append(dict(d["nodes"][1], id="n3", token="tok-3", providers=[])),
+                "nodes were added",
+            ),
         ]:
+
             def both(data, mutate=mutate):
                 mutate(data)
                 data["nodes"][0]["adapters"][0]["max_concurrency"] = 9

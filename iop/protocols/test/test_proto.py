@@ -41,9 +41,22 @@ class DriftTests(SynchronousTestCase):
         """
         names = set(iop_pb2.DESCRIPTOR.message_types_by_name)
         for required in [
-            "RegisterRequest", "RegisterResponse", "NodeConfigPayload", "NodeReadyRequest", "NodeReadyResponse",
-            "Ping", "Pong", "RunRequest", "RunEvent", "CancelRequest", "NodeCommandRequest",
-            "NodeCommandResponse", "ProviderTunnelRequest", "ProviderTunnelFrame", "ConfigRefresh", "Usage",
+            "RegisterRequest",
+            "RegisterResponse",
+            "NodeConfigPayload",
+            "NodeReadyRequest",
+            "NodeReadyResponse",
+            "Ping",
+            "Pong",
+            "RunRequest",
+            "RunEvent",
+            "CancelRequest",
+            "NodeCommandRequest",
+            "NodeCommandResponse",
+            "ProviderTunnelRequest",
+            "ProviderTunnelFrame",
+            "ConfigRefresh",
+            "Usage",
         ]:
             self.assertIn(required, names)
         self.assertEqual(set(iop_pb2.CancelRequest.Kind.keys()), {"CANCEL_RUN", "TERMINATE_SESSION"})

@@ -66,7 +66,11 @@ def frame(message):
     return struct.pack("!I", len(data)) + data
 
 
-def connect(receiver=None, heartbeat=Heartbeat()):
+#: Heartbeat is a frozen dataclass: one shared default is safe.
+DEFAULT_HEARTBEAT = Heartbeat()
+
+
+def connect(receiver=None, heartbeat=DEFAULT_HEARTBEAT):
     receiver = receiver or RecordingReceiver()
     clock = Clock()
     protocol = WireProtocol(receiver, clock, heartbeat)
@@ -101,7 +105,9 @@ class FramingTests(SynchronousTestCase):
         Two frames arriving together are delivered in order.
         """
         protocol, receiver, _, _ = connect()
-        protocol.dataReceived(frame(iop_pb2.NodeReadyRequest(node_id="a")) + frame(iop_pb2.NodeReadyRequest(node_id="b")))
+        protocol.dataReceived(
+            frame(iop_pb2.NodeReadyRequest(node_id="a")) + frame(iop_pb2.NodeReadyRequest(node_id="b"))
+        )
         self.assertEqual([m.node_id for _, m in receiver.messages], ["a", "b"])
 
     def test_sendFramesEnvelope(self):
