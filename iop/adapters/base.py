@@ -15,7 +15,8 @@ class AdapterBase:
     @ivar options: the adapter's type-specific configuration keys.
     """
 
-    type = None
+    #: The adapter type name (a key of L{iop.run.ADAPTER_TYPES}).
+    type: str = ""
 
     def __init__(self, name, max_concurrency, options, reactor):
         if not isinstance(max_concurrency, int) or max_concurrency < 1:

@@ -64,7 +64,7 @@ class _Fake(ProcessProtocol):
 
 
 class FakeProviderTestCase(TestCase):
-    kind = None
+    kind: str = ""
 
     @defer.inlineCallbacks
     def setUp(self):

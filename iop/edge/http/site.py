@@ -23,7 +23,8 @@ class _TrackedChannel(HTTPChannel):
 
 
 class EdgeSite(Site):
-    protocol = _TrackedChannel
+    # HTTP/1.1 only (no HTTP/2 negotiation), which is what the Edge serves.
+    protocol = _TrackedChannel  # type: ignore[assignment]
 
     def __init__(self, resource, **kwargs):
         super().__init__(resource, **kwargs)
