@@ -34,6 +34,10 @@ EXIT_BAD_CONFIG = 1
 EXIT_REFUSED = 2
 #: Every allowed consecutive connect attempt failed.
 EXIT_EXHAUSTED = 3
+#: The Edge cannot serve this Node's wire version (C{INCOMPATIBLE_VERSION}):
+#: one side must be upgraded, which an operator must see apart from a bad
+#: token.
+EXIT_INCOMPATIBLE = 4
 
 
 class ProcessExit:

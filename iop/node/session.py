@@ -20,7 +20,14 @@ from iop.node.runs import RunManager
 from iop.node.tunnels import TunnelManager
 from iop.node.work import Inflight
 from iop.protocols import iop_pb2
-from iop.protocols.wire import FrameTooLarge, Heartbeat, IWireReceiver, ProtocolViolation
+from iop.protocols.wire import (
+    WIRE_VERSION,
+    FrameTooLarge,
+    Heartbeat,
+    IWireReceiver,
+    ProtocolViolation,
+    peer_wire_version,
+)
 
 
 class RetryableRefusal(Exception):
@@ -34,12 +41,34 @@ class RetryableRefusal(Exception):
 class FatalRefusal(Exception):
     """
     Retrying cannot help: the Edge does not know the token, could not
-    build this Node's configuration, or an adapter it configured cannot be
-    built here.
+    build this Node's configuration, cannot serve its wire version, or an
+    adapter it configured cannot be built here.
+    """
+
+
+class IncompatibleVersion(FatalRefusal):
+    """
+    The Edge cannot serve this Node's wire version. Fatal like a bad
+    token, but the cure is different (upgrade one side), so the process
+    ends with its own exit status.
     """
 
 
 _FATAL_CODES = {iop_pb2.UNKNOWN_TOKEN, iop_pb2.CONFIG_BUILD_FAILED}
+
+
+def _refusal(response):
+    """
+    The exception for a C{RegisterResponse(accepted=false)}.
+    """
+    code = iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
+    text = f"registration refused ({code}): {response.reason or 'no reason given'}"
+    if response.code == iop_pb2.INCOMPATIBLE_VERSION:
+        return IncompatibleVersion(f"{text} (this node speaks wire version {WIRE_VERSION})")
+    if response.code in _FATAL_CODES:
+        return FatalRefusal(text)
+    return RetryableRefusal(text)
+
 
 # Session states, in order.
 CONNECTING = "connecting"
@@ -59,6 +88,8 @@ class NodeSession:
         L{FatalRefusal}. Fires exactly once.
     @ivar lost: fires with a one-line reason once the connection is gone.
     @ivar node_id: the id the Edge assigned, once registered.
+    @ivar edge_wire_version: the wire version the Edge declared when it
+        accepted this session (1 when it declared none); C{None} before.
     """
 
     log = Logger()
@@ -70,6 +101,7 @@ class NodeSession:
         self.state = CONNECTING
         self.wire = None
         self.node_id = None
+        self.edge_wire_version = None
         self.inflight = Inflight()
         self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
         self.tunnels = TunnelManager(context.host, self.inflight, self.send, context.usage, context.metrics)
@@ -89,7 +121,11 @@ class NodeSession:
     def wireConnected(self, wire):
         self.wire = wire
         self.state = REGISTERING
-        self.send(iop_pb2.RegisterRequest(token=self.context.token, node_version=self.context.node_version))
+        self.send(
+            iop_pb2.RegisterRequest(
+                token=self.context.token, node_version=self.context.node_version, wire_version=WIRE_VERSION
+            )
+        )
         self._expect("RegisterResponse")
 
     def messageReceived(self, kind, message):
@@ -168,12 +204,12 @@ class NodeSession:
     def _registered(self, response):
         self._cancelTimer()
         if not response.accepted:
-            code = iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
-            text = f"registration refused ({code}): {response.reason or 'no reason given'}"
-            self._refuse(FatalRefusal(text) if response.code in _FATAL_CODES else RetryableRefusal(text))
+            self._refuse(_refusal(response))
             return
         config = response.config
         self.node_id = config.node_id
+        # The "absent is version 1" rule reads the same in both directions.
+        self.edge_wire_version = peer_wire_version(response)
         self.state = CONFIGURING
         self.log.info(
             "registered with the Edge as {node_id}; starting {count} adapter(s)",

@@ -26,8 +26,8 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger, globalLogPublisher
 from zope.interface import implementer
 
-from iop.node.exit import EXIT_EXHAUSTED, EXIT_REFUSED
-from iop.node.session import FatalRefusal, NodeSession
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED
+from iop.node.session import FatalRefusal, IncompatibleVersion, NodeSession
 from iop.protocols.wire import WireFactory
 
 #: How long a local shutdown waits for the connection to close cleanly
@@ -165,7 +165,9 @@ class Supervisor(Service):
             waiter.callback(session)
 
     def _refused(self, failure):
-        if failure.check(FatalRefusal):
+        if failure.check(IncompatibleVersion):
+            self._finish(EXIT_INCOMPATIBLE, f"the Edge cannot serve this node's wire version: {failure.value}")
+        elif failure.check(FatalRefusal):
             self._finish(EXIT_REFUSED, f"the Edge refused this node: {failure.value}")
         else:
             self._attemptFailed(str(failure.value))

@@ -9,7 +9,7 @@ from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost
-from iop.node.session import READY, FatalRefusal, RetryableRefusal
+from iop.node.session import READY, FatalRefusal, IncompatibleVersion, RetryableRefusal
 from iop.node.test.fakes import (
     TOKEN,
     FakeEdge,
@@ -23,7 +23,7 @@ from iop.node.test.fakes import (
     runRequest,
 )
 from iop.protocols import iop_pb2
-from iop.protocols.wire import Heartbeat
+from iop.protocols.wire import WIRE_VERSION, Heartbeat
 
 
 def refused(code, reason="nope"):
@@ -96,6 +96,43 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIn("token matches no node", str(failure.value))
         self.assertIsNotNone(edge.lostReason)
         self.successResultOf(session.lost)
+
+    def test_wireVersionDeclared(self):
+        """
+        The Node's RegisterRequest declares the wire version it speaks.
+        """
+        edge = FakeEdge()
+        connect(makeContext(), edge)[1].flush()
+        self.assertEqual(edge.of("register_request")[0].wire_version, WIRE_VERSION)
+
+    def test_edgeWireVersionRemembered(self):
+        """
+        The Edge's wire version comes from the accepted RegisterResponse;
+        an Edge that declares none is version 1.
+        """
+        for declared, expected in [(2, 2), (0, 1)]:
+            response = accepted(nodeConfig())
+            response.wire_version = declared
+            session, pump = connect(makeContext(), FakeEdge(response, READY_OK))
+            pump.flush()
+            self.assertEqual(session.edge_wire_version, expected)
+
+    def test_incompatibleVersionIsFatal(self):
+        """
+        C{INCOMPATIBLE_VERSION} fails the handshake with
+        L{IncompatibleVersion} (a L{FatalRefusal}) naming the code, the
+        Edge's reason and the version this Node speaks.
+        """
+        edge = FakeEdge(refused(iop_pb2.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
+        session, pump = connect(makeContext(), edge)
+        pump.flush()
+        failure = self.failureResultOf(session.ready, IncompatibleVersion)
+        self.assertIsInstance(failure.value, FatalRefusal)
+        message = str(failure.value)
+        self.assertIn("INCOMPATIBLE_VERSION", message)
+        self.assertIn("serves wire versions 1 to 1", message)
+        self.assertIn(f"speaks wire version {WIRE_VERSION}", message)
+        self.assertIsNotNone(edge.lostReason)
 
     def test_configBuildFailureIsFatal(self):
         """

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import ReconnectPolicy
 from iop.daemon import on_stop_signals
-from iop.node.exit import EXIT_EXHAUSTED, EXIT_OK, EXIT_REFUSED, ProcessExit
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_OK, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
 from iop.node.test.fakes import (
     FakeEdge,
@@ -241,6 +241,22 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertIn("UNKNOWN_TOKEN", message)
         self.assertIn("token matches no node", message)
         self.assertFalse([e for e in events if "retrying" in e.get("log_format", "")])
+
+    def test_incompatibleVersionExitsFour(self):
+        """
+        An Edge that cannot serve this Node's wire version ends the Node
+        with its own status, 4, and the Edge's reason.
+        """
+        self.supervisor(max_attempts=0, interval_sec=1)
+        edge = FakeEdge(
+            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.INCOMPATIBLE_VERSION, reason="edge speaks 3 to 5")
+        )
+        self.endpoint.accept(edge)
+        self.clock.advance(100)
+        [(status, message)] = self.exit.calls
+        self.assertEqual(status, EXIT_INCOMPATIBLE)
+        self.assertIn("INCOMPATIBLE_VERSION", message)
+        self.assertIn("edge speaks 3 to 5", message)
 
     def test_adapterBuildFailureExitsTwo(self):
         """
