@@ -14,8 +14,9 @@ DEFAULT_STORE = "file:iop.db?cache=shared&mode=rwc"
 DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_INTERVAL_SEC = 10.0
 DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
+DEFAULT_SHUTDOWN_GRACE_SEC = 30.0
 
-_TOP_KEYS = {"edge", "token", "store", "reconnect", "register_timeout_sec", "metrics"}
+_TOP_KEYS = {"edge", "token", "store", "reconnect", "register_timeout_sec", "shutdown_grace_sec", "metrics"}
 _RECONNECT_KEYS = {"max_attempts", "interval_sec"}
 
 
@@ -50,6 +51,8 @@ class NodeConfig:
 
     @ivar edge: a Twisted client endpoint string for the Edge.
     @ivar token: the Node's credential. Never logged.
+    @ivar shutdown_grace_sec: how long a local shutdown lets work in flight
+        finish before cancelling it (0: cancel at once).
     @ivar metrics: a Twisted server endpoint string for C{/metrics}, or
         C{None} when metrics are not served.
     """
@@ -59,6 +62,7 @@ class NodeConfig:
     store: str = DEFAULT_STORE
     reconnect: ReconnectPolicy = ReconnectPolicy()
     register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
+    shutdown_grace_sec: float = DEFAULT_SHUTDOWN_GRACE_SEC
     metrics: str | None = None
 
 
@@ -94,6 +98,7 @@ def parse_config(top):
     store = _nonempty(top, "store", DEFAULT_STORE)
     reconnect = parse_reconnect(top.section("reconnect", None))
     register_timeout = top.number("register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True)
+    shutdown_grace = top.number("shutdown_grace_sec", DEFAULT_SHUTDOWN_GRACE_SEC, minimum=0)
     metrics = top.get("metrics", str, None)
     if metrics is not None and not metrics.strip():
         raise top.error("metrics", "must be a server endpoint string (or null to disable)")
@@ -103,6 +108,7 @@ def parse_config(top):
         store=store,
         reconnect=reconnect,
         register_timeout_sec=float(register_timeout),
+        shutdown_grace_sec=float(shutdown_grace),
         metrics=metrics,
     )
 

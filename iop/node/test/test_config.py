@@ -31,6 +31,7 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(config.store, DEFAULT_STORE)
         self.assertEqual(config.reconnect, ReconnectPolicy(max_attempts=10, interval_sec=10.0))
         self.assertEqual(config.register_timeout_sec, 10.0)
+        self.assertEqual(config.shutdown_grace_sec, 30.0)
         self.assertIsNone(config.metrics)
 
     def test_policyTable(self):
@@ -68,6 +69,18 @@ class ConfigTests(SynchronousTestCase):
         self.assertErrorNames("register_timeout_sec", register_timeout_sec=0)
         self.assertErrorNames("metrics", metrics=9100)
         self.assertErrorNames("store", store="")
+
+    def test_shutdownGrace(self):
+        """
+        shutdown_grace_sec takes any number from 0 (cancel at once); a
+        negative or non-numeric value is refused naming the key.
+        """
+        self.assertEqual(parse(shutdown_grace_sec=0).shutdown_grace_sec, 0.0)
+        self.assertEqual(parse(shutdown_grace_sec=2.5).shutdown_grace_sec, 2.5)
+        message = self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec=-1)
+        self.assertIn("-1", message)
+        self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec="soon")
+        self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec=True)
 
     def test_requiredKeys(self):
         """
