@@ -9,6 +9,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet import defer
 from twisted.internet.endpoints import clientFromString
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from iop.adapters.registry import build_adapter
 from iop.config import ConfigError
@@ -90,6 +91,6 @@ class NodeService(MultiService):
         return d
 
     def _logged(self, result, what):
-        if isinstance(result, defer.failure.Failure):
+        if isinstance(result, Failure):
             self.log.failure("{what} failed", result, what=what)
         return None
