@@ -121,7 +121,9 @@ class RunRelay(Work):
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
     def _finish(self, event):
-        self.release()
+        self.end(self._send_terminal, event)
+
+    def _send_terminal(self, event):
         self._send(event)
         error = event.error.message if event.error is not None else None
         if event.type == CANCELLED and self.cancelReason:

@@ -127,9 +127,9 @@ class TunnelRelay(Work):
             )
 
     def _finish(self, **terminal):
-        if self.finished:
-            return
-        self.release()
+        self.end(self._send_terminal, terminal)
+
+    def _send_terminal(self, terminal):
         self._frame(**terminal)
         self.manager.usage.tunnelEnded(self.hosted.name)
 

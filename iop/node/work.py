@@ -7,18 +7,28 @@ flight (L{Work}), and the registry of a connection's work by id
 Runs and tunnels share one id space (the Edge cancels either with
 C{CancelRequest(CANCEL_RUN, run_id)}), so they share one registry. When the
 connection goes, everything in it is cancelled: nothing on the Node may
-outlive the session it served, or its capacity slot would leak.
+outlive the session it served, or its capacity slot would leak. When the
+Node drains, the registry stops admitting and tells the drain when it is
+empty.
 """
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from iop.run import CAPACITY_EXCEEDED, UNKNOWN_ADAPTER
+from iop.run import CAPACITY_EXCEEDED, NODE_DRAINING, UNKNOWN_ADAPTER
 
 
 class Inflight:
+    """
+    The runs and tunnels of one connection, by id.
+
+    @ivar admitting: whether new work may start (false once draining).
+    """
+
     def __init__(self):
         self._work = {}
+        self._empty_waiters = []
+        self.admitting = True
 
     def __contains__(self, work_id):
         return work_id in self._work
@@ -32,6 +42,21 @@ class Inflight:
     def discard(self, work_id, work):
         if self._work.get(work_id) is work:
             del self._work[work_id]
+        if not self._work:
+            waiters, self._empty_waiters = self._empty_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+    def when_empty(self):
+        """
+        @return: a Deferred firing once nothing is in flight (at once if
+            nothing is).
+        """
+        if not self._work:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._empty_waiters.append(d)
+        return d
 
     def cancel(self, work_id, reason=None):
         """
@@ -67,11 +92,13 @@ def admit(host, inflight, work_id, adapter_name):
 
     @return: C{(hosted, slot)}, or C{None} when C{work_id} is already in
         flight (a repeated request, to be ignored).
-    @raise Refused: for an unknown adapter or a full gate (never queued:
-        queueing is the Edge's job).
+    @raise Refused: while the connection drains, for an unknown adapter or
+        for a full gate (never queued: queueing is the Edge's job).
     """
     if work_id in inflight:
         return None
+    if not inflight.admitting:
+        raise Refused(NODE_DRAINING, "this node is shutting down and takes no new work")
     hosted = host.get(adapter_name)
     if hosted is None:
         raise Refused(UNKNOWN_ADAPTER, f"no adapter named {adapter_name!r} on this node")
@@ -85,8 +112,7 @@ class Work:
     """
     One run or tunnel in flight: its gate slot, the adapter's Deferred and
     why it was cancelled. Subclasses turn the outcome (C{_ended},
-    C{_failed}) into their own terminal, calling L{release} first so that
-    the slot is free before the Edge sees the end.
+    C{_failed}) into their own terminal and send it through L{end}.
     """
 
     log = Logger()
@@ -119,10 +145,21 @@ class Work:
         self.cancelReason = reason or "cancelled by the Edge"
         self.deferred.cancel()
 
-    def release(self):
+    def end(self, send_terminal, *args):
         """
-        Free the slot and leave the in-flight registry, once.
+        End this work once: free the slot, call C{send_terminal(*args)} to
+        send (and record) the terminal, then leave the in-flight registry.
+
+        The slot goes first so that the Edge never sees the end of work
+        whose capacity is still held; the registry goes last so that a
+        drain waiting for it to empty knows every terminal is out before
+        it closes the connection and the store.
         """
+        if self.finished:
+            return
         self.finished = True
         self.slot.release()
-        self.manager.inflight.discard(self.work_id, self)
+        try:
+            send_terminal(*args)
+        finally:
+            self.manager.inflight.discard(self.work_id, self)
