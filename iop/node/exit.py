@@ -11,8 +11,9 @@ twistd has finished.
 A local shutdown (SIGTERM, SIGINT) must exit 0, but twistd, after a clean
 shutdown caused by one of those signals, sends the same signal to itself
 again so the process ends "killed by SIGTERM" (status 143, or 130 for
-SIGINT). The tap uses L{iop.daemon.on_stop_signals} to take the two signals
-over and stop through the same exit helper with status 0.
+SIGINT). The tap uses L{iop.daemon.stop_then_hurry} to take the two
+signals over: the first stops the reactor (the Node drains) and twistd
+exits 0; a later one ends the drain at once.
 
 Library code receives an exit callable, C{exit(status, message)}; tests pass
 a recorder instead of L{ProcessExit} so nothing kills the test process.

@@ -6,7 +6,6 @@ C{/metrics} listener, and the adapters they share.
 from importlib import metadata
 
 from twisted.application.service import MultiService, Service
-from twisted.internet import defer
 from twisted.internet.endpoints import clientFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -32,6 +31,9 @@ class NodeService(MultiService):
     @param config: a validated L{iop.node.config.NodeConfig}.
     @param source: the config file's name, for error messages.
     @param exit: C{exit(status, message)}; see L{iop.node.exit}.
+    @param store: the run store service; by default an SQLite
+        L{RunStore} at C{config.store} (tests pass one that needs no
+        threads).
     @raise ConfigError: if an endpoint string does not parse.
 
     @ivar supervisor: the L{Supervisor} (C{whenReady()}, C{session}).
@@ -40,14 +42,14 @@ class NodeService(MultiService):
 
     log = Logger()
 
-    def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter):
+    def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter, store=None):
         super().__init__()
         try:
             endpoint = clientFromString(reactor, config.edge)
         except Exception as e:
             raise ConfigError(f"{source}: edge: not a valid client endpoint string ({e})") from None
         self.metrics = NodeMetrics()
-        self.store = RunStore(reactor, config.store)
+        self.store = RunStore(reactor, config.store) if store is None else store
         self.host = AdapterHost(reactor, build, self.metrics)
         self.context = NodeContext(
             token=config.token,
@@ -59,6 +61,7 @@ class NodeService(MultiService):
             node_version=_version(),
         )
         self.context.transport.edge = config.edge
+        self.shutdown_grace_sec = config.shutdown_grace_sec
         self.store.setServiceParent(self)
         self.supervisor = Supervisor(endpoint, self.context, config.reconnect, reactor, exit)
         self.supervisor.setServiceParent(self)
@@ -72,14 +75,18 @@ class NodeService(MultiService):
 
     def stopService(self):
         """
-        Stop in order: in-flight work and the connection first (so their
-        terminals reach the store), then the adapters, the metrics
-        listener, and the store last.
+        Stop in order: drain the work in flight (no new work, up to
+        C{shutdown_grace_sec} for the rest to end, then cancelled), close
+        the connection (so every terminal reached the Edge and the store),
+        then stop the adapters, the metrics listener, and the store last.
 
-        @return: a Deferred firing once everything is down.
+        @return: a Deferred firing once everything is down (twistd waits
+            for it before the process exits).
         """
         Service.stopService(self)
-        d = defer.maybeDeferred(self.supervisor.stopService)
+        d = self.supervisor.drain(self.shutdown_grace_sec, "the node is shutting down")
+        d.addBoth(self._logged, "draining the work in flight")
+        d.addCallback(lambda _: self.supervisor.stopService())
         d.addBoth(self._logged, "stopping the supervisor")
         d.addCallback(lambda _: self.host.stop())
         d.addBoth(self._logged, "stopping the adapters")
@@ -89,6 +96,13 @@ class NodeService(MultiService):
         d.addCallback(lambda _: self.store.stopService())
         d.addBoth(self._logged, "closing the run store")
         return d
+
+    def hurry(self):
+        """
+        Another stop signal during the drain: cancel the work still in
+        flight now and go on with the shutdown.
+        """
+        self.supervisor.hurry()
 
     def _logged(self, result, what):
         if isinstance(result, Failure):

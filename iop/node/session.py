@@ -15,6 +15,7 @@ from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported
 from iop.node.commands import CommandHandler
+from iop.node.drain import Drain
 from iop.node.host import AdapterSetupError
 from iop.node.runs import RunManager
 from iop.node.tunnels import TunnelManager
@@ -108,6 +109,7 @@ class NodeSession:
         self.commands = CommandHandler(context, self.send)
         self._timer = None
         self._closing = False
+        self._drain = None
         self._handlers = {
             "run_request": self.runs.start,
             "provider_tunnel_request": self.tunnels.start,
@@ -168,6 +170,28 @@ class NodeSession:
             self.wire.send(message)
         except FrameTooLarge:
             self.log.failure("not sent: {kind} too large", kind=message.DESCRIPTOR.name)
+
+    def drain(self, grace_sec, reason):
+        """
+        The Node is stopping: take no new work (it is refused with
+        C{node_draining}), tell an Edge that understands it
+        (C{NodeDraining}, wire version 2) so that it stops leasing this
+        Node's providers, and let the work in flight end within
+        C{grace_sec}; then cancel the rest. See L{Drain}.
+
+        @return: a Deferred firing once nothing is in flight any more.
+        """
+        if self.state == READY and self.edge_wire_version >= 2:
+            self.send(iop_pb2.NodeDraining(grace_sec=grace_sec, reason=reason))
+        self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
+        return self._drain.start()
+
+    def hurry(self):
+        """
+        Cut a drain's grace period to zero (a second stop signal).
+        """
+        if self._drain is not None:
+            self._drain.hurry()
 
     def shutdown(self, reason):
         """

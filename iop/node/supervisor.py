@@ -111,6 +111,31 @@ class Supervisor(Service):
         self.log.info("connecting to the Edge at {edge}", edge=self.context.transport.edge)
         self.client.startService()
 
+    def drain(self, grace_sec, reason):
+        """
+        The first step of a local shutdown: stop counting attempts and
+        let the ready session's work end within C{grace_sec}
+        (L{NodeSession.drain}). Call L{stopService} once it is done.
+
+        No reconnect can happen meanwhile: the connection stays up, and if
+        it drops, the work in flight is cancelled with it, the drain is
+        over at once, and L{stopService} cancels the pending retry.
+
+        @return: a Deferred firing once the drain is over (at once without
+            a ready session).
+        """
+        self.finished = True
+        if self.readySession is None:
+            return defer.succeed(None)
+        return self.readySession.drain(grace_sec, reason)
+
+    def hurry(self):
+        """
+        Cut the drain's grace period to zero.
+        """
+        if self.readySession is not None:
+            self.readySession.hurry()
+
     def stopService(self):
         """
         Cancel in-flight work (telling the Edge while the link is up),

@@ -3,15 +3,17 @@ C{twistd iop-node}: the Node daemon.
 
 Only this module touches the global reactor. The configuration is read in
 L{makeService}; a bad one stops twistd at once with one line naming the
-key, and exit status 1.
+key, and exit status 1. The first SIGTERM/SIGINT drains the Node (see
+L{iop.node.service.NodeService.stopService}) and exits 0; a second one
+during the drain ends it at once.
 """
 
 from twisted.python import usage
 
 from iop.config import ConfigError
+from iop.daemon import stop_then_hurry
 from iop.node.config import load_config
-from iop.daemon import on_stop_signals
-from iop.node.exit import EXIT_OK, ProcessExit
+from iop.node.exit import ProcessExit
 
 
 class Options(usage.Options):
@@ -33,5 +35,5 @@ def makeService(options):
         # SystemExit prints its message on stderr and exits with status 1,
         # instead of the traceback twistd would show for any other error.
         raise SystemExit(f"iop-node: bad configuration: {e}") from None
-    on_stop_signals(reactor, lambda message: exit(EXIT_OK, message))
+    stop_then_hurry(reactor, service.hurry)
     return service

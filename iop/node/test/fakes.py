@@ -5,8 +5,10 @@ in-memory wire, and adapters whose every step the test controls.
 
 import json
 
+from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.task import Clock
+from twisted.test import iosim
 from twisted.test.iosim import connectedServerAndClient
 from zope.interface import implementer
 
@@ -17,7 +19,7 @@ from iop.node.context import NodeContext
 from iop.node.host import AdapterHost
 from iop.node.session import NodeSession
 from iop.protocols import iop_pb2
-from iop.protocols.wire import IWireReceiver, WireProtocol
+from iop.protocols.wire import WIRE_VERSION, IWireReceiver, WireProtocol
 
 TOKEN = "secret-node-token"
 
@@ -126,8 +128,8 @@ def nodeConfig(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
     )
 
 
-def accepted(config):
-    return iop_pb2.RegisterResponse(accepted=True, config=config)
+def accepted(config, wire_version=WIRE_VERSION):
+    return iop_pb2.RegisterResponse(accepted=True, config=config, wire_version=wire_version)
 
 
 def makeContext(clock=None, **kwargs):
@@ -190,23 +192,35 @@ def connect(context, edge):
     return session, pump
 
 
-def readyNode(*adapters, clock=None, **contextArgs):
+def readyNode(*adapters, clock=None, wire_version=WIRE_VERSION, **contextArgs):
     """
     A session that registered and became ready against a L{FakeEdge}
-    configuring C{adapters} (default: one C{manual} adapter called
-    C{manual}, max_concurrency 2).
+    of C{wire_version} configuring C{adapters} (default: one C{manual}
+    adapter called C{manual}, max_concurrency 2).
 
     @return: C{(session, edge, pump, context)}.
     """
     if not adapters:
         adapters = (adapterConfig("manual"),)
     context = makeContext(clock, **contextArgs)
-    edge = FakeEdge(accepted(nodeConfig(*adapters)), iop_pb2.NodeReadyResponse(ready=True))
+    edge = FakeEdge(accepted(nodeConfig(*adapters), wire_version), iop_pb2.NodeReadyResponse(ready=True))
     session, pump = connect(context, edge)
     pump.flush()
     assert session.ready.called, "the session did not become ready"
     edge.received.clear()
     return session, edge, pump, context
+
+
+def elapse(clock, pump, seconds, step=1.0):
+    """
+    Let C{seconds} pass on C{clock} in steps, pumping the connection after
+    each so that heartbeats keep it alive.
+    """
+    while seconds > 0:
+        tick = min(step, seconds)
+        clock.advance(tick)
+        pump.flush()
+        seconds -= tick
 
 
 def runRequest(run_id="r1", adapter="manual", text="hello", **kwargs):
@@ -229,14 +243,27 @@ def tunnelRequest(tunnel_id="t1", adapter="manual", body=b"{}"):
     )
 
 
-class RecordingStore:
+class RecordingStore(Service):
     """
-    A run store that keeps its calls in memory.
+    A run store that keeps its calls in memory, and what was still
+    running when it was stopped.
     """
 
     def __init__(self):
         self.starts = []
         self.ends = []
+        self.running_when_stopped = None
+
+    def unfinished(self):
+        """
+        The ids of runs whose start is recorded and whose end is not.
+        """
+        ended = {run_id for run_id, _, _ in self.ends}
+        return [run_id for run_id, *_ in self.starts if run_id not in ended]
+
+    def stopService(self):
+        super().stopService()
+        self.running_when_stopped = self.unfinished()
 
     def recordStart(self, run_id, adapter, target="", session_id="", background=False):
         self.starts.append((run_id, adapter, target, session_id, background))
@@ -248,6 +275,19 @@ class RecordingStore:
 
     def recent(self, limit=50):
         return defer.succeed([])
+
+
+def dialled(reactor, edge):
+    """
+    Complete the oldest TCP dial on a C{MemoryReactorClock} by connecting
+    it in memory to C{edge}.
+
+    @return: the L{iosim.IOPump}, flushed once.
+    """
+    _, _, factory, _, _ = reactor.tcpClients.pop(0)
+    client = factory.buildProtocol(None)
+    server = WireProtocol(edge, reactor)
+    return iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client), clock=reactor)
 
 
 class RecordingExit:

@@ -12,8 +12,7 @@ from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import ReconnectPolicy
-from iop.daemon import on_stop_signals
-from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_OK, EXIT_REFUSED, ProcessExit
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
 from iop.node.test.fakes import (
     FakeEdge,
@@ -342,27 +341,3 @@ class ProcessExitTests(SynchronousTestCase):
         ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hardExit=lambda s: None)(0, "bye")
         self.assertEqual(hooks, [])
         self.assertEqual(reactor.stopped, 1)
-
-    def test_signalsExitZero(self):
-        """
-        SIGTERM and SIGINT are taken over so that a local shutdown goes
-        through the exit helper with status 0 (twistd alone would end the
-        process "killed by" the signal).
-        """
-        import signal
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self.addCleanup(signal.signal, signum, signal.getsignal(signum))
-
-        class RunningReactor:
-            def callFromThread(self, f, *args):
-                f(*args)
-
-            def callWhenRunning(self, f, *args):
-                f(*args)
-
-        exits = RecordingExit()
-        on_stop_signals(RunningReactor(), lambda message: exits(EXIT_OK, message))
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
-        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-        self.assertEqual(exits.calls, [(0, "received SIGTERM, shutting down"), (0, "received SIGINT, shutting down")])

@@ -1,13 +1,16 @@
 """
-The twistd plugin: discovery, options, and what makeService builds or
-refuses.
+The twistd plugin: discovery, options, what makeService builds or
+refuses, and what SIGTERM/SIGINT do.
 """
+
+import signal
 
 from twisted.application.service import IServiceMaker
 from twisted.plugin import getPlugins
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.daemon import stop_then_hurry
 from iop.node import tap
 from iop.node.service import NodeService
 
@@ -17,6 +20,11 @@ class TapTests(SynchronousTestCase):
         path = FilePath(self.mktemp())
         path.setContent(text.encode("utf-8"))
         return path.path
+
+    def options(self, text):
+        options = tap.Options()
+        options.parseOptions(["--config", self.write(text)])
+        return options
 
     def test_pluginDiscovered(self):
         """
@@ -85,3 +93,44 @@ class TapTests(SynchronousTestCase):
         service = tap.makeService(options)
         self.assertIsNone(service.metricsListener)
         self.assertEqual(len(list(service)), 2)
+
+    def test_stopSignalsDrainThenHurry(self):
+        """
+        SIGTERM and SIGINT are taken from twistd (which would end the
+        process "killed by" the signal instead of status 0): the first
+        stops the reactor, so the service drains, and any later one calls
+        the service's C{hurry} to end the drain at once.
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.addCleanup(signal.signal, signum, signal.getsignal(signum))
+        reactor = RunningReactor()
+        hurried = []
+        self.patch(tap, "stop_then_hurry", lambda r, hurry: stop_then_hurry(reactor, hurry))
+        service = tap.makeService(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
+        self.patch(service.supervisor, "hurry", lambda: hurried.append(True))
+
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        self.assertEqual((reactor.stopped, hurried), (1, []))
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        self.assertEqual((reactor.stopped, hurried), (1, [True, True]))
+
+
+class RunningReactor:
+    """
+    Just enough of a running reactor for L{iop.daemon} signal handling.
+    """
+
+    running = True
+
+    def __init__(self):
+        self.stopped = 0
+
+    def callFromThread(self, f, *args):
+        f(*args)
+
+    def callWhenRunning(self, f, *args):
+        f(*args)
+
+    def stop(self):
+        self.stopped += 1

@@ -1,0 +1,265 @@
+"""
+Graceful drain on a local shutdown: work in flight may finish within the
+grace period, new work is refused, the Edge is told (when it understands),
+the rest is cancelled with its terminals sent, a second signal ends it at
+once, and the whole Node service stops only when all of that is done.
+"""
+
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node.config import NodeConfig, ReconnectPolicy
+from iop.node.service import NodeService
+from iop.node.test.fakes import (
+    TOKEN,
+    FakeEdge,
+    RecordingExit,
+    RecordingStore,
+    accepted,
+    adapterConfig,
+    build,
+    dialled,
+    elapse,
+    nodeConfig,
+    readyNode,
+    runRequest,
+    tunnelRequest,
+)
+from iop.protocols import iop_pb2
+from iop.run import NODE_DRAINING
+
+REASON = "the node is shutting down"
+
+
+def runEvents(edge):
+    return [(e.run_id, e.type) for e in edge.of("run_event")]
+
+
+class SessionDrainTests(SynchronousTestCase):
+    def setUp(self):
+        self.store = RecordingStore()
+        self.session, self.edge, self.pump, self.context = readyNode(store=self.store)
+        self.adapter = self.context.host.get("manual").adapter
+
+    def start(self, *requests):
+        for request in requests:
+            self.edge.wire.send(request)
+        self.pump.flush()
+
+    def elapse(self, seconds):
+        elapse(self.context.clock, self.pump, seconds)
+
+    def test_nothingInFlightEndsAtOnce(self):
+        """
+        With nothing in flight the drain is over at once: no waiting for
+        the grace period.
+        """
+        self.successResultOf(self.session.drain(30, REASON))
+
+    def test_waitsForRunInFlight(self):
+        """
+        A run in flight keeps the drain going until it ends by itself,
+        whole; its terminal is sent and recorded before the drain is over.
+        """
+        self.start(runRequest("r1"))
+        drained = self.session.drain(30, REASON)
+        self.elapse(29)
+        self.assertNoResult(drained)
+        _, _, d = self.adapter.runs[0]
+        drained.addCallback(lambda _: self.assertEqual(self.store.ends, [("r1", "complete", None)]))
+        d.callback(None)
+        self.successResultOf(drained)
+        self.pump.flush()
+        self.assertEqual(runEvents(self.edge), [("r1", "complete")])
+        self.assertEqual(self.adapter.cancelled, [])
+
+    def test_runOutlivingGraceIsCancelled(self):
+        """
+        A run still going when the grace period passes is cancelled: the
+        Edge gets its C{cancelled} terminal, the store its end, and the
+        drain is over.
+        """
+        self.start(runRequest("r1"))
+        drained = self.session.drain(5, REASON)
+        self.elapse(4.9)
+        self.assertNoResult(drained)
+        self.elapse(0.1)
+        self.successResultOf(drained)
+        self.pump.flush()
+        self.assertEqual(self.adapter.cancelled, ["r1"])
+        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assertEqual(self.store.ends, [("r1", "cancelled", REASON)])
+
+    def test_tunnelOutlivingGraceIsCancelled(self):
+        """
+        Tunnels drain like runs: one outliving the grace period ends with
+        an error frame coded C{cancelled}.
+        """
+        self.start(tunnelRequest("t1"))
+        drained = self.session.drain(1, REASON)
+        self.elapse(1)
+        self.successResultOf(drained)
+        self.pump.flush()
+        [frame] = self.edge.of("provider_tunnel_frame")
+        self.assertEqual((frame.error.code, frame.error.message), ("cancelled", REASON))
+
+    def test_hurryEndsAtOnce(self):
+        """
+        C{hurry} (a second stop signal) cuts the grace to zero: every run
+        and tunnel in flight is cancelled now, with its terminal sent.
+        """
+        self.start(runRequest("r1"), tunnelRequest("t1"))
+        drained = self.session.drain(30, REASON)
+        self.session.hurry()
+        self.successResultOf(drained)
+        self.pump.flush()
+        self.assertEqual(sorted(self.adapter.cancelled), ["r1", "t1"])
+        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assertEqual(self.edge.of("provider_tunnel_frame")[-1].error.code, "cancelled")
+        self.elapse(30)
+        self.assertEqual(len(self.edge.of("run_event")), 1, "the grace timer must not fire after hurry")
+
+    def test_newWorkRefused(self):
+        """
+        A run or tunnel arriving during the drain is refused with one
+        error terminal coded C{node_draining} (and recorded as ended); the
+        work already in flight goes on.
+        """
+        self.start(runRequest("r1"))
+        self.session.drain(30, REASON)
+        self.start(runRequest("r2"), tunnelRequest("t2"))
+        [refusal] = [e for e in self.edge.of("run_event") if e.run_id == "r2"]
+        self.assertEqual((refusal.seq, refusal.type, refusal.error.code), (1, "error", NODE_DRAINING))
+        [frame] = self.edge.of("provider_tunnel_frame")
+        self.assertEqual((frame.tunnel_id, frame.seq, frame.error.code), ("t2", 1, NODE_DRAINING))
+        self.assertEqual(len(self.adapter.runs), 1)
+        self.assertEqual(len(self.adapter.tunnels), 0)
+        self.assertEqual(self.store.unfinished(), ["r1"])
+        self.assertEqual(self.context.host.get("manual").gate.inUse, 1)
+
+    def test_nodeDrainingSent(self):
+        """
+        A version-2 Edge is told with C{NodeDraining} carrying the grace
+        period and the reason.
+        """
+        self.session.drain(12.5, REASON)
+        self.pump.flush()
+        [message] = self.edge.of("node_draining")
+        self.assertEqual((message.grace_sec, message.reason), (12.5, REASON))
+
+    def test_nodeDrainingNotSentToVersionOne(self):
+        """
+        An Edge that declared no wire version (version 1) would close the
+        connection on a message it does not know: it is not sent one, and
+        the drain works the same.
+        """
+        session, edge, pump, context = readyNode(wire_version=0)
+        edge.wire.send(runRequest("r1"))
+        pump.flush()
+        drained = session.drain(30, REASON)
+        elapse(context.clock, pump, 30)
+        self.successResultOf(drained)
+        pump.flush()
+        self.assertEqual(edge.of("node_draining"), [])
+        self.assertEqual(runEvents(edge), [("r1", "cancelled")])
+
+
+class ServiceStopTests(SynchronousTestCase):
+    """
+    C{NodeService.stopService} as twistd calls it, on a memory reactor.
+    """
+
+    def setUp(self):
+        self.reactor = MemoryReactorClock()
+        self.store = RecordingStore()
+        config = NodeConfig(
+            edge="tcp:host=127.0.0.1:port=7100",
+            token=TOKEN,
+            reconnect=ReconnectPolicy(max_attempts=0, interval_sec=1),
+            shutdown_grace_sec=10,
+        )
+        self.service = NodeService(config, self.reactor, RecordingExit(), build=build, store=self.store)
+        self.service.startService()
+        self.edge = FakeEdge(accepted(nodeConfig(adapterConfig("manual"))), iop_pb2.NodeReadyResponse(ready=True))
+        self.pump = dialled(self.reactor, self.edge)
+        self.successResultOf(self.service.supervisor.whenReady())
+        self.adapter = self.service.host.get("manual").adapter
+
+    def start_run(self, run_id):
+        self.edge.wire.send(runRequest(run_id))
+        self.pump.flush()
+
+    def assertStopped(self, stopped):
+        """
+        The stop is complete: connection closed, adapters stopped, store
+        stopped with no run left running, and no reconnect.
+        """
+        self.pump.flush()
+        self.successResultOf(stopped)
+        self.assertIsNotNone(self.edge.lostReason)
+        self.assertEqual(self.adapter.stopped, 1)
+        self.assertEqual(self.store.running_when_stopped, [])
+        self.reactor.advance(60)
+        self.assertEqual(self.reactor.tcpClients, [])
+
+    def test_stopWaitsForRun(self):
+        """
+        The Deferred from stopService has no result while a run is in
+        flight; once the run ends whole, the connection closes, the
+        adapters stop and the store closes.
+        """
+        self.start_run("r1")
+        stopped = self.service.stopService()
+        self.pump.flush()
+        elapse(self.reactor, self.pump, 9)
+        self.assertNoResult(stopped)
+        self.assertIsNone(self.edge.lostReason)
+        self.assertEqual(self.adapter.stopped, 0)
+        self.adapter.runs[0][2].callback(None)
+        self.assertStopped(stopped)
+        self.assertEqual(runEvents(self.edge), [("r1", "complete")])
+        self.assertEqual(self.store.ends, [("r1", "complete", None)])
+
+    def test_stopCancelsAfterGrace(self):
+        """
+        A run outliving shutdown_grace_sec is cancelled, its terminal
+        reaches the Edge and the store before the connection and the store
+        close.
+        """
+        self.start_run("r1")
+        stopped = self.service.stopService()
+        elapse(self.reactor, self.pump, 10)
+        self.assertStopped(stopped)
+        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assertEqual(self.store.ends, [("r1", "cancelled", REASON)])
+
+    def test_hurry(self):
+        """
+        C{hurry} during the drain ends it at once and the stop goes on.
+        """
+        self.start_run("r1")
+        stopped = self.service.stopService()
+        self.pump.flush()
+        self.service.hurry()
+        self.assertStopped(stopped)
+        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+
+    def test_idleStopIsImmediate(self):
+        """
+        With nothing in flight the stop completes without the clock moving.
+        """
+        self.assertStopped(self.service.stopService())
+        self.assertEqual(self.edge.kinds(), ["register_request", "node_ready_request", "node_draining"])
+
+    def test_connectionLostDuringDrain(self):
+        """
+        If the Edge goes away during the drain, the work is cancelled with
+        the connection, the stop completes, and the Node does not dial
+        again.
+        """
+        self.start_run("r1")
+        stopped = self.service.stopService()
+        self.pump.flush()
+        self.edge.wire.transport.loseConnection()
+        self.assertStopped(stopped)
+        self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])
