@@ -91,6 +91,9 @@ class NodeSession:
     @ivar node_id: the id the Edge assigned, once registered.
     @ivar edge_wire_version: the wire version the Edge declared when it
         accepted this session (1 when it declared none); C{None} before.
+    @ivar edge_draining: the Edge's C{EdgeDraining} message once it said
+        it is shutting down, else C{None}; the supervisor then expects the
+        connection to close.
     """
 
     log = Logger()
@@ -103,6 +106,7 @@ class NodeSession:
         self.wire = None
         self.node_id = None
         self.edge_wire_version = None
+        self.edge_draining = None
         self.inflight = Inflight()
         self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
         self.tunnels = TunnelManager(context.host, self.inflight, self.send, context.usage, context.metrics)
@@ -116,6 +120,7 @@ class NodeSession:
             "cancel_request": self._cancel,
             "node_command_request": self.commands.handle,
             "config_refresh": self._refresh,
+            "edge_draining": self._edgeDraining,
         }
 
     # -- IWireReceiver -------------------------------------------------------
@@ -137,7 +142,9 @@ class NodeSession:
             self._registered(message)
         elif self.state == READYING and kind == "node_ready_response":
             self._readied(message)
-        elif self.state in (REFUSED, CLOSED):
+        elif self.state in (REFUSED, CLOSED) or kind == "edge_draining":
+            # Nothing to drain before ready: the Edge closes, and the
+            # attempt fails like any other.
             pass
         else:
             raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
@@ -337,6 +344,14 @@ class NodeSession:
 
         d.addCallbacks(lambda _: answer(True), failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
+
+    def _edgeDraining(self, message):
+        self.edge_draining = message
+        self.log.info(
+            "the Edge is shutting down (grace {grace:g}s): {reason}; it sends no new work",
+            grace=message.grace_sec,
+            reason=message.reason or "no reason given",
+        )
 
     def _refresh(self, message):
         config = message.config

@@ -94,6 +94,7 @@ class Supervisor(Service):
         self.finished = False
         self._lastFailure = None
         self._sessionWasReady = False
+        self._edgeDrained = False
         self._readyWaiters = []
         factory = WireFactory(self._newSession, reactor)
         factory.noisy = False
@@ -203,7 +204,8 @@ class Supervisor(Service):
         if self.readySession is session:
             self.readySession = None
         if self._sessionWasReady:
-            self._lastFailure = f"connection to the Edge lost: {why}"
+            self._edgeDrained = session.edge_draining is not None
+            self._lastFailure = f"connection to the Edge {'closed' if self._edgeDrained else 'lost'}: {why}"
 
     def _attemptFailed(self, why):
         self._lastFailure = why
@@ -220,8 +222,12 @@ class Supervisor(Service):
         if self.finished:
             return delay
         if self._sessionWasReady:
+            # Losing a ready session is not a failed attempt.
             self._sessionWasReady = False
-            self.log.warn("{why}; reconnecting in {delay:g}s", why=why, delay=delay)
+            if self._edgeDrained:
+                self.log.info("the Edge was draining; {why}; reconnecting in {delay:g}s", why=why, delay=delay)
+            else:
+                self.log.warn("{why}; reconnecting in {delay:g}s", why=why, delay=delay)
             return delay
         self.failures += 1
         self.context.transport.failures = self.failures

@@ -238,6 +238,32 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIn("run_request is not acceptable", session.wire.closeReason)
         self.failureResultOf(session.ready, RetryableRefusal)
 
+    def test_edgeDrainingRecordedWhenReady(self):
+        """
+        C{EdgeDraining} to a ready session is recorded on it (for the
+        supervisor) and the connection stays up.
+        """
+        session, edge, pump, context = readyNode()
+        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
+        pump.flush()
+        self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
+        self.assertIsNone(edge.lostReason)
+
+    def test_edgeDrainingBeforeReadyIgnored(self):
+        """
+        C{EdgeDraining} during the handshake is ignored harmlessly: not a
+        protocol violation, and the handshake goes on.
+        """
+        edge = FakeEdge()
+        session, pump = connect(makeContext(), edge)
+        pump.flush()
+        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15))
+        edge.wire.send(accepted(nodeConfig()))
+        pump.flush()
+        self.assertIsNone(edge.lostReason)
+        self.assertIsNone(session.edge_draining)
+        self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
+
     def test_heartbeatTimingsFromTheEdge(self):
         """
         Non-zero heartbeat timings in the config replace the defaults on

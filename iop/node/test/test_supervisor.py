@@ -7,7 +7,7 @@ and how each terminal outcome becomes an exit status.
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -191,6 +191,48 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         second = self.successResultOf(waiting)
         self.assertIsNot(first, second)
         self.assertEqual(self.exit.calls, [])
+
+    def test_edgeDrainingLossNotCounted(self):
+        """
+        A ready session whose Edge said C{EdgeDraining} and then closed is
+        reconnected after the normal interval, counts no failed attempt
+        (with max_attempts=1 a counted failure would end the Node), and is
+        logged at info level as the Edge draining, not as an unexpected
+        loss.
+        """
+        supervisor = self.supervisor(max_attempts=1, interval_sec=3)
+        edge = readyEdge()
+        pump = self.endpoint.accept(edge)
+        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge restarting"))
+        pump.flush()
+        with capturedLogs() as events:
+            edge.wire.transport.loseConnection()
+            pump.flush()
+            self.clock.advance(0)
+        self.assertEqual(supervisor.failures, 0)
+        self.assertEqual(self.exit.calls, [])
+        [event] = [e for e in events if "reconnecting" in e.get("log_format", "")]
+        self.assertEqual(event["log_level"], LogLevel.info)
+        self.assertIn("the Edge was draining", formatEvent(event))
+        self.assertIn("reconnecting in 3s", formatEvent(event))
+        self.clock.advance(2.9)
+        self.assertEqual(self.endpoint.dials, 1)
+        self.clock.advance(0.1)
+        self.assertEqual(self.endpoint.dials, 2)
+
+    def test_unexpectedLossWarns(self):
+        """
+        Without C{EdgeDraining}, losing a ready session is a warning.
+        """
+        self.supervisor(max_attempts=1, interval_sec=3)
+        edge = readyEdge()
+        pump = self.endpoint.accept(edge)
+        with capturedLogs() as events:
+            edge.wire.transport.loseConnection()
+            pump.flush()
+        [event] = [e for e in events if "reconnecting" in e.get("log_format", "")]
+        self.assertEqual(event["log_level"], LogLevel.warn)
+        self.assertIn("connection to the Edge lost", formatEvent(event))
 
     def test_retryableRefusalCounts(self):
         """
