@@ -99,9 +99,12 @@ class NodeService(MultiService):
 
     def hurry(self):
         """
-        Another stop signal during the drain: cancel the work still in
-        flight now and go on with the shutdown.
+        Another stop signal: cut the grace period to zero. During the
+        drain the work still in flight is cancelled now and the shutdown
+        goes on; before it (both signals came at once), the drain will
+        cancel at once.
         """
+        self.shutdown_grace_sec = 0
         self.supervisor.hurry()
 
     def _logged(self, result, what):

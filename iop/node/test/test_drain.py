@@ -244,6 +244,18 @@ class ServiceStopTests(SynchronousTestCase):
         self.assertStopped(stopped)
         self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
 
+    def test_hurryBeforeTheDrain(self):
+        """
+        A second signal handled before stopService began (both came at
+        once) still means "do not wait": the drain cancels at once.
+        """
+        self.start_run("r1")
+        self.service.hurry()
+        stopped = self.service.stopService()
+        self.reactor.advance(0)
+        self.assertStopped(stopped)
+        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+
     def test_idleStopIsImmediate(self):
         """
         With nothing in flight the stop completes without the clock moving.
