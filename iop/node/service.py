@@ -19,6 +19,11 @@ from iop.node.store import RunStore
 from iop.node.supervisor import Supervisor
 
 
+#: Why the Node drains: the reason in C{NodeDraining}, the run store and
+#: the error of a tunnel cancelled at the end of the drain.
+SHUTDOWN_REASON = "the node is shutting down"
+
+
 def _version():
     try:
         return "iop " + metadata.version("iop")
@@ -84,7 +89,8 @@ class NodeService(MultiService):
             for it before the process exits).
         """
         Service.stopService(self)
-        d = self.supervisor.drain(self.shutdown_grace_sec, "the node is shutting down")
+        self.log.info("{reason}", reason=SHUTDOWN_REASON)
+        d = self.supervisor.drain(self.shutdown_grace_sec, SHUTDOWN_REASON)
         d.addBoth(self._logged, "draining the work in flight")
         d.addCallback(lambda _: self.supervisor.stopService())
         d.addBoth(self._logged, "stopping the supervisor")

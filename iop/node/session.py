@@ -348,7 +348,7 @@ class NodeSession:
     def _edgeDraining(self, message):
         self.edge_draining = message
         self.log.info(
-            "the Edge is shutting down (grace {grace:g}s): {reason}; it sends no new work",
+            "the Edge is draining ({reason}, grace {grace:g}s); it sends no new work",
             grace=message.grace_sec,
             reason=message.reason or "no reason given",
         )

@@ -205,7 +205,7 @@ class Supervisor(Service):
             self.readySession = None
         if self._sessionWasReady:
             self._edgeDrained = session.edge_draining is not None
-            self._lastFailure = f"connection to the Edge {'closed' if self._edgeDrained else 'lost'}: {why}"
+            self._lastFailure = f"connection to the Edge {'closed' if self._edgeDrained else 'lost'}: {why.rstrip('.')}"
 
     def _attemptFailed(self, why):
         self._lastFailure = why

@@ -9,7 +9,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import NodeConfig, ReconnectPolicy
-from iop.node.service import NodeService
+from iop.node.service import SHUTDOWN_REASON, NodeService
 from iop.node.test.fakes import (
     TOKEN,
     FakeEdge,
@@ -28,7 +28,7 @@ from iop.node.test.fakes import (
 from iop.protocols import iop_pb2
 from iop.run import NODE_DRAINING
 
-REASON = "the node is shutting down"
+REASON = SHUTDOWN_REASON
 
 
 def runEvents(edge):
