@@ -120,7 +120,7 @@ class NodeSession:
             "cancel_request": self._cancel,
             "node_command_request": self.commands.handle,
             "config_refresh": self._refresh,
-            "edge_draining": self._edgeDraining,
+            "edge_draining": self._on_edge_draining,
         }
 
     # -- IWireReceiver -------------------------------------------------------
@@ -345,7 +345,7 @@ class NodeSession:
         d.addCallbacks(lambda _: answer(True), failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
 
-    def _edgeDraining(self, message):
+    def _on_edge_draining(self, message):
         self.edge_draining = message
         self.log.info(
             "the Edge is draining ({reason}, grace {grace:g}s); it sends no new work",

@@ -94,7 +94,7 @@ class Supervisor(Service):
         self.finished = False
         self._lastFailure = None
         self._sessionWasReady = False
-        self._edgeDrained = False
+        self._edge_drained = False
         self._readyWaiters = []
         factory = WireFactory(self._newSession, reactor)
         factory.noisy = False
@@ -204,8 +204,8 @@ class Supervisor(Service):
         if self.readySession is session:
             self.readySession = None
         if self._sessionWasReady:
-            self._edgeDrained = session.edge_draining is not None
-            self._lastFailure = f"connection to the Edge {'closed' if self._edgeDrained else 'lost'}: {why.rstrip('.')}"
+            self._edge_drained = session.edge_draining is not None
+            self._lastFailure = f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
 
     def _attemptFailed(self, why):
         self._lastFailure = why
@@ -224,7 +224,7 @@ class Supervisor(Service):
         if self._sessionWasReady:
             # Losing a ready session is not a failed attempt.
             self._sessionWasReady = False
-            if self._edgeDrained:
+            if self._edge_drained:
                 self.log.info("the Edge was draining; {why}; reconnecting in {delay:g}s", why=why, delay=delay)
             else:
                 self.log.warn("{why}; reconnecting in {delay:g}s", why=why, delay=delay)

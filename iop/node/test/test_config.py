@@ -70,7 +70,7 @@ class ConfigTests(SynchronousTestCase):
         self.assertErrorNames("metrics", metrics=9100)
         self.assertErrorNames("store", store="")
 
-    def test_shutdownGrace(self):
+    def test_shutdown_grace(self):
         """
         shutdown_grace_sec takes any number from 0 (cancel at once); a
         negative or non-numeric value is refused naming the key.

@@ -31,7 +31,7 @@ from iop.run import NODE_DRAINING
 REASON = SHUTDOWN_REASON
 
 
-def runEvents(edge):
+def run_events(edge):
     return [(e.run_id, e.type) for e in edge.of("run_event")]
 
 
@@ -49,14 +49,14 @@ class SessionDrainTests(SynchronousTestCase):
     def elapse(self, seconds):
         elapse(self.context.clock, self.pump, seconds)
 
-    def test_nothingInFlightEndsAtOnce(self):
+    def test_nothing_in_flight_ends_at_once(self):
         """
         With nothing in flight the drain is over at once: no waiting for
         the grace period.
         """
         self.successResultOf(self.session.drain(30, REASON))
 
-    def test_waitsForRunInFlight(self):
+    def test_waits_for_run_in_flight(self):
         """
         A run in flight keeps the drain going until it ends by itself,
         whole; its terminal is sent and recorded before the drain is over.
@@ -70,10 +70,10 @@ class SessionDrainTests(SynchronousTestCase):
         d.callback(None)
         self.successResultOf(drained)
         self.pump.flush()
-        self.assertEqual(runEvents(self.edge), [("r1", "complete")])
+        self.assertEqual(run_events(self.edge), [("r1", "complete")])
         self.assertEqual(self.adapter.cancelled, [])
 
-    def test_runOutlivingGraceIsCancelled(self):
+    def test_run_outliving_grace_is_cancelled(self):
         """
         A run still going when the grace period passes is cancelled: the
         Edge gets its C{cancelled} terminal, the store its end, and the
@@ -87,10 +87,10 @@ class SessionDrainTests(SynchronousTestCase):
         self.successResultOf(drained)
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["r1"])
-        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assertEqual(run_events(self.edge), [("r1", "cancelled")])
         self.assertEqual(self.store.ends, [("r1", "cancelled", REASON)])
 
-    def test_tunnelOutlivingGraceIsCancelled(self):
+    def test_tunnel_outliving_grace_is_cancelled(self):
         """
         Tunnels drain like runs: one outliving the grace period ends with
         an error frame coded C{cancelled}.
@@ -103,7 +103,7 @@ class SessionDrainTests(SynchronousTestCase):
         [frame] = self.edge.of("provider_tunnel_frame")
         self.assertEqual((frame.error.code, frame.error.message), ("cancelled", REASON))
 
-    def test_hurryEndsAtOnce(self):
+    def test_hurry_ends_at_once(self):
         """
         C{hurry} (a second stop signal) cuts the grace to zero: every run
         and tunnel in flight is cancelled now, with its terminal sent.
@@ -114,12 +114,12 @@ class SessionDrainTests(SynchronousTestCase):
         self.successResultOf(drained)
         self.pump.flush()
         self.assertEqual(sorted(self.adapter.cancelled), ["r1", "t1"])
-        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assertEqual(run_events(self.edge), [("r1", "cancelled")])
         self.assertEqual(self.edge.of("provider_tunnel_frame")[-1].error.code, "cancelled")
         self.elapse(30)
         self.assertEqual(len(self.edge.of("run_event")), 1, "the grace timer must not fire after hurry")
 
-    def test_newWorkRefused(self):
+    def test_new_work_refused(self):
         """
         A run or tunnel arriving during the drain is refused with one
         error terminal coded C{node_draining} (and recorded as ended); the
@@ -137,7 +137,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.assertEqual(self.store.unfinished(), ["r1"])
         self.assertEqual(self.context.host.get("manual").gate.inUse, 1)
 
-    def test_nodeDrainingSent(self):
+    def test_node_draining_sent(self):
         """
         A version-2 Edge is told with C{NodeDraining} carrying the grace
         period and the reason.
@@ -147,7 +147,7 @@ class SessionDrainTests(SynchronousTestCase):
         [message] = self.edge.of("node_draining")
         self.assertEqual((message.grace_sec, message.reason), (12.5, REASON))
 
-    def test_nodeDrainingNotSentToVersionOne(self):
+    def test_node_draining_not_sent_to_version_one(self):
         """
         An Edge that declared no wire version (version 1) would close the
         connection on a message it does not know: it is not sent one, and
@@ -161,7 +161,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.successResultOf(drained)
         pump.flush()
         self.assertEqual(edge.of("node_draining"), [])
-        self.assertEqual(runEvents(edge), [("r1", "cancelled")])
+        self.assertEqual(run_events(edge), [("r1", "cancelled")])
 
 
 class ServiceStopTests(SynchronousTestCase):
@@ -189,7 +189,7 @@ class ServiceStopTests(SynchronousTestCase):
         self.edge.wire.send(runRequest(run_id))
         self.pump.flush()
 
-    def assertStopped(self, stopped):
+    def assert_stopped(self, stopped):
         """
         The stop is complete: connection closed, adapters stopped, store
         stopped with no run left running, and no reconnect.
@@ -202,7 +202,7 @@ class ServiceStopTests(SynchronousTestCase):
         self.reactor.advance(60)
         self.assertEqual(self.reactor.tcpClients, [])
 
-    def test_stopWaitsForRun(self):
+    def test_stop_waits_for_run(self):
         """
         The Deferred from stopService has no result while a run is in
         flight; once the run ends whole, the connection closes, the
@@ -216,11 +216,11 @@ class ServiceStopTests(SynchronousTestCase):
         self.assertIsNone(self.edge.lostReason)
         self.assertEqual(self.adapter.stopped, 0)
         self.adapter.runs[0][2].callback(None)
-        self.assertStopped(stopped)
-        self.assertEqual(runEvents(self.edge), [("r1", "complete")])
+        self.assert_stopped(stopped)
+        self.assertEqual(run_events(self.edge), [("r1", "complete")])
         self.assertEqual(self.store.ends, [("r1", "complete", None)])
 
-    def test_stopCancelsAfterGrace(self):
+    def test_stop_cancels_after_grace(self):
         """
         A run outliving shutdown_grace_sec is cancelled, its terminal
         reaches the Edge and the store before the connection and the store
@@ -229,8 +229,8 @@ class ServiceStopTests(SynchronousTestCase):
         self.start_run("r1")
         stopped = self.service.stopService()
         elapse(self.reactor, self.pump, 10)
-        self.assertStopped(stopped)
-        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assert_stopped(stopped)
+        self.assertEqual(run_events(self.edge), [("r1", "cancelled")])
         self.assertEqual(self.store.ends, [("r1", "cancelled", REASON)])
 
     def test_hurry(self):
@@ -241,10 +241,10 @@ class ServiceStopTests(SynchronousTestCase):
         stopped = self.service.stopService()
         self.pump.flush()
         self.service.hurry()
-        self.assertStopped(stopped)
-        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assert_stopped(stopped)
+        self.assertEqual(run_events(self.edge), [("r1", "cancelled")])
 
-    def test_hurryBeforeTheDrain(self):
+    def test_hurry_before_the_drain(self):
         """
         A second signal handled before stopService began (both came at
         once) still means "do not wait": the drain cancels at once.
@@ -253,17 +253,17 @@ class ServiceStopTests(SynchronousTestCase):
         self.service.hurry()
         stopped = self.service.stopService()
         self.reactor.advance(0)
-        self.assertStopped(stopped)
-        self.assertEqual(runEvents(self.edge), [("r1", "cancelled")])
+        self.assert_stopped(stopped)
+        self.assertEqual(run_events(self.edge), [("r1", "cancelled")])
 
-    def test_idleStopIsImmediate(self):
+    def test_idle_stop_is_immediate(self):
         """
         With nothing in flight the stop completes without the clock moving.
         """
-        self.assertStopped(self.service.stopService())
+        self.assert_stopped(self.service.stopService())
         self.assertEqual(self.edge.kinds(), ["register_request", "node_ready_request", "node_draining"])
 
-    def test_connectionLostDuringDrain(self):
+    def test_connection_lost_during_drain(self):
         """
         If the Edge goes away during the drain, the work is cancelled with
         the connection, the stop completes, and the Node does not dial
@@ -273,5 +273,5 @@ class ServiceStopTests(SynchronousTestCase):
         stopped = self.service.stopService()
         self.pump.flush()
         self.edge.wire.transport.loseConnection()
-        self.assertStopped(stopped)
+        self.assert_stopped(stopped)
         self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])

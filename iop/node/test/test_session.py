@@ -97,7 +97,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIsNotNone(edge.lostReason)
         self.successResultOf(session.lost)
 
-    def test_wireVersionDeclared(self):
+    def test_wire_version_declared(self):
         """
         The Node's RegisterRequest declares the wire version it speaks.
         """
@@ -105,7 +105,7 @@ class HandshakeTests(SynchronousTestCase):
         connect(makeContext(), edge)[1].flush()
         self.assertEqual(edge.of("register_request")[0].wire_version, WIRE_VERSION)
 
-    def test_edgeWireVersionRemembered(self):
+    def test_edge_wire_version_remembered(self):
         """
         The Edge's wire version comes from the accepted RegisterResponse;
         an Edge that declares none is version 1.
@@ -117,7 +117,7 @@ class HandshakeTests(SynchronousTestCase):
             pump.flush()
             self.assertEqual(session.edge_wire_version, expected)
 
-    def test_incompatibleVersionIsFatal(self):
+    def test_incompatible_version_is_fatal(self):
         """
         C{INCOMPATIBLE_VERSION} fails the handshake with
         L{IncompatibleVersion} (a L{FatalRefusal}) naming the code, the
@@ -238,7 +238,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIn("run_request is not acceptable", session.wire.closeReason)
         self.failureResultOf(session.ready, RetryableRefusal)
 
-    def test_edgeDrainingRecordedWhenReady(self):
+    def test_edge_draining_recorded_when_ready(self):
         """
         C{EdgeDraining} to a ready session is recorded on it (for the
         supervisor) and the connection stays up.
@@ -249,7 +249,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
         self.assertIsNone(edge.lostReason)
 
-    def test_edgeDrainingBeforeReadyIgnored(self):
+    def test_edge_draining_before_ready_ignored(self):
         """
         C{EdgeDraining} during the handshake is ignored harmlessly: not a
         protocol violation, and the handshake goes on.

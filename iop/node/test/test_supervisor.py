@@ -192,7 +192,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertIsNot(first, second)
         self.assertEqual(self.exit.calls, [])
 
-    def test_edgeDrainingLossNotCounted(self):
+    def test_edge_draining_loss_not_counted(self):
         """
         A ready session whose Edge said C{EdgeDraining} and then closed is
         reconnected after the normal interval, counts no failed attempt
@@ -220,7 +220,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.clock.advance(0.1)
         self.assertEqual(self.endpoint.dials, 2)
 
-    def test_unexpectedLossWarns(self):
+    def test_unexpected_loss_warns(self):
         """
         Without C{EdgeDraining}, losing a ready session is a warning.
         """
@@ -283,7 +283,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertIn("token matches no node", message)
         self.assertFalse([e for e in events if "retrying" in e.get("log_format", "")])
 
-    def test_incompatibleVersionExitsFour(self):
+    def test_incompatible_version_exits_four(self):
         """
         An Edge that cannot serve this Node's wire version ends the Node
         with its own status, 4, and the Edge's reason.

@@ -94,7 +94,7 @@ class TapTests(SynchronousTestCase):
         self.assertIsNone(service.metricsListener)
         self.assertEqual(len(list(service)), 2)
 
-    def test_stopSignalsDrainThenHurry(self):
+    def test_stop_signals_drain_then_hurry(self):
         """
         SIGTERM and SIGINT are taken from twistd (which would end the
         process "killed by" the signal instead of status 0): the first
