@@ -11,6 +11,7 @@ the host stays.
 
 import json
 from dataclasses import dataclass
+from functools import partial
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -125,10 +126,9 @@ class AdapterHost:
 
     def _gate(self, name, adapter):
         limit = adapter.capabilities().max_concurrency
-        onChange = None
-        if self.metrics is not None:
-            onChange = lambda inUse: self.metrics.inFlight(name, inUse)
-        return CapacityGate(limit, onChange)
+        if self.metrics is None:
+            return CapacityGate(limit)
+        return CapacityGate(limit, partial(self.metrics.inFlight, name))
 
     def _retire(self, hosted):
         """

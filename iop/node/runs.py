@@ -117,7 +117,9 @@ class RunRelay(Work):
         if self.cancelReason or failure.check(defer.CancelledError):
             self._finish(RunEventData(CANCELLED, usage=self.usage))
             return
-        self.log.failure("run {run_id}: adapter {adapter} failed", failure, run_id=self.run_id, adapter=self.hosted.name)
+        self.log.failure(
+            "run {run_id}: adapter {adapter} failed", failure, run_id=self.run_id, adapter=self.hosted.name
+        )
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
     def _finish(self, event):
@@ -181,7 +183,9 @@ class RunManager:
         End a run that never reached an adapter with one C{error} terminal.
         """
         self.log.info("run {run_id} refused: {code}: {message}", run_id=request.run_id, code=code, message=message)
-        self.record("recordStart", request.run_id, request.adapter, request.target, request.session_id, request.background)
+        self.record(
+            "recordStart", request.run_id, request.adapter, request.target, request.session_id, request.background
+        )
         self.send(event_to_wire(request.run_id, 1, RunEventData(ERROR, error=RunFailure(code, message))))
         self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None)
         return None

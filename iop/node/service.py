@@ -18,7 +18,6 @@ from iop.node.metrics import NodeMetrics, metricsService
 from iop.node.store import RunStore
 from iop.node.supervisor import Supervisor
 
-
 #: Why the Node drains: the reason in C{NodeDraining}, the run store and
 #: the error of a tunnel cancelled at the end of the drain.
 SHUTDOWN_REASON = "the node is shutting down"

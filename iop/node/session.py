@@ -62,7 +62,9 @@ def _refusal(response):
     """
     The exception for a C{RegisterResponse(accepted=false)}.
     """
-    code = iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
+    code = (
+        iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
+    )
     text = f"registration refused ({code}): {response.reason or 'no reason given'}"
     if response.code == iop_pb2.INCOMPATIBLE_VERSION:
         return IncompatibleVersion(f"{text} (this node speaks wire version {WIRE_VERSION})")
@@ -357,7 +359,9 @@ class NodeSession:
         config = message.config
         self._adoptHeartbeat(config)
         d = self.context.host.apply(config.adapters)
-        d.addCallback(lambda _: self.log.info("configuration refreshed ({count} adapter(s))", count=len(config.adapters)))
+        d.addCallback(
+            lambda _: self.log.info("configuration refreshed ({count} adapter(s))", count=len(config.adapters))
+        )
         d.addErrback(
             lambda f: self.log.error(
                 "configuration refresh rejected, keeping the previous adapters: {why}", why=f.getErrorMessage()

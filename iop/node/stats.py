@@ -48,7 +48,4 @@ class UsageBook:
         A JSON-able copy: C{{adapter: {input_tokens, output_tokens, runs:
         {complete, error, cancelled}, tunnels}}}.
         """
-        return {
-            name: {**entry, "runs": dict(entry["runs"])}
-            for name, entry in sorted(self._adapters.items())
-        }
+        return {name: {**entry, "runs": dict(entry["runs"])} for name, entry in sorted(self._adapters.items())}

@@ -118,7 +118,7 @@ class RunStore(Service):
 
 
 def _row(row):
-    record = dict(zip(_COLUMNS, row))
+    record = dict(zip(_COLUMNS, row, strict=True))
     record["background"] = bool(record["background"])
     return record
 

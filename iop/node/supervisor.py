@@ -23,8 +23,8 @@ from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IStreamClientEndpoint
-from twisted.logger import Logger, globalLogPublisher
-from zope.interface import implementer
+from twisted.logger import ILogObserver, Logger, globalLogPublisher
+from zope.interface import implementer, provider
 
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED
 from iop.node.session import FatalRefusal, IncompatibleVersion, NodeSession
@@ -35,6 +35,7 @@ from iop.protocols.wire import WireFactory
 STOP_TIMEOUT_SEC = 5.0
 
 
+@provider(ILogObserver)
 def _withoutRetryNotices(event):
     # ClientService logs its own "Scheduling retry N" line with a count
     # that is not ours; the supervisor logs the real one.
@@ -205,7 +206,9 @@ class Supervisor(Service):
             self.readySession = None
         if self._sessionWasReady:
             self._edge_drained = session.edge_draining is not None
-            self._lastFailure = f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
+            self._lastFailure = (
+                f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
+            )
 
     def _attemptFailed(self, why):
         self._lastFailure = why

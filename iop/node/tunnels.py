@@ -17,10 +17,10 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported, TunnelInput
+from iop.node.work import Refused, Work, admit
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
-from iop.node.work import Refused, Work, admit
 from iop.run import ADAPTER_ERROR, CANCELLED, TUNNEL_NOT_SUPPORTED, ITunnelSink
 
 
@@ -115,7 +115,9 @@ class TunnelRelay(Work):
         elif failure.check(NotSupported):
             self._finish(error=iop_pb2.RunError(code=TUNNEL_NOT_SUPPORTED, message=str(failure.value)))
         else:
-            self.log.failure("tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name)
+            self.log.failure(
+                "tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name
+            )
             code = getattr(failure.value, "code", None)
             status = getattr(failure.value, "status", 0)
             self._finish(

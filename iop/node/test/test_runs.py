@@ -8,10 +8,10 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
 from iop.node.runs import run_input
 from iop.node.test.fakes import RecordingStore, adapterConfig, readyNode, runRequest
 from iop.protocols import iop_pb2
+from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
 
 
 def events(edge, run_id=None):
@@ -288,7 +288,8 @@ class DisconnectTests(SynchronousTestCase):
         self.assertEqual(context.host.get("manual").gate.inUse, 0)
         self.assertEqual(len(session.inflight), 0)
         self.assertEqual(
-            sorted(store.ends), [("r1", "cancelled", "connection to the Edge lost"), ("r2", "cancelled", "connection to the Edge lost")]
+            sorted(store.ends),
+            [("r1", "cancelled", "connection to the Edge lost"), ("r2", "cancelled", "connection to the Edge lost")],
         )
 
     def test_shutdownCancelsAndTells(self):
@@ -327,6 +328,7 @@ class RecordingTests(SynchronousTestCase):
         """
         A store whose writes fail (or raise) never stops the relay.
         """
+
         class Failing(RecordingStore):
             def recordStart(self, *a, **k):
                 return defer.fail(RuntimeError("disk full"))

@@ -339,7 +339,9 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         session, edge, pump, context = readyNode(adapterConfig("a"), adapterConfig("gone"))
         gone = context.host.get("gone").adapter
-        edge.wire.send(iop_pb2.ConfigRefresh(config=nodeConfig(adapterConfig("a"), adapterConfig("new", max_concurrency=7))))
+        edge.wire.send(
+            iop_pb2.ConfigRefresh(config=nodeConfig(adapterConfig("a"), adapterConfig("new", max_concurrency=7)))
+        )
         pump.flush()
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "new"])
         self.assertEqual(context.host.get("new").gate.limit, 7)

@@ -55,7 +55,12 @@ class FakeEndpoint:
         protocol = factory.buildProtocol(None)
         server = WireProtocol(edge, self.clock)
         pump = iosim.connect(
-            server, iosim.makeFakeServer(server), protocol, iosim.makeFakeClient(protocol), greet=False, clock=self.clock
+            server,
+            iosim.makeFakeServer(server),
+            protocol,
+            iosim.makeFakeClient(protocol),
+            greet=False,
+            clock=self.clock,
         )
         d.callback(protocol)
         pump.flush()
