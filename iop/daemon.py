@@ -11,6 +11,8 @@ status 0.
 
 import signal
 
+from twisted.internet.error import ReactorNotRunning
+
 
 def on_signals(reactor, signums, callback):
     """
@@ -50,6 +52,9 @@ def stop_then_hurry(reactor, hurry):
         if len(signals) > 1:
             hurry()
         elif reactor.running:
-            reactor.stop()
+            try:
+                reactor.stop()
+            except ReactorNotRunning:
+                pass  # already stopping (a fatal exit): nothing to add
 
     on_stop_signals(reactor, stop)

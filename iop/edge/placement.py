@@ -76,8 +76,10 @@ class Placer:
             link = self.registry.ready_link(node_id)
             if link is None:
                 raise ServiceError("unavailable", f"node {node_id} is not connected")
+            if link.draining:
+                raise ServiceError("unavailable", f"node {node_id} is shutting down", code="node_draining")
         else:
-            links = self.registry.ready_links()
+            links = [link for link in self.registry.ready_links() if not link.draining]
             if len(links) != 1:
                 raise ServiceError(
                     "unavailable" if not links else "invalid",
