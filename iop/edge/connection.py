@@ -28,10 +28,10 @@ class EdgeNodeConnection:
         self.link = None
         self.state = "new"
 
-    def wireConnected(self, wire):
+    def wire_connected(self, wire):
         self.wire = wire
 
-    def messageReceived(self, kind, message):
+    def message_received(self, kind, message):
         if kind == "register_request":
             self._register(message)
         elif kind == "node_ready_request":
@@ -72,7 +72,7 @@ class EdgeNodeConnection:
         else:
             self.links.answered(self.link, message.request_id, message)
 
-    def wireLost(self, reason):
+    def wire_lost(self, reason):
         if self.link is not None:
-            why = self.wire.closeReason or reason.getErrorMessage()
+            why = self.wire.close_reason or reason.getErrorMessage()
             self.links.lost(self.link, why)

@@ -125,7 +125,7 @@ class NodeLinks:
         """
         self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
         self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
-        self.pool.nodeReady(link.node_id, link.generation)
+        self.pool.node_ready(link.node_id, link.generation)
 
     def node_draining(self, link, message):
         """
@@ -152,7 +152,7 @@ class NodeLinks:
         if not self.registry.lost(link):
             return
         self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
-        self.pool.nodeDisconnected(link.node_id, link.generation)
+        self.pool.node_disconnected(link.node_id, link.generation)
         for dispatch in self.inflight.on_link(link):
             dispatch.node_lost(f"node {link.node_id} disconnected: {reason}")
         self.inflight.fail_requests(ServiceError("unavailable", f"node {link.node_id} disconnected"), link)

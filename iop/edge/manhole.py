@@ -5,7 +5,7 @@ and protected by the users in C{edge.yaml}'s C{manhole.users}.
 Its namespace holds the live objects (C{edge}, C{registry}, C{pool},
 C{bus}, C{inflight}), so an operator can look at leases and waiters as
 they are, e.g. C{pool.snapshot()} or C{[l.node_id for l in
-pool.activeLeases()]}.
+pool.active_leases()]}.
 """
 
 from twisted.application import strports

@@ -14,16 +14,16 @@ The pool owns two things and nothing else:
 
 It does not own connections. The registry (elsewhere) owns Node
 connections and their generations; the Edge service tells the pool when a
-Node's generation becomes ready (L{ProviderPool.nodeReady}) and when it is
-gone (L{ProviderPool.nodeDisconnected}). The pool knows nothing of the
+Node's generation becomes ready (L{ProviderPool.node_ready}) and when it is
+gone (L{ProviderPool.node_disconnected}). The pool knows nothing of the
 wire or of HTTP, and never touches the global reactor: time comes from the
 C{clock} it is given (an C{IReactorTime}, C{task.Clock} in tests).
 
 Rules
 =====
 
-  - A resource is I{live} from C{nodeReady(node, generation)} until
-    C{nodeDisconnected(node, generation)} with that same generation. A
+  - A resource is I{live} from C{node_ready(node, generation)} until
+    C{node_disconnected(node, generation)} with that same generation. A
     disconnect naming any other generation is stale and changes nothing. A
     ready with a new generation replaces the old one, returning the old
     generation's leases first.
@@ -191,7 +191,7 @@ class Lease:
         """
         C{True} while the slot counts against its resource.
         """
-        return self._pool._isActive(self)
+        return self._pool._is_active(self)
 
     def release(self):
         """
@@ -245,7 +245,7 @@ class _Resource:
         self.in_use[lease.klass] -= 1
         return True
 
-    def setGeneration(self, generation):
+    def set_generation(self, generation):
         """
         Go live under C{generation} (or offline for C{None}) with empty
         counters; return how many leases of the previous generation this
@@ -284,7 +284,7 @@ class ProviderPool:
     def __init__(self, clock, providers, groups):
         self._clock = clock
         self._resources = {}
-        self._byNode = {}
+        self._by_node = {}
         for spec in providers:
             if spec.key in self._resources:
                 raise ValueError(f"provider {spec.node_id}/{spec.provider_id} is configured twice")
@@ -296,7 +296,7 @@ class ProviderPool:
                     )
             resource = _Resource(spec)
             self._resources[spec.key] = resource
-            self._byNode.setdefault(spec.node_id, []).append(resource)
+            self._by_node.setdefault(spec.node_id, []).append(resource)
         self._groups = {}
         self._queues = {}  # group name -> {_Waiter: None}, oldest first
         for group in groups:
@@ -331,7 +331,7 @@ class ProviderPool:
             return LONG
         return NORMAL
 
-    def activeLeases(self):
+    def active_leases(self):
         """
         Every lease currently counted, by resource in config order, then in
         grant order.
@@ -376,17 +376,17 @@ class ProviderPool:
         group = self._group(group_name)
         if klass not in CLASSES:
             raise ValueError(f"model group {group_name!r}: unknown request class {klass!r}")
-        lease = self._tryLease(group, klass)
+        lease = self._try_lease(group, klass)
         if lease is not None:
             return defer.succeed(lease)
-        if not self._hasCandidate(group, klass):
+        if not self._has_candidate(group, klass):
             return defer.fail(self._unavailable(group, klass))
         queue = self._queues[group.name]
         if group.max_queue is not None and len(queue) >= group.max_queue:
             return defer.fail(QueueFull(group.name, klass, f"queue is full ({group.max_queue} waiting)"))
         waiter = _Waiter(next(self._seq), group.name, klass)
         waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
-        waiter.timer = self._clock.callLater(group.queue_timeout_sec, self._timedOut, waiter)
+        waiter.timer = self._clock.callLater(group.queue_timeout_sec, self._timed_out, waiter)
         queue[waiter] = None
         return waiter.deferred
 
@@ -396,13 +396,13 @@ class ProviderPool:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _hasCandidate(self, group, klass):
+    def _has_candidate(self, group, klass):
         return any(self._resources[m.key].candidate(klass) for m in group.members)
 
     def _unavailable(self, group, klass):
         return NoLiveProvider(group.name, klass, f"no live provider for {klass} requests")
 
-    def _tryLease(self, group, klass):
+    def _try_lease(self, group, klass):
         """
         Take a slot on the least loaded member with room, or return C{None}.
         """
@@ -425,7 +425,7 @@ class ProviderPool:
             waiter.timer.cancel()
         waiter.timer = None
 
-    def _timedOut(self, waiter):
+    def _timed_out(self, waiter):
         waiter.timer = None
         self._dequeue(waiter)
         group = self._groups[waiter.group]
@@ -460,7 +460,7 @@ class ProviderPool:
         """
         served = []
         for waiter in self._waiters():
-            lease = self._tryLease(self._groups[waiter.group], waiter.klass)
+            lease = self._try_lease(self._groups[waiter.group], waiter.klass)
             if lease is not None:
                 self._dequeue(waiter)
                 served.append((waiter, lease))
@@ -473,7 +473,7 @@ class ProviderPool:
 
     # -- releasing
 
-    def _isActive(self, lease):
+    def _is_active(self, lease):
         resource = self._resources[(lease.node_id, lease.provider_id)]
         return lease in resource.leases
 
@@ -486,7 +486,7 @@ class ProviderPool:
 
     # -- Node lifecycle (told by the Edge service)
 
-    def nodeReady(self, node_id, generation):
+    def node_ready(self, node_id, generation):
         """
         The Node's C{generation} is ready: its resources go live with their
         configured capacity and waiters are served at once. A new
@@ -494,9 +494,9 @@ class ProviderPool:
         same generation again changes nothing.
         """
         returned = 0
-        for resource in self._byNode.get(node_id, ()):
+        for resource in self._by_node.get(node_id, ()):
             if resource.generation != generation:
-                returned += resource.setGeneration(generation)
+                returned += resource.set_generation(generation)
         if returned:
             self.log.info(
                 "node {node} ready as generation {generation}: returned {count} leases of the old generation",
@@ -512,12 +512,12 @@ class ProviderPool:
         their leases (returned as the work ends) but take no new ones, and
         every waiter left without a live candidate fails at once.
         """
-        resources = self._byNode.get(node_id, ())
+        resources = self._by_node.get(node_id, ())
         if not resources or resources[0].generation != generation:
             return
         for resource in resources:
             resource.draining = True
-        self._fail_waiters(lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None)
+        self._fail_waiters(lambda waiter: not self._has_candidate(self._groups[waiter.group], waiter.klass), None)
 
     def fail_waiters(self, error):
         """
@@ -542,21 +542,21 @@ class ProviderPool:
                 waiter.deferred.errback(error or self._unavailable(self._groups[waiter.group], waiter.klass))
         return len(failed)
 
-    def nodeDisconnected(self, node_id, generation):
+    def node_disconnected(self, node_id, generation):
         """
         The Node's C{generation} is gone. If it is the live one: return its
         leases, take its resources offline, and fail at once every waiter
         left without a live candidate. Otherwise (stale) change nothing.
         """
-        resources = self._byNode.get(node_id, ())
+        resources = self._by_node.get(node_id, ())
         if not resources or resources[0].generation is None or resources[0].generation != generation:
             self.log.debug(
                 "ignoring stale disconnect of node {node} generation {generation}", node=node_id, generation=generation
             )
             return
-        returned = sum(resource.setGeneration(None) for resource in resources)
+        returned = sum(resource.set_generation(None) for resource in resources)
         failed = self._fail_waiters(
-            lambda waiter: not self._hasCandidate(self._groups[waiter.group], waiter.klass), None
+            lambda waiter: not self._has_candidate(self._groups[waiter.group], waiter.klass), None
         )
         self.log.info(
             "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",

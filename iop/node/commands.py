@@ -53,7 +53,7 @@ class CommandHandler:
         d.addErrback(lambda f: self.log.failure("answering command {command} failed", f, command=request.command))
         return d
 
-    def cancelAll(self):
+    def cancel_all(self):
         """
         The connection is gone: stop waiting for adapter commands.
         """
@@ -81,9 +81,9 @@ class CommandHandler:
             raise CommandError(f"args_json is not valid JSON: {e}") from None
         common = {
             "capabilities": self.capabilities,
-            "transport_status": self.transportStatus,
-            "usage_status": self.usageStatus,
-            "session_list": self.sessionList,
+            "transport_status": self.transport_status,
+            "usage_status": self.usage_status,
+            "session_list": self.session_list,
         }
         if request.command in common:
             return common[request.command](request.adapter, args)
@@ -114,15 +114,15 @@ class CommandHandler:
                     "sessions": caps.sessions,
                     "tunnel": caps.tunnel,
                     "commands": list(caps.commands),
-                    "in_use": hosted.gate.inUse,
+                    "in_use": hosted.gate.in_use,
                 }
             )
         return {"adapters": result}
 
-    def transportStatus(self, adapter, args):
+    def transport_status(self, adapter, args):
         return self.context.transport.snapshot()
 
-    def usageStatus(self, adapter, args):
+    def usage_status(self, adapter, args):
         usage = self.context.usage.snapshot()
         if adapter:
             self._hosted(adapter)
@@ -130,7 +130,7 @@ class CommandHandler:
         return {"adapters": usage}
 
     @defer.inlineCallbacks
-    def sessionList(self, adapter, args):
+    def session_list(self, adapter, args):
         selected = [h for h in self._selected(adapter) if h.adapter.capabilities().sessions]
         if adapter and not selected:
             raise CommandError(f"adapter {adapter} does not support sessions")

@@ -66,7 +66,7 @@ class Drain:
     def _cancel_rest(self, why):
         self._deadline = None
         self.log.info("{why}: cancelling {count} run(s)/tunnel(s) still in flight", why=why, count=len(self.inflight))
-        self.inflight.cancelAll(self.reason)
+        self.inflight.cancel_all(self.reason)
         self._over()
 
     def _over(self, _=None):

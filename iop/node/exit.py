@@ -49,10 +49,10 @@ class ProcessExit:
 
     log = Logger()
 
-    def __init__(self, reactor, register=atexit.register, hardExit=os._exit):
+    def __init__(self, reactor, register=atexit.register, hard_exit=os._exit):
         self.reactor = reactor
         self._register = register
-        self._hardExit = hardExit
+        self._hard_exit = hard_exit
         self.status = None
 
     def __call__(self, status, message):
@@ -61,7 +61,7 @@ class ProcessExit:
         self.status = status
         if status:
             self.log.critical("{message} (exit status {status})", message=message, status=status)
-            self._register(self._exitNow, status)
+            self._register(self._exit_now, status)
         else:
             self.log.info("{message}", message=message)
         try:
@@ -69,10 +69,10 @@ class ProcessExit:
         except ReactorNotRunning:
             pass
 
-    def _exitNow(self, status):
+    def _exit_now(self, status):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        self._hardExit(status)
+        self._hard_exit(status)

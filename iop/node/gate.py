@@ -30,44 +30,44 @@ class CapacityGate:
     """
     Counts in-flight work against C{limit}.
 
-    @ivar onChange: called with the new in-use count after every change
+    @ivar on_change: called with the new in-use count after every change
         (the metrics gauge listens here).
     """
 
-    def __init__(self, limit, onChange=None):
+    def __init__(self, limit, on_change=None):
         self.limit = limit
-        self.inUse = 0
-        self.onChange = onChange
-        self._idleWaiters = []
+        self.in_use = 0
+        self.on_change = on_change
+        self._idle_waiters = []
 
     def acquire(self):
         """
         @return: a L{Slot}, or C{None} when the gate is full.
         """
-        if self.inUse >= self.limit:
+        if self.in_use >= self.limit:
             return None
-        self.inUse += 1
+        self.in_use += 1
         self._changed()
         return Slot(self)
 
-    def whenIdle(self):
+    def when_idle(self):
         """
         @return: a Deferred firing once nothing holds a slot.
         """
-        if self.inUse == 0:
+        if self.in_use == 0:
             return succeed(None)
         d = Deferred()
-        self._idleWaiters.append(d)
+        self._idle_waiters.append(d)
         return d
 
     def _released(self):
-        self.inUse -= 1
+        self.in_use -= 1
         self._changed()
-        if self.inUse == 0:
-            waiters, self._idleWaiters = self._idleWaiters, []
+        if self.in_use == 0:
+            waiters, self._idle_waiters = self._idle_waiters, []
             for d in waiters:
                 d.callback(None)
 
     def _changed(self):
-        if self.onChange is not None:
-            self.onChange(self.inUse)
+        if self.on_change is not None:
+            self.on_change(self.in_use)

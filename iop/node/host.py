@@ -114,7 +114,7 @@ class AdapterHost:
             try:
                 yield defer.maybeDeferred(hosted.adapter.start)
             except Exception as e:
-                yield self._stopAll([h.adapter for h in started])
+                yield self._stop_all([h.adapter for h in started])
                 raise AdapterSetupError(f"adapter {hosted.name}: start failed: {e}") from None
             started.append(hosted)
             self.log.info("adapter {name} ({type}) started", name=hosted.name, type=hosted.spec[0])
@@ -128,7 +128,7 @@ class AdapterHost:
         limit = adapter.capabilities().max_concurrency
         if self.metrics is None:
             return CapacityGate(limit)
-        return CapacityGate(limit, partial(self.metrics.inFlight, name))
+        return CapacityGate(limit, partial(self.metrics.in_flight, name))
 
     def _retire(self, hosted):
         """
@@ -136,12 +136,12 @@ class AdapterHost:
         work is over; new work already goes to its replacement.
         """
         self.log.info("adapter {name} retired; stopping once idle", name=hosted.name)
-        d = hosted.gate.whenIdle()
+        d = hosted.gate.when_idle()
         d.addCallback(lambda _: hosted.adapter.stop())
         d.addErrback(lambda f: self.log.failure("stopping adapter {name} failed", f, name=hosted.name))
         return d
 
-    def _stopAll(self, adapters):
+    def _stop_all(self, adapters):
         ds = [defer.maybeDeferred(a.stop) for a in adapters]
         for d in ds:
             d.addErrback(lambda f: self.log.failure("stopping an adapter failed", f))
@@ -153,4 +153,4 @@ class AdapterHost:
         been cancelled already).
         """
         hosted, self._hosted = list(self._hosted.values()), {}
-        return self._stopAll([h.adapter for h in hosted])
+        return self._stop_all([h.adapter for h in hosted])

@@ -29,26 +29,26 @@ class NodeMetrics:
             ["adapter", "status"],
             registry=self.registry,
         )
-        self.inFlightGauge = Gauge(
+        self.in_flight_gauge = Gauge(
             "iop_node_in_flight",
             "Runs and tunnels holding a capacity slot, by adapter.",
             ["adapter"],
             registry=self.registry,
         )
-        self.tunnelBytes = Counter(
+        self.tunnel_bytes = Counter(
             "iop_node_tunnel_bytes_total",
             "Provider response body bytes relayed through raw tunnels.",
             registry=self.registry,
         )
 
-    def runEnded(self, adapter, status):
+    def run_ended(self, adapter, status):
         self.runs.labels(adapter=adapter, status=status).inc()
 
-    def inFlight(self, adapter, count):
-        self.inFlightGauge.labels(adapter=adapter).set(count)
+    def in_flight(self, adapter, count):
+        self.in_flight_gauge.labels(adapter=adapter).set(count)
 
-    def tunnelBody(self, size):
-        self.tunnelBytes.inc(size)
+    def tunnel_body(self, size):
+        self.tunnel_bytes.inc(size)
 
     def value(self, name, labels=None):
         """
@@ -57,7 +57,7 @@ class NodeMetrics:
         return self.registry.get_sample_value(name, labels or {})
 
 
-def metricsService(reactor, description, metrics):
+def metrics_service(reactor, description, metrics):
     """
     A service listening on the server endpoint C{description} and serving
     C{/metrics}.

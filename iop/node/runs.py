@@ -79,7 +79,7 @@ class RunRelay(Work):
 
     def start(self, run):
         self.manager.record(
-            "recordStart",
+            "record_start",
             self.run_id,
             self.hosted.name,
             self.request.target,
@@ -107,14 +107,14 @@ class RunRelay(Work):
 
     def _ended(self, result):
         if not self.finished:
-            self._finish(RunEventData(CANCELLED if self.cancelReason else COMPLETE, usage=self.usage))
+            self._finish(RunEventData(CANCELLED if self.cancel_reason else COMPLETE, usage=self.usage))
 
     def _failed(self, failure):
         if self.finished:
             if not failure.check(defer.CancelledError):
                 self.log.failure("run {run_id}: adapter failed after its terminal", failure, run_id=self.run_id)
             return
-        if self.cancelReason or failure.check(defer.CancelledError):
+        if self.cancel_reason or failure.check(defer.CancelledError):
             self._finish(RunEventData(CANCELLED, usage=self.usage))
             return
         self.log.failure(
@@ -128,8 +128,8 @@ class RunRelay(Work):
     def _send_terminal(self, event):
         self._send(event)
         error = event.error.message if event.error is not None else None
-        if event.type == CANCELLED and self.cancelReason:
-            error = self.cancelReason
+        if event.type == CANCELLED and self.cancel_reason:
+            error = self.cancel_reason
         self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage)
 
     def _send(self, event):
@@ -184,7 +184,7 @@ class RunManager:
         """
         self.log.info("run {run_id} refused: {code}: {message}", run_id=request.run_id, code=code, message=message)
         self.record(
-            "recordStart", request.run_id, request.adapter, request.target, request.session_id, request.background
+            "record_start", request.run_id, request.adapter, request.target, request.session_id, request.background
         )
         self.send(event_to_wire(request.run_id, 1, RunEventData(ERROR, error=RunFailure(code, message))))
         self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None)
@@ -201,8 +201,8 @@ class RunManager:
         d.addErrback(lambda f: self.log.failure("run store {method} failed", f, method=method))
 
     def ended(self, adapter, run_id, status, error, usage):
-        self.record("recordEnd", run_id, status, error)
-        self.usage.runEnded(adapter, status)
+        self.record("record_end", run_id, status, error)
+        self.usage.run_ended(adapter, status)
         if usage is not None:
             self.usage.usage(adapter, usage)
-        self.metrics.runEnded(adapter, status)
+        self.metrics.run_ended(adapter, status)

@@ -14,7 +14,7 @@ from iop.adapters.registry import build_adapter
 from iop.config import ConfigError
 from iop.node.context import NodeContext
 from iop.node.host import AdapterHost
-from iop.node.metrics import NodeMetrics, metricsService
+from iop.node.metrics import NodeMetrics, metrics_service
 from iop.node.store import RunStore
 from iop.node.supervisor import Supervisor
 
@@ -40,7 +40,7 @@ class NodeService(MultiService):
         threads).
     @raise ConfigError: if an endpoint string does not parse.
 
-    @ivar supervisor: the L{Supervisor} (C{whenReady()}, C{session}).
+    @ivar supervisor: the L{Supervisor} (C{when_ready()}, C{session}).
     @ivar context: the L{NodeContext} shared by sessions.
     """
 
@@ -69,13 +69,13 @@ class NodeService(MultiService):
         self.store.setServiceParent(self)
         self.supervisor = Supervisor(endpoint, self.context, config.reconnect, reactor, exit)
         self.supervisor.setServiceParent(self)
-        self.metricsListener = None
+        self.metrics_listener = None
         if config.metrics is not None:
             try:
-                self.metricsListener = metricsService(reactor, config.metrics, self.metrics)
+                self.metrics_listener = metrics_service(reactor, config.metrics, self.metrics)
             except Exception as e:
                 raise ConfigError(f"{source}: metrics: not a valid server endpoint string ({e})") from None
-            self.metricsListener.setServiceParent(self)
+            self.metrics_listener.setServiceParent(self)
 
     def stopService(self):
         """
@@ -95,8 +95,8 @@ class NodeService(MultiService):
         d.addBoth(self._logged, "stopping the supervisor")
         d.addCallback(lambda _: self.host.stop())
         d.addBoth(self._logged, "stopping the adapters")
-        if self.metricsListener is not None:
-            d.addCallback(lambda _: self.metricsListener.stopService())
+        if self.metrics_listener is not None:
+            d.addCallback(lambda _: self.metrics_listener.stopService())
             d.addBoth(self._logged, "stopping the metrics listener")
         d.addCallback(lambda _: self.store.stopService())
         d.addBoth(self._logged, "closing the run store")

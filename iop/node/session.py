@@ -127,7 +127,7 @@ class NodeSession:
 
     # -- IWireReceiver -------------------------------------------------------
 
-    def wireConnected(self, wire):
+    def wire_connected(self, wire):
         self.wire = wire
         self.state = REGISTERING
         self.send(
@@ -137,7 +137,7 @@ class NodeSession:
         )
         self._expect("RegisterResponse")
 
-    def messageReceived(self, kind, message):
+    def message_received(self, kind, message):
         if self.state == READY and kind in self._handlers:
             self._handlers[kind](message)
         elif self.state == REGISTERING and kind == "register_response":
@@ -151,17 +151,17 @@ class NodeSession:
         else:
             raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
 
-    def wireLost(self, reason):
+    def wire_lost(self, reason):
         previous, self.state = self.state, CLOSED
-        self._cancelTimer()
-        why = (self.wire.closeReason if self.wire is not None else None) or reason.getErrorMessage()
+        self._cancel_timer()
+        why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
         if previous == READY:
             # An unexpected loss is logged by the supervisor with its retry.
             if self._closing:
                 self.log.info("connection to the Edge closed: {why}", why=why)
             self.context.transport.connected = False
-            self.inflight.cancelAll("connection to the Edge lost")
-            self.commands.cancelAll()
+            self.inflight.cancel_all("connection to the Edge lost")
+            self.commands.cancel_all()
         elif previous != REFUSED:
             self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
         self.lost.callback(why)
@@ -208,8 +208,8 @@ class NodeSession:
         still telling the Edge while the connection is up.
         """
         self._closing = True
-        self.inflight.cancelAll(reason)
-        self.commands.cancelAll()
+        self.inflight.cancel_all(reason)
+        self.commands.cancel_all()
 
     def close(self):
         """
@@ -222,20 +222,20 @@ class NodeSession:
 
     def _expect(self, what):
         timeout = self.context.register_timeout
-        self._cancelTimer()
-        self._timer = self.context.clock.callLater(timeout, self._timedOut, what, timeout)
+        self._cancel_timer()
+        self._timer = self.context.clock.callLater(timeout, self._timed_out, what, timeout)
 
-    def _cancelTimer(self):
+    def _cancel_timer(self):
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
 
-    def _timedOut(self, what, timeout):
+    def _timed_out(self, what, timeout):
         self._timer = None
         self._refuse(RetryableRefusal(f"no {what} from the Edge within {timeout:g}s"))
 
     def _registered(self, response):
-        self._cancelTimer()
+        self._cancel_timer()
         if not response.accepted:
             self._refuse(_refusal(response))
             return
@@ -249,9 +249,9 @@ class NodeSession:
             node_id=config.node_id,
             count=len(config.adapters),
         )
-        self._adoptHeartbeat(config)
+        self._adopt_heartbeat(config)
         d = self.context.host.apply(config.adapters)
-        d.addCallbacks(self._configured, self._configFailed)
+        d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
     def _configured(self, _):
@@ -261,7 +261,7 @@ class NodeSession:
         self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
         self._expect("NodeReadyResponse")
 
-    def _configFailed(self, failure):
+    def _config_failed(self, failure):
         if failure.check(AdapterSetupError):
             text = f"this node cannot run its configuration: {failure.value}"
         else:
@@ -273,7 +273,7 @@ class NodeSession:
             self._settle(FatalRefusal(text))
 
     def _readied(self, response):
-        self._cancelTimer()
+        self._cancel_timer()
         if not response.ready:
             self._refuse(RetryableRefusal(f"readiness refused: {response.reason or 'no reason given'}"))
             return
@@ -291,7 +291,7 @@ class NodeSession:
         """
         if self.state in (REFUSED, CLOSED):
             return
-        self._cancelTimer()
+        self._cancel_timer()
         self.state = REFUSED
         self._settle(error)
         if self.wire is not None:
@@ -305,7 +305,7 @@ class NodeSession:
         else:
             self.ready.callback(outcome)
 
-    def _adoptHeartbeat(self, config):
+    def _adopt_heartbeat(self, config):
         """
         Take the Edge's heartbeat timings (zero means "keep the default").
         """
@@ -315,18 +315,18 @@ class NodeSession:
             timeout=config.heartbeat_timeout_sec or current.timeout,
         )
         if heartbeat != current:
-            self.wire.setHeartbeat(heartbeat)
+            self.wire.set_heartbeat(heartbeat)
         self.context.transport.heartbeat = heartbeat
 
     # -- after ready -------------------------------------------------------------
 
     def _cancel(self, request):
         if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
-            self._terminateSession(request)
+            self._terminate_session(request)
         elif not self.inflight.cancel(request.run_id):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 
-    def _terminateSession(self, request):
+    def _terminate_session(self, request):
         def answer(ok, reason=""):
             self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason))
 
@@ -357,7 +357,7 @@ class NodeSession:
 
     def _refresh(self, message):
         config = message.config
-        self._adoptHeartbeat(config)
+        self._adopt_heartbeat(config)
         d = self.context.host.apply(config.adapters)
         d.addCallback(
             lambda _: self.log.info("configuration refreshed ({count} adapter(s))", count=len(config.adapters))

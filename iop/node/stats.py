@@ -36,11 +36,11 @@ class UsageBook:
             if value is not None:
                 entry[name] = entry.get(name, 0) + value
 
-    def runEnded(self, adapter, status):
+    def run_ended(self, adapter, status):
         runs = self._entry(adapter)["runs"]
         runs[status] = runs.get(status, 0) + 1
 
-    def tunnelEnded(self, adapter):
+    def tunnel_ended(self, adapter):
         self._entry(adapter)["tunnels"] += 1
 
     def snapshot(self):

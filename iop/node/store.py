@@ -70,7 +70,7 @@ class RunStore(Service):
             pool.close()
         return defer.succeed(None)
 
-    def recordStart(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False):
         """
         Record that a run started (status C{running}).
         """
@@ -81,7 +81,7 @@ class RunStore(Service):
             "recording the start of run " + run_id,
         )
 
-    def recordEnd(self, run_id, status, error=None):
+    def record_end(self, run_id, status, error=None):
         """
         Record a run's terminal status (C{complete}, C{error}, C{cancelled})
         and the error message, if any.
@@ -128,10 +128,10 @@ class NullStore:
     A store that records nothing (tests, or a Node with no history).
     """
 
-    def recordStart(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False):
         return defer.succeed(None)
 
-    def recordEnd(self, run_id, status, error=None):
+    def record_end(self, run_id, status, error=None):
         return defer.succeed(None)
 
     def recent(self, limit=50):

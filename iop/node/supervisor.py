@@ -36,7 +36,7 @@ STOP_TIMEOUT_SEC = 5.0
 
 
 @provider(ILogObserver)
-def _withoutRetryNotices(event):
+def _without_retry_notices(event):
     # ClientService logs its own "Scheduling retry N" line with a count
     # that is not ours; the supervisor logs the real one.
     if not str(event.get("log_format", "")).startswith("Scheduling retry"):
@@ -44,7 +44,7 @@ def _withoutRetryNotices(event):
 
 
 class _QuietClientService(ClientService):
-    _log = Logger(namespace="twisted.application.internet.ClientService", observer=_withoutRetryNotices)
+    _log = Logger(namespace="twisted.application.internet.ClientService", observer=_without_retry_notices)
 
 
 @implementer(IStreamClientEndpoint)
@@ -54,9 +54,9 @@ class _ObservedEndpoint:
     sees the failure (its retry policy is told only the count).
     """
 
-    def __init__(self, endpoint, onFailure):
+    def __init__(self, endpoint, on_failure):
         self._endpoint = endpoint
-        self._onFailure = onFailure
+        self._on_failure = on_failure
 
     def connect(self, factory):
         d = self._endpoint.connect(factory)
@@ -65,7 +65,7 @@ class _ObservedEndpoint:
 
     def _failed(self, failure):
         if not failure.check(defer.CancelledError):
-            self._onFailure((failure.getErrorMessage() or failure.type.__name__).rstrip("."))
+            self._on_failure((failure.getErrorMessage() or failure.type.__name__).rstrip("."))
         return failure
 
 
@@ -78,7 +78,7 @@ class Supervisor(Service):
         end (L{iop.node.exit.ProcessExit} in the daemon, a recorder in tests).
 
     @ivar session: the current L{NodeSession}, if a connection is up.
-    @ivar readySession: the current session if it is ready, else C{None}.
+    @ivar ready_session: the current session if it is ready, else C{None}.
     @ivar failures: consecutive failed attempts (reset by a ready session).
     """
 
@@ -90,19 +90,19 @@ class Supervisor(Service):
         self.reactor = reactor
         self.exit = exit
         self.session = None
-        self.readySession = None
+        self.ready_session = None
         self.failures = 0
         self.finished = False
-        self._lastFailure = None
-        self._sessionWasReady = False
+        self._last_failure = None
+        self._session_was_ready = False
         self._edge_drained = False
-        self._readyWaiters = []
-        factory = WireFactory(self._newSession, reactor)
+        self._ready_waiters = []
+        factory = WireFactory(self._new_session, reactor)
         factory.noisy = False
         self.client = _QuietClientService(
-            _ObservedEndpoint(endpoint, self._attemptFailed),
+            _ObservedEndpoint(endpoint, self._attempt_failed),
             factory,
-            retryPolicy=self._retryDelay,
+            retryPolicy=self._retry_delay,
             clock=reactor,
         )
 
@@ -127,16 +127,16 @@ class Supervisor(Service):
             a ready session).
         """
         self.finished = True
-        if self.readySession is None:
+        if self.ready_session is None:
             return defer.succeed(None)
-        return self.readySession.drain(grace_sec, reason)
+        return self.ready_session.drain(grace_sec, reason)
 
     def hurry(self):
         """
         Cut the drain's grace period to zero.
         """
-        if self.readySession is not None:
-            self.readySession.hurry()
+        if self.ready_session is not None:
+            self.ready_session.hurry()
 
     def stopService(self):
         """
@@ -155,39 +155,39 @@ class Supervisor(Service):
             # A peer that stopped reading must not hold the shutdown up.
             aborter = self.reactor.callLater(STOP_TIMEOUT_SEC, session.close)
             d.addBoth(_cancelling, aborter)
-        for waiter in list(self._readyWaiters):
+        for waiter in list(self._ready_waiters):
             waiter.cancel()
         return d
 
-    def whenReady(self):
+    def when_ready(self):
         """
         @return: a Deferred firing with the ready L{NodeSession}: the
             current one, or the next one to become ready.
         """
-        if self.readySession is not None:
-            return defer.succeed(self.readySession)
-        d = defer.Deferred(lambda d: self._readyWaiters.remove(d))
-        self._readyWaiters.append(d)
+        if self.ready_session is not None:
+            return defer.succeed(self.ready_session)
+        d = defer.Deferred(lambda d: self._ready_waiters.remove(d))
+        self._ready_waiters.append(d)
         return d
 
     # -- one attempt -------------------------------------------------------------
 
-    def _newSession(self):
+    def _new_session(self):
         self.context.transport.attempts += 1
         session = NodeSession(self.context)
         self.session = session
-        self._sessionWasReady = False
+        self._session_was_ready = False
         session.ready.addCallbacks(self._ready, self._refused)
         session.lost.addCallback(self._lost, session)
         return session
 
     def _ready(self, session):
-        self.readySession = session
+        self.ready_session = session
         self.failures = 0
-        self._sessionWasReady = True
+        self._session_was_ready = True
         self.context.transport.failures = 0
         self.context.transport.sessions += 1
-        waiters, self._readyWaiters = self._readyWaiters, []
+        waiters, self._ready_waiters = self._ready_waiters, []
         for waiter in waiters:
             waiter.callback(session)
 
@@ -197,36 +197,36 @@ class Supervisor(Service):
         elif failure.check(FatalRefusal):
             self._finish(EXIT_REFUSED, f"the Edge refused this node: {failure.value}")
         else:
-            self._attemptFailed(str(failure.value))
+            self._attempt_failed(str(failure.value))
 
     def _lost(self, why, session):
         if self.session is session:
             self.session = None
-        if self.readySession is session:
-            self.readySession = None
-        if self._sessionWasReady:
+        if self.ready_session is session:
+            self.ready_session = None
+        if self._session_was_ready:
             self._edge_drained = session.edge_draining is not None
-            self._lastFailure = (
+            self._last_failure = (
                 f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
             )
 
-    def _attemptFailed(self, why):
-        self._lastFailure = why
+    def _attempt_failed(self, why):
+        self._last_failure = why
 
     # -- the policy ----------------------------------------------------------------
 
-    def _retryDelay(self, _clientServiceCount):
+    def _retry_delay(self, _client_service_count):
         """
         C{ClientService}'s retry policy: called once per failed attempt or
         lost session. Counts, logs, and decides whether to go on.
         """
         delay = self.policy.interval_sec
-        why, self._lastFailure = self._lastFailure or "unknown reason", None
+        why, self._last_failure = self._last_failure or "unknown reason", None
         if self.finished:
             return delay
-        if self._sessionWasReady:
+        if self._session_was_ready:
             # Losing a ready session is not a failed attempt.
-            self._sessionWasReady = False
+            self._session_was_ready = False
             if self._edge_drained:
                 self.log.info("the Edge was draining; {why}; reconnecting in {delay:g}s", why=why, delay=delay)
             else:

@@ -60,10 +60,10 @@ class WireTunnelSink:
             return
         for piece in chunks(bytes(data)):
             self._relay.frame(body=piece)
-        self._relay.bodyRelayed(len(data))
+        self._relay.body_relayed(len(data))
 
     def usage(self, usage):
-        self._relay.observedUsage(usage)
+        self._relay.observed_usage(usage)
         self._relay.frame(usage=usage_to_wire(usage))
 
     def metadata(self, info):
@@ -93,25 +93,25 @@ class TunnelRelay(Work):
         self.seq += 1
         self.manager.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field))
 
-    def bodyRelayed(self, size):
+    def body_relayed(self, size):
         if not self.finished:
-            self.manager.metrics.tunnelBody(size)
+            self.manager.metrics.tunnel_body(size)
 
-    def observedUsage(self, usage):
+    def observed_usage(self, usage):
         if not self.finished:
             self.manager.usage.usage(self.hosted.name, usage)
 
     def _ended(self, result):
-        if self.cancelReason:
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancelReason))
+        if self.cancel_reason:
+            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancel_reason))
         else:
             self._finish(end=iop_pb2.TunnelEnd())
 
     def _failed(self, failure):
         if self.finished:
             return
-        if self.cancelReason or failure.check(defer.CancelledError):
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancelReason or "cancelled"))
+        if self.cancel_reason or failure.check(defer.CancelledError):
+            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancel_reason or "cancelled"))
         elif failure.check(NotSupported):
             self._finish(error=iop_pb2.RunError(code=TUNNEL_NOT_SUPPORTED, message=str(failure.value)))
         else:
@@ -133,7 +133,7 @@ class TunnelRelay(Work):
 
     def _send_terminal(self, terminal):
         self._frame(**terminal)
-        self.manager.usage.tunnelEnded(self.hosted.name)
+        self.manager.usage.tunnel_ended(self.hosted.name)
 
 
 class TunnelManager:

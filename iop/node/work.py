@@ -68,7 +68,7 @@ class Inflight:
         work.cancel(reason)
         return True
 
-    def cancelAll(self, reason=None):
+    def cancel_all(self, reason=None):
         for work in list(self._work.values()):
             work.cancel(reason)
 
@@ -125,7 +125,7 @@ class Work:
         self.seq = 0
         self.finished = False
         self.deferred = None
-        self.cancelReason = None
+        self.cancel_reason = None
         manager.inflight.add(work_id, self)
 
     def begin(self, call, *args):
@@ -142,7 +142,7 @@ class Work:
         """
         if self.finished or self.deferred is None:
             return
-        self.cancelReason = reason or "cancelled by the Edge"
+        self.cancel_reason = reason or "cancelled by the Edge"
         self.deferred.cancel()
 
     def end(self, send_terminal, *args):

@@ -97,12 +97,12 @@ class IWireReceiver(Interface):
     The session logic on one end of a wire connection.
     """
 
-    def wireConnected(wire):
+    def wire_connected(wire):
         """
         The connection is up; C{wire} is the L{WireProtocol} to send on.
         """
 
-    def messageReceived(kind, message):
+    def message_received(kind, message):
         """
         One decoded message arrived. C{kind} is the envelope field name
         (C{"run_event"}, ...). Heartbeat messages are never delivered.
@@ -110,7 +110,7 @@ class IWireReceiver(Interface):
         @raise ProtocolViolation: to close the connection.
         """
 
-    def wireLost(reason):
+    def wire_lost(reason):
         """
         The connection is gone (closed, aborted, or heartbeat timeout).
         """
@@ -121,7 +121,7 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
     One Edge <-> Node connection.
 
     @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
-    @ivar closeReason: why this side closed the connection, if it did.
+    @ivar close_reason: why this side closed the connection, if it did.
     """
 
     MAX_LENGTH = MAX_FRAME_BYTES
@@ -132,9 +132,9 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         self.clock = clock
         self.callLater = clock.callLater  # used by TimeoutMixin
         self.heartbeat = heartbeat
-        self.closeReason = None
+        self.close_reason = None
         self._pinger = None
-        self._pingSeq = 0
+        self._ping_seq = 0
 
     # -- connection lifecycle ----------------------------------------------
 
@@ -146,10 +146,10 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
                 setNoDelay(True)
             except OSError:
                 pass
-        self.setHeartbeat(self.heartbeat)
-        self.receiver.wireConnected(self)
+        self.set_heartbeat(self.heartbeat)
+        self.receiver.wire_connected(self)
 
-    def setHeartbeat(self, heartbeat):
+    def set_heartbeat(self, heartbeat):
         """
         (Re)start pinging and silence detection with new timings.
         """
@@ -165,7 +165,7 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         self.setTimeout(None)
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
-        self.receiver.wireLost(reason)
+        self.receiver.wire_lost(reason)
 
     def timeoutConnection(self):
         self.drop(f"heartbeat timeout: nothing received for {self.heartbeat.timeout:g}s")
@@ -175,16 +175,16 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         End this connection in order: what was sent is flushed first. For
         planned ends (a drain), not errors.
         """
-        if self.closeReason is None:
-            self.closeReason = reason
+        if self.close_reason is None:
+            self.close_reason = reason
         self.transport.loseConnection()
 
     def drop(self, reason):
         """
         Close this connection at once, logging why.
         """
-        if self.closeReason is None:
-            self.closeReason = reason
+        if self.close_reason is None:
+            self.close_reason = reason
             self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
         self.transport.abortConnection()
 
@@ -218,7 +218,7 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         if kind == "pong":
             return
         try:
-            self.receiver.messageReceived(kind, message)
+            self.receiver.message_received(kind, message)
         except ProtocolViolation as e:
             self.drop(f"protocol violation on {kind}: {e}")
         except Exception:
@@ -240,8 +240,8 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         self.sendString(data)
 
     def _ping(self):
-        self._pingSeq += 1
-        self.send(iop_pb2.Ping(seq=self._pingSeq))
+        self._ping_seq += 1
+        self.send(iop_pb2.Ping(seq=self._ping_seq))
 
 
 def chunks(data, size=TUNNEL_CHUNK_BYTES):
@@ -256,15 +256,15 @@ def chunks(data, size=TUNNEL_CHUNK_BYTES):
 class WireFactory(Factory):
     """
     Builds a L{WireProtocol} per connection, each with a fresh receiver from
-    C{makeReceiver()}. Used for the Edge's listener and the Node's dialer.
+    C{make_receiver()}. Used for the Edge's listener and the Node's dialer.
     """
 
-    def __init__(self, makeReceiver, clock, heartbeat=Heartbeat()):
-        self.makeReceiver = makeReceiver
+    def __init__(self, make_receiver, clock, heartbeat=Heartbeat()):
+        self.make_receiver = make_receiver
         self.clock = clock
         self.heartbeat = heartbeat
 
     def buildProtocol(self, addr):
-        protocol = WireProtocol(self.makeReceiver(), self.clock, self.heartbeat)
+        protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat)
         protocol.factory = self
         return protocol

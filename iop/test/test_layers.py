@@ -42,7 +42,7 @@ def iop_imports(path):
 
 
 class LayerTests(SynchronousTestCase):
-    def test_arrowsPointOneWay(self):
+    def test_arrows_point_one_way(self):
         """
         No module of a package imports a package its layer must not know:
         the Edge and the wire never import back ends, adapters never import

@@ -62,13 +62,13 @@ class ScriptedNode:
         self.received = []
         self.lost = False
 
-    def wireConnected(self, wire):
+    def wire_connected(self, wire):
         self.wire = wire
 
-    def messageReceived(self, kind, message):
+    def message_received(self, kind, message):
         self.received.append((kind, message))
 
-    def wireLost(self, reason):
+    def wire_lost(self, reason):
         self.lost = True
 
     def of(self, kind):

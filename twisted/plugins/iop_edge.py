@@ -1,6 +1,6 @@
 from twisted.application.service import ServiceMaker
 
-iopEdge = ServiceMaker(
+iop_edge = ServiceMaker(
     "iop Edge",
     "iop.edge.tap",
     "The iop Edge gateway: OpenAI-compatible and native APIs for Nodes that dial in.",

@@ -1,3 +1,3 @@
 from twisted.application.service import ServiceMaker
 
-iopNode = ServiceMaker("iop Node", "iop.node.tap", "A Node: dials the Edge and runs LLM back ends.", "iop-node")
+iop_node = ServiceMaker("iop Node", "iop.node.tap", "A Node: dials the Edge and runs LLM back ends.", "iop-node")

@@ -14,7 +14,7 @@ class EventBusTests(SynchronousTestCase):
         self.clock = Clock()
         self.bus = EventBus(self.clock, backlog=3)
 
-    def test_fanOutOnNextTurn(self):
+    def test_fan_out_on_next_turn(self):
         """
         Every subscriber gets every event of its topics, in order, on the
         next reactor turn (never inside publish).
@@ -29,7 +29,7 @@ class EventBusTests(SynchronousTestCase):
         self.assertEqual(a, [("run", 1), ("node", {"node": "n1", "event": "ready"})])
         self.assertEqual(b, [{"node": "n1", "event": "ready"}])
 
-    def test_failingSubscriberIsolated(self):
+    def test_failing_subscriber_isolated(self):
         """
         A subscriber that raises is logged and does not stop delivery to the
         others or to itself later.
@@ -50,7 +50,7 @@ class EventBusTests(SynchronousTestCase):
         self.assertEqual(calls, [1, 2])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
 
-    def test_backlogBounded(self):
+    def test_backlog_bounded(self):
         """
         Events published faster than a subscriber is served are kept up to
         its backlog: it gets the newest ones and counts what it lost, and

@@ -18,7 +18,7 @@ def parsed(mutate):
 
 
 class EdgeConfigTests(SynchronousTestCase):
-    def assertRefused(self, mutate, *fragments):
+    def assert_refused(self, mutate, *fragments):
         error = self.assertRaises(ConfigError, parsed, mutate)
         for fragment in fragments:
             self.assertIn(fragment, str(error))
@@ -34,19 +34,19 @@ class EdgeConfigTests(SynchronousTestCase):
         self.assertEqual(config.nodes[0].token_digest, token_digest("tok-1"))
         self.assertEqual(config.model_groups[0].members[1].target, "t2")
 
-    def test_missingListen(self):
+    def test_missing_listen(self):
         """
         listen.http is required.
         """
-        self.assertRefused(lambda d: d["listen"].pop("http"), "edge.yaml", "listen.http", "required")
+        self.assert_refused(lambda d: d["listen"].pop("http"), "edge.yaml", "listen.http", "required")
 
-    def test_missingToken(self):
+    def test_missing_token(self):
         """
         A node needs a token or its SHA-256.
         """
-        self.assertRefused(lambda d: d["nodes"][1].pop("token"), "nodes[1].token")
+        self.assert_refused(lambda d: d["nodes"][1].pop("token"), "nodes[1].token")
 
-    def test_badSha(self):
+    def test_bad_sha(self):
         """
         token_sha256 must be 64 hex digits.
         """
@@ -55,53 +55,55 @@ class EdgeConfigTests(SynchronousTestCase):
             d["nodes"][0].pop("token")
             d["nodes"][0]["token_sha256"] = "abc"
 
-        self.assertRefused(mutate, "nodes[0].token_sha256")
+        self.assert_refused(mutate, "nodes[0].token_sha256")
 
-    def test_unknownAdapterType(self):
+    def test_unknown_adapter_type(self):
         """
         An adapter type that does not exist is named.
         """
-        self.assertRefused(
+        self.assert_refused(
             lambda d: d["nodes"][0]["adapters"][0].update(type="gpt"), "nodes[0].adapters[0].type", "gpt"
         )
 
-    def test_unknownKey(self):
+    def test_unknown_key(self):
         """
         A misspelt key is refused rather than ignored.
         """
-        self.assertRefused(lambda d: d.update(model_group=[]), "model_group", "unknown key")
+        self.assert_refused(lambda d: d.update(model_group=[]), "model_group", "unknown key")
 
-    def test_groupUnknownProvider(self):
+    def test_group_unknown_provider(self):
         """
         A model group naming a provider its node lacks is refused.
         """
-        self.assertRefused(
+        self.assert_refused(
             lambda d: d["model_groups"][0]["providers"][0].update(provider="zz"),
             "model_groups[0].providers[0].provider",
         )
 
-    def test_duplicateNode(self):
+    def test_duplicate_node(self):
         """
         Node ids are unique.
         """
-        self.assertRefused(lambda d: d["nodes"][1].update(id="n1"), "duplicate id n1")
+        self.assert_refused(lambda d: d["nodes"][1].update(id="n1"), "duplicate id n1")
 
-    def test_duplicateTokenHidden(self):
+    def test_duplicate_token_hidden(self):
         """
         Two nodes with one token are refused without printing the token.
         """
         error = self.assertRaises(ConfigError, parsed, lambda d: d["nodes"][1].update(token="tok-1"))
         self.assertNotIn("tok-1", str(error))
 
-    def test_heartbeatOrder(self):
+    def test_heartbeat_order(self):
         """
         The heartbeat timeout must exceed the interval.
         """
-        self.assertRefused(lambda d: d.update(heartbeat={"interval_sec": 5, "timeout_sec": 2}), "heartbeat.timeout_sec")
+        self.assert_refused(
+            lambda d: d.update(heartbeat={"interval_sec": 5, "timeout_sec": 2}), "heartbeat.timeout_sec"
+        )
 
-    def test_manholeLoopbackWithUsers(self):
+    def test_manhole_loopback_with_users(self):
         """
         The console must be on loopback and have users.
         """
-        self.assertRefused(lambda d: d.update(manhole={"listen": "tcp:7122", "users": {"a": "b"}}), "manhole.listen")
-        self.assertRefused(lambda d: d.update(manhole={"users": {}}), "manhole.users")
+        self.assert_refused(lambda d: d.update(manhole={"listen": "tcp:7122", "users": {"a": "b"}}), "manhole.listen")
+        self.assert_refused(lambda d: d.update(manhole={"users": {}}), "manhole.users")

@@ -35,7 +35,7 @@ class EdgeDrainTests(SynchronousTestCase):
             self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind))
         self.pump.flush()
 
-    def test_queuedWaiterGetsShuttingDown(self):
+    def test_queued_waiter_gets_shutting_down(self):
         """
         A request waiting in the queue when the drain begins fails at once
         with C{shutting_down} (a 503 kind), not at its queue timeout.
@@ -47,7 +47,7 @@ class EdgeDrainTests(SynchronousTestCase):
         failure = self.failureResultOf(waiting, ServiceError)
         self.assertEqual((failure.value.kind, failure.value.code), ("unavailable", SHUTTING_DOWN))
 
-    def test_newWorkRefused(self):
+    def test_new_work_refused(self):
         """
         Once draining, submit refuses new work with C{shutting_down} and
         takes no lease; node commands are refused the same way.
@@ -55,11 +55,11 @@ class EdgeDrainTests(SynchronousTestCase):
         self.service.stopService()
         failure = self.failureResultOf(self.service.submit(pooled(), Recorder().for_run), ServiceError)
         self.assertEqual(failure.value.code, SHUTTING_DOWN)
-        self.assertEqual(self.service.pool.activeLeases(), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
         failure = self.failureResultOf(self.service.command("n1", "capabilities"), ServiceError)
         self.assertEqual(failure.value.code, SHUTTING_DOWN)
 
-    def test_inflightRunFinishesWithinGrace(self):
+    def test_inflight_run_finishes_within_grace(self):
         """
         A run in flight keeps streaming during the drain; the stop waits for
         its terminal, then closes the Node link. The Node was told the Edge
@@ -74,10 +74,10 @@ class EdgeDrainTests(SynchronousTestCase):
         self.reply(run_id, "start", "delta", "complete")
         self.successResultOf(stopped)
         self.assertEqual(recorder.types(), ["start", "delta", "complete"])
-        self.assertEqual(self.service.pool.activeLeases(), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
         self.assertTrue(self.node.lost)
 
-    def test_graceEndsRunWithTerminal(self):
+    def test_grace_ends_run_with_terminal(self):
         """
         A run that outlives C{shutdown_grace_sec} ends with one C{cancelled}
         terminal (code C{shutting_down}) to its caller, the Node is asked to
@@ -92,12 +92,12 @@ class EdgeDrainTests(SynchronousTestCase):
         self.assertEqual(recorder.types(), [CANCELLED])
         self.assertEqual(recorder.events[0].error.code, SHUTTING_DOWN)
         self.assertEqual([c.run_id for c in self.node.of("cancel_request")], [run_id])
-        self.assertEqual(self.service.pool.activeLeases(), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
         self.assertEqual(len(self.service.inflight), 0)
         self.reply(run_id, "cancelled")
         self.assertEqual(recorder.types(), [CANCELLED])
 
-    def test_hurryEndsAtOnce(self):
+    def test_hurry_ends_at_once(self):
         """
         A second stop signal (L{EdgeService.hurry}) ends the drain without
         waiting for the grace.
@@ -110,7 +110,7 @@ class EdgeDrainTests(SynchronousTestCase):
         self.successResultOf(stopped)
         self.assertEqual(recorder.types(), [CANCELLED])
 
-    def test_pendingCommandFailsWhenDrainEnds(self):
+    def test_pending_command_fails_when_drain_ends(self):
         """
         A node command still unanswered when the drain ends fails once with
         C{shutting_down}; an answer arriving later is ignored.
@@ -127,7 +127,7 @@ class EdgeDrainTests(SynchronousTestCase):
         self.node.wire.send(iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True))
         self.pump.flush()
 
-    def test_stopTwiceSameDeferredResult(self):
+    def test_stop_twice_same_deferred_result(self):
         """
         Stopping an Edge that is already draining changes nothing: the same
         drain goes on.
@@ -137,7 +137,7 @@ class EdgeDrainTests(SynchronousTestCase):
         second = self.service.stopService()
         self.assertIs(first, second)
 
-    def test_versionOneNodeNotToldDraining(self):
+    def test_version_one_node_not_told_draining(self):
         """
         A Node that predates wire version 2 is never sent C{EdgeDraining}
         (it would not know the message).
@@ -155,7 +155,7 @@ class NodeDrainingTests(SynchronousTestCase):
         self.service = self.edge.service
         self.node, self.pump, _ = self.edge.register(token="tok-1")
 
-    def test_drainingNodeTakesNoNewLeases(self):
+    def test_draining_node_takes_no_new_leases(self):
         """
         After C{NodeDraining}, the node's providers show C{draining} and
         take no new lease: with no other provider live, a pooled request
@@ -170,7 +170,7 @@ class NodeDrainingTests(SynchronousTestCase):
         self.assertEqual(failure.value.kind, "unavailable")
         self.assertEqual(self.node.of("run_request"), [])
 
-    def test_drainingNodeWorkStillEnds(self):
+    def test_draining_node_work_still_ends(self):
         """
         Work already on a draining node keeps its lease until its terminal,
         which returns it as usual.
@@ -179,13 +179,13 @@ class NodeDrainingTests(SynchronousTestCase):
         run_id = self.successResultOf(self.service.submit(pooled(), recorder.for_run))
         self.node.wire.send(iop_pb2.NodeDraining(grace_sec=30))
         self.pump.flush()
-        self.assertEqual(len(self.service.pool.activeLeases()), 1)
+        self.assertEqual(len(self.service.pool.active_leases()), 1)
         self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(recorder.types(), ["complete"])
-        self.assertEqual(self.service.pool.activeLeases(), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
 
-    def test_waiterMovesToOtherProvider(self):
+    def test_waiter_moves_to_other_provider(self):
         """
         A waiter whose group still has another live provider keeps waiting
         and is served there.
@@ -205,7 +205,7 @@ class NodeDrainingTests(SynchronousTestCase):
 
 
 class WireVersionTests(SynchronousTestCase):
-    def test_incompatibleVersionRefused(self):
+    def test_incompatible_version_refused(self):
         """
         A Node declaring a wire version this Edge does not serve is refused
         with C{INCOMPATIBLE_VERSION}, a reason naming both versions, and
@@ -219,7 +219,7 @@ class WireVersionTests(SynchronousTestCase):
         self.assertIn("wire version 99", response.reason)
         self.assertTrue(node.lost)
 
-    def test_absentVersionIsOne(self):
+    def test_absent_version_is_one(self):
         """
         A Node that sends no version (it predates versioning) is served as
         version 1, and the answer carries the Edge's own version.

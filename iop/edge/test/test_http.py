@@ -46,7 +46,7 @@ class SurfaceTests(SynchronousTestCase):
         body = self.successResultOf(response.content())
         return response.code, response.headers, body
 
-    def test_nonStreamingCompletion(self):
+    def test_non_streaming_completion(self):
         """
         A non-streamed completion is one chat.completion with the joined
         text and OpenAI usage; the breakdown appears only when reported.
@@ -63,7 +63,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(reply["usage"]["prompt_tokens_details"], {"cached_tokens": 0})
         self.assertNotIn("completion_tokens_details", reply["usage"])
 
-    def test_streamingChunks(self):
+    def test_streaming_chunks(self):
         """
         A streamed completion is chat.completion.chunk events: a role chunk,
         content chunks, a stop chunk, a usage chunk when asked, [DONE].
@@ -97,7 +97,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(chunks[4]["choices"], [])
         self.assertEqual(chunks[4]["usage"]["completion_tokens"], 1)
 
-    def test_streamCutByDrainEndsWithTerminal(self):
+    def test_stream_cut_by_drain_ends_with_terminal(self):
         """
         A stream still running when a drain ends gets an error event naming
         C{shutting_down} and then C{[DONE]}: an ending, never a cut.
@@ -115,7 +115,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(payloads[-1], "[DONE]")
         self.assertEqual(json.loads(payloads[-2])["error"]["code"], "shutting_down")
 
-    def test_requestDuringDrainIs503(self):
+    def test_request_during_drain_is503(self):
         """
         A request arriving on an open connection during a drain is answered
         503 C{shutting_down} and reaches no Node.
@@ -128,7 +128,7 @@ class SurfaceTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.node.of("run_request"), [])
 
-    def test_errorBeforeOutputKeepsProviderStatus(self):
+    def test_error_before_output_keeps_provider_status(self):
         """
         A run that fails before any output answers with the provider's HTTP
         status and an OpenAI error body.
@@ -141,7 +141,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(code, 429)
         self.assertEqual(json.loads(body)["error"]["message"], "slow down")
 
-    def test_capacityExceededIs429(self):
+    def test_capacity_exceeded_is429(self):
         """
         A Node refusing work over its gate is a 429 for the caller.
         """
@@ -150,7 +150,7 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(d)
         self.assertEqual((code, json.loads(body)["error"]["code"]), (429, "capacity_exceeded"))
 
-    def test_badJson(self):
+    def test_bad_json(self):
         """
         Malformed JSON is a 400 with an OpenAI-style error; nothing is sent
         to the Node.
@@ -162,7 +162,7 @@ class SurfaceTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.node.of("run_request"), [])
 
-    def test_missingMessages(self):
+    def test_missing_messages(self):
         """
         A completion without messages is a 400 naming the problem.
         """
@@ -170,7 +170,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(code, 400)
         self.assertIn("messages", json.loads(body)["error"]["message"])
 
-    def test_unknownModel(self):
+    def test_unknown_model(self):
         """
         A model that names neither a group nor an adapter is a 404.
         """
@@ -179,7 +179,7 @@ class SurfaceTests(SynchronousTestCase):
         )
         self.assertEqual(code, 404)
 
-    def test_nativeRunEvents(self):
+    def test_native_run_events(self):
         """
         POST /v1/runs streams one JSON per event with run_id and type, text
         on deltas and usage on the terminal.
@@ -195,7 +195,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(events[1]["text"], "x")
         self.assertEqual(events[2]["usage"], {"input_tokens": 1, "output_tokens": 1})
 
-    def test_statusAndModels(self):
+    def test_status_and_models(self):
         """
         The status lists every configured node; /v1/models lists groups and
         the ready node's adapters.
@@ -205,7 +205,7 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(self.http.get(BASE + "/v1/models"))
         self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp", "echo"])
 
-    def test_unknownPathAndMethod(self):
+    def test_unknown_path_and_method(self):
         """
         Unknown paths are JSON 404s; a wrong method is a JSON 405.
         """
@@ -215,7 +215,7 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(self.http.delete(BASE + "/v1/status"))
         self.assertEqual(code, 405)
 
-    def test_adminNeedsKey(self):
+    def test_admin_needs_key(self):
         """
         Node commands need an admin key.
         """

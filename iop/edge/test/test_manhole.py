@@ -26,7 +26,7 @@ class ManholeTests(SynchronousTestCase):
         self.successResultOf(portal.login(UsernamePassword(b"ops", b"pw"), None, IConchUser))
         self.failureResultOf(portal.login(UsernamePassword(b"ops", b"nope"), None, IConchUser), UnauthorizedLogin)
 
-    def test_hostKeyPersisted(self):
+    def test_host_key_persisted(self):
         """
         The SSH host key is generated once and kept.
         """

@@ -31,14 +31,14 @@ def group(name, *keys, **kwargs):
 
 
 class PoolTestMixin:
-    def makePool(self, providers, groups, ready=()):
+    def make_pool(self, providers, groups, ready=()):
         self.clock = Clock()
         pool = ProviderPool(self.clock, providers, groups)
         for node in ready:
-            pool.nodeReady(node, 1)
+            pool.node_ready(node, 1)
         return pool
 
-    def inUse(self, pool, node, pid):
+    def in_use(self, pool, node, pid):
         for entry in pool.snapshot()["providers"]:
             if (entry["node"], entry["id"]) == (node, pid):
                 return entry["in_use"]
@@ -50,7 +50,7 @@ class PoolTestMixin:
                 return entry["queued"]
         raise AssertionError(f"no group {name}")
 
-    def leaseOf(self, d):
+    def lease_of(self, d):
         lease = self.successResultOf(d)
         self.assertIsInstance(lease, Lease)
         return lease
@@ -61,18 +61,18 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
     Immediate leases and the choice of provider.
     """
 
-    def test_immediateLease(self):
+    def test_immediate_lease(self):
         """
         With room on a live provider, acquire fires at once with a lease
         describing the provider, the member's target, the class, the live
         generation and the group, and the counter goes up by one.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1", normal=2, adapter="vllm-a", adapter_type="vllm")],
             [group("m", ("n1", "p1"))],
         )
-        pool.nodeReady("n1", "gen-7")
-        lease = self.leaseOf(pool.acquire("m", NORMAL))
+        pool.node_ready("n1", "gen-7")
+        lease = self.lease_of(pool.acquire("m", NORMAL))
         self.assertEqual(
             (
                 lease.node_id,
@@ -87,87 +87,87 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
             ("n1", "p1", "vllm-a", "vllm", "m-on-n1", NORMAL, "gen-7", "m"),
         )
         self.assertTrue(lease.active)
-        self.assertEqual(self.inUse(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
-        self.assertEqual(pool.activeLeases(), [lease])
+        self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(pool.active_leases(), [lease])
 
-    def test_leastLoaded(self):
+    def test_least_loaded(self):
         """
         Acquire picks the live member with the lowest in_use/capacity ratio;
         ties go to config order.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "a", normal=2), provider("n2", "b", normal=4)],
             [group("m", ("n1", "a"), ("n2", "b"))],
             ready=["n1", "n2"],
         )
-        picks = [self.leaseOf(pool.acquire("m", NORMAL)).provider_id for _ in range(6)]
+        picks = [self.lease_of(pool.acquire("m", NORMAL)).provider_id for _ in range(6)]
         # 0/2=0/4 -> a; 1/2>0/4 -> b; 1/2>1/4 -> b; 1/2=2/4 -> a; 2/2 full -> b; -> b
         self.assertEqual(picks, ["a", "b", "b", "a", "b", "b"])
 
-    def test_sharedCapacity(self):
+    def test_shared_capacity(self):
         """
         Two model groups naming one resource share its one counter: a lease
         taken through one group leaves no room for the other, and its
         release serves the other group's waiter.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1", normal=1)],
             [group("g1", ("n1", "p1")), group("g2", ("n1", "p1"))],
             ready=["n1"],
         )
-        first = self.leaseOf(pool.acquire("g1", NORMAL))
+        first = self.lease_of(pool.acquire("g1", NORMAL))
         waiting = pool.acquire("g2", NORMAL)
         self.assertNoResult(waiting)
-        self.assertEqual(self.inUse(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
         self.assertTrue(first.release())
-        second = self.leaseOf(waiting)
+        second = self.lease_of(waiting)
         self.assertEqual((second.group, second.target), ("g2", "g2-on-n1"))
-        self.assertEqual(self.inUse(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
 
-    def test_classesIndependent(self):
+    def test_classes_independent(self):
         """
         The normal and long counters of a resource are independent: a full
         normal counter does not stop a long lease, and each lease counts
         only against its own class.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1", normal=1, long=1)],
             [group("m", ("n1", "p1"))],
             ready=["n1"],
         )
-        normal = self.leaseOf(pool.acquire("m", NORMAL))
-        long = self.leaseOf(pool.acquire("m", LONG))
+        normal = self.lease_of(pool.acquire("m", NORMAL))
+        long = self.lease_of(pool.acquire("m", LONG))
         self.assertEqual((normal.klass, long.klass), (NORMAL, LONG))
-        self.assertEqual(self.inUse(pool, "n1", "p1"), {NORMAL: 1, LONG: 1})
+        self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 1})
         self.assertNoResult(pool.acquire("m", NORMAL))
         long.release()
-        self.assertEqual(self.inUse(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
         self.assertEqual(self.queued(pool, "m"), 1)
 
-    def test_longWaiterDoesNotBlockNormal(self):
+    def test_long_waiter_does_not_block_normal(self):
         """
         A queued long request does not hold back a normal one of the same
         group: normal room serves the normal waiter behind it.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1", normal=1, long=1)],
             [group("m", ("n1", "p1"))],
             ready=["n1"],
         )
-        normal = self.leaseOf(pool.acquire("m", NORMAL))
-        self.leaseOf(pool.acquire("m", LONG))
-        longWaiter = pool.acquire("m", LONG)
-        normalWaiter = pool.acquire("m", NORMAL)
+        normal = self.lease_of(pool.acquire("m", NORMAL))
+        self.lease_of(pool.acquire("m", LONG))
+        long_waiter = pool.acquire("m", LONG)
+        normal_waiter = pool.acquire("m", NORMAL)
         normal.release()
-        self.assertNoResult(longWaiter)
-        self.assertEqual(self.leaseOf(normalWaiter).klass, NORMAL)
+        self.assertNoResult(long_waiter)
+        self.assertEqual(self.lease_of(normal_waiter).klass, NORMAL)
 
     def test_classify(self):
         """
         A request is long only when the group has a threshold and the input
         is strictly longer than it.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1")],
             [group("t", ("n1", "p1"), long_threshold_chars=100), group("u", ("n1", "p1"))],
         )
@@ -176,26 +176,26 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
         self.assertEqual(pool.classify("t", 101), LONG)
         self.assertEqual(pool.classify("u", 10**9), NORMAL)
 
-    def test_unknownGroup(self):
+    def test_unknown_group(self):
         """
         An unknown model group is a caller error: acquire and classify raise
         KeyError naming it; group() returns None.
         """
-        pool = self.makePool([provider("n1", "p1")], [group("m", ("n1", "p1"))], ready=["n1"])
+        pool = self.make_pool([provider("n1", "p1")], [group("m", ("n1", "p1"))], ready=["n1"])
         self.assertIsNone(pool.group("nope"))
         self.assertEqual(pool.group("m").name, "m")
         error = self.assertRaises(KeyError, pool.acquire, "nope", NORMAL)
         self.assertIn("nope", str(error))
         self.assertRaises(KeyError, pool.classify, "nope", 1)
 
-    def test_unknownClass(self):
+    def test_unknown_class(self):
         """
         A request class other than normal or long is refused.
         """
-        pool = self.makePool([provider("n1", "p1")], [group("m", ("n1", "p1"))], ready=["n1"])
+        pool = self.make_pool([provider("n1", "p1")], [group("m", ("n1", "p1"))], ready=["n1"])
         self.assertRaises(ValueError, pool.acquire, "m", "huge")
 
-    def test_badConfig(self):
+    def test_bad_config(self):
         """
         Duplicate providers or groups, negative capacities and members naming
         unknown providers are refused with messages naming them.
@@ -211,26 +211,26 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
         error = self.assertRaises(ValueError, ProviderPool, clock, [p], [group("m"), group("m")])
         self.assertIn("'m'", str(error))
 
-    def test_noLiveProviderAtOnce(self):
+    def test_no_live_provider_at_once(self):
         """
         With no live candidate (every member offline, or no capacity for the
         class) acquire fails at once with NoLiveProvider naming the group,
         and nothing waits.
         """
-        pool = self.makePool([provider("n1", "p1", normal=1, long=0)], [group("m", ("n1", "p1"))])
+        pool = self.make_pool([provider("n1", "p1", normal=1, long=0)], [group("m", ("n1", "p1"))])
         failure = self.failureResultOf(pool.acquire("m", NORMAL), NoLiveProvider)
         self.assertIn("'m'", str(failure.value))
         self.assertEqual(failure.value.group, "m")
-        pool.nodeReady("n1", 1)
+        pool.node_ready("n1", 1)
         self.failureResultOf(pool.acquire("m", LONG), NoLiveProvider)
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(self.queued(pool, "m"), 0)
 
-    def test_groupWithoutMembers(self):
+    def test_group_without_members(self):
         """
         A group with no members has no live candidate.
         """
-        pool = self.makePool([], [group("empty")])
+        pool = self.make_pool([], [group("empty")])
         self.failureResultOf(pool.acquire("empty", NORMAL), NoLiveProvider)
 
 
@@ -240,12 +240,12 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
     """
 
     def setUp(self):
-        self.pool = self.makePool(
+        self.pool = self.make_pool(
             [provider("n1", "p1", normal=1)],
             [group("m", ("n1", "p1"), queue_timeout_sec=2.5, max_queue=3)],
             ready=["n1"],
         )
-        self.held = self.leaseOf(self.pool.acquire("m", NORMAL))
+        self.held = self.lease_of(self.pool.acquire("m", NORMAL))
 
     def test_fifo(self):
         """
@@ -257,27 +257,27 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
             for later in waiters[i:]:
                 self.assertNoResult(later)
             lease.release()
-            lease = self.leaseOf(d)
+            lease = self.lease_of(d)
         self.assertEqual(self.queued(self.pool, "m"), 0)
 
-    def test_oldestWaiterAcrossGroups(self):
+    def test_oldest_waiter_across_groups(self):
         """
         A slot freed on a resource shared by two groups goes to the waiter
         that has waited longest, whichever group it is in.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p1", normal=1)],
             [group("g1", ("n1", "p1")), group("g2", ("n1", "p1"))],
             ready=["n1"],
         )
-        held = self.leaseOf(pool.acquire("g1", NORMAL))
+        held = self.lease_of(pool.acquire("g1", NORMAL))
         w2 = pool.acquire("g2", NORMAL)
         w1 = pool.acquire("g1", NORMAL)
         held.release()
-        self.assertEqual(self.leaseOf(w2).group, "g2")
+        self.assertEqual(self.lease_of(w2).group, "g2")
         self.assertNoResult(w1)
 
-    def test_timeoutExactly(self):
+    def test_timeout_exactly(self):
         """
         A waiter fails with QueueTimeout naming the group exactly
         queue_timeout_sec after it was queued, and leaves the queue.
@@ -290,19 +290,19 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
         self.assertIn("'m'", str(failure.value))
         self.assertEqual(self.queued(self.pool, "m"), 0)
         self.held.release()
-        self.assertEqual(self.inUse(self.pool, "n1", "p1"), {NORMAL: 0, LONG: 0})
+        self.assertEqual(self.in_use(self.pool, "n1", "p1"), {NORMAL: 0, LONG: 0})
 
-    def test_servedCancelsTimer(self):
+    def test_served_cancels_timer(self):
         """
         A served waiter's timeout timer is cancelled.
         """
         d = self.pool.acquire("m", NORMAL)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         self.held.release()
-        self.leaseOf(d)
+        self.lease_of(d)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_queueFull(self):
+    def test_queue_full(self):
         """
         With max_queue waiters already queued, acquire fails at once with
         QueueFull naming the group; the waiters are untouched.
@@ -314,15 +314,15 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
         for d in waiters:
             self.assertNoResult(d)
 
-    def test_queueZero(self):
+    def test_queue_zero(self):
         """
         max_queue=0 means never wait: no room is QueueFull at once.
         """
-        pool = self.makePool([provider("n1", "p1")], [group("m", ("n1", "p1"), max_queue=0)], ready=["n1"])
-        self.leaseOf(pool.acquire("m", NORMAL))
+        pool = self.make_pool([provider("n1", "p1")], [group("m", ("n1", "p1"), max_queue=0)], ready=["n1"])
+        self.lease_of(pool.acquire("m", NORMAL))
         self.failureResultOf(pool.acquire("m", NORMAL), QueueFull)
 
-    def test_cancelWaiter(self):
+    def test_cancel_waiter(self):
         """
         Cancelling a waiting acquire removes it from the queue at once,
         cancels its timer and errbacks CancelledError; the next freed slot
@@ -336,11 +336,11 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
         self.assertEqual(self.queued(self.pool, "m"), 1)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
         self.held.release()
-        self.leaseOf(d2)
+        self.lease_of(d2)
         self.assertEqual(self.clock.getDelayedCalls(), [])
-        self.assertEqual(self.inUse(self.pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(self.pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
 
-    def test_cancelLeaseIsNoOp(self):
+    def test_cancel_lease_is_no_op(self):
         """
         Cancelling an acquire that already fired changes nothing: the lease
         stays held.
@@ -348,22 +348,22 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
         d = self.pool.acquire("m", NORMAL)
         self.held.release()
         d.cancel()
-        self.assertTrue(self.leaseOf(d).active)
+        self.assertTrue(self.lease_of(d).active)
 
-    def test_duplicateRelease(self):
+    def test_duplicate_release(self):
         """
         Release returns True the first time only; a second release changes
         no counter and serves nobody.
         """
         d = self.pool.acquire("m", NORMAL)
         self.assertTrue(self.held.release())
-        lease = self.leaseOf(d)
+        lease = self.lease_of(d)
         self.assertFalse(self.held.release())
         self.assertFalse(self.held.active)
-        self.assertEqual(self.inUse(self.pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(self.pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
         self.assertTrue(lease.release())
         self.assertFalse(lease.release())
-        self.assertEqual(self.inUse(self.pool, "n1", "p1"), {NORMAL: 0, LONG: 0})
+        self.assertEqual(self.in_use(self.pool, "n1", "p1"), {NORMAL: 0, LONG: 0})
 
 
 class LifecycleTests(PoolTestMixin, SynchronousTestCase):
@@ -378,99 +378,99 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         once the waiters left without a live candidate and keeps the others
         waiting.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p"), provider("n2", "p")],
             [group("only1", ("n1", "p")), group("both", ("n1", "p"), ("n2", "p"))],
             ready=["n1", "n2"],
         )
-        onN1 = self.leaseOf(pool.acquire("only1", NORMAL))
-        onN2 = self.leaseOf(pool.acquire("both", NORMAL))
-        self.assertEqual(onN2.node_id, "n2")
+        on_n1 = self.lease_of(pool.acquire("only1", NORMAL))
+        on_n2 = self.lease_of(pool.acquire("both", NORMAL))
+        self.assertEqual(on_n2.node_id, "n2")
         lost = pool.acquire("only1", NORMAL)
         kept = pool.acquire("both", NORMAL)
-        pool.nodeDisconnected("n1", 1)
+        pool.node_disconnected("n1", 1)
         failure = self.failureResultOf(lost, NoLiveProvider)
         self.assertIn("'only1'", str(failure.value))
         self.assertNoResult(kept)
-        self.assertFalse(onN1.active)
-        self.assertFalse(onN1.release())
-        self.assertEqual(self.inUse(pool, "n1", "p"), {NORMAL: 0, LONG: 0})
-        self.assertEqual(pool.activeLeases(), [onN2])
+        self.assertFalse(on_n1.active)
+        self.assertFalse(on_n1.release())
+        self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 0, LONG: 0})
+        self.assertEqual(pool.active_leases(), [on_n2])
         self.assertEqual(self.queued(pool, "only1"), 0)
         self.assertEqual(self.queued(pool, "both"), 1)
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)
-        onN2.release()
-        self.assertEqual(self.leaseOf(kept).node_id, "n2")
+        on_n2.release()
+        self.assertEqual(self.lease_of(kept).node_id, "n2")
 
-    def test_staleDisconnectIgnored(self):
+    def test_stale_disconnect_ignored(self):
         """
         A disconnect naming a generation that is not the live one (an old
         one, or a Node never ready) changes nothing.
         """
-        pool = self.makePool([provider("n1", "p")], [group("m", ("n1", "p"))])
-        pool.nodeDisconnected("n1", 1)
-        pool.nodeReady("n1", 2)
-        lease = self.leaseOf(pool.acquire("m", NORMAL))
+        pool = self.make_pool([provider("n1", "p")], [group("m", ("n1", "p"))])
+        pool.node_disconnected("n1", 1)
+        pool.node_ready("n1", 2)
+        lease = self.lease_of(pool.acquire("m", NORMAL))
         waiter = pool.acquire("m", NORMAL)
-        pool.nodeDisconnected("n1", 1)
-        pool.nodeDisconnected("ghost", 2)
+        pool.node_disconnected("n1", 1)
+        pool.node_disconnected("ghost", 2)
         self.assertTrue(lease.active)
         self.assertNoResult(waiter)
         self.assertEqual(pool.snapshot()["providers"][0]["status"], "available")
 
-    def test_reconnectServesWaitersOnce(self):
+    def test_reconnect_serves_waiters_once(self):
         """
         A reconnect's ready restores capacity under the new generation and
         serves the waiters at once, each exactly once, in FIFO order.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [provider("n1", "p", normal=2), provider("n2", "p", normal=1)],
             [group("m", ("n1", "p"), ("n2", "p"))],
             ready=["n1", "n2"],
         )
-        [self.leaseOf(pool.acquire("m", NORMAL)) for _ in range(3)]
+        [self.lease_of(pool.acquire("m", NORMAL)) for _ in range(3)]
         served = []
         waiters = [pool.acquire("m", NORMAL) for _ in range(3)]
         for i, d in enumerate(waiters):
             d.addCallback(lambda lease, i=i: served.append((i, lease)))
-        pool.nodeDisconnected("n1", 1)
+        pool.node_disconnected("n1", 1)
         self.assertEqual(served, [])
-        pool.nodeReady("n1", 2)
+        pool.node_ready("n1", 2)
         self.assertEqual([(i, lease.node_id, lease.generation) for i, lease in served], [(0, "n1", 2), (1, "n1", 2)])
-        pool.nodeReady("n1", 2)  # a duplicate ready changes nothing
+        pool.node_ready("n1", 2)  # a duplicate ready changes nothing
         self.assertEqual(len(served), 2)
         self.assertEqual(self.queued(pool, "m"), 1)
-        self.assertEqual(self.inUse(pool, "n1", "p"), {NORMAL: 2, LONG: 0})
+        self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 2, LONG: 0})
 
-    def test_oldGenerationRelease(self):
+    def test_old_generation_release(self):
         """
         Releasing a lease of an old generation after the reconnect returns
         False and leaves the new generation's counters alone.
         """
-        pool = self.makePool([provider("n1", "p", normal=2)], [group("m", ("n1", "p"))], ready=["n1"])
-        old = self.leaseOf(pool.acquire("m", NORMAL))
-        pool.nodeDisconnected("n1", 1)
-        pool.nodeReady("n1", 2)
-        new = self.leaseOf(pool.acquire("m", NORMAL))
+        pool = self.make_pool([provider("n1", "p", normal=2)], [group("m", ("n1", "p"))], ready=["n1"])
+        old = self.lease_of(pool.acquire("m", NORMAL))
+        pool.node_disconnected("n1", 1)
+        pool.node_ready("n1", 2)
+        new = self.lease_of(pool.acquire("m", NORMAL))
         self.assertEqual(new.generation, 2)
         self.assertFalse(old.release())
-        self.assertEqual(self.inUse(pool, "n1", "p"), {NORMAL: 1, LONG: 0})
-        self.assertEqual(pool.activeLeases(), [new])
+        self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(pool.active_leases(), [new])
 
-    def test_readyReplacesGeneration(self):
+    def test_ready_replaces_generation(self):
         """
         A ready with a new generation while the old one is still live
         returns the old generation's leases first (once: their release
         returns False) and serves waiters with the restored room.
         """
-        pool = self.makePool([provider("n1", "p")], [group("m", ("n1", "p"))], ready=["n1"])
-        old = self.leaseOf(pool.acquire("m", NORMAL))
+        pool = self.make_pool([provider("n1", "p")], [group("m", ("n1", "p"))], ready=["n1"])
+        old = self.lease_of(pool.acquire("m", NORMAL))
         waiter = pool.acquire("m", NORMAL)
-        pool.nodeReady("n1", 2)
+        pool.node_ready("n1", 2)
         self.assertFalse(old.active)
-        self.assertEqual(self.leaseOf(waiter).generation, 2)
+        self.assertEqual(self.lease_of(waiter).generation, 2)
         self.assertFalse(old.release())
-        self.assertEqual(self.inUse(pool, "n1", "p"), {NORMAL: 1, LONG: 0})
+        self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 1, LONG: 0})
 
     def test_snapshot(self):
         """
@@ -478,7 +478,7 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         offline one as unavailable/offline with capacity and in_use 0, and
         the queue length of every model group.
         """
-        pool = self.makePool(
+        pool = self.make_pool(
             [
                 provider("n1", "p1", normal=2, long=1, adapter="a1"),
                 provider("n2", "p2", normal=3, long=2, adapter="a2"),
@@ -486,7 +486,7 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
             [group("m", ("n1", "p1")), group("o", ("n2", "p2"))],
             ready=["n1"],
         )
-        self.leaseOf(pool.acquire("m", LONG))
+        self.lease_of(pool.acquire("m", LONG))
         pool.acquire("m", LONG)
         self.assertEqual(
             pool.snapshot(),
@@ -522,64 +522,64 @@ class ReentrancyTests(PoolTestMixin, SynchronousTestCase):
     """
 
     def setUp(self):
-        self.pool = self.makePool([provider("n1", "p", normal=1)], [group("m", ("n1", "p"))], ready=["n1"])
+        self.pool = self.make_pool([provider("n1", "p", normal=1)], [group("m", ("n1", "p"))], ready=["n1"])
 
-    def test_releaseInCallback(self):
+    def test_release_in_callback(self):
         """
         A served waiter whose callback releases its lease at once passes the
         slot on to the next waiter; counters stay exact.
         """
-        held = self.leaseOf(self.pool.acquire("m", NORMAL))
+        held = self.lease_of(self.pool.acquire("m", NORMAL))
         first = self.pool.acquire("m", NORMAL)
         first.addCallback(lambda lease: lease.release())
         second = self.pool.acquire("m", NORMAL)
         held.release()
         self.assertIs(self.successResultOf(first), True)
-        lease = self.leaseOf(second)
-        self.assertEqual(self.pool.activeLeases(), [lease])
-        self.assertEqual(self.inUse(self.pool, "n1", "p"), {NORMAL: 1, LONG: 0})
+        lease = self.lease_of(second)
+        self.assertEqual(self.pool.active_leases(), [lease])
+        self.assertEqual(self.in_use(self.pool, "n1", "p"), {NORMAL: 1, LONG: 0})
 
-    def test_acquireInCallback(self):
+    def test_acquire_in_callback(self):
         """
         A callback may acquire again: with no room it queues behind the
         waiters already there.
         """
-        held = self.leaseOf(self.pool.acquire("m", NORMAL))
+        held = self.lease_of(self.pool.acquire("m", NORMAL))
         inner = []
         first = self.pool.acquire("m", NORMAL)
         first.addCallback(lambda lease: inner.append(self.pool.acquire("m", NORMAL)) or lease)
         second = self.pool.acquire("m", NORMAL)
         held.release()
-        lease = self.leaseOf(first)
+        lease = self.lease_of(first)
         lease.release()
-        self.leaseOf(second)
+        self.lease_of(second)
         self.assertNoResult(inner[0])
 
-    def test_stateConsistentBeforeFiring(self):
+    def test_state_consistent_before_firing(self):
         """
         When a ready serves several waiters, every lease is counted before
         the first Deferred fires; a callback cancelling a waiter served in
         the same batch makes the pool take that lease back.
         """
-        pool = self.makePool([provider("n1", "p", normal=2)], [group("m", ("n1", "p"))])
-        pool.nodeReady("n1", 1)
-        held = [self.leaseOf(pool.acquire("m", NORMAL)) for _ in range(2)]
+        pool = self.make_pool([provider("n1", "p", normal=2)], [group("m", ("n1", "p"))])
+        pool.node_ready("n1", 1)
+        held = [self.lease_of(pool.acquire("m", NORMAL)) for _ in range(2)]
         seen = []
         first = pool.acquire("m", NORMAL)
         second = pool.acquire("m", NORMAL)
         third = pool.acquire("m", NORMAL)
 
-        def onFirst(lease):
-            seen.append(self.inUse(pool, "n1", "p")[NORMAL])
+        def on_first(lease):
+            seen.append(self.in_use(pool, "n1", "p")[NORMAL])
             second.cancel()
             return lease
 
-        first.addCallback(onFirst)
-        pool.nodeReady("n1", 2)  # returns the two held leases, room for two
+        first.addCallback(on_first)
+        pool.node_ready("n1", 2)  # returns the two held leases, room for two
         self.assertEqual(seen, [2])
         self.assertFalse(held[0].active)
         self.failureResultOf(second, CancelledError)
-        self.leaseOf(first)
-        self.assertEqual(self.leaseOf(third).generation, 2)
-        self.assertEqual(self.inUse(pool, "n1", "p"), {NORMAL: 2, LONG: 0})
+        self.lease_of(first)
+        self.assertEqual(self.lease_of(third).generation, 2)
+        self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 2, LONG: 0})
         self.assertEqual(self.clock.getDelayedCalls(), [])

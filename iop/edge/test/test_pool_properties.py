@@ -30,7 +30,7 @@ RESOURCES = (("n1", "a"), ("n1", "b"), ("n2", "a"))
 CLASSES = (NORMAL, LONG)
 
 
-def makeGroups():
+def make_groups():
     def members(*keys):
         return tuple(GroupMember(node, pid, f"{node}-{pid}") for node, pid in keys)
 
@@ -42,7 +42,7 @@ def makeGroups():
     ]
 
 
-GROUPS = {g.name: g for g in makeGroups()}
+GROUPS = {g.name: g for g in make_groups()}
 MAX_TIMEOUT = max(g.queue_timeout_sec for g in GROUPS.values())
 
 
@@ -80,7 +80,7 @@ class PoolMachine(RuleBasedStateMachine):
             max_size=len(RESOURCES),
         )
     )
-    def setUpPool(self, capacities):
+    def set_up_pool(self, capacities):
         self.clock = Clock()
         providers = [
             ProviderSpec(node, pid, f"{node}-{pid}-adapter", "echo", normal, long)
@@ -89,9 +89,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.capacity = {
             (p.node_id, p.provider_id): {NORMAL: p.capacity_normal, LONG: p.capacity_long} for p in providers
         }
-        self.pool = ProviderPool(self.clock, providers, makeGroups())
+        self.pool = ProviderPool(self.clock, providers, make_groups())
         self.live = {node: None for node in NODES}
-        self.lastGeneration = {node: 0 for node in NODES}
+        self.last_generation = {node: 0 for node in NODES}
         self.acquisitions = []
         self.leases = []
         self.released = set()
@@ -103,21 +103,21 @@ class PoolMachine(RuleBasedStateMachine):
     def counted(self, lease):
         return lease not in self.released and lease.generation == self.live[lease.node_id]
 
-    def countedLeases(self):
+    def counted_leases(self):
         return [lease for lease in self.leases if self.counted(lease)]
 
     def providers(self):
         return {(p["node"], p["id"]): p for p in self.pool.snapshot()["providers"]}
 
-    def hasRoom(self, group, klass, providers):
+    def has_room(self, group, klass, providers):
         return any(
             providers[m.key]["capacity"][klass] - providers[m.key]["in_use"][klass] > 0 for m in GROUPS[group].members
         )
 
-    def hasCandidate(self, group, klass, providers):
+    def has_candidate(self, group, klass, providers):
         return any(providers[m.key]["capacity"][klass] > 0 for m in GROUPS[group].members)
 
-    def checkBounds(self):
+    def check_bounds(self):
         for entry in self.providers().values():
             for klass in CLASSES:
                 assert 0 <= entry["in_use"][klass] <= entry["capacity"][klass], entry
@@ -134,7 +134,7 @@ class PoolMachine(RuleBasedStateMachine):
             record.results.append(lease)
             self.leases.append(lease)
             # The pool is consistent before it fires anything.
-            self.checkBounds()
+            self.check_bounds()
             assert lease.active
             assert (lease.group, lease.klass) == (group, klass)
             assert lease.generation == self.live[lease.node_id]
@@ -143,12 +143,12 @@ class PoolMachine(RuleBasedStateMachine):
             if calling:
                 # Granted at once: the least loaded member with room, ties
                 # to config order.
-                withRoom = [
+                with_room = [
                     m.key
                     for m in GROUPS[group].members
                     if before[m.key]["capacity"][klass] - before[m.key]["in_use"][klass] > 0
                 ]
-                best = min(withRoom, key=lambda k: Fraction(before[k]["in_use"][klass], before[k]["capacity"][klass]))
+                best = min(with_room, key=lambda k: Fraction(before[k]["in_use"][klass], before[k]["capacity"][klass]))
                 assert (lease.node_id, lease.provider_id) == best, (before, lease)
             if reentry == "release":
                 self.release(lease)
@@ -158,9 +158,9 @@ class PoolMachine(RuleBasedStateMachine):
         def failed(failure):
             kind = failure.trap(NoLiveProvider, QueueTimeout, QueueFull, CancelledError)
             record.results.append(kind)
-            self.checkBounds()
+            self.check_bounds()
             if kind is NoLiveProvider:
-                assert not self.hasCandidate(group, klass, self.providers())
+                assert not self.has_candidate(group, klass, self.providers())
             elif kind is QueueTimeout:
                 assert self.clock.seconds() - record.start >= GROUPS[group].queue_timeout_sec
             elif kind is QueueFull:
@@ -188,17 +188,17 @@ class PoolMachine(RuleBasedStateMachine):
         reentry=st.sampled_from([None, None, "release", "release", "acquire"]),
         times=st.integers(1, 3),
     )
-    def acquireRule(self, group, klass, reentry, times):
+    def acquire_rule(self, group, klass, reentry, times):
         for _ in range(times):
             self.acquire(group, klass, reentry)
 
     @rule(index=st.integers(0, 1000), held=st.booleans())
-    def releaseOrSendFailure(self, index, held):
+    def release_or_send_failure(self, index, held):
         """
         Release a held lease (terminal event or send failure), or any lease
         ever granted (a duplicate release, or one of a dead generation).
         """
-        choices = self.countedLeases() if held else self.leases
+        choices = self.counted_leases() if held else self.leases
         if choices:
             self.release(choices[index % len(choices)])
 
@@ -210,24 +210,24 @@ class PoolMachine(RuleBasedStateMachine):
         """
         generation = self.live[node]
         self.live[node] = None
-        self.pool.nodeDisconnected(node, generation if generation is not None else self.lastGeneration[node])
+        self.pool.node_disconnected(node, generation if generation is not None else self.last_generation[node])
         if reconnect:
             self.ready(node)
 
     @rule(node=st.sampled_from(NODES), back=st.integers(1, 3))
-    def staleDisconnect(self, node, back):
-        self.pool.nodeDisconnected(node, self.lastGeneration[node] - back)
+    def stale_disconnect(self, node, back):
+        self.pool.node_disconnected(node, self.last_generation[node] - back)
 
     @rule(node=st.sampled_from(NODES))
     def ready(self, node):
-        self.lastGeneration[node] += 1
-        self.live[node] = self.lastGeneration[node]
-        self.pool.nodeReady(node, self.live[node])
+        self.last_generation[node] += 1
+        self.live[node] = self.last_generation[node]
+        self.pool.node_ready(node, self.live[node])
 
     @rule(node=st.sampled_from(NODES))
-    def duplicateReady(self, node):
+    def duplicate_ready(self, node):
         if self.live[node] is not None:
-            self.pool.nodeReady(node, self.live[node])
+            self.pool.node_ready(node, self.live[node])
 
     @rule(seconds=st.sampled_from([0.5, 1, 2, 3, 5]))
     def advance(self, seconds):
@@ -250,7 +250,7 @@ class PoolMachine(RuleBasedStateMachine):
         if self.pool is None:
             return
         providers = self.providers()
-        self.checkBounds()
+        self.check_bounds()
         for key, entry in providers.items():
             live = self.live[key[0]] is not None
             assert entry["status"] == ("available" if live else "unavailable")
@@ -258,18 +258,18 @@ class PoolMachine(RuleBasedStateMachine):
                 assert entry["capacity"][klass] == (self.capacity[key][klass] if live else 0)
                 expected = sum(
                     1
-                    for lease in self.countedLeases()
+                    for lease in self.counted_leases()
                     if (lease.node_id, lease.provider_id, lease.klass) == key + (klass,)
                 )
                 assert entry["in_use"][klass] == expected, (key, klass, entry, expected)
-        assert set(self.pool.activeLeases()) == set(self.countedLeases())
+        assert set(self.pool.active_leases()) == set(self.counted_leases())
         pending = [a for a in self.acquisitions if a.pending]
         queued = {g["name"]: g["queued"] for g in self.pool.snapshot()["model_groups"]}
         for name in GROUPS:
             assert queued[name] == sum(1 for a in pending if a.group == name)
         for waiter in pending:
-            assert not self.hasRoom(waiter.group, waiter.klass, providers)
-            assert self.hasCandidate(waiter.group, waiter.klass, providers)
+            assert not self.has_room(waiter.group, waiter.klass, providers)
+            assert self.has_candidate(waiter.group, waiter.klass, providers)
         assert len(self.clock.getDelayedCalls()) == len(pending)
         assert all(len(a.results) <= 1 for a in self.acquisitions)
 
@@ -281,7 +281,7 @@ class PoolMachine(RuleBasedStateMachine):
         if self.pool is None:
             return
         for _ in range(100):
-            held = self.countedLeases()
+            held = self.counted_leases()
             for lease in held:
                 self.release(lease)
             if not held and not any(a.pending for a in self.acquisitions):
@@ -290,7 +290,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.consistent()
         for entry in self.providers().values():
             assert entry["in_use"] == {NORMAL: 0, LONG: 0}, entry
-        assert self.pool.activeLeases() == []
+        assert self.pool.active_leases() == []
         assert self.clock.getDelayedCalls() == []
         assert all(len(a.results) == 1 for a in self.acquisitions)
 
@@ -300,7 +300,7 @@ class PoolPropertyTests(SynchronousTestCase):
     Random interleavings against the model.
     """
 
-    def test_randomInterleavings(self):
+    def test_random_interleavings(self):
         """
         Over random interleavings of acquires (both classes, four groups
         sharing three resources, with callbacks that release or acquire

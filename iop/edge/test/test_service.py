@@ -37,7 +37,7 @@ class RegistrationTests(SynchronousTestCase):
         self.assertEqual((response.config.heartbeat_interval_sec, response.config.heartbeat_timeout_sec), (2.0, 5.0))
         self.assertEqual(self.edge.node_events[-1]["event"], "registered")
 
-    def test_unknownToken(self):
+    def test_unknown_token(self):
         """
         An unknown token is refused with UNKNOWN_TOKEN, published as a
         rejected lifecycle event, and the connection is closed.
@@ -50,7 +50,7 @@ class RegistrationTests(SynchronousTestCase):
         self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
         self.assertNotIn("nope", repr(self.edge.node_events))
 
-    def test_tokenSha256(self):
+    def test_token_sha256(self):
         """
         A node configured with the SHA-256 of its token accepts the token.
         """
@@ -63,7 +63,7 @@ class RegistrationTests(SynchronousTestCase):
         node, _, _ = edge.register(token="secret", ready=False)
         self.assertTrue(node.of("register_response")[0].accepted)
 
-    def test_readyAck(self):
+    def test_ready_ack(self):
         """
         Ready from the registered connection is acknowledged and makes the
         node connected in the snapshot.
@@ -73,7 +73,7 @@ class RegistrationTests(SynchronousTestCase):
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
         self.assertEqual([e["event"] for e in self.edge.node_events], ["registered", "ready"])
 
-    def test_pendingExcluded(self):
+    def test_pending_excluded(self):
         """
         A registered but not ready node is excluded from dispatch: direct,
         fallback and pooled placement all fail, and it shows disconnected.
@@ -91,7 +91,7 @@ class RegistrationTests(SynchronousTestCase):
         self.assertEqual(f.value.kind, "unavailable")
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
 
-    def test_messagesBeforeReadyDrop(self):
+    def test_messages_before_ready_drop(self):
         """
         A run event from a pending connection is a protocol violation that
         closes it.
@@ -100,14 +100,14 @@ class RegistrationTests(SynchronousTestCase):
         node.wire.send(iop_pb2.RunEvent(run_id="x", type="start"))
         pump.flush()
         self.assertTrue(node.lost)
-        self.assertIn("run_event", edge_protocol.closeReason)
+        self.assertIn("run_event", edge_protocol.close_reason)
 
 
 class FencingTests(SynchronousTestCase):
     def setUp(self):
         self.edge = EdgeHarness()
 
-    def test_duplicateRegister(self):
+    def test_duplicate_register(self):
         """
         A second connection for a node with a live owner is refused as
         retryable (DUPLICATE_CONNECTION) and the owner is untouched.
@@ -120,7 +120,7 @@ class FencingTests(SynchronousTestCase):
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
         self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
 
-    def test_duplicateReady(self):
+    def test_duplicate_ready(self):
         """
         A repeated ready from the owner is acknowledged and changes nothing
         (no second "ready" event, capacity not doubled).
@@ -133,7 +133,7 @@ class FencingTests(SynchronousTestCase):
         provider = self.edge.service.status()["nodes"][0]["providers"][0]
         self.assertEqual(provider["capacity"]["normal"], 1)
 
-    def test_readyForOtherNode(self):
+    def test_ready_for_other_node(self):
         """
         A ready naming another node than the registration is refused.
         """
@@ -143,7 +143,7 @@ class FencingTests(SynchronousTestCase):
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.edge.service.status()["nodes"][1]["connected"])
 
-    def test_staleReady(self):
+    def test_stale_ready(self):
         """
         A ready from a connection that is no longer the owner is refused.
         """
@@ -154,7 +154,7 @@ class FencingTests(SynchronousTestCase):
         self.assertFalse(response.ready)
         self.assertIn("stale", response.reason)
 
-    def test_staleCloseChangesNothing(self):
+    def test_stale_close_changes_nothing(self):
         """
         Closing a refused duplicate connection leaves the owner connected
         and its work running.
@@ -168,7 +168,7 @@ class FencingTests(SynchronousTestCase):
         self.assertEqual(recorder.events, [])
         self.assertNotIn("disconnected", [e["event"] for e in self.edge.node_events])
 
-    def test_reconnectNewGeneration(self):
+    def test_reconnect_new_generation(self):
         """
         After the owner is gone, a new registration is accepted under a new
         generation and its ready activates the node again.
@@ -193,7 +193,7 @@ class RunTests(SynchronousTestCase):
             self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind, text=text))
         self.pump.flush()
 
-    def test_runRequestAndRelayOrder(self):
+    def test_run_request_and_relay_order(self):
         """
         SubmitRun sends one RunRequest with the messages, and relays the
         Node's events to the listener in order, ending at the terminal.
@@ -209,7 +209,7 @@ class RunTests(SynchronousTestCase):
         self.assertEqual("".join(e.text for e in recorder.events), "hello world")
         self.assertNotIn(run, self.edge.service.inflight)
 
-    def test_eventsAfterTerminalIgnored(self):
+    def test_events_after_terminal_ignored(self):
         """
         Nothing reaches the listener after the terminal.
         """
@@ -218,7 +218,7 @@ class RunTests(SynchronousTestCase):
         self.reply(run, ("complete", ""), ("delta", "late"))
         self.assertEqual(recorder.types(), ["complete"])
 
-    def test_singleNodeFallback(self):
+    def test_single_node_fallback(self):
         """
         Without a node, the single ready node is chosen; with two ready
         nodes the caller must name one.
@@ -246,7 +246,7 @@ class RunTests(SynchronousTestCase):
         self.assertEqual(recorder.types(), ["cancelled"])
         self.assertFalse(self.edge.service.cancel(run))
 
-    def test_cancelWithoutAnswer(self):
+    def test_cancel_without_answer(self):
         """
         A cancel the Node never confirms still ends the run as cancelled
         after the grace period, returning its lease.
@@ -257,9 +257,9 @@ class RunTests(SynchronousTestCase):
         self.edge.service.cancel(run)
         self.edge.clock.advance(self.edge.config.run_grace_sec)
         self.assertEqual(recorder.types(), ["cancelled"])
-        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
 
-    def test_disconnectEndsRuns(self):
+    def test_disconnect_ends_runs(self):
         """
         When the ready owner disconnects, its in-flight runs end at once
         with an error saying so, its leases return, it leaves dispatch,
@@ -268,18 +268,18 @@ class RunTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
         self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
-        self.assertEqual(len(self.edge.service.pool.activeLeases()), 1)
+        self.assertEqual(len(self.edge.service.pool.active_leases()), 1)
         self.edge_protocol.transport.loseConnection()
         self.pump.flush()
         self.assertEqual(recorder.types(), ["error"])
         self.assertEqual(recorder.events[0].error.code, "node_disconnected")
-        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(self.edge.node_events[-1]["event"], "disconnected")
         status = self.edge.service.status()["nodes"][0]
         self.assertFalse(status["connected"])
         self.assertEqual(status["providers"][0]["status"], "unavailable")
 
-    def test_leaseReturnedOnTerminal(self):
+    def test_lease_returned_on_terminal(self):
         """
         A pooled run's lease returns exactly once, on its terminal.
         """
@@ -287,10 +287,10 @@ class RunTests(SynchronousTestCase):
         run = self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
         lease = self.edge.service.inflight.get(run).placement.lease
         self.reply(run, ("complete", ""))
-        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertFalse(lease.release())
 
-    def test_sendFailureReturnsLease(self):
+    def test_send_failure_returns_lease(self):
         """
         A RunRequest that cannot be sent returns the lease and fails the
         submit.
@@ -298,7 +298,7 @@ class RunTests(SynchronousTestCase):
         spec = RunSpec(messages=[{"role": "user", "content": "x" * (17 * 1024 * 1024)}], model="grp")
         f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertEqual(f.value.code, "send_failed")
-        self.assertEqual(self.edge.service.pool.activeLeases(), [])
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(len(self.edge.service.inflight), 0)
 
     def test_command(self):
@@ -312,7 +312,7 @@ class RunTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), {"a": 1})
 
-    def test_terminateSession(self):
+    def test_terminate_session(self):
         """
         Terminate-session is sent as CancelRequest(TERMINATE_SESSION) and
         the Node's answer (here "not supported") comes back.
@@ -325,7 +325,7 @@ class RunTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "not supported"))
 
-    def test_statusKeepsOfflineNodes(self):
+    def test_status_keeps_offline_nodes(self):
         """
         The snapshot lists every configured node; an offline one shows
         connected=false and its providers unavailable/offline with zeros.
@@ -340,7 +340,7 @@ class RunTests(SynchronousTestCase):
 
 
 class ReadyOrderTests(SynchronousTestCase):
-    def test_readyAckBeforeQueuedWork(self):
+    def test_ready_ack_before_queued_work(self):
         """
         A waiter served by a node's ready is sent to it only after the
         NodeReadyResponse: the Node never sees work before its ack.
@@ -369,7 +369,7 @@ class ReloadTests(SynchronousTestCase):
         mutate(data)
         return edge_config(data)
 
-    def test_adapterChangePushedToReadyNode(self):
+    def test_adapter_change_pushed_to_ready_node(self):
         """
         Changed adapter settings are pushed as ConfigRefresh to a ready
         node, not to a pending one; a node that registers later gets them
@@ -390,7 +390,7 @@ class ReloadTests(SynchronousTestCase):
         self.assertEqual(self.pending.of("config_refresh"), [])
         self.assertEqual(self.edge.service.links.config_payload("n2").adapters[0].max_concurrency, 7)
 
-    def test_unchangedPushesNothing(self):
+    def test_unchanged_pushes_nothing(self):
         """
         Reloading the same configuration sends nothing.
         """
@@ -398,7 +398,7 @@ class ReloadTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.ready.of("config_refresh"), [])
 
-    def test_restartOnlyChangesRefused(self):
+    def test_restart_only_changes_refused(self):
         """
         A change to model groups, tokens or listeners is refused as a whole
         with the reason, and nothing is applied or pushed.

@@ -116,13 +116,13 @@ def build(name, type, max_concurrency, options, reactor):
     return TYPES[type](name, max_concurrency, options, reactor)
 
 
-def adapterConfig(name, type="manual", max_concurrency=2, **options):
+def adapter_config(name, type="manual", max_concurrency=2, **options):
     return iop_pb2.AdapterConfig(
         name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
     )
 
 
-def nodeConfig(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
+def node_config(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
     return iop_pb2.NodeConfigPayload(
         node_id=node_id, adapters=list(adapters), heartbeat_interval_sec=interval, heartbeat_timeout_sec=timeout
     )
@@ -132,7 +132,7 @@ def accepted(config, wire_version=WIRE_VERSION):
     return iop_pb2.RegisterResponse(accepted=True, config=config, wire_version=wire_version)
 
 
-def makeContext(clock=None, **kwargs):
+def make_context(clock=None, **kwargs):
     clock = Clock() if clock is None else clock
     host = kwargs.pop("host", None) or AdapterHost(clock, build)
     return NodeContext(token=TOKEN, clock=clock, host=host, **kwargs)
@@ -144,30 +144,30 @@ class FakeEdge:
     The Edge's end of one connection, answering registration from a
     script and recording everything else.
 
-    @ivar registerResponse: sent in answer to C{RegisterRequest} (C{None}:
+    @ivar register_response: sent in answer to C{RegisterRequest} (C{None}:
         stay silent).
-    @ivar readyResponse: likewise for C{NodeReadyRequest}.
+    @ivar ready_response: likewise for C{NodeReadyRequest}.
     """
 
-    def __init__(self, registerResponse=None, readyResponse=None):
-        self.registerResponse = registerResponse
-        self.readyResponse = readyResponse
+    def __init__(self, register_response=None, ready_response=None):
+        self.register_response = register_response
+        self.ready_response = ready_response
         self.received = []
         self.wire = None
-        self.lostReason = None
+        self.lost_reason = None
 
-    def wireConnected(self, wire):
+    def wire_connected(self, wire):
         self.wire = wire
 
-    def messageReceived(self, kind, message):
+    def message_received(self, kind, message):
         self.received.append((kind, message))
-        if kind == "register_request" and self.registerResponse is not None:
-            self.wire.send(self.registerResponse)
-        elif kind == "node_ready_request" and self.readyResponse is not None:
-            self.wire.send(self.readyResponse)
+        if kind == "register_request" and self.register_response is not None:
+            self.wire.send(self.register_response)
+        elif kind == "node_ready_request" and self.ready_response is not None:
+            self.wire.send(self.ready_response)
 
-    def wireLost(self, reason):
-        self.lostReason = reason
+    def wire_lost(self, reason):
+        self.lost_reason = reason
 
     def of(self, kind):
         return [message for k, message in self.received if k == kind]
@@ -192,7 +192,7 @@ def connect(context, edge):
     return session, pump
 
 
-def readyNode(*adapters, clock=None, wire_version=WIRE_VERSION, **contextArgs):
+def ready_node(*adapters, clock=None, wire_version=WIRE_VERSION, **context_args):
     """
     A session that registered and became ready against a L{FakeEdge}
     of C{wire_version} configuring C{adapters} (default: one C{manual}
@@ -201,9 +201,9 @@ def readyNode(*adapters, clock=None, wire_version=WIRE_VERSION, **contextArgs):
     @return: C{(session, edge, pump, context)}.
     """
     if not adapters:
-        adapters = (adapterConfig("manual"),)
-    context = makeContext(clock, **contextArgs)
-    edge = FakeEdge(accepted(nodeConfig(*adapters), wire_version), iop_pb2.NodeReadyResponse(ready=True))
+        adapters = (adapter_config("manual"),)
+    context = make_context(clock, **context_args)
+    edge = FakeEdge(accepted(node_config(*adapters), wire_version), iop_pb2.NodeReadyResponse(ready=True))
     session, pump = connect(context, edge)
     pump.flush()
     assert session.ready.called, "the session did not become ready"
@@ -223,7 +223,7 @@ def elapse(clock, pump, seconds, step=1.0):
         seconds -= tick
 
 
-def runRequest(run_id="r1", adapter="manual", text="hello", **kwargs):
+def run_request(run_id="r1", adapter="manual", text="hello", **kwargs):
     return iop_pb2.RunRequest(
         run_id=run_id,
         adapter=adapter,
@@ -232,7 +232,7 @@ def runRequest(run_id="r1", adapter="manual", text="hello", **kwargs):
     )
 
 
-def tunnelRequest(tunnel_id="t1", adapter="manual", body=b"{}"):
+def tunnel_request(tunnel_id="t1", adapter="manual", body=b"{}"):
     return iop_pb2.ProviderTunnelRequest(
         tunnel_id=tunnel_id,
         adapter=adapter,
@@ -265,11 +265,11 @@ class RecordingStore(Service):
         super().stopService()
         self.running_when_stopped = self.unfinished()
 
-    def recordStart(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False):
         self.starts.append((run_id, adapter, target, session_id, background))
         return defer.succeed(None)
 
-    def recordEnd(self, run_id, status, error=None):
+    def record_end(self, run_id, status, error=None):
         self.ends.append((run_id, status, error))
         return defer.succeed(None)
 

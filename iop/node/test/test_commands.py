@@ -6,15 +6,15 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.test.fakes import adapterConfig, readyNode, runRequest
+from iop.node.test.fakes import adapter_config, ready_node, run_request
 from iop.protocols import iop_pb2
 
 
 class CommandTests(SynchronousTestCase):
     def setUp(self):
-        self.session, self.edge, self.pump, self.context = readyNode(
-            adapterConfig("manual", max_concurrency=3, sessions=True),
-            adapterConfig("plain", type="plain", max_concurrency=1),
+        self.session, self.edge, self.pump, self.context = ready_node(
+            adapter_config("manual", max_concurrency=3, sessions=True),
+            adapter_config("plain", type="plain", max_concurrency=1),
         )
 
     def command(self, command, adapter="", args=None, request_id="c1"):
@@ -36,7 +36,7 @@ class CommandTests(SynchronousTestCase):
         C{capabilities} lists every adapter with its type, concurrency,
         features and current use.
         """
-        self.edge.wire.send(runRequest("r1"))
+        self.edge.wire.send(run_request("r1"))
         self.pump.flush()
         adapters = {a["name"]: a for a in self.result(self.command("capabilities"))["adapters"]}
         self.assertEqual(
@@ -54,7 +54,7 @@ class CommandTests(SynchronousTestCase):
         self.assertEqual(adapters["plain"]["in_use"], 0)
         self.assertFalse(adapters["plain"]["tunnel"])
 
-    def test_transportStatus(self):
+    def test_transport_status(self):
         """
         C{transport_status} reports the node id, connection state and the
         heartbeat settings in use.
@@ -65,27 +65,27 @@ class CommandTests(SynchronousTestCase):
         self.assertEqual(status["heartbeat"], {"interval_sec": 2.0, "timeout_sec": 5.0})
         self.assertNotIn("generation", json.dumps(status))
 
-    def test_usageStatus(self):
+    def test_usage_status(self):
         """
         C{usage_status} reports per-adapter token totals and run outcomes.
         """
         from iop.run import COMPLETE, RunEventData, Usage
 
-        self.edge.wire.send(runRequest("r1"))
+        self.edge.wire.send(run_request("r1"))
         self.pump.flush()
         self.context.host.get("manual").adapter.runs[0][1](RunEventData(COMPLETE, usage=Usage(10, 20)))
         usage = self.result(self.command("usage_status"))["adapters"]["manual"]
         self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (10, 20))
         self.assertEqual(usage["runs"], {"complete": 1, "error": 0, "cancelled": 0})
 
-    def test_sessionList(self):
+    def test_session_list(self):
         """
         C{session_list} asks every adapter that keeps sessions.
         """
         result = self.result(self.command("session_list"))
         self.assertEqual(result, {"adapters": {"manual": [{"session_id": "s1"}]}})
 
-    def test_sessionListOnSessionlessAdapter(self):
+    def test_session_list_on_sessionless_adapter(self):
         """
         C{session_list} for a named adapter without sessions is a clear
         error.
@@ -94,7 +94,7 @@ class CommandTests(SynchronousTestCase):
         self.assertFalse(response.ok)
         self.assertIn("does not support sessions", response.error)
 
-    def test_adapterCommandForwarded(self):
+    def test_adapter_command_forwarded(self):
         """
         A command that is not a node command goes to the named adapter
         with its parsed arguments.
@@ -102,7 +102,7 @@ class CommandTests(SynchronousTestCase):
         result = self.result(self.command("manual_ping", adapter="manual", args={"x": 1}))
         self.assertEqual(result, {"pong": {"x": 1}})
 
-    def test_adapterCommandNotSupported(self):
+    def test_adapter_command_not_supported(self):
         """
         An adapter that does not know the command answers ok=false with its
         "not supported" message.
@@ -111,7 +111,7 @@ class CommandTests(SynchronousTestCase):
         self.assertFalse(response.ok)
         self.assertIn("has no command 'ollama_list'", response.error)
 
-    def test_unknownAdapterAndMissingAdapter(self):
+    def test_unknown_adapter_and_missing_adapter(self):
         """
         A command for an unknown adapter, or an adapter command with no
         adapter named, is refused with a message saying so.
@@ -123,7 +123,7 @@ class CommandTests(SynchronousTestCase):
         self.assertFalse(response.ok)
         self.assertIn("name the adapter", response.error)
 
-    def test_badArgs(self):
+    def test_bad_args(self):
         """
         Unparsable args_json is an error answer, not a dropped connection.
         """
@@ -132,13 +132,13 @@ class CommandTests(SynchronousTestCase):
         [response] = self.edge.of("node_command_response")
         self.assertFalse(response.ok)
         self.assertIn("args_json", response.error)
-        self.assertIsNone(self.edge.lostReason)
+        self.assertIsNone(self.edge.lost_reason)
 
 
 class TerminateSessionTests(SynchronousTestCase):
     def terminate(self, adapter):
-        session, edge, pump, context = readyNode(
-            adapterConfig("manual", sessions=True), adapterConfig("plain", type="plain")
+        session, edge, pump, context = ready_node(
+            adapter_config("manual", sessions=True), adapter_config("plain", type="plain")
         )
         edge.wire.send(
             iop_pb2.CancelRequest(
@@ -162,7 +162,7 @@ class TerminateSessionTests(SynchronousTestCase):
         self.assertTrue(response.ok)
         self.assertEqual(context.host.get("manual").adapter.terminated, [("t", "s1")])
 
-    def test_notSupported(self):
+    def test_not_supported(self):
         """
         An adapter without sessions answers ok=false with a clear "not
         supported" reason naming the adapter.
@@ -172,7 +172,7 @@ class TerminateSessionTests(SynchronousTestCase):
         self.assertIn("not supported", response.reason)
         self.assertIn("adapter plain", response.reason)
 
-    def test_unknownAdapter(self):
+    def test_unknown_adapter(self):
         """
         An unknown adapter answers ok=false.
         """

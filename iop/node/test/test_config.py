@@ -16,7 +16,7 @@ def parse(**data):
 
 
 class ConfigTests(SynchronousTestCase):
-    def assertErrorNames(self, key, **data):
+    def assert_error_names(self, key, **data):
         with self.assertRaises(ConfigError) as caught:
             parse(**data)
         self.assertIn(f"node.yaml: {key}:", str(caught.exception))
@@ -34,7 +34,7 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(config.shutdown_grace_sec, 30.0)
         self.assertIsNone(config.metrics)
 
-    def test_policyTable(self):
+    def test_policy_table(self):
         """
         max_attempts omitted = 10, 0 = unlimited, positive = that many;
         interval_sec omitted = 10.
@@ -48,27 +48,27 @@ class ConfigTests(SynchronousTestCase):
         self.assertFalse(finite.exhausted(2))
         self.assertTrue(finite.exhausted(3))
 
-    def test_unlimitedNeedsPositiveInterval(self):
+    def test_unlimited_needs_positive_interval(self):
         """
         Unlimited retrying with a zero or negative interval would spin: it
         is an error naming reconnect.interval_sec.
         """
-        message = self.assertErrorNames("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": 0})
+        message = self.assert_error_names("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": 0})
         self.assertIn("max_attempts is 0", message)
-        self.assertErrorNames("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": -1})
+        self.assert_error_names("reconnect.interval_sec", reconnect={"max_attempts": 0, "interval_sec": -1})
 
-    def test_invalidValues(self):
+    def test_invalid_values(self):
         """
         Wrong types and ranges are refused with the key's full path.
         """
-        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": -1})
-        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": 2.5})
-        self.assertErrorNames("reconnect.max_attempts", reconnect={"max_attempts": True})
-        self.assertErrorNames("reconnect.interval_sec", reconnect={"interval_sec": -1})
-        self.assertErrorNames("reconnect.interval_sec", reconnect={"interval_sec": "soon"})
-        self.assertErrorNames("register_timeout_sec", register_timeout_sec=0)
-        self.assertErrorNames("metrics", metrics=9100)
-        self.assertErrorNames("store", store="")
+        self.assert_error_names("reconnect.max_attempts", reconnect={"max_attempts": -1})
+        self.assert_error_names("reconnect.max_attempts", reconnect={"max_attempts": 2.5})
+        self.assert_error_names("reconnect.max_attempts", reconnect={"max_attempts": True})
+        self.assert_error_names("reconnect.interval_sec", reconnect={"interval_sec": -1})
+        self.assert_error_names("reconnect.interval_sec", reconnect={"interval_sec": "soon"})
+        self.assert_error_names("register_timeout_sec", register_timeout_sec=0)
+        self.assert_error_names("metrics", metrics=9100)
+        self.assert_error_names("store", store="")
 
     def test_shutdown_grace(self):
         """
@@ -77,12 +77,12 @@ class ConfigTests(SynchronousTestCase):
         """
         self.assertEqual(parse(shutdown_grace_sec=0).shutdown_grace_sec, 0.0)
         self.assertEqual(parse(shutdown_grace_sec=2.5).shutdown_grace_sec, 2.5)
-        message = self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec=-1)
+        message = self.assert_error_names("shutdown_grace_sec", shutdown_grace_sec=-1)
         self.assertIn("-1", message)
-        self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec="soon")
-        self.assertErrorNames("shutdown_grace_sec", shutdown_grace_sec=True)
+        self.assert_error_names("shutdown_grace_sec", shutdown_grace_sec="soon")
+        self.assert_error_names("shutdown_grace_sec", shutdown_grace_sec=True)
 
-    def test_requiredKeys(self):
+    def test_required_keys(self):
         """
         edge and token are required.
         """
@@ -93,21 +93,21 @@ class ConfigTests(SynchronousTestCase):
             parse_config(Section({"edge": "tcp:host=h:port=1"}, "", "node.yaml"))
         self.assertEqual(str(caught.exception), "node.yaml: token: required")
 
-    def test_tokenNotEchoed(self):
+    def test_token_not_echoed(self):
         """
         A token of the wrong type is refused without repeating its value.
         """
-        message = self.assertErrorNames("token", token=123456789)
+        message = self.assert_error_names("token", token=123456789)
         self.assertNotIn("123456789", message)
 
-    def test_unknownKeys(self):
+    def test_unknown_keys(self):
         """
         Typos are refused, at the top level and inside reconnect.
         """
-        self.assertErrorNames("edge_url", edge_url="x")
-        self.assertErrorNames("reconnect.max_attempt", reconnect={"max_attempt": 3})
+        self.assert_error_names("edge_url", edge_url="x")
+        self.assert_error_names("reconnect.max_attempt", reconnect={"max_attempt": 3})
 
-    def test_shippedExample(self):
+    def test_shipped_example(self):
         """
         conf/node.yaml is valid and points at the demo Edge.
         """

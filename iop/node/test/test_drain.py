@@ -16,14 +16,14 @@ from iop.node.test.fakes import (
     RecordingExit,
     RecordingStore,
     accepted,
-    adapterConfig,
+    adapter_config,
     build,
     dialled,
     elapse,
-    nodeConfig,
-    readyNode,
-    runRequest,
-    tunnelRequest,
+    node_config,
+    ready_node,
+    run_request,
+    tunnel_request,
 )
 from iop.protocols import iop_pb2
 from iop.run import NODE_DRAINING
@@ -38,7 +38,7 @@ def run_events(edge):
 class SessionDrainTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
-        self.session, self.edge, self.pump, self.context = readyNode(store=self.store)
+        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
         self.adapter = self.context.host.get("manual").adapter
 
     def start(self, *requests):
@@ -61,7 +61,7 @@ class SessionDrainTests(SynchronousTestCase):
         A run in flight keeps the drain going until it ends by itself,
         whole; its terminal is sent and recorded before the drain is over.
         """
-        self.start(runRequest("r1"))
+        self.start(run_request("r1"))
         drained = self.session.drain(30, REASON)
         self.elapse(29)
         self.assertNoResult(drained)
@@ -79,7 +79,7 @@ class SessionDrainTests(SynchronousTestCase):
         Edge gets its C{cancelled} terminal, the store its end, and the
         drain is over.
         """
-        self.start(runRequest("r1"))
+        self.start(run_request("r1"))
         drained = self.session.drain(5, REASON)
         self.elapse(4.9)
         self.assertNoResult(drained)
@@ -95,7 +95,7 @@ class SessionDrainTests(SynchronousTestCase):
         Tunnels drain like runs: one outliving the grace period ends with
         an error frame coded C{cancelled}.
         """
-        self.start(tunnelRequest("t1"))
+        self.start(tunnel_request("t1"))
         drained = self.session.drain(1, REASON)
         self.elapse(1)
         self.successResultOf(drained)
@@ -108,7 +108,7 @@ class SessionDrainTests(SynchronousTestCase):
         C{hurry} (a second stop signal) cuts the grace to zero: every run
         and tunnel in flight is cancelled now, with its terminal sent.
         """
-        self.start(runRequest("r1"), tunnelRequest("t1"))
+        self.start(run_request("r1"), tunnel_request("t1"))
         drained = self.session.drain(30, REASON)
         self.session.hurry()
         self.successResultOf(drained)
@@ -125,9 +125,9 @@ class SessionDrainTests(SynchronousTestCase):
         error terminal coded C{node_draining} (and recorded as ended); the
         work already in flight goes on.
         """
-        self.start(runRequest("r1"))
+        self.start(run_request("r1"))
         self.session.drain(30, REASON)
-        self.start(runRequest("r2"), tunnelRequest("t2"))
+        self.start(run_request("r2"), tunnel_request("t2"))
         [refusal] = [e for e in self.edge.of("run_event") if e.run_id == "r2"]
         self.assertEqual((refusal.seq, refusal.type, refusal.error.code), (1, "error", NODE_DRAINING))
         [frame] = self.edge.of("provider_tunnel_frame")
@@ -135,7 +135,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.assertEqual(len(self.adapter.runs), 1)
         self.assertEqual(len(self.adapter.tunnels), 0)
         self.assertEqual(self.store.unfinished(), ["r1"])
-        self.assertEqual(self.context.host.get("manual").gate.inUse, 1)
+        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
 
     def test_node_draining_sent(self):
         """
@@ -153,8 +153,8 @@ class SessionDrainTests(SynchronousTestCase):
         connection on a message it does not know: it is not sent one, and
         the drain works the same.
         """
-        session, edge, pump, context = readyNode(wire_version=0)
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node(wire_version=0)
+        edge.wire.send(run_request("r1"))
         pump.flush()
         drained = session.drain(30, REASON)
         elapse(context.clock, pump, 30)
@@ -180,13 +180,13 @@ class ServiceStopTests(SynchronousTestCase):
         )
         self.service = NodeService(config, self.reactor, RecordingExit(), build=build, store=self.store)
         self.service.startService()
-        self.edge = FakeEdge(accepted(nodeConfig(adapterConfig("manual"))), iop_pb2.NodeReadyResponse(ready=True))
+        self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), iop_pb2.NodeReadyResponse(ready=True))
         self.pump = dialled(self.reactor, self.edge)
-        self.successResultOf(self.service.supervisor.whenReady())
+        self.successResultOf(self.service.supervisor.when_ready())
         self.adapter = self.service.host.get("manual").adapter
 
     def start_run(self, run_id):
-        self.edge.wire.send(runRequest(run_id))
+        self.edge.wire.send(run_request(run_id))
         self.pump.flush()
 
     def assert_stopped(self, stopped):
@@ -196,7 +196,7 @@ class ServiceStopTests(SynchronousTestCase):
         """
         self.pump.flush()
         self.successResultOf(stopped)
-        self.assertIsNotNone(self.edge.lostReason)
+        self.assertIsNotNone(self.edge.lost_reason)
         self.assertEqual(self.adapter.stopped, 1)
         self.assertEqual(self.store.running_when_stopped, [])
         self.reactor.advance(60)
@@ -213,7 +213,7 @@ class ServiceStopTests(SynchronousTestCase):
         self.pump.flush()
         elapse(self.reactor, self.pump, 9)
         self.assertNoResult(stopped)
-        self.assertIsNone(self.edge.lostReason)
+        self.assertIsNone(self.edge.lost_reason)
         self.assertEqual(self.adapter.stopped, 0)
         self.adapter.runs[0][2].callback(None)
         self.assert_stopped(stopped)

@@ -17,10 +17,10 @@ class GateTests(SynchronousTestCase):
         self.assertIsNone(gate.acquire())
         a.release()
         self.assertIsNotNone(gate.acquire())
-        self.assertEqual(gate.inUse, 2)
+        self.assertEqual(gate.in_use, 2)
         del b
 
-    def test_releaseIdempotent(self):
+    def test_release_idempotent(self):
         """
         Releasing a slot twice frees it once: the count never goes negative.
         """
@@ -28,18 +28,18 @@ class GateTests(SynchronousTestCase):
         slot = gate.acquire()
         slot.release()
         slot.release()
-        self.assertEqual(gate.inUse, 0)
+        self.assertEqual(gate.in_use, 0)
 
-    def test_whenIdleAndOnChange(self):
+    def test_when_idle_and_on_change(self):
         """
-        whenIdle fires when the last slot is released; onChange sees every
+        when_idle fires when the last slot is released; on_change sees every
         count.
         """
         seen = []
         gate = CapacityGate(2, seen.append)
-        self.successResultOf(gate.whenIdle())
+        self.successResultOf(gate.when_idle())
         a, b = gate.acquire(), gate.acquire()
-        idle = gate.whenIdle()
+        idle = gate.when_idle()
         a.release()
         self.assertNoResult(idle)
         b.release()

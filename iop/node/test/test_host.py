@@ -7,19 +7,19 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost, AdapterSetupError
-from iop.node.test.fakes import adapterConfig, build
+from iop.node.test.fakes import adapter_config, build
 
 
 class HostTests(SynchronousTestCase):
     def setUp(self):
         self.host = AdapterHost(Clock(), build)
 
-    def test_retiredAdapterStopsWhenIdle(self):
+    def test_retired_adapter_stops_when_idle(self):
         """
         An adapter removed while it has work in flight keeps running that
         work and is stopped once its gate is idle.
         """
-        self.successResultOf(self.host.apply([adapterConfig("a")]))
+        self.successResultOf(self.host.apply([adapter_config("a")]))
         hosted = self.host.get("a")
         slot = hosted.gate.acquire()
         self.successResultOf(self.host.apply([]))
@@ -28,12 +28,12 @@ class HostTests(SynchronousTestCase):
         slot.release()
         self.assertEqual(hosted.adapter.stopped, 1)
 
-    def test_allOrNothing(self):
+    def test_all_or_nothing(self):
         """
         If one adapter fails to start, the ones started in the same apply
         are stopped and the previous set stays in place.
         """
-        self.successResultOf(self.host.apply([adapterConfig("old")]))
+        self.successResultOf(self.host.apply([adapter_config("old")]))
         started = []
 
         def flaky(name, *args):
@@ -45,18 +45,18 @@ class HostTests(SynchronousTestCase):
 
         self.host.build = flaky
         failure = self.failureResultOf(
-            self.host.apply([adapterConfig("old"), adapterConfig("new"), adapterConfig("bad")]), AdapterSetupError
+            self.host.apply([adapter_config("old"), adapter_config("new"), adapter_config("bad")]), AdapterSetupError
         )
         self.assertIn("adapter bad: start failed: port in use", str(failure.value))
         self.assertEqual([h.name for h in self.host.all()], ["old"])
         self.assertEqual(started[0].stopped, 1)
 
-    def test_badOptionsJson(self):
+    def test_bad_options_json(self):
         """
         options_json that is not a JSON object is a setup error naming the
         adapter.
         """
-        config = adapterConfig("a")
+        config = adapter_config("a")
         config.options_json = "[1]"
         failure = self.failureResultOf(self.host.apply([config]), AdapterSetupError)
         self.assertIn("adapter a: options_json", str(failure.value))
@@ -65,7 +65,7 @@ class HostTests(SynchronousTestCase):
         """
         stop() stops every adapter.
         """
-        self.successResultOf(self.host.apply([adapterConfig("a"), adapterConfig("b")]))
+        self.successResultOf(self.host.apply([adapter_config("a"), adapter_config("b")]))
         adapters = [h.adapter for h in self.host.all()]
         self.successResultOf(self.host.stop())
         self.assertEqual([a.stopped for a in adapters], [1, 1])

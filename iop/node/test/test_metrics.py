@@ -10,12 +10,12 @@ from iop.node.metrics import NodeMetrics
 
 
 class MetricsTests(SynchronousTestCase):
-    def test_separateRegistries(self):
+    def test_separate_registries(self):
         """
         Two NodeMetrics do not share counters (and do not clash on names).
         """
         a, b = NodeMetrics(), NodeMetrics()
-        a.runEnded("echo", "complete")
+        a.run_ended("echo", "complete")
         self.assertEqual(a.value("iop_node_runs_total", {"adapter": "echo", "status": "complete"}), 1)
         self.assertIsNone(b.value("iop_node_runs_total", {"adapter": "echo", "status": "complete"}))
 
@@ -24,9 +24,9 @@ class MetricsTests(SynchronousTestCase):
         /metrics renders the Prometheus text format of the Node's registry.
         """
         metrics = NodeMetrics()
-        metrics.runEnded("echo", "error")
-        metrics.inFlight("echo", 2)
-        metrics.tunnelBody(123)
+        metrics.run_ended("echo", "error")
+        metrics.in_flight("echo", 2)
+        metrics.tunnel_body(123)
         request = DummyRequest([b""])
         body = MetricsPage(metrics.registry).render_GET(request).decode()
         self.assertIn('iop_node_runs_total{adapter="echo",status="error"} 1.0', body)

@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
-from iop.node.test.fakes import RecordingStore, adapterConfig, readyNode, runRequest
+from iop.node.test.fakes import RecordingStore, adapter_config, ready_node, run_request
 from iop.protocols import iop_pb2
 from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
 
@@ -19,14 +19,14 @@ def events(edge, run_id=None):
 
 
 class RunRelayTests(SynchronousTestCase):
-    def test_echoRelayOrder(self):
+    def test_echo_relay_order(self):
         """
         A run on the echo adapter arrives as start, one delta per word and
         complete, numbered 1..n in order, with usage on the terminal; the
         deltas concatenate back to the input.
         """
-        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"))
-        edge.wire.send(runRequest("r1", adapter="echo", text="hello brave new world"))
+        session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
+        edge.wire.send(run_request("r1", adapter="echo", text="hello brave new world"))
         pump.flush()
         got = events(edge)
         self.assertEqual([e.type for e in got], ["start", "delta", "delta", "delta", "delta", "complete"])
@@ -37,24 +37,24 @@ class RunRelayTests(SynchronousTestCase):
         self.assertFalse(terminal.usage.HasField("reasoning_tokens"))
         self.assertEqual(len(session.inflight), 0)
 
-    def test_runInput(self):
+    def test_run_input(self):
         """
         The adapter sees the request's messages as dicts and options_json
         parsed.
         """
-        request = runRequest("r9", target="m", session_id="s", background=True, options_json='{"temperature": 0.5}')
+        request = run_request("r9", target="m", session_id="s", background=True, options_json='{"temperature": 0.5}')
         run = run_input(request)
         self.assertEqual(run.messages, [{"role": "user", "content": "hello"}])
         self.assertEqual((run.run_id, run.target, run.session_id, run.background), ("r9", "m", "s", True))
         self.assertEqual(run.options, {"temperature": 0.5})
 
-    def test_breakdownOnlyWhenReported(self):
+    def test_breakdown_only_when_reported(self):
         """
         Usage breakdown fields are on the wire only when the adapter
         reported them: absent is not zero.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         run, emit, d = context.host.get("manual").adapter.runs[0]
         emit(RunEventData(COMPLETE, usage=Usage(3, 5, reasoning_tokens=2)))
@@ -64,12 +64,12 @@ class RunRelayTests(SynchronousTestCase):
         self.assertTrue(usage.HasField("reasoning_tokens"))
         self.assertFalse(usage.HasField("cached_input_tokens"))
 
-    def test_eventsAfterTerminalDropped(self):
+    def test_events_after_terminal_dropped(self):
         """
         Whatever an adapter emits after its terminal never reaches the wire.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         run, emit, d = context.host.get("manual").adapter.runs[0]
         emit(RunEventData(START))
@@ -80,13 +80,13 @@ class RunRelayTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["start", "complete"])
 
-    def test_completeSynthesized(self):
+    def test_complete_synthesized(self):
         """
         An adapter whose Deferred succeeds without a terminal gets a
         synthesized C{complete}, carrying the last usage it reported.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         run, emit, d = context.host.get("manual").adapter.runs[0]
         emit(RunEventData(START))
@@ -97,13 +97,13 @@ class RunRelayTests(SynchronousTestCase):
         self.assertEqual([(e.seq, e.type) for e in got], [(1, "start"), (2, "delta"), (3, "complete")])
         self.assertEqual(got[-1].usage.output_tokens, 1)
 
-    def test_errorSynthesized(self):
+    def test_error_synthesized(self):
         """
         An adapter whose Deferred fails without a terminal gets an C{error}
         terminal with code C{adapter_error} and the failure's message.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         run, emit, d = context.host.get("manual").adapter.runs[0]
         emit(RunEventData(START))
@@ -115,22 +115,22 @@ class RunRelayTests(SynchronousTestCase):
         self.assertIn("back end exploded", got[-1].error.message)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
-    def test_executeRaisingSynchronously(self):
+    def test_execute_raising_synchronously(self):
         """
         An adapter whose C{execute} raises before returning also ends with
         one C{error} terminal, and its slot is freed.
         """
-        session, edge, pump, context = readyNode()
+        session, edge, pump, context = ready_node()
         adapter = context.host.get("manual").adapter
 
         def boom(run, emit):
             raise ValueError("bad input")
 
         adapter.execute = boom
-        edge.wire.send(runRequest("r1"))
+        edge.wire.send(run_request("r1"))
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["error"])
-        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(context.host.get("manual").gate.in_use, 0)
         self.flushLoggedErrors(ValueError)
 
     def test_cancel(self):
@@ -138,8 +138,8 @@ class RunRelayTests(SynchronousTestCase):
         CancelRequest(CANCEL_RUN) cancels the adapter's Deferred and the
         terminal is C{cancelled}.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         adapter = context.host.get("manual").adapter
         run, emit, d = adapter.runs[0]
@@ -148,39 +148,39 @@ class RunRelayTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual(adapter.cancelled, ["r1"])
         self.assertEqual([e.type for e in events(edge)], ["start", "cancelled"])
-        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(context.host.get("manual").gate.in_use, 0)
 
-    def test_cancelUnknownIgnored(self):
+    def test_cancel_unknown_ignored(self):
         """
         Cancelling an unknown or finished run changes nothing and keeps the
         connection.
         """
-        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"))
-        edge.wire.send(runRequest("r1", adapter="echo"))
+        session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
+        edge.wire.send(run_request("r1", adapter="echo"))
         edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
         edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="nope"))
         pump.flush()
         self.assertEqual(events(edge)[-1].type, "complete")
-        self.assertIsNone(edge.lostReason)
+        self.assertIsNone(edge.lost_reason)
 
-    def test_unknownAdapter(self):
+    def test_unknown_adapter(self):
         """
         A run for an adapter the node does not have ends at once with one
         C{error} terminal, code C{unknown_adapter}.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1", adapter="nope"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1", adapter="nope"))
         pump.flush()
         [event] = events(edge)
         self.assertEqual((event.seq, event.type, event.error.code), (1, "error", "unknown_adapter"))
 
-    def test_invalidOptions(self):
+    def test_invalid_options(self):
         """
         A run whose options_json is not a JSON object ends with an error
         terminal and takes no capacity.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1", options_json="[1, 2]"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1", options_json="[1, 2]"))
         pump.flush()
         [event] = events(edge)
         self.assertEqual(event.error.code, "invalid_request")
@@ -188,14 +188,14 @@ class RunRelayTests(SynchronousTestCase):
 
 
 class CapacityTests(SynchronousTestCase):
-    def test_capacityExceeded(self):
+    def test_capacity_exceeded(self):
         """
         Beyond max_concurrency a run ends at once with C{error} code
         C{capacity_exceeded}; it is never queued on the node.
         """
-        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
-        edge.wire.send(runRequest("r1"))
-        edge.wire.send(runRequest("r2"))
+        session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
+        edge.wire.send(run_request("r1"))
+        edge.wire.send(run_request("r2"))
         pump.flush()
         adapter = context.host.get("manual").adapter
         self.assertEqual(len(adapter.runs), 1)
@@ -203,54 +203,54 @@ class CapacityTests(SynchronousTestCase):
         self.assertEqual((event.type, event.error.code), ("error", "capacity_exceeded"))
         self.assertIn("max_concurrency of 1", event.error.message)
 
-    def test_gateSharedByTunnelAndRun(self):
+    def test_gate_shared_by_tunnel_and_run(self):
         """
         A tunnel and a run on the same adapter instance share one gate: with
         room for one, a tunnel in flight refuses the run and a run in flight
         refuses the tunnel.
         """
-        from iop.node.test.fakes import tunnelRequest
+        from iop.node.test.fakes import tunnel_request
 
-        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
-        edge.wire.send(tunnelRequest("t1"))
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
+        edge.wire.send(tunnel_request("t1"))
+        edge.wire.send(run_request("r1"))
         pump.flush()
         self.assertEqual(events(edge, "r1")[0].error.code, "capacity_exceeded")
 
         adapter = context.host.get("manual").adapter
         adapter.tunnels[0][2].callback(None)
-        edge.wire.send(runRequest("r2"))
-        edge.wire.send(tunnelRequest("t2"))
+        edge.wire.send(run_request("r2"))
+        edge.wire.send(tunnel_request("t2"))
         pump.flush()
         self.assertEqual(len(adapter.runs), 1)
         frames = [f for f in edge.of("provider_tunnel_frame") if f.tunnel_id == "t2"]
         self.assertEqual(frames[0].error.code, "capacity_exceeded")
 
-    def test_slotFreedBeforeTerminal(self):
+    def test_slot_freed_before_terminal(self):
         """
         When the terminal is sent the slot is already free: an Edge that
         sends the next run in reaction to a terminal finds room.
         """
-        session, edge, pump, context = readyNode(adapterConfig("manual", max_concurrency=1))
+        session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
         gate = context.host.get("manual").gate
         seen = []
         send = session.wire.send
 
         def spy(message):
             if message.DESCRIPTOR.name == "RunEvent" and message.type in ("complete", "error", "cancelled"):
-                seen.append(gate.inUse)
+                seen.append(gate.in_use)
             send(message)
 
         session.wire.send = spy
-        edge.wire.send(runRequest("r1"))
-        edge.wire.send(runRequest("r2"))
+        edge.wire.send(run_request("r1"))
+        edge.wire.send(run_request("r2"))
         pump.flush()
         adapter = context.host.get("manual").adapter
         adapter.runs[0][1](RunEventData(COMPLETE))
         pump.flush()
         self.assertEqual(seen, [1, 0])
 
-    def test_inFlightGauge(self):
+    def test_in_flight_gauge(self):
         """
         The in-flight gauge follows the gate.
         """
@@ -260,8 +260,8 @@ class CapacityTests(SynchronousTestCase):
 
         clock = Clock()
         metrics = NodeMetrics()
-        session, edge, pump, context = readyNode(clock=clock, host=AdapterHost(clock, build, metrics), metrics=metrics)
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node(clock=clock, host=AdapterHost(clock, build, metrics), metrics=metrics)
+        edge.wire.send(run_request("r1"))
         pump.flush()
         self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "manual"}), 1)
         context.host.get("manual").adapter.runs[0][2].callback(None)
@@ -270,35 +270,35 @@ class CapacityTests(SynchronousTestCase):
 
 
 class DisconnectTests(SynchronousTestCase):
-    def test_lossCancelsInFlight(self):
+    def test_loss_cancels_in_flight(self):
         """
         Losing the connection cancels every run of the session, frees its
         slots, and sends nothing (the terminal could not be delivered).
         """
         store = RecordingStore()
-        session, edge, pump, context = readyNode(store=store)
-        edge.wire.send(runRequest("r1"))
-        edge.wire.send(runRequest("r2"))
+        session, edge, pump, context = ready_node(store=store)
+        edge.wire.send(run_request("r1"))
+        edge.wire.send(run_request("r2"))
         pump.flush()
         adapter = context.host.get("manual").adapter
         edge.received.clear()
         edge.wire.transport.loseConnection()
         pump.flush()
         self.assertEqual(sorted(adapter.cancelled), ["r1", "r2"])
-        self.assertEqual(context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(context.host.get("manual").gate.in_use, 0)
         self.assertEqual(len(session.inflight), 0)
         self.assertEqual(
             sorted(store.ends),
             [("r1", "cancelled", "connection to the Edge lost"), ("r2", "cancelled", "connection to the Edge lost")],
         )
 
-    def test_shutdownCancelsAndTells(self):
+    def test_shutdown_cancels_and_tells(self):
         """
         A local shutdown cancels in-flight runs while the connection is
         still up, so the Edge gets their C{cancelled} terminals.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(runRequest("r1"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(run_request("r1"))
         pump.flush()
         session.shutdown("the node is shutting down")
         pump.flush()
@@ -306,15 +306,15 @@ class DisconnectTests(SynchronousTestCase):
 
 
 class RecordingTests(SynchronousTestCase):
-    def test_storeAndUsage(self):
+    def test_store_and_usage(self):
         """
         Each run is recorded at start and at its terminal, refused runs
         included, and the usage book counts outcomes and reported tokens.
         """
         store = RecordingStore()
-        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo", max_concurrency=1), store=store)
-        edge.wire.send(runRequest("r1", adapter="echo", text="a b", target="t", session_id="s"))
-        edge.wire.send(runRequest("r2", adapter="nope"))
+        session, edge, pump, context = ready_node(adapter_config("echo", type="echo", max_concurrency=1), store=store)
+        edge.wire.send(run_request("r1", adapter="echo", text="a b", target="t", session_id="s"))
+        edge.wire.send(run_request("r2", adapter="nope"))
         pump.flush()
         self.assertEqual(store.starts, [("r1", "echo", "t", "s", False), ("r2", "nope", "", "", False)])
         self.assertEqual(store.ends[0], ("r1", "complete", None))
@@ -324,20 +324,20 @@ class RecordingTests(SynchronousTestCase):
         self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (2, 2))
         self.assertEqual(usage["runs"]["complete"], 1)
 
-    def test_storeFailureDoesNotBreakRelay(self):
+    def test_store_failure_does_not_break_relay(self):
         """
         A store whose writes fail (or raise) never stops the relay.
         """
 
         class Failing(RecordingStore):
-            def recordStart(self, *a, **k):
+            def record_start(self, *a, **k):
                 return defer.fail(RuntimeError("disk full"))
 
-            def recordEnd(self, *a, **k):
+            def record_end(self, *a, **k):
                 raise RuntimeError("disk still full")
 
-        session, edge, pump, context = readyNode(adapterConfig("echo", type="echo"), store=Failing())
-        edge.wire.send(runRequest("r1", adapter="echo", text="x"))
+        session, edge, pump, context = ready_node(adapter_config("echo", type="echo"), store=Failing())
+        edge.wire.send(run_request("r1", adapter="echo", text="x"))
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["start", "delta", "complete"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)

@@ -14,13 +14,13 @@ from iop.node.test.fakes import (
     TOKEN,
     FakeEdge,
     accepted,
-    adapterConfig,
+    adapter_config,
     build,
     connect,
-    makeContext,
-    nodeConfig,
-    readyNode,
-    runRequest,
+    make_context,
+    node_config,
+    ready_node,
+    run_request,
 )
 from iop.protocols import iop_pb2
 from iop.protocols.wire import WIRE_VERSION, Heartbeat
@@ -34,14 +34,14 @@ READY_OK = iop_pb2.NodeReadyResponse(ready=True)
 
 
 class HandshakeTests(SynchronousTestCase):
-    def test_acceptedRegistrationStartsAdaptersThenSendsReady(self):
+    def test_accepted_registration_starts_adapters_then_sends_ready(self):
         """
         The Node sends its token, starts the adapters from the Edge's
         config before declaring itself ready with the assigned node id, and
         the handshake fires with the session once the Edge says ready.
         """
-        context = makeContext()
-        edge = FakeEdge(accepted(nodeConfig(adapterConfig("a"), adapterConfig("b"))), READY_OK)
+        context = make_context()
+        edge = FakeEdge(accepted(node_config(adapter_config("a"), adapter_config("b"))), READY_OK)
         session, pump = connect(context, edge)
         pump.flush()
 
@@ -55,7 +55,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertTrue(context.transport.connected)
         self.assertEqual(context.transport.node_id, "node-1")
 
-    def test_readyIsSentOnlyAfterAdaptersStarted(self):
+    def test_ready_is_sent_only_after_adapters_started(self):
         """
         While an adapter's C{start} is still pending, the Node does not
         declare itself ready.
@@ -63,17 +63,17 @@ class HandshakeTests(SynchronousTestCase):
         from twisted.internet import defer
 
         pending = defer.Deferred()
-        context = makeContext()
-        edge = FakeEdge(accepted(nodeConfig(adapterConfig("slow"))), READY_OK)
+        context = make_context()
+        edge = FakeEdge(accepted(node_config(adapter_config("slow"))), READY_OK)
 
         original = build
 
-        def slowBuild(*args):
+        def slow_build(*args):
             adapter = original(*args)
             adapter.start = lambda: pending
             return adapter
 
-        context.host = AdapterHost(context.clock, slowBuild)
+        context.host = AdapterHost(context.clock, slow_build)
         session, pump = connect(context, edge)
         pump.flush()
         self.assertEqual(edge.kinds(), ["register_request"])
@@ -83,18 +83,18 @@ class HandshakeTests(SynchronousTestCase):
         self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
         self.successResultOf(session.ready)
 
-    def test_unknownTokenIsFatal(self):
+    def test_unknown_token_is_fatal(self):
         """
         C{UNKNOWN_TOKEN} fails the handshake with L{FatalRefusal} naming
         the code and the Edge's reason, and closes the connection.
         """
         edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN, "token matches no node"))
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, FatalRefusal)
         self.assertIn("UNKNOWN_TOKEN", str(failure.value))
         self.assertIn("token matches no node", str(failure.value))
-        self.assertIsNotNone(edge.lostReason)
+        self.assertIsNotNone(edge.lost_reason)
         self.successResultOf(session.lost)
 
     def test_wire_version_declared(self):
@@ -102,7 +102,7 @@ class HandshakeTests(SynchronousTestCase):
         The Node's RegisterRequest declares the wire version it speaks.
         """
         edge = FakeEdge()
-        connect(makeContext(), edge)[1].flush()
+        connect(make_context(), edge)[1].flush()
         self.assertEqual(edge.of("register_request")[0].wire_version, WIRE_VERSION)
 
     def test_edge_wire_version_remembered(self):
@@ -111,9 +111,9 @@ class HandshakeTests(SynchronousTestCase):
         an Edge that declares none is version 1.
         """
         for declared, expected in [(2, 2), (0, 1)]:
-            response = accepted(nodeConfig())
+            response = accepted(node_config())
             response.wire_version = declared
-            session, pump = connect(makeContext(), FakeEdge(response, READY_OK))
+            session, pump = connect(make_context(), FakeEdge(response, READY_OK))
             pump.flush()
             self.assertEqual(session.edge_wire_version, expected)
 
@@ -124,7 +124,7 @@ class HandshakeTests(SynchronousTestCase):
         Edge's reason and the version this Node speaks.
         """
         edge = FakeEdge(refused(iop_pb2.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, IncompatibleVersion)
         self.assertIsInstance(failure.value, FatalRefusal)
@@ -132,37 +132,37 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIn("INCOMPATIBLE_VERSION", message)
         self.assertIn("serves wire versions 1 to 1", message)
         self.assertIn(f"speaks wire version {WIRE_VERSION}", message)
-        self.assertIsNotNone(edge.lostReason)
+        self.assertIsNotNone(edge.lost_reason)
 
-    def test_configBuildFailureIsFatal(self):
+    def test_config_build_failure_is_fatal(self):
         """
         C{CONFIG_BUILD_FAILED} is fatal too: retrying would get the same
         configuration.
         """
         edge = FakeEdge(refused(iop_pb2.CONFIG_BUILD_FAILED))
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         self.failureResultOf(session.ready, FatalRefusal)
 
-    def test_duplicateConnectionIsRetryable(self):
+    def test_duplicate_connection_is_retryable(self):
         """
         C{DUPLICATE_CONNECTION} (another live connection owns the node) is
         worth retrying: L{RetryableRefusal}.
         """
         edge = FakeEdge(refused(iop_pb2.DUPLICATE_CONNECTION, "node-1 already connected"))
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("DUPLICATE_CONNECTION", str(failure.value))
-        self.assertIsNotNone(edge.lostReason)
+        self.assertIsNotNone(edge.lost_reason)
 
-    def test_adapterBuildFailureIsFatal(self):
+    def test_adapter_build_failure_is_fatal(self):
         """
         An adapter the Node cannot build from the Edge's config is fatal,
         names the adapter and the problem, and no ready is sent.
         """
-        edge = FakeEdge(accepted(nodeConfig(adapterConfig("good"), adapterConfig("bad", type="broken"))), READY_OK)
-        context = makeContext()
+        edge = FakeEdge(accepted(node_config(adapter_config("good"), adapter_config("bad", type="broken"))), READY_OK)
+        context = make_context()
         session, pump = connect(context, edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, FatalRefusal)
@@ -171,22 +171,22 @@ class HandshakeTests(SynchronousTestCase):
         self.assertEqual(edge.kinds(), ["register_request"])
         self.assertEqual(context.host.all(), [])
 
-    def test_readyRefusedIsRetryable(self):
+    def test_ready_refused_is_retryable(self):
         """
         C{NodeReadyResponse(ready=false)} (a stale connection) is retryable.
         """
-        edge = FakeEdge(accepted(nodeConfig()), iop_pb2.NodeReadyResponse(ready=False, reason="stale"))
-        session, pump = connect(makeContext(), edge)
+        edge = FakeEdge(accepted(node_config()), iop_pb2.NodeReadyResponse(ready=False, reason="stale"))
+        session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("stale", str(failure.value))
 
-    def test_registerTimeout(self):
+    def test_register_timeout(self):
         """
         A RegisterRequest with no answer within C{register_timeout} fails
         the attempt (retryable) and closes the connection.
         """
-        context = makeContext(register_timeout=10)
+        context = make_context(register_timeout=10)
         edge = FakeEdge()
         session, pump = connect(context, edge)
         pump.flush()
@@ -196,27 +196,27 @@ class HandshakeTests(SynchronousTestCase):
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("no RegisterResponse from the Edge within 10s", str(failure.value))
-        self.assertIsNotNone(edge.lostReason)
+        self.assertIsNotNone(edge.lost_reason)
 
-    def test_readyTimeout(self):
+    def test_ready_timeout(self):
         """
         The ready request has its own timeout, started when it is sent.
         """
-        context = makeContext(register_timeout=3)
-        edge = FakeEdge(accepted(nodeConfig()))
+        context = make_context(register_timeout=3)
+        edge = FakeEdge(accepted(node_config()))
         session, pump = connect(context, edge)
         pump.flush()
         context.clock.advance(3)
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("NodeReadyResponse", str(failure.value))
 
-    def test_connectionLostDuringHandshakeIsRetryable(self):
+    def test_connection_lost_during_handshake_is_retryable(self):
         """
         Losing the connection before ready fails the handshake with
         L{RetryableRefusal}, and C{lost} fires.
         """
         edge = FakeEdge()
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         edge.wire.transport.loseConnection()
         pump.flush()
@@ -224,18 +224,18 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIn("connection lost during registration", str(failure.value))
         self.successResultOf(session.lost)
 
-    def test_workBeforeReadyIsAProtocolViolation(self):
+    def test_work_before_ready_is_a_protocol_violation(self):
         """
         A run request before the session is ready closes the connection:
         the Edge must not send work to a pending connection.
         """
         edge = FakeEdge()
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(runRequest())
+        edge.wire.send(run_request())
         pump.flush()
-        self.assertIsNotNone(edge.lostReason)
-        self.assertIn("run_request is not acceptable", session.wire.closeReason)
+        self.assertIsNotNone(edge.lost_reason)
+        self.assertIn("run_request is not acceptable", session.wire.close_reason)
         self.failureResultOf(session.ready, RetryableRefusal)
 
     def test_edge_draining_recorded_when_ready(self):
@@ -243,11 +243,11 @@ class HandshakeTests(SynchronousTestCase):
         C{EdgeDraining} to a ready session is recorded on it (for the
         supervisor) and the connection stays up.
         """
-        session, edge, pump, context = readyNode()
+        session, edge, pump, context = ready_node()
         edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
         pump.flush()
         self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
-        self.assertIsNone(edge.lostReason)
+        self.assertIsNone(edge.lost_reason)
 
     def test_edge_draining_before_ready_ignored(self):
         """
@@ -255,57 +255,57 @@ class HandshakeTests(SynchronousTestCase):
         protocol violation, and the handshake goes on.
         """
         edge = FakeEdge()
-        session, pump = connect(makeContext(), edge)
+        session, pump = connect(make_context(), edge)
         pump.flush()
         edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15))
-        edge.wire.send(accepted(nodeConfig()))
+        edge.wire.send(accepted(node_config()))
         pump.flush()
-        self.assertIsNone(edge.lostReason)
+        self.assertIsNone(edge.lost_reason)
         self.assertIsNone(session.edge_draining)
         self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
 
-    def test_heartbeatTimingsFromTheEdge(self):
+    def test_heartbeat_timings_from_the_edge(self):
         """
         Non-zero heartbeat timings in the config replace the defaults on
         this connection; zero keeps the default.
         """
-        context = makeContext()
-        edge = FakeEdge(accepted(nodeConfig(interval=1.5, timeout=0)), READY_OK)
+        context = make_context()
+        edge = FakeEdge(accepted(node_config(interval=1.5, timeout=0)), READY_OK)
         session, pump = connect(context, edge)
         pump.flush()
         self.assertEqual(session.wire.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
         self.assertEqual(context.transport.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
 
-    def test_tokenNeverLogged(self):
+    def test_token_never_logged(self):
         """
         Neither the handshake's log lines nor the context's repr contain
         the token.
         """
         with capturedLogs() as events:
-            readyNode()
+            ready_node()
             edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN))
-            session, pump = connect(makeContext(), edge)
+            session, pump = connect(make_context(), edge)
             pump.flush()
             self.failureResultOf(session.ready)
         self.assertTrue(events)
         for event in events:
             self.assertNotIn(TOKEN, repr(event))
-        self.assertNotIn(TOKEN, repr(makeContext()))
+        self.assertNotIn(TOKEN, repr(make_context()))
 
 
 class AdapterLifetimeTests(SynchronousTestCase):
-    def test_adaptersKeptAcrossReconnects(self):
+    def test_adapters_kept_across_reconnects(self):
         """
         A reconnect with the same adapter configuration keeps the running
         instances (not rebuilt, not restarted).
         """
         clock = Clock()
-        session, edge, pump, context = readyNode(clock=clock)
+        session, edge, pump, context = ready_node(clock=clock)
         first = context.host.get("manual").adapter
         edge.wire.transport.loseConnection()
         pump.flush()
 
-        edge2 = FakeEdge(accepted(nodeConfig(adapterConfig("manual"))), READY_OK)
+        edge2 = FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
@@ -313,17 +313,17 @@ class AdapterLifetimeTests(SynchronousTestCase):
         self.assertEqual(first.started, 1)
         self.assertEqual(first.stopped, 0)
 
-    def test_changedAdapterRebuilt(self):
+    def test_changed_adapter_rebuilt(self):
         """
         A reconnect whose config changes an adapter's options rebuilds that
         adapter (and stops the old instance) but keeps the unchanged one.
         """
-        session, edge, pump, context = readyNode(adapterConfig("a"), adapterConfig("b"))
+        session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("b"))
         a, b = context.host.get("a").adapter, context.host.get("b").adapter
         edge.wire.transport.loseConnection()
         pump.flush()
 
-        edge2 = FakeEdge(accepted(nodeConfig(adapterConfig("a"), adapterConfig("b", delay=1))), READY_OK)
+        edge2 = FakeEdge(accepted(node_config(adapter_config("a"), adapter_config("b", delay=1))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
@@ -332,31 +332,31 @@ class AdapterLifetimeTests(SynchronousTestCase):
         self.assertEqual(b.stopped, 1)
         self.assertEqual(context.host.get("b").adapter.options, {"delay": 1})
 
-    def test_configRefresh(self):
+    def test_config_refresh(self):
         """
         A ConfigRefresh to a ready node adds, changes and removes adapters
         through the same path as registration.
         """
-        session, edge, pump, context = readyNode(adapterConfig("a"), adapterConfig("gone"))
+        session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("gone"))
         gone = context.host.get("gone").adapter
         edge.wire.send(
-            iop_pb2.ConfigRefresh(config=nodeConfig(adapterConfig("a"), adapterConfig("new", max_concurrency=7)))
+            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
         )
         pump.flush()
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "new"])
         self.assertEqual(context.host.get("new").gate.limit, 7)
         self.assertEqual(gone.stopped, 1)
 
-    def test_badConfigRefreshKeepsPreviousAdapters(self):
+    def test_bad_config_refresh_keeps_previous_adapters(self):
         """
         A refresh with an adapter that cannot be built changes nothing and
         keeps the connection.
         """
-        session, edge, pump, context = readyNode(adapterConfig("a"))
+        session, edge, pump, context = ready_node(adapter_config("a"))
         a = context.host.get("a").adapter
-        edge.wire.send(iop_pb2.ConfigRefresh(config=nodeConfig(adapterConfig("b", type="broken"))))
+        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b", type="broken"))))
         pump.flush()
         self.assertIs(context.host.get("a").adapter, a)
         self.assertIsNone(context.host.get("b"))
-        self.assertIsNone(edge.lostReason)
+        self.assertIsNone(edge.lost_reason)
         self.flushLoggedErrors()

@@ -18,10 +18,10 @@ from iop.node.test.fakes import (
     FakeEdge,
     RecordingExit,
     accepted,
-    adapterConfig,
-    makeContext,
-    nodeConfig,
-    runRequest,
+    adapter_config,
+    make_context,
+    node_config,
+    run_request,
 )
 from iop.protocols import iop_pb2
 from iop.protocols.wire import WireProtocol
@@ -67,14 +67,14 @@ class FakeEndpoint:
         return pump
 
 
-def readyEdge():
-    return FakeEdge(accepted(nodeConfig(adapterConfig("manual"))), READY_OK)
+def ready_edge():
+    return FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
 
 
 class SupervisorTestsMixin:
-    def supervisor(self, max_attempts=10, interval_sec=10.0, **contextArgs):
+    def supervisor(self, max_attempts=10, interval_sec=10.0, **context_args):
         self.clock = Clock()
-        self.context = makeContext(self.clock, **contextArgs)
+        self.context = make_context(self.clock, **context_args)
         self.context.transport.edge = "tcp:host=edge.test:port=7100"
         self.endpoint = FakeEndpoint(self.clock)
         self.exit = RecordingExit()
@@ -90,21 +90,21 @@ class SupervisorTestsMixin:
             supervisor.stopService()
         self.clock.advance(0)
 
-    def failAttempts(self, count, interval):
+    def fail_attempts(self, count, interval):
         for _ in range(count):
             self.endpoint.refuse()
             self.clock.advance(interval)
 
 
 class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
-    def test_defaultGivesUpAfterTen(self):
+    def test_default_gives_up_after_ten(self):
         """
         With the default policy (10 attempts, 10 s apart), nine failed
         attempts are retried and the tenth ends the Node with status 3 and
         a message giving the count.
         """
         self.supervisor()
-        self.failAttempts(9, 10)
+        self.fail_attempts(9, 10)
         self.assertEqual(self.endpoint.dials, 10)
         self.assertEqual(self.exit.calls, [])
         self.endpoint.refuse()
@@ -136,11 +136,11 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         max_attempts=0 never gives up.
         """
         self.supervisor(max_attempts=0, interval_sec=1)
-        self.failAttempts(200, 1)
+        self.fail_attempts(200, 1)
         self.assertEqual(self.exit.calls, [])
         self.assertEqual(self.endpoint.dials, 201)
 
-    def test_retryLogged(self):
+    def test_retry_logged(self):
         """
         Each failed attempt is logged with its number, the reason and the
         delay before the next one.
@@ -154,45 +154,45 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         )
         self.assertFalse([e for e in events if "Scheduling retry" in e.get("log_format", "")])
 
-    def test_countResetsOnceReady(self):
+    def test_count_resets_once_ready(self):
         """
         The count of consecutive failures resets once a session becomes
         ready: failures before and after a ready session do not add up.
         """
         supervisor = self.supervisor(max_attempts=3, interval_sec=1)
-        self.failAttempts(2, 1)
+        self.fail_attempts(2, 1)
         self.assertEqual(supervisor.failures, 2)
-        edge = readyEdge()
+        edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        self.assertIsNotNone(supervisor.readySession)
+        self.assertIsNotNone(supervisor.ready_session)
         self.assertEqual(supervisor.failures, 0)
         self.assertEqual(self.context.transport.sessions, 1)
 
         edge.wire.transport.loseConnection()
         pump.flush()
-        self.assertIsNone(supervisor.readySession)
+        self.assertIsNone(supervisor.ready_session)
         self.clock.advance(1)
-        self.failAttempts(2, 1)
+        self.fail_attempts(2, 1)
         self.assertEqual(self.exit.calls, [])
         self.endpoint.refuse()
         self.clock.advance(0)
         self.assertEqual(self.exit.calls[0][0], EXIT_EXHAUSTED)
 
-    def test_lostSessionReconnects(self):
+    def test_lost_session_reconnects(self):
         """
         A lost ready session is retried under the same policy, and the
-        next ready session is announced through C{whenReady}.
+        next ready session is announced through C{when_ready}.
         """
         supervisor = self.supervisor(max_attempts=1, interval_sec=1)
-        edge = readyEdge()
+        edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        first = self.successResultOf(supervisor.whenReady())
+        first = self.successResultOf(supervisor.when_ready())
         edge.wire.transport.loseConnection()
         pump.flush()
-        waiting = supervisor.whenReady()
+        waiting = supervisor.when_ready()
         self.assertNoResult(waiting)
         self.clock.advance(1)
-        self.endpoint.accept(readyEdge())
+        self.endpoint.accept(ready_edge())
         second = self.successResultOf(waiting)
         self.assertIsNot(first, second)
         self.assertEqual(self.exit.calls, [])
@@ -206,7 +206,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         loss.
         """
         supervisor = self.supervisor(max_attempts=1, interval_sec=3)
-        edge = readyEdge()
+        edge = ready_edge()
         pump = self.endpoint.accept(edge)
         edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge restarting"))
         pump.flush()
@@ -230,7 +230,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         Without C{EdgeDraining}, losing a ready session is a warning.
         """
         self.supervisor(max_attempts=1, interval_sec=3)
-        edge = readyEdge()
+        edge = ready_edge()
         pump = self.endpoint.accept(edge)
         with capturedLogs() as events:
             edge.wire.transport.loseConnection()
@@ -239,7 +239,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertEqual(event["log_level"], LogLevel.warn)
         self.assertIn("connection to the Edge lost", formatEvent(event))
 
-    def test_retryableRefusalCounts(self):
+    def test_retryable_refusal_counts(self):
         """
         A duplicate-connection refusal is a failed attempt like a refused
         dial: with max_attempts=1 it ends the Node with status 3.
@@ -252,7 +252,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertEqual(status, EXIT_EXHAUSTED)
         self.assertIn("DUPLICATE_CONNECTION", message)
 
-    def test_registerTimeoutCounts(self):
+    def test_register_timeout_counts(self):
         """
         A handshake the Edge never answers fails the attempt after
         register_timeout_sec, and the Node retries.
@@ -269,7 +269,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
 
 
 class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
-    def test_fatalRefusalExitsTwo(self):
+    def test_fatal_refusal_exits_two(self):
         """
         An unknown token ends the Node with status 2 and a message naming
         the cause; it is not retried.
@@ -304,38 +304,38 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertIn("INCOMPATIBLE_VERSION", message)
         self.assertIn("edge speaks 3 to 5", message)
 
-    def test_adapterBuildFailureExitsTwo(self):
+    def test_adapter_build_failure_exits_two(self):
         """
         An adapter the Node cannot build is fatal too (status 2).
         """
         self.supervisor()
-        edge = FakeEdge(accepted(nodeConfig(adapterConfig("bad", type="broken"))), READY_OK)
+        edge = FakeEdge(accepted(node_config(adapter_config("bad", type="broken"))), READY_OK)
         self.endpoint.accept(edge)
         self.clock.advance(0)
         self.assertEqual(self.exit.calls[0][0], EXIT_REFUSED)
         self.assertIn("adapter bad", self.exit.calls[0][1])
 
-    def test_stopServiceCancelsWork(self):
+    def test_stop_service_cancels_work(self):
         """
         Stopping the supervisor cancels in-flight runs (telling the Edge),
         closes the connection, stops retrying, and its Deferred fires once
         the connection is gone.
         """
         supervisor = self.supervisor()
-        edge = readyEdge()
+        edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        edge.wire.send(runRequest("r1"))
+        edge.wire.send(run_request("r1"))
         pump.flush()
         d = supervisor.stopService()
         pump.flush()
         self.successResultOf(d)
         self.assertEqual([e.type for e in edge.of("run_event")], ["cancelled"])
-        self.assertIsNotNone(edge.lostReason)
+        self.assertIsNotNone(edge.lost_reason)
         self.clock.advance(100)
         self.assertEqual(self.endpoint.dials, 1)
         self.assertEqual(self.exit.calls, [])
 
-    def test_stopWhileWaiting(self):
+    def test_stop_while_waiting(self):
         """
         Stopping between attempts cancels the pending retry.
         """
@@ -355,36 +355,36 @@ class FakeReactor:
 
 
 class ProcessExitTests(SynchronousTestCase):
-    def test_nonZeroStatus(self):
+    def test_non_zero_status(self):
         """
         A non-zero status stops the reactor and leaves an atexit hook that
         ends the process with that status.
         """
         reactor, hooks, exits = FakeReactor(), [], []
-        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append((f, a)), hardExit=exits.append)
+        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append((f, a)), hard_exit=exits.append)
         exit(3, "giving up")
         self.assertEqual(reactor.stopped, 1)
         [(hook, args)] = hooks
         hook(*args)
         self.assertEqual(exits, [3])
 
-    def test_onlyFirstCallCounts(self):
+    def test_only_first_call_counts(self):
         """
         A second exit request (say, exhaustion racing a fatal refusal) is
         ignored.
         """
         reactor, hooks = FakeReactor(), []
-        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hardExit=lambda s: None)
+        exit = ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hard_exit=lambda s: None)
         exit(2, "refused")
         exit(3, "exhausted")
         self.assertEqual(hooks, [(2,)])
         self.assertEqual(reactor.stopped, 1)
 
-    def test_zeroStatusLeavesTwistdAlone(self):
+    def test_zero_status_leaves_twistd_alone(self):
         """
         Status 0 just stops the reactor (twistd exits 0 by itself).
         """
         reactor, hooks = FakeReactor(), []
-        ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hardExit=lambda s: None)(0, "bye")
+        ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hard_exit=lambda s: None)(0, "bye")
         self.assertEqual(hooks, [])
         self.assertEqual(reactor.stopped, 1)

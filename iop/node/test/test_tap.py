@@ -26,7 +26,7 @@ class TapTests(SynchronousTestCase):
         options.parseOptions(["--config", self.write(text)])
         return options
 
-    def test_pluginDiscovered(self):
+    def test_plugin_discovered(self):
         """
         twistd finds the C{iop-node} tapname pointing at this module.
         """
@@ -44,7 +44,7 @@ class TapTests(SynchronousTestCase):
         options.parseOptions(["-c", "x.yaml"])
         self.assertEqual(options["config"], "x.yaml")
 
-    def test_badConfigExitsWithOneLine(self):
+    def test_bad_config_exits_with_one_line(self):
         """
         A bad config stops twistd with status 1 and a one-line message
         naming the file and key.
@@ -58,7 +58,7 @@ class TapTests(SynchronousTestCase):
         self.assertIn(f"{path}: reconnect.interval_sec:", message)
         self.assertNotIn("\n", message)
 
-    def test_badEndpointNamesKey(self):
+    def test_bad_endpoint_names_key(self):
         """
         An edge string that is not a client endpoint is a config error
         naming C{edge}.
@@ -70,7 +70,7 @@ class TapTests(SynchronousTestCase):
             tap.makeService(options)
         self.assertIn(": edge: not a valid client endpoint", str(caught.exception.code))
 
-    def test_serviceTree(self):
+    def test_service_tree(self):
         """
         makeService builds the store, the supervisor and, when configured,
         the metrics listener; nothing is started.
@@ -80,10 +80,10 @@ class TapTests(SynchronousTestCase):
         options.parseOptions(["--config", path])
         service = tap.makeService(options)
         self.assertIsInstance(service, NodeService)
-        self.assertEqual(list(service), [service.store, service.supervisor, service.metricsListener])
+        self.assertEqual(list(service), [service.store, service.supervisor, service.metrics_listener])
         self.assertFalse(service.running)
 
-    def test_metricsDisabled(self):
+    def test_metrics_disabled(self):
         """
         Without C{metrics} no listener is built.
         """
@@ -91,7 +91,7 @@ class TapTests(SynchronousTestCase):
         options = tap.Options()
         options.parseOptions(["--config", path])
         service = tap.makeService(options)
-        self.assertIsNone(service.metricsListener)
+        self.assertIsNone(service.metrics_listener)
         self.assertEqual(len(list(service)), 2)
 
     def test_stop_signals_drain_then_hurry(self):

@@ -6,7 +6,7 @@ frame, cancellation, and refusals.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import NotSupported
-from iop.node.test.fakes import adapterConfig, readyNode, tunnelRequest
+from iop.node.test.fakes import adapter_config, ready_node, tunnel_request
 from iop.protocols import iop_pb2
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import Usage
@@ -22,11 +22,11 @@ def kinds(edge, tunnel_id="t1"):
 
 class TunnelTests(SynchronousTestCase):
     def setUp(self):
-        self.session, self.edge, self.pump, self.context = readyNode()
+        self.session, self.edge, self.pump, self.context = ready_node()
         self.adapter = self.context.host.get("manual").adapter
 
     def open(self, tunnel_id="t1", body=b'{"model": "m"}'):
-        self.edge.wire.send(tunnelRequest(tunnel_id, body=body))
+        self.edge.wire.send(tunnel_request(tunnel_id, body=body))
         self.pump.flush()
         return self.adapter.tunnels[-1]
 
@@ -39,7 +39,7 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(request.headers, [("Content-Type", "application/json")])
         self.assertEqual(request.body, b'{"model": "m"}')
 
-    def test_frameOrderAndChunking(self):
+    def test_frame_order_and_chunking(self):
         """
         status, headers, body pieces, then end, numbered 1..n; a body write
         larger than the chunk limit is split and the pieces rejoin into the
@@ -72,7 +72,7 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(self.context.metrics.value("iop_node_tunnel_bytes_total"), len(big) + 9)
         self.assertEqual(self.context.usage.snapshot()["manual"]["output_tokens"], 9)
 
-    def test_failureEndsWithError(self):
+    def test_failure_ends_with_error(self):
         """
         A failing tunnel ends with exactly one error frame carrying the
         failure's message; nothing follows it.
@@ -101,9 +101,9 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(self.adapter.cancelled, ["t1"])
         self.assertEqual(kinds(self.edge), ["status", "error"])
         self.assertEqual(frames(self.edge)[-1].error.code, "cancelled")
-        self.assertEqual(self.context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
 
-    def test_slotFreedBeforeEnd(self):
+    def test_slot_freed_before_end(self):
         """
         The gate slot is free by the time the end frame is sent.
         """
@@ -113,7 +113,7 @@ class TunnelTests(SynchronousTestCase):
 
         def spy(message):
             if message.DESCRIPTOR.name == "ProviderTunnelFrame" and message.WhichOneof("frame") in ("end", "error"):
-                seen.append(gate.inUse)
+                seen.append(gate.in_use)
             send(message)
 
         self.session.wire.send = spy
@@ -121,7 +121,7 @@ class TunnelTests(SynchronousTestCase):
         d.callback(None)
         self.assertEqual(seen, [0])
 
-    def test_lossCancels(self):
+    def test_loss_cancels(self):
         """
         Losing the connection cancels the tunnel and frees its slot.
         """
@@ -129,42 +129,42 @@ class TunnelTests(SynchronousTestCase):
         self.edge.wire.transport.loseConnection()
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
-        self.assertEqual(self.context.host.get("manual").gate.inUse, 0)
+        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
 
 
 class TunnelRefusalTests(SynchronousTestCase):
-    def test_notSupported(self):
+    def test_not_supported(self):
         """
         An adapter with no raw tunnel answers with a single error frame,
         code C{tunnel_not_supported}, and gives its slot back.
         """
-        session, edge, pump, context = readyNode(adapterConfig("plain", type="plain"))
-        edge.wire.send(tunnelRequest("t1", adapter="plain"))
+        session, edge, pump, context = ready_node(adapter_config("plain", type="plain"))
+        edge.wire.send(tunnel_request("t1", adapter="plain"))
         pump.flush()
         [frame] = frames(edge)
         self.assertEqual((frame.seq, frame.error.code), (1, "tunnel_not_supported"))
         self.assertIn("no raw provider tunnel", frame.error.message)
-        self.assertEqual(context.host.get("plain").gate.inUse, 0)
+        self.assertEqual(context.host.get("plain").gate.in_use, 0)
 
-    def test_notSupportedFromDeferred(self):
+    def test_not_supported_from_deferred(self):
         """
         L{NotSupported} arriving through the Deferred is reported the same
         way.
         """
         from twisted.internet import defer
 
-        session, edge, pump, context = readyNode()
+        session, edge, pump, context = ready_node()
         context.host.get("manual").adapter.tunnel = lambda request, sink: defer.fail(NotSupported("nope"))
-        edge.wire.send(tunnelRequest("t1"))
+        edge.wire.send(tunnel_request("t1"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "tunnel_not_supported")
 
-    def test_unknownAdapter(self):
+    def test_unknown_adapter(self):
         """
         A tunnel for an unknown adapter gets one error frame,
         C{unknown_adapter}.
         """
-        session, edge, pump, context = readyNode()
-        edge.wire.send(tunnelRequest("t1", adapter="nope"))
+        session, edge, pump, context = ready_node()
+        edge.wire.send(tunnel_request("t1", adapter="nope"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "unknown_adapter")

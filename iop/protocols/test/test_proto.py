@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DriftTests(SynchronousTestCase):
-    def test_generatedModuleMatchesProto(self):
+    def test_generated_module_matches_proto(self):
         """
         Regenerating from the .proto gives the committed module byte for
         byte; run `make proto` after editing the schema.
@@ -35,7 +35,7 @@ class DriftTests(SynchronousTestCase):
             committed = f.read()
         self.assertEqual(fresh, committed, "iop_pb2.py is stale: run `make proto`")
 
-    def test_everySpecMessageExists(self):
+    def test_every_spec_message_exists(self):
         """
         The schema carries every message the spec names.
         """
@@ -61,7 +61,7 @@ class DriftTests(SynchronousTestCase):
             self.assertIn(required, names)
         self.assertEqual(set(iop_pb2.CancelRequest.Kind.keys()), {"CANCEL_RUN", "TERMINATE_SESSION"})
 
-    def test_usageBreakdownOptional(self):
+    def test_usage_breakdown_optional(self):
         """
         An unset breakdown field is distinguishable from zero on the wire.
         """

@@ -35,15 +35,15 @@ class RecordingReceiver:
         self.lost = []
         self.violate_on = violate_on
 
-    def wireConnected(self, wire):
+    def wire_connected(self, wire):
         self.wire = wire
 
-    def messageReceived(self, kind, message):
+    def message_received(self, kind, message):
         if kind == self.violate_on:
             raise ProtocolViolation("not now")
         self.messages.append((kind, message))
 
-    def wireLost(self, reason):
+    def wire_lost(self, reason):
         self.lost.append(reason)
 
 
@@ -80,13 +80,13 @@ def connect(receiver=None, heartbeat=DEFAULT_HEARTBEAT):
 
 
 class FramingTests(SynchronousTestCase):
-    def test_receiverInterface(self):
+    def test_receiver_interface(self):
         """
         The test receiver provides the interface the protocol relies on.
         """
         self.assertTrue(verifyObject(IWireReceiver, RecordingReceiver()))
 
-    def test_roundTripByteAtATime(self):
+    def test_round_trip_byte_at_a_time(self):
         """
         A frame fed one byte at a time is decoded into one message of the
         right kind, with its fields intact.
@@ -100,7 +100,7 @@ class FramingTests(SynchronousTestCase):
         self.assertEqual(kind, "run_event")
         self.assertEqual((message.run_id, message.type, message.text, message.seq), ("r1", "delta", "héllo ", 3))
 
-    def test_twoFramesInOneRead(self):
+    def test_two_frames_in_one_read(self):
         """
         Two frames arriving together are delivered in order.
         """
@@ -110,7 +110,7 @@ class FramingTests(SynchronousTestCase):
         )
         self.assertEqual([m.node_id for _, m in receiver.messages], ["a", "b"])
 
-    def test_sendFramesEnvelope(self):
+    def test_send_frames_envelope(self):
         """
         C{send} writes a 4-byte big-endian length and an Envelope carrying
         exactly the given message.
@@ -124,21 +124,21 @@ class FramingTests(SynchronousTestCase):
         self.assertEqual(env.WhichOneof("body"), "register_request")
         self.assertEqual(env.register_request.token, "t")
 
-    def test_tcpNoDelay(self):
+    def test_tcp_no_delay(self):
         """
         The connection turns Nagle's algorithm off.
         """
         _, _, transport, _ = connect()
         self.assertIs(transport.nodelay, True)
 
-    def test_maxLengthExplicit(self):
+    def test_max_length_explicit(self):
         """
         The frame limit is set explicitly, far above Twisted's default.
         """
         self.assertEqual(WireProtocol.MAX_LENGTH, MAX_FRAME_BYTES)
         self.assertGreater(MAX_FRAME_BYTES, 99999)
 
-    def test_oversizeSendRefused(self):
+    def test_oversize_send_refused(self):
         """
         A message larger than a frame is refused before anything is sent.
         """
@@ -161,11 +161,11 @@ class FramingTests(SynchronousTestCase):
 
 
 class BadInputTests(SynchronousTestCase):
-    def assertDropped(self, transport, receiver, text):
+    def assert_dropped(self, transport, receiver, text):
         self.assertTrue(transport.aborted)
         self.assertEqual(receiver.messages, [])
 
-    def test_oversizeFrame(self):
+    def test_oversize_frame(self):
         """
         A frame header announcing more than the limit closes the connection
         with a logged reason, without waiting for the body.
@@ -173,30 +173,30 @@ class BadInputTests(SynchronousTestCase):
         protocol, receiver, transport, _ = connect()
         with capturedLogs() as events:
             protocol.dataReceived(struct.pack("!I", MAX_FRAME_BYTES + 1))
-        self.assertDropped(transport, receiver, "exceeds")
-        self.assertIn("exceeds", protocol.closeReason)
+        self.assert_dropped(transport, receiver, "exceeds")
+        self.assertIn("exceeds", protocol.close_reason)
         self.assertTrue(any("closing connection" in e.get("log_format", "") for e in events))
 
-    def test_garbageFrame(self):
+    def test_garbage_frame(self):
         """
         A frame that is not a protobuf Envelope closes the connection.
         """
         protocol, receiver, transport, _ = connect()
         garbage = b"\xff\xff\xff\xff\x0f"
         protocol.dataReceived(struct.pack("!I", len(garbage)) + garbage)
-        self.assertDropped(transport, receiver, "undecodable")
-        self.assertIn("undecodable", protocol.closeReason)
+        self.assert_dropped(transport, receiver, "undecodable")
+        self.assertIn("undecodable", protocol.close_reason)
 
-    def test_emptyEnvelope(self):
+    def test_empty_envelope(self):
         """
         An Envelope with no message closes the connection.
         """
         protocol, receiver, transport, _ = connect()
         protocol.dataReceived(struct.pack("!I", 0))
-        self.assertIn("no message", protocol.closeReason)
+        self.assertIn("no message", protocol.close_reason)
         self.assertTrue(transport.aborted)
 
-    def test_protocolViolation(self):
+    def test_protocol_violation(self):
         """
         A receiver refusing a message closes the connection, naming the
         message kind.
@@ -204,9 +204,9 @@ class BadInputTests(SynchronousTestCase):
         protocol, receiver, transport, _ = connect(RecordingReceiver(violate_on="run_event"))
         protocol.dataReceived(frame(iop_pb2.RunEvent(run_id="r")))
         self.assertTrue(transport.aborted)
-        self.assertIn("run_event", protocol.closeReason)
+        self.assertIn("run_event", protocol.close_reason)
 
-    def test_onlyThisConnection(self):
+    def test_only_this_connection(self):
         """
         Garbage on one connection leaves another connection of the same
         factory working.
@@ -224,7 +224,7 @@ class BadInputTests(SynchronousTestCase):
 
 
 class HeartbeatTests(SynchronousTestCase):
-    def test_pingsEveryInterval(self):
+    def test_pings_every_interval(self):
         """
         An idle connection sends a Ping every interval.
         """
@@ -234,7 +234,7 @@ class HeartbeatTests(SynchronousTestCase):
         env = iop_pb2.Envelope.FromString(transport.value()[4:])
         self.assertEqual(env.WhichOneof("body"), "ping")
 
-    def test_pongAnswersPing(self):
+    def test_pong_answers_ping(self):
         """
         A Ping is answered with a Pong of the same sequence number and is
         not handed to the receiver.
@@ -246,7 +246,7 @@ class HeartbeatTests(SynchronousTestCase):
         self.assertEqual(env.pong.seq, 7)
         self.assertEqual(receiver.messages, [])
 
-    def test_silenceDrops(self):
+    def test_silence_drops(self):
         """
         Nothing received for the timeout drops the connection; traffic
         before that keeps it open.
@@ -258,9 +258,9 @@ class HeartbeatTests(SynchronousTestCase):
         self.assertFalse(transport.aborted)
         clock.advance(0.2)
         self.assertTrue(transport.aborted)
-        self.assertIn("heartbeat timeout", protocol.closeReason)
+        self.assertIn("heartbeat timeout", protocol.close_reason)
 
-    def test_bothEndsStayUpWhileTalking(self):
+    def test_both_ends_stay_up_while_talking(self):
         """
         Two wired-up ends answering each other's pings stay connected for a
         long time; when one side stops reading, the other drops it.
@@ -279,10 +279,10 @@ class HeartbeatTests(SynchronousTestCase):
         # Freeze the link: nothing flows any more.
         for _ in range(6):
             clock.advance(1)
-        self.assertIn("heartbeat timeout", server.closeReason)
-        self.assertIn("heartbeat timeout", client.closeReason)
+        self.assertIn("heartbeat timeout", server.close_reason)
+        self.assertIn("heartbeat timeout", client.close_reason)
 
-    def test_timersStopOnLoss(self):
+    def test_timers_stop_on_loss(self):
         """
         After the connection is lost no heartbeat timer remains.
         """
