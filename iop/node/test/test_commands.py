@@ -6,8 +6,8 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.test.fakes import adapter_config, ready_node, run_request
 from iop.protocols import iop_pb2
+from iop.testing.node import adapter_config, ready_node, run_request
 
 
 class CommandTests(SynchronousTestCase):

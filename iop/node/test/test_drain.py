@@ -10,7 +10,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import NodeConfig, ReconnectPolicy
 from iop.node.service import SHUTDOWN_REASON, NodeService
-from iop.node.test.fakes import (
+from iop.protocols import iop_pb2
+from iop.run import NODE_DRAINING
+from iop.testing.node import (
     TOKEN,
     FakeEdge,
     RecordingExit,
@@ -25,8 +27,6 @@ from iop.node.test.fakes import (
     run_request,
     tunnel_request,
 )
-from iop.protocols import iop_pb2
-from iop.run import NODE_DRAINING
 
 REASON = SHUTDOWN_REASON
 

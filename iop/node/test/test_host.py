@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost, AdapterSetupError
-from iop.node.test.fakes import adapter_config, build
+from iop.testing.node import adapter_config, build
 
 
 class HostTests(SynchronousTestCase):

@@ -9,9 +9,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
-from iop.node.test.fakes import RecordingStore, adapter_config, ready_node, run_request
 from iop.protocols import iop_pb2
 from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
 
 
 def events(edge, run_id=None):
@@ -209,7 +209,7 @@ class CapacityTests(SynchronousTestCase):
         room for one, a tunnel in flight refuses the run and a run in flight
         refuses the tunnel.
         """
-        from iop.node.test.fakes import tunnel_request
+        from iop.testing.node import tunnel_request
 
         session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
         edge.wire.send(tunnel_request("t1"))
@@ -256,7 +256,7 @@ class CapacityTests(SynchronousTestCase):
         """
         from iop.node.host import AdapterHost
         from iop.node.metrics import NodeMetrics
-        from iop.node.test.fakes import build
+        from iop.testing.node import build
 
         clock = Clock()
         metrics = NodeMetrics()

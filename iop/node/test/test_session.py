@@ -10,7 +10,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost
 from iop.node.session import READY, FatalRefusal, IncompatibleVersion, RetryableRefusal
-from iop.node.test.fakes import (
+from iop.protocols import iop_pb2
+from iop.protocols.wire import WIRE_VERSION, Heartbeat
+from iop.testing.node import (
     TOKEN,
     FakeEdge,
     accepted,
@@ -22,8 +24,6 @@ from iop.node.test.fakes import (
     ready_node,
     run_request,
 )
-from iop.protocols import iop_pb2
-from iop.protocols.wire import WIRE_VERSION, Heartbeat
 
 
 def refused(code, reason="nope"):

@@ -14,7 +14,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.node.config import ReconnectPolicy
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
-from iop.node.test.fakes import (
+from iop.protocols import iop_pb2
+from iop.protocols.wire import WireProtocol
+from iop.testing.node import (
     FakeEdge,
     RecordingExit,
     accepted,
@@ -23,8 +25,6 @@ from iop.node.test.fakes import (
     node_config,
     run_request,
 )
-from iop.protocols import iop_pb2
-from iop.protocols.wire import WireProtocol
 
 READY_OK = iop_pb2.NodeReadyResponse(ready=True)
 

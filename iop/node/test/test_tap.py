@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.daemon import stop_then_hurry
 from iop.node import tap
 from iop.node.service import NodeService
+from iop.testing.reactor import RunningReactor
 
 
 class TapTests(SynchronousTestCase):
@@ -114,23 +115,3 @@ class TapTests(SynchronousTestCase):
         signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
         self.assertEqual((reactor.stopped, hurried), (1, [True, True]))
-
-
-class RunningReactor:
-    """
-    Just enough of a running reactor for L{iop.daemon} signal handling.
-    """
-
-    running = True
-
-    def __init__(self):
-        self.stopped = 0
-
-    def callFromThread(self, f, *args):
-        f(*args)
-
-    def callWhenRunning(self, f, *args):
-        f(*args)
-
-    def stop(self):
-        self.stopped += 1

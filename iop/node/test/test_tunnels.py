@@ -6,10 +6,10 @@ frame, cancellation, and refusals.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import NotSupported
-from iop.node.test.fakes import adapter_config, ready_node, tunnel_request
 from iop.protocols import iop_pb2
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import Usage
+from iop.testing.node import adapter_config, ready_node, tunnel_request
 
 
 def frames(edge, tunnel_id="t1"):

@@ -1,0 +1,61 @@
+"""
+The Edge's twistd plugin: discovery, the service tree makeService builds,
+and a bad configuration refused before anything listens.
+"""
+
+import signal
+
+from twisted.application.service import IServiceMaker
+from twisted.plugin import getPlugins
+from twisted.python.filepath import FilePath
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge import tap
+from iop.edge.service import EdgeService
+
+EDGE_YAML = """
+listen: {nodes: "tcp:0:interface=127.0.0.1", http: "tcp:0:interface=127.0.0.1"}
+nodes:
+  - id: n1
+    token: t1
+    adapters: [{name: echo, type: echo, max_concurrency: 2}]
+"""
+
+
+class TapTests(SynchronousTestCase):
+    def options(self, text):
+        path = FilePath(self.mktemp())
+        path.setContent(text.encode("utf-8"))
+        options = tap.Options()
+        options.parseOptions(["--config", path.path])
+        return options
+
+    def test_plugin_discovered(self):
+        """
+        twistd finds the C{iop-edge} tapname pointing at this module.
+        """
+        makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)}
+        self.assertEqual(makers["iop-edge"].module, "iop.edge.tap")
+
+    def test_service_tree(self):
+        """
+        makeService returns the EdgeService itself, with the Node port and
+        the HTTP site as children (no console unless configured), none of
+        them listening yet.
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self.addCleanup(signal.signal, signum, signal.getsignal(signum))
+        service = tap.makeService(self.options(EDGE_YAML))
+        self.assertIsInstance(service, EdgeService)
+        self.assertEqual(len(list(service)), 2)
+        self.assertFalse(any(child.running for child in service))
+
+    def test_bad_config_exits_with_one_line(self):
+        """
+        A bad edge.yaml stops twistd with a one-line message naming the key.
+        """
+        with self.assertRaises(SystemExit) as caught:
+            tap.makeService(self.options(EDGE_YAML + "shutdown_grace_sec: -1\n"))
+        message = str(caught.exception.code)
+        self.assertIn("shutdown_grace_sec", message)
+        self.assertNotIn("\n", message)

@@ -1,0 +1,44 @@
+"""
+Stop signals shared by both daemons (L{iop.daemon}): the first stops the
+reactor so services drain, later ones hurry the drain.
+"""
+
+import signal
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.daemon import stop_then_hurry
+from iop.testing.reactor import RunningReactor
+
+
+class StopThenHurryTests(SynchronousTestCase):
+    def setUp(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.addCleanup(signal.signal, signum, signal.getsignal(signum))
+        self.hurried = []
+
+    def send(self, signum):
+        signal.getsignal(signum)(signum, None)
+
+    def test_first_stops_later_hurry(self):
+        """
+        The first SIGTERM or SIGINT stops the reactor once; every later one
+        calls C{hurry} instead of stopping again.
+        """
+        reactor = RunningReactor()
+        stop_then_hurry(reactor, lambda: self.hurried.append(True))
+        self.send(signal.SIGINT)
+        self.assertEqual((reactor.stopped, self.hurried), (1, []))
+        self.send(signal.SIGTERM)
+        self.send(signal.SIGTERM)
+        self.assertEqual((reactor.stopped, self.hurried), (1, [True, True]))
+
+    def test_signal_while_already_stopping(self):
+        """
+        A signal that arrives while the reactor is already stopping (a
+        fatal exit in progress) is no error.
+        """
+        reactor = RunningReactor(stopping=True)
+        stop_then_hurry(reactor, lambda: self.hurried.append(True))
+        self.send(signal.SIGTERM)
+        self.assertEqual((reactor.stopped, self.hurried), (0, []))
