@@ -90,11 +90,12 @@ class EdgeHarness:
         self.site = self.service.site
         self.pumps = []
 
-    def connect(self):
+    def connect(self, node=None):
         """
-        Open one Node connection. @return: C{(node, pump, edge_protocol)}.
+        Open one Node connection to C{node} (an L{IWireReceiver}; a new
+        L{ScriptedNode} by default). @return: C{(node, pump, edge_protocol)}.
         """
-        node = ScriptedNode()
+        node = node if node is not None else ScriptedNode()
         edge_protocol = WireProtocol(EdgeNodeConnection(self.service.links), self.clock, Heartbeat(2, 5))
         node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
         pump = iosim.connect(
