@@ -29,6 +29,29 @@ def open_stream(edge):
     return conn, response, sse_events(response)
 
 
+def stream_through_stop(edge, signals):
+    """
+    Open a stream, read its first chunk, send the Edge C{signals} SIGTERMs
+    (after the first, once it refuses new connections) and read the rest.
+
+    @return: every C{data:} payload of the stream.
+    """
+    conn, _, events = open_stream(edge)
+    try:
+        first = next(events)
+        for _ in range(signals):
+            edge.process.send_signal(signal.SIGTERM)
+            wait_for(lambda: refuses_connections(edge.http_port), timeout=10, what="HTTP listener closed")
+        return [first, *events]
+    finally:
+        conn.close()
+
+
+def assert_clean_exit(edge):
+    assert edge.wait(timeout=20) == 0
+    assert "Traceback" not in edge.output()
+
+
 def refuses_connections(port):
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -40,25 +63,17 @@ def refuses_connections(port):
 def test_stream_within_grace_completes_whole(launch):
     """
     A stream in progress when the Edge gets SIGTERM goes on to its last
-    chunk and `[DONE]`; meanwhile new HTTP connections are refused; the
-    Edge then exits 0 and the Node keeps running.
+    chunk and `[DONE]`, while new HTTP connections are refused; the Edge
+    then exits 0 and the Node keeps running.
     """
     edge, node = start_pair(launch, delay_ms=60, grace=30)
-    conn, _, events = open_stream(edge)
-    try:
-        first = next(events)
-        edge.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: refuses_connections(edge.http_port), timeout=10, what="HTTP listener closed")
-        payloads = [first, *events]
-    finally:
-        conn.close()
+    payloads = stream_through_stop(edge, signals=1)
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == WORDS
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert edge.wait(timeout=20) == 0
-    assert "Traceback" not in edge.output()
+    assert_clean_exit(edge)
     assert node.running()
 
 
@@ -68,17 +83,10 @@ def test_stream_outliving_grace_ends_with_terminal(launch):
     event naming `shutting_down` and `[DONE]`, never cut; exit status 0.
     """
     edge, _ = start_pair(launch, delay_ms=300, grace=1)
-    conn, _, events = open_stream(edge)
-    try:
-        first = next(events)
-        edge.process.send_signal(signal.SIGTERM)
-        payloads = [first, *events]
-    finally:
-        conn.close()
+    payloads = stream_through_stop(edge, signals=1)
     assert payloads[-1] == "[DONE]"
     assert json.loads(payloads[-2])["error"]["code"] == "shutting_down"
-    assert edge.wait(timeout=20) == 0
-    assert "Traceback" not in edge.output()
+    assert_clean_exit(edge)
 
 
 def test_second_signal_ends_drain_at_once(launch):
@@ -87,16 +95,7 @@ def test_second_signal_ends_drain_at_once(launch):
     terminal long before the 60 s grace, and the Edge exits 0.
     """
     edge, _ = start_pair(launch, delay_ms=300, grace=60)
-    conn, _, events = open_stream(edge)
-    try:
-        first = next(events)
-        edge.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: refuses_connections(edge.http_port), timeout=10, what="HTTP listener closed")
-        edge.process.send_signal(signal.SIGTERM)
-        payloads = [first, *events]
-    finally:
-        conn.close()
+    payloads = stream_through_stop(edge, signals=2)
     assert payloads[-1] == "[DONE]"
     assert json.loads(payloads[-2])["error"]["code"] == "shutting_down"
-    assert edge.wait(timeout=20) == 0
-    assert "Traceback" not in edge.output()
+    assert_clean_exit(edge)

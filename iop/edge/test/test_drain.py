@@ -18,12 +18,18 @@ def pooled():
     return RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
 
 
-class EdgeDrainTests(SynchronousTestCase):
+class OneNodeTestCase(SynchronousTestCase):
+    """
+    An Edge with node C{n1} ready.
+    """
+
     def setUp(self):
         self.edge = EdgeHarness()
         self.service = self.edge.service
         self.node, self.pump, _ = self.edge.register(token="tok-1")
 
+
+class EdgeDrainTests(OneNodeTestCase):
     def start_run(self):
         recorder = Recorder()
         run_id = self.successResultOf(self.service.submit(pooled(), recorder.for_run))
@@ -149,12 +155,7 @@ class EdgeDrainTests(SynchronousTestCase):
         self.assertEqual(len(self.node.of("edge_draining")), 1)
 
 
-class NodeDrainingTests(SynchronousTestCase):
-    def setUp(self):
-        self.edge = EdgeHarness()
-        self.service = self.edge.service
-        self.node, self.pump, _ = self.edge.register(token="tok-1")
-
+class NodeDrainingTests(OneNodeTestCase):
     def test_draining_node_takes_no_new_leases(self):
         """
         After C{NodeDraining}, the node's providers show C{draining} and
