@@ -18,8 +18,12 @@ from support.daemons import FAKE_CLI, sse_events, wait_for
 CHAT = "/v1/chat/completions"
 
 
-def provider(pid, adapter, capacity=4):
-    return {"id": pid, "adapter": adapter, "capacity": {"normal": capacity, "long": 0}}
+def provider(pid, adapter):
+    """
+    A provider with the capacity config fills in: its adapter's whole
+    max_concurrency.
+    """
+    return {"id": pid, "adapter": adapter}
 
 
 def group(name, pid, target):
@@ -64,7 +68,7 @@ def backends(launch, fake_provider, tmp_path):
             provider("ollama", "ollama"),
             provider("agent", "agent"),
             provider("slow-agent", "slow-agent"),
-            provider("single", "single", capacity=4),
+            provider("single", "single"),
         ],
     }
     groups = [
@@ -277,11 +281,12 @@ def test_terminate_session(backends):
     assert "not support" in body["reason"]
 
 
-def test_tunnel_and_run_share_the_node_gate(backends):
+def test_tunnel_and_direct_run_share_one_ledger(backends):
     """
-    On an adapter with max_concurrency 1, a tunnel and a normalized run
-    never overlap at the provider, even though the Edge's capacity (4)
-    admitted both: the second gets `capacity_exceeded`.
+    On an adapter with max_concurrency 1, a pooled tunnel and a run sent to
+    the adapter by name lease from the same resource: the run waits in the
+    queue while the tunnel streams, then completes; they never overlap at
+    the provider and the Node's gate never refuses.
     """
     edge, fake = backends["edge"], backends["openai"]
     before = fake.stats()["max_active"]
@@ -294,9 +299,11 @@ def test_tunnel_and_run_share_the_node_gate(backends):
     try:
         assert response.status == 200
         response.readline()
+        status = edge.status()
+        (single,) = [p for p in status["nodes"][0]["providers"] if p["id"] == "single"]
+        assert single["in_use"]["normal"] == 1
         events = edge.run_events({"adapter": "single", "node": "gpu", "target": "slow-model", "input": "x"})
-        assert events[-1]["type"] == "error"
-        assert events[-1]["error"]["code"] == "capacity_exceeded"
+        assert events[-1]["type"] == "complete"
         response.read()
     finally:
         conn.close()

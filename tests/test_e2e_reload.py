@@ -20,9 +20,12 @@ def test_sighup_pushes_adapter_changes(launch):
     """
     Changing an adapter's max_concurrency and sending SIGHUP reaches the
     Node as a config refresh on the same connection; a change that needs a
-    restart is refused and logged, and the Edge keeps serving.
+    restart, or one whose providers would promise more than the adapter
+    takes, is refused and logged naming the key, and the Edge keeps serving.
     """
-    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1", max_concurrency=4)], "admin_keys": ["adm"]})
+    providers = [{"id": "echo", "adapter": "echo", "capacity": {"normal": 2}}]
+    node = echo_node("node-1", "tok-1", max_concurrency=4, providers=providers)
+    edge = launch.edge({"nodes": [node], "admin_keys": ["adm"]})
     launch.node(edge.node_port, "tok-1")
     edge.wait_connected("node-1")
     assert echo_capacity(edge) == 4
@@ -34,9 +37,16 @@ def test_sighup_pushes_adapter_changes(launch):
     wait_for(lambda: echo_capacity(edge) == 2, what="the node to apply the refresh")
     assert edge.status()["nodes"][0]["connected_since"] == since
 
+    edge.config["nodes"][0]["adapters"][0]["max_concurrency"] = 1
+    edge.rewrite_config()
+    edge.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: "providers[0].capacity" in edge.output(), what="the over-declared reload to be refused")
+    assert echo_capacity(edge) == 2
+
+    edge.config["nodes"][0]["adapters"][0]["max_concurrency"] = 2
     edge.config["admin_keys"] = ["other"]
     edge.rewrite_config()
     edge.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: "reload refused" in edge.output(), what="the refused reload to be logged")
+    wait_for(lambda: "admin_keys changed" in edge.output(), what="the refused reload to be logged")
     assert echo_capacity(edge) == 2
     assert edge.running()

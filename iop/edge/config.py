@@ -43,6 +43,19 @@ class NodeSpec:
                 return adapter
         return None
 
+    def implicit_resources(self):
+        """
+        A resource for each adapter no provider names, with the adapter's
+        whole C{max_concurrency} as C{normal} capacity; its id is the
+        adapter's name.
+        """
+        named = {p.adapter for p in self.providers}
+        return tuple(
+            ProviderSpec(self.id, a.name, a.name, a.type, a.max_concurrency, 0, implicit=True)
+            for a in self.adapters
+            if a.name not in named
+        )
+
 
 @dataclass(frozen=True)
 class ManholeSpec:
@@ -65,6 +78,8 @@ class EdgeConfig:
     run_grace_sec: float = 10.0
     #: How long a stopping Edge lets work in flight finish before ending it.
     shutdown_grace_sec: float = 30.0
+    #: How long work sent to an adapter by name may wait for room.
+    direct_queue_timeout_sec: float = 30.0
 
     def node(self, node_id):
         for node in self.nodes:
@@ -74,9 +89,11 @@ class EdgeConfig:
 
     def providers(self):
         """
-        Every provider resource of every node, in configuration order.
+        Every provider resource of every node, in configuration order: the
+        configured providers, then one implicit resource for each adapter
+        that no provider names (so direct work on it holds a lease too).
         """
-        return [provider for node in self.nodes for provider in node.providers]
+        return [provider for node in self.nodes for provider in node.providers + node.implicit_resources()]
 
 
 def token_digest(token):
@@ -121,6 +138,7 @@ def parse(top):
         admin_keys=frozenset(_strings(top, "admin_keys")),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
+        direct_queue_timeout_sec=top.number("direct_queue_timeout_sec", 30.0, positive=True),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")
@@ -170,8 +188,10 @@ def _node(section):
     adapters = tuple(_adapter(a) for a in section.sections("adapters"))
     _unique(section, "adapters", [a.name for a in adapters], what="name")
     by_name = {a.name: a for a in adapters}
-    providers = tuple(_provider(p, node_id, by_name) for p in section.sections("providers", []))
-    _unique(section, "providers", [p.provider_id for p in providers])
+    provider_sections = section.sections("providers", [])
+    declared = [_provider(p, node_id, by_name) for p in provider_sections]
+    _unique(section, "providers", [d[0] for d in declared])
+    providers = _fill_capacity(node_id, declared, provider_sections)
     return NodeSpec(id=node_id, token_digest=digest, adapters=adapters, providers=providers)
 
 
@@ -192,26 +212,66 @@ def _adapter(section):
 
 
 def _provider(section, node_id, adapters):
+    """
+    One provider as declared. A C{normal} capacity left out is C{None}
+    here: L{_fill_capacity} gives it what its adapter has left.
+    """
     section.unknown({"id", "adapter", "capacity"})
     provider_id = section.get("id", str)
     adapter_name = section.get("adapter", str, provider_id)
     if adapter_name not in adapters:
         raise section.error("adapter", f"names no adapter of node {node_id}: {adapter_name!r}")
+    if provider_id in adapters and provider_id != adapter_name:
+        raise section.error("id", f"{provider_id!r} is the name of another adapter of node {node_id}")
     capacity = section.section("capacity", None)
     capacity.unknown({"normal", "long"})
     adapter = adapters[adapter_name]
-    normal = capacity.get("normal", int, adapter.max_concurrency)
+    normal = capacity.get("normal", int, None)
     long = capacity.get("long", int, 0)
-    if normal < 0 or long < 0:
-        raise capacity.error("normal" if normal < 0 else "long", "must not be negative")
-    return ProviderSpec(
-        node_id=node_id,
-        provider_id=provider_id,
-        adapter=adapter_name,
-        adapter_type=adapter.type,
-        capacity_normal=normal,
-        capacity_long=long,
-    )
+    if (normal is not None and normal < 0) or long < 0:
+        raise capacity.error("long" if long < 0 else "normal", "must not be negative")
+    return (provider_id, adapter, normal, long)
+
+
+def _fill_capacity(node_id, declared, sections):
+    """
+    Give each provider its capacity, and check that the providers of one
+    adapter never promise more than it takes: for every adapter, the sum of
+    C{normal + long} over the providers naming it must not exceed its
+    C{max_concurrency} (the Node's gate would refuse the rest). A provider
+    without C{normal} takes what the adapter's other providers leave; at
+    most one provider per adapter may leave it out.
+    """
+    providers = []
+    promised = {}
+    for (provider_id, adapter, normal, long), section in zip(declared, sections, strict=True):
+        siblings = [d for d in declared if d[1] is adapter]
+        if normal is None:
+            if sum(1 for d in siblings if d[2] is None) > 1:
+                raise section.error(
+                    "capacity",
+                    f"several providers of adapter {adapter.name} leave capacity.normal out: give each its own",
+                )
+            others = sum(d[3] + (d[2] or 0) for d in siblings if d[0] != provider_id)
+            normal = max(adapter.max_concurrency - others - long, 0)
+        promised[adapter.name] = promised.get(adapter.name, 0) + normal + long
+        if promised[adapter.name] > adapter.max_concurrency:
+            raise section.error(
+                "capacity",
+                f"providers of adapter {adapter.name} promise {promised[adapter.name]} slots (normal + long),"
+                f" more than its max_concurrency of {adapter.max_concurrency}",
+            )
+        providers.append(
+            ProviderSpec(
+                node_id=node_id,
+                provider_id=provider_id,
+                adapter=adapter.name,
+                adapter_type=adapter.type,
+                capacity_normal=normal,
+                capacity_long=long,
+            )
+        )
+    return tuple(providers)
 
 
 def _group(section, config):

@@ -19,6 +19,7 @@ from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.run import (
     CANCELLED,
+    CAPACITY_EXCEEDED,
     ERROR,
     NODE_DISCONNECTED,
     SEND_FAILED,
@@ -85,6 +86,9 @@ class Dispatch:
     Base class: the bookkeeping shared by runs and tunnels.
 
     @ivar tracker: the L{iop.edge.inflight.Inflight} table this belongs to.
+    @ivar on_refused: when set, C{on_refused(dispatch)} is called instead
+        of telling the listener if the Node refuses the work with
+        C{capacity_exceeded} before any output: the Edge places it again.
     """
 
     log = Logger()
@@ -95,7 +99,20 @@ class Dispatch:
         self.placement = placement
         self.listener = listener
         self.done = False
+        self.output = False
+        self.on_refused = None
         self._grace = None
+
+    def _refused_before_output(self, failure):
+        """
+        Hand a C{capacity_exceeded} refusal to L{on_refused}, if that is
+        what this is. @return: whether it was handed over.
+        """
+        if self.output or self.on_refused is None or failure.code != CAPACITY_EXCEEDED:
+            return False
+        if self.finish():
+            self.on_refused(self)
+        return True
 
     @property
     def link(self):
@@ -160,6 +177,9 @@ class RunDispatch(Dispatch):
     def deliver(self, event):
         if self.done:
             return
+        if event.type == ERROR and self._refused_before_output(event.error):
+            return
+        self.output = True
         if event.type in TERMINAL_TYPES:
             self.finish()
         self.tracker.publish_run_event(self, event)
@@ -167,6 +187,13 @@ class RunDispatch(Dispatch):
 
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
+
+    def tell_failure(self, failure):
+        """
+        Give the listener a terminal error for work that ended here without
+        one (its second placement failed).
+        """
+        self.listener.event(RunEventData(ERROR, error=failure))
 
     def end_cancelled(self, message, code=CANCELLED):
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
@@ -182,6 +209,10 @@ class TunnelDispatch(Dispatch):
         if self.done:
             return
         which = frame.WhichOneof("frame")
+        if which == "error":
+            self.fail(frame.error.code, frame.error.message, frame.error.status)
+            return
+        self.output = True
         if which == "status":
             self.listener.status(frame.status)
         elif which == "headers":
@@ -202,12 +233,14 @@ class TunnelDispatch(Dispatch):
         elif which == "end":
             self.finish()
             self.listener.end()
-        elif which == "error":
-            self.fail(frame.error.code, frame.error.message, frame.error.status)
 
     def fail(self, code, message, status=0):
-        if self.finish():
-            self.listener.error(RunFailure(code=code, message=message, status=status))
+        failure = RunFailure(code=code, message=message, status=status)
+        if not self._refused_before_output(failure) and self.finish():
+            self.listener.error(failure)
+
+    def tell_failure(self, failure):
+        self.listener.error(failure)
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)

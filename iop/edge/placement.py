@@ -1,10 +1,25 @@
 """
-Where a piece of work goes: a model group's provider (through the pool,
-with a lease, maybe after waiting in its queue), an explicit node, or the
-single ready node.
+Where a piece of work goes, and the lease it holds there.
+
+Placement order:
+
+  1. an explicit C{node}: with a C{model} naming a model group, only that
+     group's providers on that node are candidates (none: 404 naming both);
+     otherwise the adapter named by C{adapter} (or C{model}) on that node;
+  2. else a C{model} naming a model group: the group's pool;
+  3. else, if exactly one node is ready, the adapter of that name on it
+     (the single-node fallback);
+  4. else a clear 400 (or 503 when no node is ready at all).
+
+Every placement takes a lease from the pool: pooled work from its group's
+providers, direct work (cases 1 and 3 without a group) from the provider
+resources of that adapter on that node, or the adapter's own implicit
+resource when no provider names it. Both wait in a queue under the same
+rules when there is no room, so the Node's gate never sees more than the
+Edge admitted.
 
 The placer only chooses and leases; starting the work is the service's
-job, and the lease it returns belongs to whoever starts the work.
+job, and the lease belongs to whoever starts the work.
 """
 
 from twisted.internet import defer
@@ -16,8 +31,8 @@ from iop.edge.pool import NoLiveProvider, QueueFull, QueueTimeout
 
 class Placer:
     """
-    @param config: the Edge's running L{iop.edge.config.EdgeConfig}
-        (read through C{config()}, which follows reloads).
+    @param config: a callable returning the running
+        L{iop.edge.config.EdgeConfig} (it changes on reload).
     @param registry: the L{iop.edge.registry.NodeRegistry}.
     @param pool: the L{iop.edge.pool.ProviderPool}.
     """
@@ -32,24 +47,67 @@ class Placer:
         @param spec: a L{iop.edge.spec.RunSpec}.
         @return: a cancellable Deferred firing with a L{Placement}.
         """
-        model = spec.model
-        if model is not None and self.pool.group(model) is not None:
-            klass = self.pool.classify(model, spec.input_chars())
-            d = self.pool.acquire(model, klass)
-            d.addCallback(self._from_lease)
-            d.addErrback(self._pool_failure)
-            return d
         try:
-            return defer.succeed(self.direct(spec.adapter or model or "", spec.node, spec.target))
+            d = self._lease(spec)
         except ServiceError as e:
             return defer.fail(e)
+        d.addCallback(self._from_lease, spec)
+        d.addErrback(self._pool_failure)
+        return d
 
-    def _from_lease(self, lease):
+    def _lease(self, spec):
+        model, node_id = spec.model, spec.node
+        group = self.pool.group(model) if model else None
+        if node_id:
+            if self._config().node(node_id) is None:
+                raise ServiceError("not_found", f"no node {node_id!r} is configured")
+            if group is not None:
+                try:
+                    return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()), node_id)
+                except KeyError:
+                    raise ServiceError(
+                        "not_found",
+                        f"model group {model!r} has no provider on node {node_id!r}",
+                        code="model_not_found",
+                    ) from None
+            return self._direct(node_id, spec.adapter or model or "")
+        if group is not None:
+            return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()))
+        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "")
+
+    def single_node(self, adapter):
+        """
+        The one ready node, for work that names neither a node nor a model
+        group.
+
+        @raise ServiceError: no node is ready (503), or several are (400).
+        """
+        if not adapter:
+            raise ServiceError("invalid", "say which adapter (or model group) should run this")
+        links = [link for link in self.registry.ready_links() if not link.draining]
+        if len(links) != 1:
+            raise ServiceError(
+                "unavailable" if not links else "invalid",
+                f"{adapter!r} names no model group, and {len(links)} nodes are ready: name a node or a model group",
+                code="unavailable" if not links else "model_not_found",
+            )
+        return links[0].node_id
+
+    def _direct(self, node_id, adapter):
+        if not adapter:
+            raise ServiceError("invalid", "say which adapter (or model group) should run this")
+        if self._config().node(node_id).adapter(adapter) is None:
+            raise ServiceError(
+                "not_found", f"node {node_id} has no adapter or model group {adapter!r}", code="model_not_found"
+            )
+        return self.pool.acquire_direct(node_id, adapter)
+
+    def _from_lease(self, lease, spec):
         link = self.registry.ready_link(lease.node_id)
         if link is None or link.generation != lease.generation:
             lease.release()
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
-        return Placement(link, lease.adapter, lease.adapter_type, lease.target, lease=lease)
+        return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
     def _pool_failure(self, failure):
         if failure.check(NoLiveProvider):
@@ -59,34 +117,3 @@ class Placer:
         if failure.check(QueueFull):
             raise ServiceError("busy", str(failure.value), code="queue_full")
         return failure
-
-    def direct(self, adapter, node_id, target=""):
-        """
-        Place on an adapter by name: on C{node_id}, or on the single ready
-        node when none is named.
-
-        @raise ServiceError: no such node or adapter, or no single node.
-        """
-        config = self._config()
-        if not adapter:
-            raise ServiceError("invalid", "say which adapter (or model group) should run this")
-        if node_id:
-            if config.node(node_id) is None:
-                raise ServiceError("not_found", f"no node {node_id!r} is configured")
-            link = self.registry.ready_link(node_id)
-            if link is None:
-                raise ServiceError("unavailable", f"node {node_id} is not connected")
-            if link.draining:
-                raise ServiceError("unavailable", f"node {node_id} is shutting down", code="node_draining")
-        else:
-            links = [link for link in self.registry.ready_links() if not link.draining]
-            if len(links) != 1:
-                raise ServiceError(
-                    "unavailable" if not links else "invalid",
-                    f"{adapter!r} names no model group, and {len(links)} nodes are ready: name a node",
-                )
-            link = links[0]
-        spec = config.node(link.node_id).adapter(adapter)
-        if spec is None:
-            raise ServiceError("not_found", f"node {link.node_id} has no adapter or model group {adapter!r}")
-        return Placement(link, spec.name, spec.type, target)

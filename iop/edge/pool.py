@@ -75,15 +75,16 @@ CLASSES = (NORMAL, LONG)
 
 class PoolError(Exception):
     """
-    Base of the pool's failures. The message names the model group.
+    Base of the pool's failures. The message names the model group (or,
+    for direct work, the node and adapter).
 
-    @ivar group: the model group's name.
+    @ivar group: the model group's name (for direct work, C{node/adapter}).
     @ivar klass: the request class (L{NORMAL} or L{LONG}).
     """
 
-    def __init__(self, group, klass, problem):
-        super().__init__(f"model group {group!r}: {problem}")
-        self.group = group
+    def __init__(self, queue, klass, problem):
+        super().__init__(f"{queue.label}: {problem}")
+        self.group = queue.name
         self.klass = klass
 
 
@@ -114,6 +115,8 @@ class ProviderSpec:
 
     @ivar adapter: the adapter instance name on that Node.
     @ivar adapter_type: C{echo}, C{openai_compat}, C{vllm}, C{ollama} or C{cli}.
+    @ivar implicit: not configured as a provider: the resource of an adapter
+        no provider names, which direct work leases.
     """
 
     node_id: str
@@ -122,6 +125,7 @@ class ProviderSpec:
     adapter_type: str
     capacity_normal: int
     capacity_long: int
+    implicit: bool = False
 
     @property
     def key(self):
@@ -259,13 +263,39 @@ class _Resource:
         return returned
 
 
+class _Queue:
+    """
+    The FIFO of one model group, or of direct work on one adapter of one
+    node: who may serve it (C{members}), how long a waiter may wait, how
+    many may wait.
+    """
+
+    def __init__(self, name, label, members, timeout, max_queue):
+        self.name = name
+        self.label = label
+        self.members = members
+        self.timeout = timeout
+        self.max_queue = max_queue
+        self.waiters = {}  # _Waiter -> None, oldest first
+
+
 class _Waiter:
-    def __init__(self, seq, group, klass):
+    """
+    One caller waiting in a queue, for any of C{members} (the queue's, or
+    fewer when the caller named a node).
+    """
+
+    def __init__(self, seq, queue, members, klass):
         self.seq = seq
-        self.group = group
+        self.queue = queue
+        self.members = members
         self.klass = klass
         self.deferred = None
         self.timer = None
+
+    @property
+    def group(self):
+        return self.queue.name
 
 
 class ProviderPool:
@@ -281,8 +311,9 @@ class ProviderPool:
 
     log = Logger()
 
-    def __init__(self, clock, providers, groups):
+    def __init__(self, clock, providers, groups, direct_timeout=30.0):
         self._clock = clock
+        self._direct_timeout = direct_timeout
         self._resources = {}
         self._by_node = {}
         for spec in providers:
@@ -298,7 +329,7 @@ class ProviderPool:
             self._resources[spec.key] = resource
             self._by_node.setdefault(spec.node_id, []).append(resource)
         self._groups = {}
-        self._queues = {}  # group name -> {_Waiter: None}, oldest first
+        self._queues = {}  # group name -> _Queue; direct work: (node, adapter) -> _Queue
         for group in groups:
             if group.name in self._groups:
                 raise ValueError(f"model group {group.name!r} is configured twice")
@@ -308,7 +339,9 @@ class ProviderPool:
                         f"model group {group.name!r}: unknown provider {member.node_id}/{member.provider_id}"
                     )
             self._groups[group.name] = group
-            self._queues[group.name] = {}
+            self._queues[group.name] = _Queue(
+                group.name, f"model group {group.name!r}", group.members, group.queue_timeout_sec, group.max_queue
+            )
         self._seq = count()
 
     # -- questions
@@ -358,36 +391,72 @@ class ProviderPool:
                     "in_use": {k: resource.in_use[k] for k in CLASSES},
                 }
             )
-        groups = [{"name": name, "queued": len(queue)} for name, queue in self._queues.items()]
+            if spec.implicit:
+                providers[-1]["implicit"] = True
+        groups = [{"name": name, "queued": len(self._queues[name].waiters)} for name in self._groups]
         return {"providers": providers, "model_groups": groups}
 
     # -- acquiring
 
-    def acquire(self, group_name, klass):
+    def acquire(self, group_name, klass, node_id=None):
         """
-        Lease a provider of C{group_name} for a request of class C{klass}.
+        Lease a provider of C{group_name} for a request of class C{klass}
+        (only its providers on C{node_id}, when given).
 
         @return: a cancellable Deferred firing with a L{Lease}, or failing
             with L{NoLiveProvider}, L{QueueFull} or L{QueueTimeout};
             cancelling it while it waits removes it from the queue.
-        @raise KeyError: unknown model group.
+        @raise KeyError: unknown model group, or no provider of it on
+            C{node_id}.
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
-        group = self._group(group_name)
+        queue = self._queues[self._group(group_name).name]
+        members = queue.members
+        if node_id is not None:
+            members = tuple(m for m in members if m.node_id == node_id)
+            if not members:
+                raise KeyError(f"model group {group_name!r} has no provider on node {node_id!r}")
+        return self._acquire(queue, members, klass)
+
+    def acquire_direct(self, node_id, adapter, klass=NORMAL):
+        """
+        Lease a slot for work sent to an adapter by name: from the provider
+        resources of that adapter on C{node_id} (the adapter's own implicit
+        resource when no provider names it), under the same rules as a
+        model group, with its own queue.
+
+        @raise KeyError: no resource of that adapter on that node.
+        """
+        key = (node_id, adapter)
+        queue = self._queues.get(key)
+        if queue is None:
+            members = tuple(
+                GroupMember(node_id, r.spec.provider_id, "")
+                for r in self._by_node.get(node_id, ())
+                if r.spec.adapter == adapter
+            )
+            if not members:
+                raise KeyError(f"node {node_id!r} has no adapter {adapter!r}")
+            queue = _Queue(
+                f"{node_id}/{adapter}", f"adapter {adapter!r} on node {node_id}", members, self._direct_timeout, None
+            )
+            self._queues[key] = queue
+        return self._acquire(queue, queue.members, klass)
+
+    def _acquire(self, queue, members, klass):
         if klass not in CLASSES:
-            raise ValueError(f"model group {group_name!r}: unknown request class {klass!r}")
-        lease = self._try_lease(group, klass)
+            raise ValueError(f"{queue.label}: unknown request class {klass!r}")
+        lease = self._try_lease(queue, members, klass)
         if lease is not None:
             return defer.succeed(lease)
-        if not self._has_candidate(group, klass):
-            return defer.fail(self._unavailable(group, klass))
-        queue = self._queues[group.name]
-        if group.max_queue is not None and len(queue) >= group.max_queue:
-            return defer.fail(QueueFull(group.name, klass, f"queue is full ({group.max_queue} waiting)"))
-        waiter = _Waiter(next(self._seq), group.name, klass)
+        if not self._has_candidate(members, klass):
+            return defer.fail(self._unavailable(queue, klass))
+        if queue.max_queue is not None and len(queue.waiters) >= queue.max_queue:
+            return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
+        waiter = _Waiter(next(self._seq), queue, members, klass)
         waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
-        waiter.timer = self._clock.callLater(group.queue_timeout_sec, self._timed_out, waiter)
-        queue[waiter] = None
+        waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
+        queue.waiters[waiter] = None
         return waiter.deferred
 
     def _group(self, name):
@@ -396,18 +465,18 @@ class ProviderPool:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _has_candidate(self, group, klass):
-        return any(self._resources[m.key].candidate(klass) for m in group.members)
+    def _has_candidate(self, members, klass):
+        return any(self._resources[m.key].candidate(klass) for m in members)
 
-    def _unavailable(self, group, klass):
-        return NoLiveProvider(group.name, klass, f"no live provider for {klass} requests")
+    def _unavailable(self, queue, klass):
+        return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
 
-    def _try_lease(self, group, klass):
+    def _try_lease(self, queue, members, klass):
         """
         Take a slot on the least loaded member with room, or return C{None}.
         """
         best = None
-        for member in group.members:
+        for member in members:
             resource = self._resources[member.key]
             if resource.room(klass) > 0:
                 if best is None or resource.load(klass) < best[0].load(klass):
@@ -415,12 +484,12 @@ class ProviderPool:
         if best is None:
             return None
         resource, member = best
-        lease = Lease(self, member, resource.spec, klass, resource.generation, group.name)
+        lease = Lease(self, member, resource.spec, klass, resource.generation, queue.name)
         resource.take(lease)
         return lease
 
     def _dequeue(self, waiter):
-        del self._queues[waiter.group][waiter]
+        del waiter.queue.waiters[waiter]
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
@@ -428,22 +497,20 @@ class ProviderPool:
     def _timed_out(self, waiter):
         waiter.timer = None
         self._dequeue(waiter)
-        group = self._groups[waiter.group]
+        queue = waiter.queue
         self.log.info(
-            "model group {group}: {klass} request timed out after {timeout}s in queue",
-            group=group.name,
+            "{queue}: {klass} request timed out after {timeout}s in queue",
+            queue=queue.label,
             klass=waiter.klass,
-            timeout=group.queue_timeout_sec,
+            timeout=queue.timeout,
         )
-        waiter.deferred.errback(
-            QueueTimeout(group.name, waiter.klass, f"no provider free within {group.queue_timeout_sec}s")
-        )
+        waiter.deferred.errback(QueueTimeout(queue, waiter.klass, f"no provider free within {queue.timeout}s"))
 
     def _cancelled(self, waiter):
         # The Deferred errbacks CancelledError once this returns. A waiter
         # already served but not yet fired is no longer queued: _serve sees
         # the fired Deferred and returns its lease.
-        if waiter in self._queues[waiter.group]:
+        if waiter in waiter.queue.waiters:
             self._dequeue(waiter)
 
     def _waiters(self):
@@ -451,7 +518,7 @@ class ProviderPool:
         Every queued waiter, oldest first, as a list (safe to mutate the
         queues while walking it).
         """
-        return list(merge(*self._queues.values(), key=attrgetter("seq")))
+        return list(merge(*(queue.waiters for queue in self._queues.values()), key=attrgetter("seq")))
 
     def _pump(self):
         """
@@ -460,7 +527,7 @@ class ProviderPool:
         """
         served = []
         for waiter in self._waiters():
-            lease = self._try_lease(self._groups[waiter.group], waiter.klass)
+            lease = self._try_lease(waiter.queue, waiter.members, waiter.klass)
             if lease is not None:
                 self._dequeue(waiter)
                 served.append((waiter, lease))
@@ -517,7 +584,7 @@ class ProviderPool:
             return
         for resource in resources:
             resource.draining = True
-        self._fail_waiters(lambda waiter: not self._has_candidate(self._groups[waiter.group], waiter.klass), None)
+        self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
 
     def fail_waiters(self, error):
         """
@@ -539,7 +606,7 @@ class ProviderPool:
                 failed.append(waiter)
         for waiter in failed:
             if not waiter.deferred.called:  # not cancelled by an earlier errback
-                waiter.deferred.errback(error or self._unavailable(self._groups[waiter.group], waiter.klass))
+                waiter.deferred.errback(error or self._unavailable(waiter.queue, waiter.klass))
         return len(failed)
 
     def node_disconnected(self, node_id, generation):
@@ -555,9 +622,7 @@ class ProviderPool:
             )
             return
         returned = sum(resource.set_generation(None) for resource in resources)
-        failed = self._fail_waiters(
-            lambda waiter: not self._has_candidate(self._groups[waiter.group], waiter.klass), None
-        )
+        failed = self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
         self.log.info(
             "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",
             node=node_id,

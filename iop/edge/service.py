@@ -27,6 +27,7 @@ import json
 
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer
+from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 
 from iop.edge.bus import EventBus
@@ -40,7 +41,7 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
-from iop.run import SHUTTING_DOWN
+from iop.run import SHUTTING_DOWN, RunFailure
 
 #: Run kinds a surface's C{listener_for} is asked for.
 RUN = "run"
@@ -78,7 +79,7 @@ class EdgeService(MultiService):
         self.clock = reactor
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
-        self.pool = ProviderPool(reactor, config.providers(), config.model_groups)
+        self.pool = ProviderPool(reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec)
         self.inflight = Inflight(reactor, self.bus)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
@@ -87,6 +88,7 @@ class EdgeService(MultiService):
         self._listeners = ()
         self._grace_timer = None
         self._drained = None
+        self._placing_again = {}
         if listen:
             from iop.edge.listeners import add_listeners
 
@@ -112,22 +114,26 @@ class EdgeService(MultiService):
         d.addCallback(self._start, spec, listener_for)
         return d
 
-    def _start(self, placement, spec, listener_for):
+    def _start(self, placement, spec, listener_for, work_id=None):
         """
         Start placed work in one guarded step: whatever fails before the
-        work is in flight returns the placement's lease.
+        work is in flight returns the placement's lease. C{work_id} is set
+        when the work is placed a second time (see L{_place_again}).
         """
+        again = work_id is not None
         try:
             if self.draining:
                 raise _shutting_down()
             if placement.tunnels and spec.tunnel is not None:
-                work_id = new_id("tun")
+                work_id = work_id or new_id("tun")
                 message = _tunnel_request(work_id, placement, spec.tunnel)
                 dispatch = TunnelDispatch(self.inflight, work_id, placement, listener_for(TUNNEL, work_id))
             else:
-                work_id = new_id("run")
+                work_id = work_id or new_id("run")
                 message = _run_request(work_id, placement, spec)
                 dispatch = RunDispatch(self.inflight, work_id, placement, listener_for(RUN, work_id))
+            if not again:
+                dispatch.on_refused = lambda refused: self._place_again(refused, spec, listener_for)
         except ServiceError:
             placement.release()
             raise
@@ -146,10 +152,43 @@ class EdgeService(MultiService):
             ) from None
         return work_id
 
+    def _place_again(self, refused, spec, listener_for):
+        """
+        A Node refused work the Edge admitted (its gate was full: the
+        configured capacity and the node's disagree). Place it once more,
+        under the same id, and log the mismatch; if that fails too, the
+        caller gets the failure.
+        """
+        self.log.warn(
+            "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
+            " placing it again (check the node's max_concurrency against its providers' capacity)",
+            node=refused.link.node_id,
+            id=refused.id,
+        )
+        d = self.placer.place(spec)
+        self._placing_again[refused.id] = d
+        d.addCallback(self._start, spec, listener_for, refused.id)
+        d.addErrback(self._placed_again_failed, refused)
+        d.addBoth(lambda _: self._placing_again.pop(refused.id, None))
+
+    def _placed_again_failed(self, failure, refused):
+        if failure.check(CancelledError):
+            return
+        if failure.check(ServiceError):
+            error = failure.value
+        else:
+            self.log.failure("placing {id} again failed", failure, id=refused.id)
+            error = ServiceError("failed", "internal error", code="internal_error")
+        refused.tell_failure(RunFailure(code=error.code, message=error.message, status=error.status or 0))
+
     def cancel(self, work_id):
         """
         Cancel a run or tunnel. @return: whether it was in flight.
         """
+        again = self._placing_again.get(work_id)
+        if again is not None:
+            again.cancel()
+            return True
         dispatch = self.inflight.get(work_id)
         if dispatch is None:
             return False
@@ -179,7 +218,7 @@ class EdgeService(MultiService):
         """
         if not node_id:
             try:
-                node_id = self.placer.direct(adapter, None, target).node_id
+                node_id = self.placer.single_node(adapter)
             except ServiceError as e:
                 return defer.fail(e)
         request_id = new_id("term")

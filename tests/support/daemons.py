@@ -304,7 +304,7 @@ def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
         "token": token,
         "adapters": [{"name": "echo", "type": "echo", "max_concurrency": max_concurrency, "delay_ms": delay_ms}],
         "providers": providers
-        or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 1}}],
+        or [{"id": "echo", "adapter": "echo", "capacity": {"normal": max_concurrency, "long": 0}}],
     }
 
 

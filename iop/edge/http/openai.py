@@ -77,6 +77,11 @@ _KIND_BY_FAILURE = {
     "shutting_down": "unavailable",
     "cancelled": "unavailable",
     "unknown_adapter": "not_found",
+    # A second placement that failed (see EdgeService._place_again).
+    "queue_timeout": "busy",
+    "queue_full": "busy",
+    "unavailable": "unavailable",
+    "model_not_found": "not_found",
 }
 
 

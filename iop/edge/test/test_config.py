@@ -3,11 +3,12 @@ edge.yaml validation: every mistake is refused with the key named.
 """
 
 import copy
+import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
-from iop.edge.config import parse, token_digest
+from iop.edge.config import load, parse, token_digest
 from iop.testing.edge import EDGE_YAML
 
 
@@ -107,3 +108,98 @@ class EdgeConfigTests(SynchronousTestCase):
         """
         self.assert_refused(lambda d: d.update(manhole={"listen": "tcp:7122", "users": {"a": "b"}}), "manhole.listen")
         self.assert_refused(lambda d: d.update(manhole={"users": {}}), "manhole.users")
+
+
+class CapacityTests(SynchronousTestCase):
+    """
+    The providers of one adapter never promise more slots than the adapter
+    takes, so the Node's gate never refuses work the Edge admitted.
+    """
+
+    def node(self, max_concurrency, *providers, extra_adapters=()):
+        def mutate(data):
+            data["nodes"][0]["adapters"] = [
+                {"name": "echo", "type": "echo", "max_concurrency": max_concurrency},
+                *extra_adapters,
+            ]
+            data["nodes"][0]["providers"] = list(providers)
+            data["model_groups"] = []
+
+        return mutate
+
+    def capacities(self, mutate):
+        return [(p.provider_id, p.capacity_normal, p.capacity_long, p.implicit) for p in parsed(mutate).providers()[:3]]
+
+    def test_over_declared_refused(self):
+        """
+        normal + long above max_concurrency (the shipped config's old
+        mistake: 4 + 1 over 4) is refused, naming the provider's capacity
+        key and the numbers.
+        """
+        mutate = self.node(4, {"id": "echo", "capacity": {"normal": 4, "long": 1}})
+        error = self.assertRaises(ConfigError, parsed, mutate)
+        self.assertIn("nodes[0].providers[0].capacity", str(error))
+        self.assertIn("promise 5 slots", str(error))
+        self.assertIn("max_concurrency of 4", str(error))
+
+    def test_sum_over_providers_refused(self):
+        """
+        Two providers of one adapter are counted together.
+        """
+        mutate = self.node(
+            4,
+            {"id": "a", "adapter": "echo", "capacity": {"normal": 2}},
+            {"id": "b", "adapter": "echo", "capacity": {"normal": 2, "long": 1}},
+        )
+        error = self.assertRaises(ConfigError, parsed, mutate)
+        self.assertIn("nodes[0].providers[1].capacity", str(error))
+
+    def test_missing_capacity_takes_what_is_left(self):
+        """
+        A provider without C{normal} takes the adapter's max_concurrency
+        minus what its other providers (and its own C{long}) declare.
+        """
+        mutate = self.node(
+            6,
+            {"id": "a", "adapter": "echo", "capacity": {"normal": 2, "long": 1}},
+            {"id": "b", "adapter": "echo", "capacity": {"long": 1}},
+        )
+        self.assertEqual(self.capacities(mutate)[:2], [("a", 2, 1, False), ("b", 2, 1, False)])
+
+    def test_two_missing_capacities_refused(self):
+        """
+        Two providers of one adapter both leaving C{normal} out is
+        ambiguous, and refused.
+        """
+        mutate = self.node(4, {"id": "a", "adapter": "echo"}, {"id": "b", "adapter": "echo"})
+        error = self.assertRaises(ConfigError, parsed, mutate)
+        self.assertIn("nodes[0].providers[0].capacity: several providers of adapter echo", str(error))
+
+    def test_adapter_without_provider_is_a_resource(self):
+        """
+        An adapter that no provider names still gets a resource (its whole
+        max_concurrency as normal capacity), so direct work on it holds a
+        lease.
+        """
+        extra = ({"name": "other", "type": "echo", "max_concurrency": 3},)
+        mutate = self.node(2, {"id": "echo", "capacity": {"normal": 2}}, extra_adapters=extra)
+        self.assertEqual(self.capacities(mutate)[:2], [("echo", 2, 0, False), ("other", 3, 0, True)])
+
+    def test_provider_id_of_another_adapter_refused(self):
+        """
+        A provider may not take the name of another adapter (that name is
+        the id of the other adapter's own resource).
+        """
+        extra = ({"name": "other", "type": "echo", "max_concurrency": 3},)
+        mutate = self.node(2, {"id": "other", "adapter": "echo"}, extra_adapters=extra)
+        error = self.assertRaises(ConfigError, parsed, mutate)
+        self.assertIn("nodes[0].providers[0].id", str(error))
+
+    def test_shipped_config_is_valid(self):
+        """
+        conf/edge.yaml loads (it used to over-declare its echo provider).
+        """
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        config = load(os.path.join(root, "conf", "edge.yaml"))
+        (echo,) = config.nodes[0].providers
+        self.assertLessEqual(echo.capacity_normal + echo.capacity_long, config.nodes[0].adapters[0].max_concurrency)

@@ -143,12 +143,31 @@ class SurfaceTests(SynchronousTestCase):
 
     def test_capacity_exceeded_is429(self):
         """
-        A Node refusing work over its gate is a 429 for the caller.
+        A Node refusing admitted work over its gate twice (the Edge places
+        it again once) is a 429 for the caller.
         """
         d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
         self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
+        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
         code, _, body = self.result(d)
         self.assertEqual((code, json.loads(body)["error"]["code"]), (429, "capacity_exceeded"))
+        self.assertEqual(len(self.node.of("run_request")), 2)
+
+    def test_capacity_exceeded_placed_again(self):
+        """
+        The first C{capacity_exceeded} of admitted work is not the caller's
+        problem: the Edge places it again under the same id, and the second
+        attempt's answer is what the caller gets.
+        """
+        d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
+        self.answer(("start", ""), ("delta", "a"), ("complete", ""))
+        code, _, body = self.result(d)
+        self.assertEqual(code, 200)
+        self.assertEqual(json.loads(body)["choices"][0]["message"]["content"], "a")
+        first, second = self.node.of("run_request")
+        self.assertEqual(first.run_id, second.run_id)
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
 
     def test_bad_json(self):
         """
