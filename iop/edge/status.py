@@ -36,12 +36,12 @@ def snapshot(config, registry, pool, inflight):
 
 def model_names(config, registry):
     """
-    What callers can name as C{model}: model groups, then the adapters of
-    ready nodes.
+    What the OpenAI surface can serve as C{model}: the model groups, and
+    the adapters of the ready node while there is exactly one (with more,
+    an adapter name alone does not say which node).
     """
     names = [group.name for group in config.model_groups]
-    for link in registry.ready_links():
-        for adapter in config.node(link.node_id).adapters:
-            if adapter.name not in names:
-                names.append(adapter.name)
+    links = [link for link in registry.ready_links() if not link.draining]
+    if len(links) == 1:
+        names += [a.name for a in config.node(links[0].node_id).adapters if a.name not in names]
     return names

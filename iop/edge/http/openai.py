@@ -286,11 +286,18 @@ class TunnelPassthrough:
         write_error(self.request, run_failure_error(failure))
 
 
+def model_object(name):
+    return {"id": name, "object": "model", "created": 0, "owned_by": "iop"}
+
+
 class Models(JSONResource):
     def handle_GET(self, request):
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "iop"} for name in self.service.models()
-            ],
-        }
+        return {"object": "list", "data": [model_object(name) for name in self.service.models()]}
+
+
+class Model(JSONResource):
+    def handle_GET(self, request):
+        name = request.path_params["model"]
+        if name not in self.service.models():
+            raise HTTPError("not_found", f"the model {name!r} does not exist", code="model_not_found")
+        return model_object(name)

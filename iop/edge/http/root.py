@@ -6,14 +6,16 @@ for every other path.
 Hand-routed on C{twisted.web} rather than Klein (the reasons are in
 docs/architecture.md): the table below is the whole router. A pattern
 segment in braces (C{{run_id}}) matches any one segment and reaches the
-handler as C{request.path_params["run_id"]}.
+handler as C{request.path_params["run_id"]}; a last segment C{{name...}}
+matches the rest of the path, slashes included (model ids such as
+C{Qwen/Qwen3-8B}).
 """
 
 from twisted.web.resource import Resource
 
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, NodeCommands, Runs, Status, TerminateSession
-from iop.edge.http.openai import ChatCompletions, Models
+from iop.edge.http.openai import ChatCompletions, Model, Models
 
 
 class Router(Resource):
@@ -54,6 +56,13 @@ class Router(Resource):
 
 
 def _match(pattern, segments):
+    if pattern[-1].endswith("...}") and len(segments) >= len(pattern):
+        rest = "/".join(segments[len(pattern) - 1 :])
+        params = _match(pattern[:-1], segments[: len(pattern) - 1])
+        if params is None or not rest:
+            return None
+        params[pattern[-1][1:-4]] = rest
+        return params
     if len(pattern) != len(segments):
         return None
     params = {}
@@ -72,6 +81,7 @@ def build_root(service, config, clock, metrics_resource=None):
     router = Router()
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     router.route("/v1/models", Models(service, keys))
+    router.route("/v1/models/{model...}", Model(service, keys))
     router.route("/v1/runs", Runs(service, keys))
     router.route("/v1/runs/{run_id}/cancel", CancelRun(service, keys))
     router.route("/v1/sessions/terminate", TerminateSession(service, keys))

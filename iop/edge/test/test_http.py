@@ -224,6 +224,24 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(self.http.get(BASE + "/v1/models"))
         self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp", "echo"])
 
+    def test_models_lists_only_what_can_be_served(self):
+        """
+        With two ready nodes an adapter name alone cannot be placed, so
+        /v1/models lists only the model groups; one model is readable by id
+        (slashes included), an unknown one is an OpenAI-style 404.
+        """
+        self.edge.register(token="tok-2")
+        code, _, body = self.result(self.http.get(BASE + "/v1/models"))
+        self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp"])
+        code, _, body = self.result(self.http.get(BASE + "/v1/models/grp"))
+        self.assertEqual(
+            (code, json.loads(body)), (200, {"id": "grp", "object": "model", "created": 0, "owned_by": "iop"})
+        )
+        code, _, body = self.result(self.http.get(BASE + "/v1/models/echo"))
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (404, "model_not_found"))
+        code, _, body = self.result(self.http.get(BASE + "/v1/models/Qwen/Qwen3-8B"))
+        self.assertIn("'Qwen/Qwen3-8B'", json.loads(body)["error"]["message"])
+
     def test_unknown_path_and_method(self):
         """
         Unknown paths are JSON 404s; a wrong method is a JSON 405.
