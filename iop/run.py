@@ -11,7 +11,8 @@ It holds:
   - L{Usage}, L{RunFailure} and L{RunEventData}, the plain data that
     adapters emit, the Node puts on the wire and the Edge renders;
   - L{ITunnelSink}, where a provider tunnel's raw response goes;
-  - the adapter-type catalogue (L{ADAPTER_TYPES}, L{TUNNEL_TYPES});
+  - the adapter-type catalogue (L{ADAPTER_TYPES}, L{TUNNEL_TYPES}) and
+    the node commands every Node answers (L{COMMON_COMMANDS});
   - every failure code a run or tunnel can end with (L{FAILURE_CODES}).
 """
 
@@ -116,6 +117,19 @@ ADAPTER_TYPES = {
 #: Types whose back end speaks OpenAI-compatible HTTP: the Edge sends their
 #: OpenAI-surface requests as raw provider tunnels.
 TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
+
+
+#: Node commands every Node answers from its own state.
+COMMON_COMMANDS = ("capabilities", "transport_status", "usage_status", "session_list")
+
+#: Why a node command or a session termination was not done, on the wire
+#: (C{NodeCommandResponse.code}, C{CancelResponse.code}).
+UNKNOWN_COMMAND = "unknown_command"
+NOT_SUPPORTED = "not_supported"
+INVALID_ARGS = "invalid_args"
+UNKNOWN_SESSION = "unknown_session"
+REFRESH_REFUSED = "refused"
+FAILED = "failed"
 
 
 # -- failure codes ------------------------------------------------------------------

@@ -54,5 +54,5 @@ class AdapterBase:
     def terminate_session(self, target, session_id):
         raise NotSupported(f"adapter {self.name} ({self.type}) does not support sessions")
 
-    def command(self, name, args):
+    def command(self, name, args, progress=None):
         raise NotSupported(f"adapter {self.name} ({self.type}) has no command {name!r}")

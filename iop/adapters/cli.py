@@ -322,7 +322,7 @@ class CLIAdapter(AdapterBase):
         process.stop("terminated", self.reactor, self.grace)
         return process.when_ended().addCallback(lambda _: {"terminated": True})
 
-    def command(self, name, args):
+    def command(self, name, args, progress=None):
         if name == "session_list" and self.sessions_enabled:
             return defer.succeed([s.describe() for s in self.sessions.values()])
         return super().command(name, args)

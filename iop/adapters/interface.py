@@ -134,13 +134,22 @@ class IAdapter(Interface):
 
     def terminate_session(target, session_id):
         """
-        End a logical session. @return: a Deferred.
+        End a logical session.
+
+        @return: a Deferred firing with C{{"terminated": bool}}: whether
+            the adapter knew the session.
         @raise NotSupported: if the adapter keeps no sessions.
         """
 
-    def command(name, args):
+    def command(name, args, progress=None):
         """
         Answer an adapter-specific node command (for example the Ollama
-        model API). @return: a Deferred firing with a JSON-able result.
+        model API), one of those its C{capabilities().commands} declares.
+
+        @param progress: when not C{None}, C{progress(dict)} may be called
+            with updates while the command runs (a model pull's status).
+        @return: a Deferred firing with a JSON-able result; cancelling it
+            aborts the command.
         @raise NotSupported: for a command it does not know.
+        @raise ValueError: for bad C{args}.
         """

@@ -11,7 +11,15 @@ from twisted.internet import defer
 from zope.interface import implementer
 
 from iop.adapters.interface import Capabilities, IAdapter
-from iop.adapters.streams import HTTPAdapter, NDJSONParser, ProviderError
+from iop.adapters.streams import (
+    ERROR_BODY_LIMIT,
+    HTTPAdapter,
+    NDJSONParser,
+    ProviderError,
+    as_provider_error,
+    capped_appender,
+    error_message,
+)
 from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
@@ -69,6 +77,43 @@ class ChatLines:
             )
 
 
+#: The fields of an Ollama pull status line relayed as progress.
+_PROGRESS_FIELDS = ("status", "digest", "total", "completed")
+
+
+class PullLines:
+    """
+    Decoder for a streamed /api/pull: NDJSON status lines, each handed to
+    C{progress} (when given); an C{error} line fails the pull.
+    """
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.parser = NDJSONParser()
+        self.last = {}
+
+    def feed(self, data):
+        self._lines(self.parser.feed, data)
+
+    def finish(self):
+        self._lines(self.parser.finish)
+        return self.last
+
+    def _lines(self, parse, *args):
+        try:
+            lines = parse(*args)
+        except ValueError as e:
+            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
+        for line in lines:
+            if not isinstance(line, dict):
+                continue
+            if line.get("error"):
+                raise ProviderError(str(line["error"]))
+            self.last = line
+            if self.progress is not None:
+                self.progress({k: line[k] for k in _PROGRESS_FIELDS if k in line})
+
+
 @implementer(IAdapter)
 class OllamaAdapter(HTTPAdapter):
     """
@@ -106,21 +151,47 @@ class OllamaAdapter(HTTPAdapter):
     def execute(self, run, emit):
         return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit)
 
-    def command(self, name, args):
+    def command(self, name, args, progress=None):
         """
         The Ollama model API. C{args} carries C{model} for show, pull and
         delete. @return: a Deferred firing with Ollama's parsed JSON
-        (C{None} for an empty body, as delete answers).
+        (C{None} for an empty body, as delete answers); a pull answers its
+        last status line.
         """
         if name not in self.COMMANDS:
-            return super().command(name, args)
+            return super().command(name, args, progress)
         method, path, needs_model = self.COMMANDS[name]
         if not needs_model:
             return self.fetch_json(method, path)
         model = (args or {}).get("model")
         if not isinstance(model, str) or not model:
             return defer.fail(ValueError(f"{name} needs args.model"))
-        payload = {"model": model}
         if name == "ollama_pull":
-            payload["stream"] = False
-        return self.fetch_json(method, path, payload)
+            return self.pull(model, progress)
+        return self.fetch_json(method, path, {"model": model})
+
+    def pull(self, model, progress=None):
+        """
+        Pull a model with Ollama's streamed progress: each status line goes
+        to C{progress} as it arrives (its C{status}, C{completed}, C{total}
+        and C{digest}), so a long pull is visible, stays within the idle
+        timeout, and can be cancelled at any point (the connection closes,
+        and Ollama stops the pull).
+
+        @return: a cancellable Deferred firing with the last status line.
+        """
+        lines = PullLines(progress)
+        error_body = bytearray()
+
+        def on_response(response):
+            if not 200 <= response.code < 300:
+                return capped_appender(error_body, ERROR_BODY_LIMIT)
+            return lines.feed
+
+        def ended(response):
+            if not 200 <= response.code < 300:
+                raise ProviderError(error_message(bytes(error_body)) or f"HTTP {response.code}", response.code)
+            return lines.finish()
+
+        d = self.read(self.request("POST", "/api/pull", json={"model": model, "stream": True}), on_response)
+        return d.addCallback(ended).addErrback(as_provider_error)

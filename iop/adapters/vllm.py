@@ -29,7 +29,7 @@ class VLLMAdapter(OpenAICompatAdapter):
     def capabilities(self):
         return Capabilities(max_concurrency=self.max_concurrency, tunnel=True, commands=("models",))
 
-    def command(self, name, args):
+    def command(self, name, args, progress=None):
         if name == "models":
             return self.fetch_json("GET", "/models")
         return super().command(name, args)

@@ -16,6 +16,9 @@ from iop.run import ADAPTER_TYPES
 
 _ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
 
+#: Node command timeouts: short for questions, long for a model pull.
+DEFAULT_COMMAND_TIMEOUTS: dict[str | None, float] = {None: 10.0, "ollama_pull": 3600.0}
+
 
 @dataclass(frozen=True)
 class AdapterSpec:
@@ -80,6 +83,12 @@ class EdgeConfig:
     shutdown_grace_sec: float = 30.0
     #: How long work sent to an adapter by name may wait for room.
     direct_queue_timeout_sec: float = 30.0
+    #: How long the Edge waits for a node command's answer, by command;
+    #: the key C{None} holds the default for the others.
+    command_timeouts: dict = field(default_factory=lambda: dict(DEFAULT_COMMAND_TIMEOUTS))
+
+    def command_timeout(self, command):
+        return self.command_timeouts.get(command, self.command_timeouts[None])
 
     def node(self, node_id):
         for node in self.nodes:
@@ -122,6 +131,8 @@ def parse(top):
             "metrics",
             "run_grace_sec",
             "shutdown_grace_sec",
+            "direct_queue_timeout_sec",
+            "commands",
         }
     )
     listen = top.section("listen")
@@ -149,7 +160,21 @@ def parse(top):
     _unique(top, "model_groups", [group.name for group in config.model_groups], what="name")
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
+    config.command_timeouts = _command_timeouts(top.section("commands", None))
     return config
+
+
+def _command_timeouts(section):
+    """
+    C{commands: {timeout_sec: 10, timeouts: {ollama_pull: 3600}}}.
+    """
+    section.unknown({"timeout_sec", "timeouts"})
+    timeouts = dict(DEFAULT_COMMAND_TIMEOUTS)
+    timeouts[None] = section.number("timeout_sec", DEFAULT_COMMAND_TIMEOUTS[None], positive=True)
+    per_command = section.section("timeouts", None)
+    for name in per_command.data:
+        timeouts[name] = per_command.number(name, positive=True)
+    return timeouts
 
 
 def _strings(section, name):

@@ -76,18 +76,23 @@ class Inflight:
 
     # -- node commands waiting for an answer
 
-    def expect(self, link, request_id):
+    def expect(self, link, request_id, on_progress=None, on_cancel=None):
         """
-        @return: a Deferred for the answer to C{request_id} on C{link};
-            cancelling it forgets the request.
+        @param on_progress: called with each progress answer (a
+            C{NodeCommandResponse} with C{progress} set) before the final one.
+        @param on_cancel: called when the wait is cancelled (by the caller,
+            or by a timeout), e.g. to tell the Node to stop.
+        @return: a Deferred for the final answer to C{request_id} on
+            C{link}; cancelling it forgets the request.
         """
 
         def cancel(d):
-            self._requests.pop(request_id, None)
+            if self._requests.pop(request_id, None) is not None and on_cancel is not None:
+                on_cancel()
             self._check_idle()
 
         d = defer.Deferred(cancel)
-        self._requests[request_id] = (link, d)
+        self._requests[request_id] = (link, d, on_progress)
         return d
 
     def answered(self, link, request_id, result):
@@ -98,8 +103,13 @@ class Inflight:
         pending = self._requests.get(request_id)
         if pending is None or pending[0] is not link:
             return
+        _, d, on_progress = pending
+        if getattr(result, "progress", False):
+            if on_progress is not None:
+                on_progress(result)
+            return
         del self._requests[request_id]
-        pending[1].callback(result)
+        d.callback(result)
         self._check_idle()
 
     def unexpect(self, request_id):
@@ -113,7 +123,7 @@ class Inflight:
         """
         Fail every pending request (of C{link} only, if given) with C{error}.
         """
-        for request_id, (request_link, d) in list(self._requests.items()):
+        for request_id, (request_link, d, _) in list(self._requests.items()):
             if link is None or request_link is link:
                 del self._requests[request_id]
                 d.errback(error)

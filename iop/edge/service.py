@@ -41,7 +41,16 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
-from iop.run import SHUTTING_DOWN, RunFailure
+from iop.run import (
+    CANCELLED,
+    FAILED,
+    INVALID_ARGS,
+    NOT_SUPPORTED,
+    SHUTTING_DOWN,
+    UNKNOWN_ADAPTER,
+    UNKNOWN_COMMAND,
+    RunFailure,
+)
 
 #: Run kinds a surface's C{listener_for} is asked for.
 RUN = "run"
@@ -51,8 +60,14 @@ TUNNEL = "tunnel"
 #: last bytes before it aborts them.
 FLUSH_TIMEOUT_SEC = 5.0
 
-#: How long a node command may take before the Edge gives up.
-COMMAND_TIMEOUT_SEC = 30.0
+#: What a failed node command's code says about whose mistake it was.
+_COMMAND_FAILURE_KINDS = {
+    UNKNOWN_COMMAND: "invalid",
+    NOT_SUPPORTED: "invalid",
+    INVALID_ARGS: "invalid",
+    UNKNOWN_ADAPTER: "not_found",
+    CANCELLED: "unavailable",
+}
 
 
 def _shutting_down():
@@ -195,26 +210,44 @@ class EdgeService(MultiService):
         dispatch.cancel(self.config.run_grace_sec)
         return True
 
-    def command(self, node_id, command, adapter="", args=None):
+    def command(self, node_id, command, adapter="", args=None, progress=None):
         """
-        Run a node command. @return: a Deferred firing with its JSON result.
+        Run a node command, waiting at most its timeout (C{commands} in
+        edge.yaml); when the Edge gives up, or the Deferred is cancelled
+        (the caller left), the Node is told to abort it.
+
+        @param progress: when given, the Node is asked for progress and
+            C{progress(dict)} is called with each update (a model pull's
+            status, completed, total).
+        @return: a Deferred firing with the command's JSON result.
         """
         request_id = new_id("cmd")
         message = iop_pb2.NodeCommandRequest(
-            request_id=request_id, command=command, adapter=adapter, args_json=json.dumps(args or {})
+            request_id=request_id,
+            command=command,
+            adapter=adapter,
+            args_json=json.dumps(args or {}),
+            stream=progress is not None,
         )
+        on_progress = None if progress is None else (lambda update: progress(json.loads(update.result_json)))
+        abort = iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_COMMAND, request_id=request_id)
 
         def answered(response):
             if not response.ok:
-                raise ServiceError("failed", response.error or f"command {command} failed", code="command_failed")
+                kind = _COMMAND_FAILURE_KINDS.get(response.code, "failed")
+                raise ServiceError(
+                    kind, response.error or f"command {command} failed", code=response.code or "command_failed"
+                )
             return json.loads(response.result_json) if response.result_json else None
 
-        return self._ask(node_id, message, request_id).addCallback(answered)
+        d = self._ask(node_id, message, request_id, self.config.command_timeout(command), on_progress, abort)
+        return d.addCallback(answered)
 
     def terminate_session(self, node_id, adapter, target, session_id):
         """
         End a logical session. @return: a Deferred firing with
-        C{(ok, reason)}.
+        C{(ok, reason, code)}; C{code} says why not (C{unknown_session},
+        C{not_supported}, C{unknown_adapter}, C{failed}).
         """
         if not node_id:
             try:
@@ -229,9 +262,10 @@ class EdgeService(MultiService):
             session_id=session_id,
             request_id=request_id,
         )
-        return self._ask(node_id, message, request_id).addCallback(lambda r: (r.ok, r.reason))
+        d = self._ask(node_id, message, request_id, self.config.command_timeout(None))
+        return d.addCallback(lambda r: (r.ok, r.reason, "" if r.ok else r.code or FAILED))
 
-    def _ask(self, node_id, message, request_id, timeout=COMMAND_TIMEOUT_SEC):
+    def _ask(self, node_id, message, request_id, timeout, on_progress=None, abort=None):
         if self.draining:
             return defer.fail(_shutting_down())
         if self.config.node(node_id) is None:
@@ -239,7 +273,14 @@ class EdgeService(MultiService):
         link = self.registry.ready_link(node_id)
         if link is None:
             return defer.fail(ServiceError("unavailable", f"node {node_id} is not connected"))
-        d = self.inflight.expect(link, request_id)
+
+        def tell_node():
+            try:
+                link.wire.send(abort)
+            except Exception as e:
+                self.log.info("abort of {id} not sent: {error}", id=request_id, error=e)
+
+        d = self.inflight.expect(link, request_id, on_progress, tell_node if abort is not None else None)
         try:
             link.wire.send(message)
         except Exception as e:

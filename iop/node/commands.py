@@ -1,10 +1,19 @@
 """
 Node commands: questions the Edge asks a Node outside of any run.
 
-The common commands (C{capabilities}, C{transport_status},
-C{usage_status}, C{session_list}) are answered here from the Node's own
-state; anything else is an adapter's own command (the Ollama model API)
-and is passed to the named adapter's C{command}.
+The common commands (L{iop.run.COMMON_COMMANDS}) are answered here from
+the Node's own state; anything else is an adapter's own command (the
+Ollama model API) and is passed to the named adapter's C{command}. A
+command no adapter of this node declares (C{capabilities().commands}) is
+unknown; one that another adapter declares is not supported by the named
+one.
+
+Every request gets exactly one final C{NodeCommandResponse}; a failed one
+carries a code saying whose mistake it was (C{unknown_command},
+C{not_supported}, C{unknown_adapter}, C{invalid_args}: the caller's;
+C{cancelled}; C{failed}: the back end's). A request with C{stream} set may
+first get progress responses (C{progress=true}). The Edge can abort a
+command it gave up on (C{CancelRequest(CANCEL_COMMAND)}).
 """
 
 import json
@@ -14,12 +23,26 @@ from twisted.logger import Logger
 
 from iop.adapters.interface import NotSupported
 from iop.protocols import iop_pb2
+from iop.run import (
+    CANCELLED,
+    COMMON_COMMANDS,
+    FAILED,
+    INVALID_ARGS,
+    NOT_SUPPORTED,
+    UNKNOWN_ADAPTER,
+    UNKNOWN_COMMAND,
+)
 
 
 class CommandError(Exception):
     """
-    A command that cannot be answered; the message goes to the Edge.
+    A command that cannot be answered; C{code} and the message go to the
+    Edge.
     """
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
 
 
 class CommandHandler:
@@ -35,15 +58,17 @@ class CommandHandler:
     def __init__(self, context, send):
         self.context = context
         self.send = send
-        self._pending = set()
+        self._pending = {}
 
     def handle(self, request):
         """
-        Answer one request with exactly one C{NodeCommandResponse}.
+        Answer one request with exactly one final C{NodeCommandResponse}
+        (progress responses first, when asked for and available).
         """
-        d = defer.maybeDeferred(self._run, request)
-        self._pending.add(d)
-        d.addBoth(self._forget, d)
+        progress = self._progress_sender(request) if request.stream else None
+        d = defer.maybeDeferred(self._run, request, progress)
+        self._pending[request.request_id] = d
+        d.addBoth(self._forget, request.request_id)
         d.addCallback(json.dumps)
         d.addCallbacks(
             lambda result: iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True, result_json=result),
@@ -53,48 +78,76 @@ class CommandHandler:
         d.addErrback(lambda f: self.log.failure("answering command {command} failed", f, command=request.command))
         return d
 
+    def cancel(self, request_id):
+        """
+        The Edge gave up on C{request_id}: abort it (it answers
+        C{cancelled}, which the Edge ignores).
+        """
+        d = self._pending.get(request_id)
+        if d is not None:
+            self.log.info("command {id} cancelled by the Edge", id=request_id)
+            d.cancel()
+
     def cancel_all(self):
         """
         The connection is gone: stop waiting for adapter commands.
         """
-        for d in list(self._pending):
+        for d in list(self._pending.values()):
             d.cancel()
 
-    def _forget(self, result, d):
-        self._pending.discard(d)
+    def _progress_sender(self, request):
+        def progress(update):
+            if request.request_id in self._pending:
+                message = iop_pb2.NodeCommandResponse(
+                    request_id=request.request_id, ok=True, progress=True, result_json=json.dumps(update)
+                )
+                self.send(message)
+
+        return progress
+
+    def _forget(self, result, request_id):
+        self._pending.pop(request_id, None)
         return result
 
     def _error(self, request, failure):
         if failure.check(defer.CancelledError):
-            message = "command cancelled"
-        elif failure.check(CommandError, NotSupported):
-            message = str(failure.value)
+            code, message = CANCELLED, "command cancelled"
+        elif failure.check(CommandError):
+            code, message = failure.value.code, str(failure.value)
+        elif failure.check(NotSupported):
+            code, message = NOT_SUPPORTED, str(failure.value)
+        elif failure.check(ValueError):
+            code, message = INVALID_ARGS, f"{request.command}: {failure.value}"
         else:
             self.log.failure("command {command} failed", failure, command=request.command)
-            message = f"{request.command} failed: {failure.value}"
-        return iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, error=message)
+            code, message = FAILED, f"{request.command} failed: {failure.value}"
+        return iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, code=code, error=message)
 
-    def _run(self, request):
+    def _run(self, request, progress):
         try:
             args = json.loads(request.args_json) if request.args_json else {}
         except ValueError as e:
-            raise CommandError(f"args_json is not valid JSON: {e}") from None
-        common = {
-            "capabilities": self.capabilities,
-            "transport_status": self.transport_status,
-            "usage_status": self.usage_status,
-            "session_list": self.session_list,
-        }
-        if request.command in common:
-            return common[request.command](request.adapter, args)
+            raise CommandError(INVALID_ARGS, f"args_json is not valid JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise CommandError(INVALID_ARGS, "args must be a JSON object")
+        if request.command in COMMON_COMMANDS:
+            return getattr(self, request.command)(request.adapter, args)
+        declared = {c for hosted in self.context.host.all() for c in hosted.adapter.capabilities().commands}
+        if request.command not in declared:
+            raise CommandError(UNKNOWN_COMMAND, f"no command {request.command!r} on this node")
         if not request.adapter:
-            raise CommandError(f"command {request.command!r} is not a node command; name the adapter it is for")
-        return self._hosted(request.adapter).adapter.command(request.command, args)
+            raise CommandError(INVALID_ARGS, f"command {request.command!r} is an adapter's: name the adapter")
+        hosted = self._hosted(request.adapter)
+        if request.command not in hosted.adapter.capabilities().commands:
+            raise CommandError(
+                NOT_SUPPORTED, f"adapter {hosted.name} ({hosted.adapter.type}) has no command {request.command!r}"
+            )
+        return hosted.adapter.command(request.command, args, progress)
 
     def _hosted(self, name):
         hosted = self.context.host.get(name)
         if hosted is None:
-            raise CommandError(f"no adapter named {name!r} on this node")
+            raise CommandError(UNKNOWN_ADAPTER, f"no adapter named {name!r} on this node")
         return hosted
 
     def _selected(self, adapter):
@@ -133,7 +186,7 @@ class CommandHandler:
     def session_list(self, adapter, args):
         selected = [h for h in self._selected(adapter) if h.adapter.capabilities().sessions]
         if adapter and not selected:
-            raise CommandError(f"adapter {adapter} does not support sessions")
+            raise CommandError(NOT_SUPPORTED, f"adapter {adapter} does not support sessions")
         result = {}
         for hosted in selected:
             result[hosted.name] = yield defer.maybeDeferred(hosted.adapter.command, "session_list", args)

@@ -9,6 +9,8 @@ Retrying is not the session's business: the supervisor watches both
 Deferreds and decides.
 """
 
+import json
+
 from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -29,6 +31,7 @@ from iop.protocols.wire import (
     ProtocolViolation,
     peer_wire_version,
 )
+from iop.run import FAILED, NOT_SUPPORTED, REFRESH_REFUSED, UNKNOWN_ADAPTER, UNKNOWN_SESSION
 
 
 class RetryableRefusal(Exception):
@@ -323,28 +326,42 @@ class NodeSession:
     def _cancel(self, request):
         if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
             self._terminate_session(request)
+        elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
+            self.commands.cancel(request.request_id)
         elif not self.inflight.cancel(request.run_id):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 
     def _terminate_session(self, request):
-        def answer(ok, reason=""):
-            self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason))
+        """
+        End a logical session and say truthfully how it went: done, the
+        adapter knew no such session (C{unknown_session}), the adapter
+        keeps no sessions (C{not_supported}), no such adapter, or failed.
+        """
+
+        def answer(ok, reason="", code=""):
+            self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason, code=code))
 
         hosted = self.context.host.get(request.adapter)
         if hosted is None:
-            answer(False, f"no adapter named {request.adapter!r} on this node")
+            answer(False, f"no adapter named {request.adapter!r} on this node", UNKNOWN_ADAPTER)
             return
         d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
+
+        def done(result):
+            if isinstance(result, dict) and result.get("terminated") is False:
+                answer(False, f"adapter {hosted.name} has no session {request.session_id!r}", UNKNOWN_SESSION)
+            else:
+                answer(True)
 
         def failed(failure):
             if failure.check(NotSupported):
                 detail = str(failure.value) or f"adapter {hosted.name} does not support sessions"
-                answer(False, f"not supported: {detail}")
+                answer(False, f"not supported: {detail}", NOT_SUPPORTED)
             else:
                 self.log.failure("terminating session {session_id} failed", failure, session_id=request.session_id)
-                answer(False, f"terminating the session failed: {failure.value}")
+                answer(False, f"terminating the session failed: {failure.value}", FAILED)
 
-        d.addCallbacks(lambda _: answer(True), failed)
+        d.addCallbacks(done, failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
 
     def _on_edge_draining(self, message):
@@ -356,14 +373,30 @@ class NodeSession:
         )
 
     def _refresh(self, message):
+        """
+        Apply a configuration refresh (all or nothing: a refused one leaves
+        the running adapters as they were) and, when the Edge asks for it,
+        say which happened.
+        """
         config = message.config
         self._adopt_heartbeat(config)
+        names = [a.name for a in config.adapters]
         d = self.context.host.apply(config.adapters)
-        d.addCallback(
-            lambda _: self.log.info("configuration refreshed ({count} adapter(s))", count=len(config.adapters))
-        )
-        d.addErrback(
-            lambda f: self.log.error(
-                "configuration refresh rejected, keeping the previous adapters: {why}", why=f.getErrorMessage()
+
+        def applied(_):
+            self.log.info("configuration refreshed ({count} adapter(s))", count=len(names))
+            return iop_pb2.NodeCommandResponse(
+                request_id=message.request_id, ok=True, result_json=json.dumps({"applied": names})
             )
-        )
+
+        def refused(failure):
+            why = failure.getErrorMessage()
+            if not failure.check(AdapterSetupError):
+                self.log.failure("applying a configuration refresh failed", failure)
+            self.log.error("configuration refresh refused, keeping the previous adapters: {why}", why=why)
+            return iop_pb2.NodeCommandResponse(request_id=message.request_id, ok=False, code=REFRESH_REFUSED, error=why)
+
+        d.addCallbacks(applied, refused)
+        if message.request_id:
+            d.addCallback(self.send)
+        d.addErrback(lambda f: self.log.failure("answering a configuration refresh failed", f))

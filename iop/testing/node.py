@@ -41,14 +41,16 @@ class ManualAdapter(AdapterBase):
         self.started = 0
         self.stopped = 0
         self.terminated = []
+        self.sessions = {"s1"}
         self.commands = []
+        self.waiting = []  # (progress, Deferred) of manual_wait commands
 
     def capabilities(self):
         return Capabilities(
             max_concurrency=self.max_concurrency,
             sessions=bool(self.options.get("sessions")),
             tunnel=True,
-            commands=("manual_ping",),
+            commands=("manual_ping", "manual_wait"),
         )
 
     def start(self):
@@ -76,14 +78,20 @@ class ManualAdapter(AdapterBase):
         if not self.options.get("sessions"):
             return super().terminate_session(target, session_id)
         self.terminated.append((target, session_id))
-        return defer.succeed(None)
+        known = session_id in self.sessions
+        self.sessions.discard(session_id)
+        return defer.succeed({"terminated": known})
 
-    def command(self, name, args):
+    def command(self, name, args, progress=None):
         self.commands.append((name, args))
         if name == "session_list":
             return defer.succeed([{"session_id": "s1"}])
         if name == "manual_ping":
             return defer.succeed({"pong": args})
+        if name == "manual_wait":
+            d = self._deferred(f"command:{len(self.waiting)}")
+            self.waiting.append((progress, d))
+            return d
         raise NotSupported(f"adapter {self.name} (manual) has no command {name!r}")
 
 

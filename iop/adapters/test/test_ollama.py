@@ -11,6 +11,7 @@ from zope.interface.verify import verifyObject
 
 from iop.adapters.interface import IAdapter, NotSupported, RunInput, TunnelInput
 from iop.adapters.ollama import OllamaAdapter
+from iop.adapters.streams import ProviderError
 from iop.adapters.test.providers import Events, Routes, Script, serve
 from iop.run import RunFailure, Usage
 
@@ -141,19 +142,57 @@ class OllamaTests(TestCase):
     def test_model_commands(self):
         """
         show, pull and delete send the model in a JSON body with the right
-        method; pull asks for a single non-streamed answer; delete's empty
+        method; pull streams and answers its last status; delete's empty
         body is None.
         """
         show = Script(chunks=[b'{"details": {"family": "qwen3"}}'])
-        pull = Script(chunks=[b'{"status": "success"}'])
+        pull = Script(chunks=[b'{"status": "success"}\n'])
         delete = Script()
         adapter = self.adapter({"/api/show": show, "/api/pull": pull, "/api/delete": delete})
         self.assertEqual((yield adapter.command("ollama_show", {"model": "q"})), {"details": {"family": "qwen3"}})
         self.assertEqual((yield adapter.command("ollama_pull", {"model": "q"})), {"status": "success"})
         self.assertIsNone((yield adapter.command("ollama_delete", {"model": "q"})))
         self.assertEqual((show.requests[0][0], show.json_body()), ("POST", {"model": "q"}))
-        self.assertEqual(pull.json_body(), {"model": "q", "stream": False})
+        self.assertEqual(pull.json_body(), {"model": "q", "stream": True})
         self.assertEqual((delete.requests[0][0], delete.json_body()), ("DELETE", {"model": "q"}))
+
+    @defer.inlineCallbacks
+    def test_pull_progress(self):
+        """
+        A pull hands each of Ollama's status lines to C{progress} as it
+        arrives (status, digest, total, completed), split across chunks or
+        not, and answers the last one.
+        """
+        pull = Script(
+            chunks=[
+                b'{"status": "pulling manifest"}\n{"status": "pulling ab", "digest": "ab", "total": 10, "comp',
+                b'leted": 4}\n{"status": "success"}\n',
+            ]
+        )
+        adapter = self.adapter({"/api/pull": pull})
+        updates = []
+        result = yield adapter.command("ollama_pull", {"model": "q"}, updates.append)
+        self.assertEqual(
+            updates,
+            [
+                {"status": "pulling manifest"},
+                {"status": "pulling ab", "digest": "ab", "total": 10, "completed": 4},
+                {"status": "success"},
+            ],
+        )
+        self.assertEqual(result, {"status": "success"})
+
+    @defer.inlineCallbacks
+    def test_pull_error_line(self):
+        """
+        An C{error} line in the pull stream fails the pull with its text.
+        """
+        pull = Script(
+            chunks=[b'{"status": "pulling manifest"}\n{"error": "pull model manifest: file does not exist"}\n']
+        )
+        adapter = self.adapter({"/api/pull": pull})
+        error = yield self.assertFailure(adapter.command("ollama_pull", {"model": "nope"}), ProviderError)
+        self.assertIn("file does not exist", str(error))
 
     @defer.inlineCallbacks
     def test_command_needs_model(self):

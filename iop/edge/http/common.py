@@ -132,8 +132,9 @@ class Keys:
 class JSONResource(Resource):
     """
     A leaf resource whose C{handle_<METHOD>(request)} return a JSON-able
-    object, a Deferred of one, or C{NOT_DONE_YET}; L{ServiceError}s become
-    OpenAI-style errors. Unsupported methods get a JSON 405.
+    object (answered 200), a C{(status, object)} pair, a Deferred of
+    either, or C{NOT_DONE_YET}; L{ServiceError}s become OpenAI-style
+    errors. Unsupported methods get a JSON 405.
     """
 
     isLeaf = True
@@ -159,7 +160,12 @@ class JSONResource(Resource):
         return handler(request)
 
     def _respond(self, result, request):
-        if result is not NOT_DONE_YET:
+        if result is NOT_DONE_YET or request.finished or request._disconnected:
+            return
+        if isinstance(result, tuple):
+            status, body = result
+            write_json(request, status, body)
+        else:
             write_json(request, 200, result)
 
     def _failed(self, failure, request):

@@ -9,10 +9,12 @@ commands and the status snapshot.
   GET  /v1/status                   every configured node and model group
 """
 
+from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener
-from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_json
+from iop.edge.errors import ServiceError
+from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, error_body, read_json, write_json
 from iop.edge.http.openai import parse_messages
 from iop.edge.spec import RunSpec
 from iop.protocols.convert import usage_to_json
@@ -135,6 +137,14 @@ class Status(JSONResource):
         return self.service.status()
 
 
+#: HTTP status and error kind for a session termination that was not done.
+_TERMINATE_FAILURES = {
+    "unknown_session": (404, "not_found"),
+    "unknown_adapter": (404, "not_found"),
+    "not_supported": (400, "invalid"),
+}
+
+
 class TerminateSession(JSONResource):
     def handle_POST(self, request):
         body = read_json(request)
@@ -143,10 +153,32 @@ class TerminateSession(JSONResource):
         if not session_id or not adapter:
             raise HTTPError("invalid", "adapter and session_id are required", code="missing_session")
         d = self.service.terminate_session(_string(body, "node") or None, adapter, _string(body, "target"), session_id)
-        return d.addCallback(lambda result: {"session_id": session_id, "terminated": result[0], "reason": result[1]})
+        return d.addCallback(self._answer, session_id)
+
+    def _answer(self, result, session_id):
+        """
+        C{terminated: true} (200) only when the adapter ended a session it
+        knew; otherwise C{terminated: false} with the reason, under the
+        status that says whose mistake it was (404 for an unknown session).
+        """
+        ok, reason, code = result
+        answer = {"session_id": session_id, "terminated": ok, "reason": reason}
+        if ok:
+            return answer
+        status, kind = _TERMINATE_FAILURES.get(code, (502, "failed"))
+        answer.update(error_body(kind, reason, code))
+        return status, answer
 
 
 class NodeCommands(JSONResource):
+    """
+    Run a node command (admin). With C{"stream": true} the answer is
+    C{text/event-stream}: one event per progress update the Node reports
+    (a model pull's C{status}, C{completed}, C{total}), then one terminal,
+    C{{"done": true, "result": ...}} or C{{"error": ...}}. A caller who
+    goes away cancels the command on the Node.
+    """
+
     admin = True
 
     def handle_POST(self, request):
@@ -158,5 +190,31 @@ class NodeCommands(JSONResource):
         args = body.get("args") or {}
         if not isinstance(args, dict):
             raise HTTPError("invalid", "args must be an object", code="invalid_args")
-        d = self.service.command(node_id, command, _string(body, "adapter"), args)
+        adapter = _string(body, "adapter")
+        if body.get("stream"):
+            return self._stream(request, node_id, command, adapter, args)
+        d = self.service.command(node_id, command, adapter, args)
+        request.notifyFinish().addErrback(lambda _: d.cancel())
         return d.addCallback(lambda result: {"node": node_id, "command": command, "result": result})
+
+    def _stream(self, request, node_id, command, adapter, args):
+        stream = EventStream(request)
+        d = self.service.command(node_id, command, adapter, args, progress=stream.send)
+        request.notifyFinish().addErrback(lambda _: d.cancel())
+
+        def done(result):
+            if not (request.finished or request._disconnected):
+                stream.send({"done": True, "node": node_id, "command": command, "result": result})
+                request.finish()
+
+        def failed(failure):
+            if request.finished or request._disconnected:
+                return None
+            if not stream.open:
+                return failure  # nothing sent yet: a plain error response
+            error = failure.value if failure.check(ServiceError) else ServiceError("failed", "internal error")
+            stream.send(error_body(error.kind, error.message, error.code))
+            request.finish()
+            return None
+
+        return d.addCallbacks(done, failed).addCallback(lambda _: NOT_DONE_YET)

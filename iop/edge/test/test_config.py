@@ -203,3 +203,20 @@ class CapacityTests(SynchronousTestCase):
         config = load(os.path.join(root, "conf", "edge.yaml"))
         (echo,) = config.nodes[0].providers
         self.assertLessEqual(echo.capacity_normal + echo.capacity_long, config.nodes[0].adapters[0].max_concurrency)
+
+
+class TimeoutKeysTests(SynchronousTestCase):
+    def test_queue_and_command_timeouts(self):
+        """
+        direct_queue_timeout_sec and commands (a default and per-command
+        timeouts) are read; a bad one is refused naming the key.
+        """
+        config = parsed(
+            lambda d: d.update(
+                direct_queue_timeout_sec=5, commands={"timeout_sec": 3, "timeouts": {"ollama_pull": 600}}
+            )
+        )
+        self.assertEqual(config.direct_queue_timeout_sec, 5)
+        self.assertEqual((config.command_timeout("capabilities"), config.command_timeout("ollama_pull")), (3, 600))
+        error = self.assertRaises(ConfigError, parsed, lambda d: d.update(commands={"timeouts": {"ollama_pull": 0}}))
+        self.assertIn("commands.timeouts.ollama_pull", str(error))

@@ -258,3 +258,67 @@ class SurfaceTests(SynchronousTestCase):
         """
         code, _, body = self.result(self.post("/v1/nodes/n1/commands", {"command": "capabilities"}))
         self.assertEqual((code, json.loads(body)["error"]["code"]), (403, "admin_key_required"))
+
+    def command(self, body):
+        return self.post("/v1/nodes/n1/commands", body, headers={b"authorization": [b"Bearer admin"]})
+
+    def node_answers(self, *responses):
+        self.pump.flush()
+        request = self.node.of("node_command_request")[-1]
+        for response in responses:
+            response.request_id = request.request_id
+            self.node.wire.send(response)
+        self.pump.flush()
+        self.http.flush()
+        return request
+
+    def test_command_caller_mistake_is_400(self):
+        """
+        A command the Node reports as unknown is the caller's mistake: 400
+        with the Node's code, not 502.
+        """
+        d = self.command({"command": "frobnicate"})
+        self.node_answers(
+            iop_pb2.NodeCommandResponse(ok=False, code="unknown_command", error="no command 'frobnicate'")
+        )
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (400, "unknown_command"))
+
+    def test_streamed_command_progress(self):
+        """
+        With C{"stream": true} a command answers text/event-stream: each
+        progress update the Node reports as it comes, then one terminal.
+        """
+        d = self.command({"command": "ollama_pull", "adapter": "ollama", "args": {"model": "m"}, "stream": True})
+        request = self.node_answers(
+            iop_pb2.NodeCommandResponse(
+                ok=True, progress=True, result_json='{"status": "pulling", "completed": 1, "total": 4}'
+            ),
+            iop_pb2.NodeCommandResponse(
+                ok=True, progress=True, result_json='{"status": "pulling", "completed": 4, "total": 4}'
+            ),
+            iop_pb2.NodeCommandResponse(ok=True, result_json='{"status": "success"}'),
+        )
+        self.assertTrue(request.stream)
+        code, headers, body = self.result(d)
+        self.assertEqual(headers.getRawHeaders(b"content-type"), [b"text/event-stream"])
+        events = [json.loads(line[6:]) for line in body.decode().split("\n") if line.startswith("data: ")]
+        self.assertEqual([e.get("completed") for e in events[:2]], [1, 4])
+        self.assertEqual((events[-1]["done"], events[-1]["result"]), (True, {"status": "success"}))
+
+    def test_terminate_unknown_session_is_404(self):
+        """
+        Terminating a session the adapter never knew answers
+        C{terminated: false} with 404, not C{terminated: true}.
+        """
+        d = self.post("/v1/sessions/terminate", {"node": "n1", "adapter": "echo", "session_id": "ghost"})
+        self.pump.flush()
+        request = self.node.of("cancel_request")[-1]
+        self.node.wire.send(
+            iop_pb2.CancelResponse(request_id=request.request_id, ok=False, code="unknown_session", reason="no session")
+        )
+        self.pump.flush()
+        self.http.flush()
+        code, _, body = self.result(d)
+        answer = json.loads(body)
+        self.assertEqual((code, answer["terminated"], answer["error"]["code"]), (404, False, "unknown_session"))

@@ -6,6 +6,7 @@ generation fencing, run relay, cancel and disconnects.
 import copy
 import json
 
+from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
@@ -315,15 +316,84 @@ class RunTests(SynchronousTestCase):
     def test_terminate_session(self):
         """
         Terminate-session is sent as CancelRequest(TERMINATE_SESSION) and
-        the Node's answer (here "not supported") comes back.
+        the Node's answer (here "not supported", with its code) comes back;
+        an answer without a code (an older Node) counts as C{failed}.
         """
         d = self.edge.service.terminate_session("n1", "echo", "", "s1")
         self.pump.flush()
         (request,) = self.node.of("cancel_request")
         self.assertEqual(request.kind, iop_pb2.CancelRequest.TERMINATE_SESSION)
-        self.node.wire.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="not supported"))
+        answer = iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="no", code="not_supported")
+        self.node.wire.send(answer)
         self.pump.flush()
-        self.assertEqual(self.successResultOf(d), (False, "not supported"))
+        self.assertEqual(self.successResultOf(d), (False, "no", "not_supported"))
+        d = self.edge.service.terminate_session("n1", "echo", "", "s1")
+        self.pump.flush()
+        request = self.node.of("cancel_request")[-1]
+        self.node.wire.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="?"))
+        self.pump.flush()
+        self.assertEqual(self.successResultOf(d), (False, "?", "failed"))
+
+    def test_command_failure_codes(self):
+        """
+        A command the Node refuses as the caller's mistake is an C{invalid}
+        (400) failure with the Node's code; an unknown adapter is
+        C{not_found}; anything else is C{failed} (502).
+        """
+        for code, kind in [
+            ("unknown_command", "invalid"),
+            ("not_supported", "invalid"),
+            ("unknown_adapter", "not_found"),
+            ("failed", "failed"),
+        ]:
+            d = self.edge.service.command("n1", "x")
+            self.pump.flush()
+            request = self.node.of("node_command_request")[-1]
+            self.node.wire.send(
+                iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, code=code, error="e")
+            )
+            self.pump.flush()
+            failure = self.failureResultOf(d, ServiceError)
+            self.assertEqual((failure.value.kind, failure.value.code), (kind, code))
+
+    def test_command_timeout_aborts_on_node(self):
+        """
+        A command that outlives its timeout fails with C{timeout} (504) and
+        the Node is told to abort it (CANCEL_COMMAND with its id); a late
+        answer is ignored.
+        """
+        d = self.edge.service.command("n1", "capabilities")
+        self.edge.advance(10)
+        failure = self.failureResultOf(d, ServiceError)
+        self.assertEqual(failure.value.kind, "timeout")
+        (request,) = self.node.of("node_command_request")
+        (abort,) = self.node.of("cancel_request")
+        self.assertEqual((abort.kind, abort.request_id), (iop_pb2.CancelRequest.CANCEL_COMMAND, request.request_id))
+
+    def test_command_progress(self):
+        """
+        A command asked with C{progress} sets C{stream} on the wire; the
+        Node's progress answers reach the callback in order before the
+        final answer fires the Deferred; a cancel aborts it on the Node.
+        """
+        updates = []
+        d = self.edge.service.command("n1", "ollama_pull", "ollama", {"model": "m"}, progress=updates.append)
+        self.pump.flush()
+        (request,) = self.node.of("node_command_request")
+        self.assertTrue(request.stream)
+        for n in (1, 2):
+            self.node.wire.send(
+                iop_pb2.NodeCommandResponse(
+                    request_id=request.request_id, ok=True, progress=True, result_json=f'{{"n": {n}}}'
+                )
+            )
+        self.pump.flush()
+        self.assertEqual(updates, [{"n": 1}, {"n": 2}])
+        self.assertNoResult(d)
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+        self.pump.flush()
+        self.assertEqual(self.node.of("cancel_request")[-1].request_id, request.request_id)
 
     def test_status_keeps_offline_nodes(self):
         """

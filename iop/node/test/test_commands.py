@@ -47,7 +47,7 @@ class CommandTests(SynchronousTestCase):
                 "max_concurrency": 3,
                 "sessions": True,
                 "tunnel": True,
-                "commands": ["manual_ping"],
+                "commands": ["manual_ping", "manual_wait"],
                 "in_use": 1,
             },
         )
@@ -104,24 +104,79 @@ class CommandTests(SynchronousTestCase):
 
     def test_adapter_command_not_supported(self):
         """
-        An adapter that does not know the command answers ok=false with its
-        "not supported" message.
+        A command another adapter of the node declares, sent to one that
+        does not, answers ok=false with code C{not_supported}.
         """
-        response = self.command("ollama_list", adapter="plain")
-        self.assertFalse(response.ok)
-        self.assertIn("has no command 'ollama_list'", response.error)
+        response = self.command("manual_ping", adapter="plain")
+        self.assertEqual((response.ok, response.code), (False, "not_supported"))
+        self.assertIn("has no command 'manual_ping'", response.error)
+
+    def test_unknown_command(self):
+        """
+        A command no adapter of the node declares is C{unknown_command}.
+        """
+        response = self.command("frobnicate", adapter="manual")
+        self.assertEqual((response.ok, response.code), (False, "unknown_command"))
+        self.assertIn("'frobnicate'", response.error)
 
     def test_unknown_adapter_and_missing_adapter(self):
         """
-        A command for an unknown adapter, or an adapter command with no
-        adapter named, is refused with a message saying so.
+        A command for an unknown adapter is C{unknown_adapter}; an adapter
+        command with no adapter named is C{invalid_args}; both say so.
         """
-        response = self.command("ollama_list", adapter="nope", request_id="c1")
-        self.assertFalse(response.ok)
+        response = self.command("manual_ping", adapter="nope", request_id="c1")
+        self.assertEqual((response.ok, response.code), (False, "unknown_adapter"))
         self.assertIn("no adapter named 'nope'", response.error)
-        response = self.command("ollama_list", request_id="c2")
-        self.assertFalse(response.ok)
+        response = self.command("manual_ping", request_id="c2")
+        self.assertEqual((response.ok, response.code), (False, "invalid_args"))
         self.assertIn("name the adapter", response.error)
+
+    def test_progress_then_answer(self):
+        """
+        A request with C{stream} gets the adapter's progress as progress
+        responses, in order, then exactly one final answer.
+        """
+        self.edge.wire.send(
+            iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual", stream=True)
+        )
+        self.pump.flush()
+        progress, d = self.context.host.get("manual").adapter.waiting[-1]
+        progress({"completed": 1})
+        progress({"completed": 2})
+        d.callback({"status": "success"})
+        self.pump.flush()
+        responses = self.edge.of("node_command_response")
+        self.assertEqual(
+            [(r.progress, json.loads(r.result_json)) for r in responses],
+            [
+                (True, {"completed": 1}),
+                (True, {"completed": 2}),
+                (False, {"status": "success"}),
+            ],
+        )
+
+    def test_no_progress_unless_asked(self):
+        """
+        Without C{stream}, the adapter is given no progress callback.
+        """
+        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.pump.flush()
+        progress, _ = self.context.host.get("manual").adapter.waiting[-1]
+        self.assertIsNone(progress)
+
+    def test_cancel_command(self):
+        """
+        CANCEL_COMMAND from the Edge cancels the adapter's command (its
+        back-end request is aborted); the answer says C{cancelled}.
+        """
+        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.pump.flush()
+        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_COMMAND, request_id="c9"))
+        self.pump.flush()
+        adapter = self.context.host.get("manual").adapter
+        self.assertEqual(adapter.cancelled, ["command:0"])
+        (response,) = self.edge.of("node_command_response")
+        self.assertEqual((response.ok, response.code), (False, "cancelled"))
 
     def test_bad_args(self):
         """
@@ -136,7 +191,7 @@ class CommandTests(SynchronousTestCase):
 
 
 class TerminateSessionTests(SynchronousTestCase):
-    def terminate(self, adapter):
+    def terminate(self, adapter, session_id="s1"):
         session, edge, pump, context = ready_node(
             adapter_config("manual", sessions=True), adapter_config("plain", type="plain")
         )
@@ -145,7 +200,7 @@ class TerminateSessionTests(SynchronousTestCase):
                 kind=iop_pb2.CancelRequest.TERMINATE_SESSION,
                 adapter=adapter,
                 target="t",
-                session_id="s1",
+                session_id=session_id,
                 request_id="q1",
             )
         )
@@ -162,13 +217,22 @@ class TerminateSessionTests(SynchronousTestCase):
         self.assertTrue(response.ok)
         self.assertEqual(context.host.get("manual").adapter.terminated, [("t", "s1")])
 
+    def test_unknown_session(self):
+        """
+        A session the adapter never knew answers ok=false with code
+        C{unknown_session}, never "terminated".
+        """
+        response, _ = self.terminate("manual", session_id="ghost")
+        self.assertEqual((response.ok, response.code), (False, "unknown_session"))
+        self.assertIn("ghost", response.reason)
+
     def test_not_supported(self):
         """
         An adapter without sessions answers ok=false with a clear "not
         supported" reason naming the adapter.
         """
         response, context = self.terminate("plain")
-        self.assertFalse(response.ok)
+        self.assertEqual((response.ok, response.code), (False, "not_supported"))
         self.assertIn("not supported", response.reason)
         self.assertIn("adapter plain", response.reason)
 

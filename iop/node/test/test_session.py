@@ -4,6 +4,8 @@ succeed, which refusals are fatal and which retryable, and what a session
 accepts in which state.
 """
 
+import json
+
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
@@ -360,3 +362,33 @@ class AdapterLifetimeTests(SynchronousTestCase):
         self.assertIsNone(context.host.get("b"))
         self.assertIsNone(edge.lost_reason)
         self.flushLoggedErrors()
+
+    def test_config_refresh_acknowledged(self):
+        """
+        A refresh with a request id is answered: applied (with the adapter
+        names) or refused (code C{refused}, the reason naming the adapter,
+        the old adapters kept).
+        """
+        session, edge, pump, context = ready_node(adapter_config("a"))
+        edge.wire.send(
+            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
+        )
+        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("c", type="broken")), request_id="r2"))
+        pump.flush()
+        applied, refused = edge.of("node_command_response")
+        self.assertEqual(
+            (applied.request_id, applied.ok, json.loads(applied.result_json)), ("r1", True, {"applied": ["a", "b"]})
+        )
+        self.assertEqual((refused.request_id, refused.ok, refused.code), ("r2", False, "refused"))
+        self.assertIn("adapter c", refused.error)
+        self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "b"])
+        self.flushLoggedErrors()
+
+    def test_config_refresh_without_request_id_not_answered(self):
+        """
+        An older Edge's refresh (no request id) gets no answer.
+        """
+        session, edge, pump, context = ready_node(adapter_config("a"))
+        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b"))))
+        pump.flush()
+        self.assertEqual(edge.of("node_command_response"), [])

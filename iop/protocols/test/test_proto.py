@@ -59,7 +59,7 @@ class DriftTests(SynchronousTestCase):
             "Usage",
         ]:
             self.assertIn(required, names)
-        self.assertEqual(set(iop_pb2.CancelRequest.Kind.keys()), {"CANCEL_RUN", "TERMINATE_SESSION"})
+        self.assertEqual(set(iop_pb2.CancelRequest.Kind.keys()), {"CANCEL_RUN", "TERMINATE_SESSION", "CANCEL_COMMAND"})
 
     def test_usage_breakdown_optional(self):
         """
