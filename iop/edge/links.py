@@ -18,18 +18,23 @@ in-flight table owns work; this module only tells each what happened.
 import json
 
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from iop.edge import bus as lifecycle
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
 from iop.edge.registry import RegistrationRefused
 from iop.edge.reload import changed_nodes
+from iop.edge.spec import new_id
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire
 from iop.protocols.wire import OLDEST_WIRE_VERSION, WIRE_VERSION
 
 #: The first wire version that knows C{EdgeDraining}/C{NodeDraining}.
 DRAINING_WIRE_VERSION = 2
+
+#: How long a Node may take to acknowledge a config refresh.
+REFRESH_TIMEOUT_SEC = 30.0
 
 
 class NodeLinks:
@@ -66,12 +71,10 @@ class NodeLinks:
         except RegistrationRefused as refusal:
             return self._refused(self.registry.find_node(token), refusal.code, refusal.reason)
         link.wire_version = wire_version
-        try:
-            payload = self.config_payload(link.node_id)
-        except Exception as e:
-            self.registry.lost(link)
-            reason = f"could not build the configuration of node {link.node_id}: {e}"
-            return self._refused(self.registry.find_node(token), iop_pb2.CONFIG_BUILD_FAILED, reason)
+        # Cannot fail: edge.yaml was validated at load (adapter options are
+        # JSON), so CONFIG_BUILD_FAILED is never sent by this Edge.
+        payload = self.config_payload(link.node_id)
+        link.adapters = _adapters(payload)
         self.bus.node_event(link.node_id, lifecycle.REGISTERED, generation=link.generation)
         self.log.info(
             "node {node} registered (generation {generation}, wire version {version})",
@@ -189,25 +192,53 @@ class NodeLinks:
         """
         Push a C{ConfigRefresh} to every ready Node whose adapters differ
         between configurations C{old} and C{new} (C{new} is already the
-        running one).
+        running one), and record each Node's acknowledgement on its link
+        (L{NodeLink.refresh}): applied, refused with the Node's reason, or
+        unacknowledged after L{REFRESH_TIMEOUT_SEC}.
 
         @return: the ids of the nodes that were pushed a refresh.
         @raise ConfigError: if the change needs a restart (nothing applied).
         """
         changed = changed_nodes(old, new)
         self.registry.nodes = list(new.nodes)
+        for node_id in changed:
+            for resource in new.node(node_id).implicit_resources():
+                self.pool.update_capacity(resource)
         pushed = []
         for node_id in changed:
             link = self.registry.ready_link(node_id)
             if link is None:
                 continue
+            payload = self.config_payload(node_id)
+            request_id = new_id("cfg")
+            answer = self.inflight.expect(link, request_id)
             try:
-                link.wire.send(iop_pb2.ConfigRefresh(config=self.config_payload(node_id)))
+                link.wire.send(iop_pb2.ConfigRefresh(config=payload, request_id=request_id))
             except Exception as e:
+                self.inflight.unexpect(request_id)
                 self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
                 continue
+            link.refresh = {"state": "pending"}
+            answer.addTimeout(REFRESH_TIMEOUT_SEC, self.inflight.clock)
+            answer.addBoth(self._refresh_answered, link, payload)
             pushed.append(node_id)
         return pushed
+
+    def _refresh_answered(self, outcome, link, payload):
+        if isinstance(outcome, Failure):
+            link.refresh = {"state": "unacknowledged", "reason": f"no answer within {REFRESH_TIMEOUT_SEC:g}s"}
+            self.log.warn("node {node} did not acknowledge its config refresh", node=link.node_id)
+        elif outcome.ok:
+            link.adapters = _adapters(payload)
+            link.refresh = {"state": "applied"}
+            self.log.info("node {node} applied its config refresh", node=link.node_id)
+        else:
+            link.refresh = {"state": "refused", "reason": outcome.error}
+            self.log.warn(
+                "node {node} refused its config refresh and keeps its previous adapters: {reason}",
+                node=link.node_id,
+                reason=outcome.error,
+            )
 
     def say_draining(self, grace, reason):
         """
@@ -228,3 +259,10 @@ class NodeLinks:
         """
         for link in self.registry.links():
             link.wire.close(reason)
+
+
+def _adapters(payload):
+    """
+    What a Node runs once it applied C{payload}, as the status shows it.
+    """
+    return [{"name": a.name, "type": a.type, "max_concurrency": a.max_concurrency} for a in payload.adapters]

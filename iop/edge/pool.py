@@ -551,6 +551,17 @@ class ProviderPool:
         self._pump()
         return True
 
+    def update_capacity(self, spec):
+        """
+        A reload changed a resource's capacity (an adapter's implicit
+        resource follows its C{max_concurrency}): leases held stay, new ones
+        follow the new capacity, and waiters are served if room appeared.
+        """
+        resource = self._resources[spec.key]
+        if resource.spec != spec:
+            resource.spec = spec
+            self._pump()
+
     # -- Node lifecycle (told by the Edge service)
 
     def node_ready(self, node_id, generation):

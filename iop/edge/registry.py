@@ -17,7 +17,7 @@ Rules:
 """
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twisted.logger import Logger
 
@@ -46,6 +46,11 @@ class NodeLink:
     @ivar wire: what to send on (an object with C{send(message)}).
     @ivar wire_version: the wire version the Node declared.
     @ivar draining: the Node said it is shutting down.
+    @ivar adapters: what the Node runs: C{[{name, type, max_concurrency}]}
+        from its registration, updated when it applies a refresh.
+    @ivar refresh: the outcome of the last config refresh pushed on this
+        connection (C{state}: pending, applied, refused or unacknowledged,
+        and C{reason}), or C{None}.
     """
 
     node_id: str
@@ -56,6 +61,8 @@ class NodeLink:
     open: bool = True
     wire_version: int = 1
     draining: bool = False
+    adapters: list = field(default_factory=list)
+    refresh: dict | None = None
 
 
 class NodeRegistry:

@@ -17,10 +17,13 @@ def snapshot(config, registry, pool, inflight):
     nodes = []
     for node in config.nodes:
         link = registry.ready_link(node.id)
+        configured = [{"name": a.name, "type": a.type, "max_concurrency": a.max_concurrency} for a in node.adapters]
         entry = {
             "id": node.id,
             "connected": link is not None,
-            "adapters": [{"name": a.name, "type": a.type, "max_concurrency": a.max_concurrency} for a in node.adapters],
+            # What the node actually runs while connected (a refused
+            # refresh leaves it on its previous adapters).
+            "adapters": link.adapters if link is not None else configured,
             "providers": providers_by_node.get(node.id, []),
             "in_flight": inflight.on_node(node.id),
         }
@@ -28,6 +31,8 @@ def snapshot(config, registry, pool, inflight):
             entry["connected_since"] = link.since
             if link.draining:
                 entry["draining"] = True
+            if link.refresh is not None:
+                entry["config_refresh"] = dict(link.refresh)
         elif node.id in registry.last_seen:
             entry["last_seen"] = registry.last_seen[node.id]
         nodes.append(entry)

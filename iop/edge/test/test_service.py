@@ -460,6 +460,54 @@ class ReloadTests(SynchronousTestCase):
         self.assertEqual(self.pending.of("config_refresh"), [])
         self.assertEqual(self.edge.service.links.config_payload("n2").adapters[0].max_concurrency, 7)
 
+    def refresh(self, answer=None):
+        """
+        Push a max_concurrency change (7) to n1 and answer it with
+        C{answer} (a NodeCommandResponse, or nothing).
+        """
+
+        def mutate(data):
+            data["nodes"][0]["adapters"][0].update(max_concurrency=7)
+
+        self.edge.service.reload(self.changed(mutate))
+        self.pump.flush()
+        (refresh,) = self.ready.of("config_refresh")
+        if answer is not None:
+            answer.request_id = refresh.request_id
+            self.ready.wire.send(answer)
+            self.pump.flush()
+        return self.edge.service.status()["nodes"][0]
+
+    def test_refresh_applied_shows_in_status(self):
+        """
+        A refresh the Node applied shows in the status: what the node runs
+        now, and C{config_refresh: applied}.
+        """
+        node = self.refresh(iop_pb2.NodeCommandResponse(ok=True, result_json='{"applied": ["echo"]}'))
+        self.assertEqual(node["config_refresh"], {"state": "applied"})
+        self.assertEqual(node["adapters"][0]["max_concurrency"], 7)
+
+    def test_refresh_refused_shows_in_status(self):
+        """
+        A refresh the Node refused leaves the status showing the adapters
+        it still runs, and the Node's reason.
+        """
+        node = self.refresh(iop_pb2.NodeCommandResponse(ok=False, code="refused", error="adapter echo: no such thing"))
+        self.assertEqual(node["config_refresh"], {"state": "refused", "reason": "adapter echo: no such thing"})
+        self.assertEqual(node["adapters"][0]["max_concurrency"], 2)
+        self.flushLoggedErrors()
+
+    def test_refresh_unacknowledged(self):
+        """
+        A refresh the Node never answers (an older Node) is shown as
+        pending, then unacknowledged after the timeout.
+        """
+        node = self.refresh()
+        self.assertEqual(node["config_refresh"], {"state": "pending"})
+        self.edge.advance(30)
+        node = self.edge.service.status()["nodes"][0]
+        self.assertEqual(node["config_refresh"]["state"], "unacknowledged")
+
     def test_unchanged_pushes_nothing(self):
         """
         Reloading the same configuration sends nothing.
