@@ -263,8 +263,9 @@ def _alive(pid):
 
 def test_terminate_session(backends):
     """
-    A CLI session is terminated through the native API; an adapter without
-    sessions answers "not supported".
+    A CLI session is terminated through the native API; terminating it
+    again (or a session that never existed) is `terminated: false` with
+    404; an adapter without sessions answers "not supported" with 400.
     """
     edge = backends["edge"]
     events = edge.run_events({"adapter": "slow-agent", "node": "gpu", "input": "hi", "session_id": "s-1"})
@@ -274,10 +275,15 @@ def test_terminate_session(backends):
         "POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "slow-agent", "session_id": "s-1"}
     )
     assert status == 200 and body["terminated"] is True, body
+    for session_id in ("s-1", "never-was"):
+        status, body = edge.json(
+            "POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "slow-agent", "session_id": session_id}
+        )
+        assert (status, body["terminated"], body["error"]["code"]) == (404, False, "unknown_session"), body
     status, body = edge.json(
         "POST", "/v1/sessions/terminate", {"node": "gpu", "adapter": "openai", "session_id": "s-1"}
     )
-    assert status == 200 and body["terminated"] is False
+    assert (status, body["terminated"], body["error"]["code"]) == (400, False, "not_supported"), body
     assert "not support" in body["reason"]
 
 

@@ -553,14 +553,24 @@ class ProviderPool:
 
     def update_capacity(self, spec):
         """
-        A reload changed a resource's capacity (an adapter's implicit
-        resource follows its C{max_concurrency}): leases held stay, new ones
-        follow the new capacity, and waiters are served if room appeared.
+        A reload changed a resource's capacity, or added one (an adapter's
+        implicit resource follows its C{max_concurrency}, and a new adapter
+        brings a new one). Leases held stay; new ones follow the new
+        capacity; a new resource joins its node's live generation; waiters
+        are served if room appeared.
         """
-        resource = self._resources[spec.key]
-        if resource.spec != spec:
-            resource.spec = spec
-            self._pump()
+        resource = self._resources.get(spec.key)
+        if resource is None:
+            resource = _Resource(spec)
+            siblings = self._by_node.setdefault(spec.node_id, [])
+            if siblings:
+                resource.generation, resource.draining = siblings[0].generation, siblings[0].draining
+            self._resources[spec.key] = resource
+            siblings.append(resource)
+        elif resource.spec == spec:
+            return
+        resource.spec = spec
+        self._pump()
 
     # -- Node lifecycle (told by the Edge service)
 

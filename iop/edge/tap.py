@@ -34,6 +34,8 @@ def reload(edge, path, why):
         edge.reload(edge_config.load(path))
     except ConfigError as e:
         log.error("reload refused, keeping the running configuration: {error}", error=str(e))
+    except Exception:
+        log.failure("reload failed, keeping the running configuration")
 
 
 def makeService(options):

@@ -315,7 +315,21 @@ class Ollama(Provider):
         )
 
     def pull(self, request, body, number):
-        return self.json(request, 200, {"status": "success"})
+        """
+        Like Ollama: with C{stream} (its default) NDJSON status lines, a
+        pulling line per tenth of the model, then C{success}; one per
+        delay for a C{slow-*} model, and stopping if the client goes away.
+        """
+        model = body.get("model") or ""
+        if body.get("stream") is False:
+            return self.json(request, 200, {"status": "success"})
+        lines = [{"status": "pulling manifest"}]
+        lines += [
+            {"status": "pulling 0123", "digest": "sha256:0123", "total": 100, "completed": 10 * i} for i in range(1, 11)
+        ]
+        lines += [{"status": "success"}]
+        parts = [dumps(line).encode() + b"\n" for line in lines]
+        return self.stream(request, b"application/x-ndjson", parts, model, number)
 
     def delete(self, request, body, number):
         missing = self.known(request, body)

@@ -508,6 +508,22 @@ class ReloadTests(SynchronousTestCase):
         node = self.edge.service.status()["nodes"][0]
         self.assertEqual(node["config_refresh"]["state"], "unacknowledged")
 
+    def test_added_adapter_is_a_resource_at_once(self):
+        """
+        An adapter added by a reload (no provider names it) gets its
+        implicit resource live on the connected node, so direct work on it
+        holds a lease right away.
+        """
+
+        def mutate(data):
+            data["nodes"][0]["adapters"].append({"name": "extra", "type": "echo", "max_concurrency": 3})
+
+        self.edge.service.reload(self.changed(mutate))
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="extra", node="n1")
+        self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
+        (extra,) = [p for p in self.edge.service.status()["nodes"][0]["providers"] if p["id"] == "extra"]
+        self.assertEqual((extra["in_use"]["normal"], extra["capacity"]["normal"], extra["implicit"]), (1, 3, True))
+
     def test_unchanged_pushes_nothing(self):
         """
         Reloading the same configuration sends nothing.
