@@ -83,6 +83,24 @@ class GatewayTests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders(b"x-provider"), [b"p"])
         self.assertEqual(self.in_use()[("n1", "llm")], 0)
 
+    def test_tunnel_by_adapter_name(self):
+        """
+        An OpenAI-compatible adapter reached by its name (one node ready)
+        is a tunnel too, holds a lease on the adapter's resource, and
+        forwards the caller's C{model} unchanged (no target to rewrite to).
+        """
+        d = self.gateway.post("/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": "hi"}]})
+        (request, sink, done), *_ = self.node.adapter("llm").tunnels
+        self.assertEqual(json.loads(request.body)["model"], "llm")
+        self.assertEqual(self.in_use()[("n1", "llm")], 1)
+        sink.status(200)
+        sink.headers([("content-type", "application/json")])
+        sink.body(b"{}")
+        done.callback(None)
+        self.gateway.flush()
+        self.assertEqual(self.result(d)[0], 200)
+        self.assertEqual(self.in_use()[("n1", "llm")], 0)
+
     def test_cancel(self):
         """
         Cancelling a native run cancels the adapter's work on the Node; the
