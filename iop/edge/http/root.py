@@ -1,12 +1,15 @@
 """
 The Edge's HTTP routes: one table from path pattern to resource, for the
-OpenAI-compatible surface, the native surface and C{/metrics}; a JSON 404
+OpenAI-compatible surface, the native surface, C{/metrics} and the status
+page (C{/ui/}, see L{iop.edge.http.ui}); a JSON 404
 for every other path.
 
 Hand-routed on C{twisted.web} rather than Klein (the reasons are in
 docs/architecture.md): the table below is the whole router. A pattern
 segment in braces (C{{run_id}}) matches any one segment and reaches the
-handler as C{request.path_params["run_id"]}.
+handler as C{request.path_params["run_id"]}. A prefix route (the status
+page's files) takes every longer path under it, the rest reaching the
+handler as C{request.path_params["path"]}.
 """
 
 from twisted.web.resource import Resource
@@ -14,11 +17,13 @@ from twisted.web.resource import Resource
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, NodeCommands, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Models
+from iop.edge.http.ui import add_ui_routes
 
 
 class Router(Resource):
     """
-    Matches the whole request path against patterns, exact ones first.
+    Matches the whole request path against patterns: exact ones first,
+    then those with parameters, then prefixes.
     """
 
     isLeaf = True
@@ -27,6 +32,7 @@ class Router(Resource):
         super().__init__()
         self._exact = {}
         self._patterns = []
+        self._prefixes = []
 
     def route(self, pattern, resource):
         segments = tuple(pattern.strip("/").split("/"))
@@ -34,6 +40,9 @@ class Router(Resource):
             self._patterns.append((segments, resource))
         else:
             self._exact[segments] = resource
+
+    def prefix(self, pattern, resource):
+        self._prefixes.append((tuple(pattern.strip("/").split("/")), resource))
 
     def render(self, request):
         try:
@@ -47,6 +56,11 @@ class Router(Resource):
                 params = _match(pattern, segments)
                 if params is not None:
                     resource, request.path_params = candidate, params
+                    break
+        if resource is None:
+            for prefix, candidate in self._prefixes:
+                if len(segments) > len(prefix) and segments[: len(prefix)] == prefix:
+                    resource, request.path_params = candidate, {"path": "/".join(segments[len(prefix) :])}
                     break
         if resource is None:
             return NotFound().render(request)
@@ -79,4 +93,5 @@ def build_root(service, config, clock, metrics_resource=None):
     router.route("/v1/status", Status(service, keys))
     if metrics_resource is not None:
         router.route("/metrics", metrics_resource)
+    add_ui_routes(router, service, keys, clock)
     return router
