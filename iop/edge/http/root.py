@@ -28,8 +28,11 @@ class Router(Resource):
 
     isLeaf = True
 
-    def __init__(self):
+    def __init__(self, observer=None):
         super().__init__()
+        #: called as C{observer(route, request)} before each request is
+        #: rendered (the request metrics); the route is the pattern.
+        self.observer = observer
         self._exact = {}
         self._patterns = []
         self._prefixes = []
@@ -37,33 +40,34 @@ class Router(Resource):
     def route(self, pattern, resource):
         segments = tuple(pattern.strip("/").split("/"))
         if any(s.startswith("{") for s in segments):
-            self._patterns.append((segments, resource))
+            self._patterns.append((segments, (pattern, resource)))
         else:
-            self._exact[segments] = resource
+            self._exact[segments] = (pattern, resource)
 
     def prefix(self, pattern, resource):
-        self._prefixes.append((tuple(pattern.strip("/").split("/")), resource))
+        self._prefixes.append((tuple(pattern.strip("/").split("/")), (pattern, resource)))
 
     def render(self, request):
         try:
             segments = tuple(s.decode("utf-8") for s in request.prepath + request.postpath)
         except UnicodeDecodeError:
             return NotFound().render(request)
-        resource = self._exact.get(segments)
+        found = self._exact.get(segments)
         request.path_params = {}
-        if resource is None:
+        if found is None:
             for pattern, candidate in self._patterns:
                 params = _match(pattern, segments)
                 if params is not None:
-                    resource, request.path_params = candidate, params
+                    found, request.path_params = candidate, params
                     break
-        if resource is None:
+        if found is None:
             for prefix, candidate in self._prefixes:
                 if len(segments) > len(prefix) and segments[: len(prefix)] == prefix:
-                    resource, request.path_params = candidate, {"path": "/".join(segments[len(prefix) :])}
+                    found, request.path_params = candidate, {"path": "/".join(segments[len(prefix) :])}
                     break
-        if resource is None:
-            return NotFound().render(request)
+        route, resource = found if found is not None else ("unmatched", NotFound())
+        if self.observer is not None:
+            self.observer(route, request)
         return resource.render(request)
 
 
@@ -83,7 +87,8 @@ def _match(pattern, segments):
 
 def build_root(service, config, clock, metrics_resource=None):
     keys = Keys(config.api_keys, config.admin_keys)
-    router = Router()
+    http_metrics = getattr(metrics_resource, "http", None)
+    router = Router(http_metrics.observe if http_metrics is not None else None)
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     router.route("/v1/models", Models(service, keys))
     router.route("/v1/runs", Runs(service, keys))
