@@ -162,6 +162,15 @@ class RunDispatch(Dispatch):
             return
         if event.type in TERMINAL_TYPES:
             self.finish()
+            if event.type == ERROR and event.error is not None:
+                self.log.warn(
+                    "run {run_id} on node {node} ({adapter}) failed: {code}: {reason}",
+                    run_id=self.id,
+                    node=self.placement.node_id,
+                    adapter=self.placement.adapter,
+                    code=event.error.code,
+                    reason=event.error.message,
+                )
         self.tracker.publish_run_event(self, event)
         self.listener.event(event)
 
@@ -207,6 +216,14 @@ class TunnelDispatch(Dispatch):
 
     def fail(self, code, message, status=0):
         if self.finish():
+            (self.log.info if code in (CANCELLED, SHUTTING_DOWN) else self.log.warn)(
+                "tunnel {tunnel_id} on node {node} ({adapter}) ended: {code}: {reason}",
+                tunnel_id=self.id,
+                node=self.placement.node_id,
+                adapter=self.placement.adapter,
+                code=code,
+                reason=message,
+            )
             self.listener.error(RunFailure(code=code, message=message, status=status))
 
     def end_cancelled(self, message, code=CANCELLED):
