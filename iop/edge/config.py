@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
+from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES
 
 _ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
@@ -65,6 +66,8 @@ class EdgeConfig:
     run_grace_sec: float = 10.0
     #: How long a stopping Edge lets work in flight finish before ending it.
     shutdown_grace_sec: float = 30.0
+    #: C{text} (twistd's lines) or C{json} (one JSON object per line).
+    log_format: str = "text"
 
     def node(self, node_id):
         for node in self.nodes:
@@ -105,6 +108,7 @@ def parse(top):
             "metrics",
             "run_grace_sec",
             "shutdown_grace_sec",
+            "log_format",
         }
     )
     listen = top.section("listen")
@@ -121,6 +125,7 @@ def parse(top):
         admin_keys=frozenset(_strings(top, "admin_keys")),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
+        log_format=parse_log_format(top),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")
