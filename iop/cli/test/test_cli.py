@@ -1,6 +1,8 @@
 """
 The command line's pieces that need no Edge: the event-stream reader, the
-error lines and exit statuses, the tables, and the pull progress reader.
+error lines and exit statuses, the tables, the pull progress reader, and
+(against scripted answers, since today's Edge has neither) following a
+run with resumption and tailing the events feed.
 Commands against real daemons are in tests/test_cli.py.
 """
 
@@ -11,8 +13,18 @@ import json
 from rich.console import Console
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.cli import render, sse
-from iop.cli.client import AUTH, FAILED, NOT_FOUND, UNSUPPORTED, USAGE, CLIError, EdgeClient, answer_error
+from iop.cli import render, sse, streams
+from iop.cli.client import (
+    AUTH,
+    FAILED,
+    NOT_FOUND,
+    UNREACHABLE,
+    UNSUPPORTED,
+    USAGE,
+    CLIError,
+    EdgeClient,
+    answer_error,
+)
 from iop.cli.main import Context, build_parser, main, run_list
 from iop.cli.pull import show_progress
 
@@ -254,4 +266,117 @@ class PullProgressTests(SynchronousTestCase):
         show_progress(ctx, self.events({"status": "a"}, {"status": "success"}), "n1", "x")
         self.assertEqual(
             [json.loads(line) for line in self.out.getvalue().splitlines()], [{"status": "a"}, {"status": "success"}]
+        )
+
+
+class FakeResponse:
+    """
+    A streamed answer: its events, then a cut (OSError) or the end.
+    """
+
+    def __init__(self, events, cut=False):
+        self._events = events
+        self.cut = cut
+
+    def events(self):
+        yield from self._events
+        if self.cut:
+            raise ConnectionResetError("cut")
+
+    def close(self):
+        pass
+
+
+class FakeClient:
+    """
+    Answers each request with the next scripted response (or raises the
+    scripted CLIError), recording what was asked.
+    """
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.requests = []
+
+    def request(self, method, path, **kwargs):
+        self.requests.append((method, path, kwargs))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def run_event(seq, kind, **fields):
+    return sse.Event(json.dumps({"run_id": "run-1", "type": kind, **fields}), id=str(seq))
+
+
+class FollowTests(SynchronousTestCase):
+    def setUp(self):
+        self.patch(streams, "RESUME_DELAY_SEC", 0)
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def context(self, client, *argv):
+        args = build_parser({}).parse_args(["run", "run-1", "--follow", *argv])
+        ctx = Context(args, EdgeClient(), self.out, self.err)
+        ctx.client = client
+        return ctx
+
+    def test_resume_after_cut(self):
+        """
+        A stream cut before the terminal is resumed with Last-Event-ID set
+        to the last id seen: the text is printed once, whole, and the
+        command succeeds when the run completes.
+        """
+        client = FakeClient(
+            FakeResponse([run_event(1, "start"), run_event(2, "delta", text="one ")], cut=True),
+            CLIError("cannot reach", UNREACHABLE),
+            FakeResponse([run_event(3, "delta", text="two"), run_event(4, "complete")]),
+        )
+        self.assertEqual(streams.follow_run(self.context(client), "/v1/runs/run-1"), 0)
+        self.assertEqual(self.out.getvalue(), "one two\n")
+        headers = [kwargs["headers"].get("last-event-id") for _, _, kwargs in client.requests]
+        self.assertEqual(headers, [None, "2", "2"])
+        self.assertEqual({path for _, path, _ in client.requests}, {"/v1/runs/run-1/events"})
+
+    def test_failed_run(self):
+        """
+        A run that ends in error exits 1 naming the code and reason on
+        stderr; with --json every event is one JSON line.
+        """
+        client = FakeClient(FakeResponse([run_event(1, "error", error={"code": "boom", "message": "it broke"})]))
+        self.assertEqual(streams.follow_run(self.context(client, "--json"), "/p"), FAILED)
+        self.assertEqual(json.loads(self.out.getvalue())["type"], "error")
+        self.assertIn("boom: it broke", self.err.getvalue())
+
+    def test_first_connection_refused(self):
+        """
+        An Edge that cannot be reached before any event is not retried.
+        """
+        client = FakeClient(CLIError("cannot reach", UNREACHABLE))
+        self.assertRaises(CLIError, streams.follow_run, self.context(client), "/p")
+        self.assertEqual(len(client.requests), 1)
+
+
+class EventsTests(SynchronousTestCase):
+    def test_lines(self):
+        """
+        Each event of the feed is one line with its kind and its fields,
+        ids first; --json passes the data through.
+        """
+        events = [
+            sse.Event(
+                json.dumps({"node": "gpu-1", "event": "disconnected", "reason": "heartbeat timeout"}), event="node"
+            ),
+            sse.Event(json.dumps({"type": "complete", "run_id": "run-9", "node": "gpu-1"}), event="run"),
+        ]
+        out = io.StringIO()
+        args = build_parser({}).parse_args(["events", "--node", "gpu-1", "--admin-key", "a"])
+        ctx = Context(args, EdgeClient(admin_key="a"), out, io.StringIO())
+        ctx.client = client = FakeClient(FakeResponse(events))
+        self.assertEqual(streams.tail_events(ctx, {"node": "gpu-1", "type": None}), 0)
+        lines = out.getvalue().splitlines()
+        self.assertIn("node event=disconnected node=gpu-1 reason=heartbeat timeout", lines[0])
+        self.assertIn("run type=complete node=gpu-1 run_id=run-9", lines[1])
+        method, path, kwargs = client.requests[0]
+        self.assertEqual(
+            (method, path, kwargs["admin"], kwargs["params"]["node"]), ("GET", "/v1/events", True, "gpu-1")
         )
