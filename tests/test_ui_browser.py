@@ -89,6 +89,7 @@ def test_status_page_live(launch, browser, tmp_path):
     after it; the run is listed complete; nothing overflows a phone's
     width.
     """
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -102,7 +103,12 @@ def test_status_page_live(launch, browser, tmp_path):
     )
     launch.node(edge.node_port, "tok-1")
     wait_for(lambda: edge.status_with("caller")["nodes"][0]["connected"], what="node-1 to connect")
-    wait = WebDriverWait(browser, 15, poll_frequency=0.1)
+    # The page redraws every 1.5 s: an element read between two redraws
+    # may be gone, so every read goes through a wait that retries it.
+    wait = WebDriverWait(browser, 15, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
+
+    def text(selector):
+        return browser.find_element(By.CSS_SELECTOR, selector).text
 
     browser.get(edge.base_url + "/")
     assert browser.current_url.endswith("/ui/")
@@ -110,24 +116,24 @@ def test_status_page_live(launch, browser, tmp_path):
     browser.find_element(By.ID, "key-input").send_keys("caller")
     browser.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
 
-    node = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '[data-node="node-1"][data-state="ready"]'))[0]
+    node = wait.until(lambda d: text('[data-node="node-1"][data-state="ready"]'))
     assert not browser.find_element(By.ID, "key-form").is_displayed()
-    assert "generation 1" in node.text
-    assert browser.find_elements(By.CSS_SELECTOR, '[data-node="node-2"][data-state="offline"]')
+    assert "generation 1" in node
+    assert wait.until(lambda d: text('[data-node="node-2"][data-state="offline"]'))
     normal = '[data-provider="node-1/echo"] [data-in-use="normal"]'
-    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, normal).text == "0")
+    wait.until(lambda d: text(normal) == "0")
 
     done = {}
     runner = threading.Thread(target=slow_run, args=(edge, done), daemon=True)
     runner.start()
     try:
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, normal).text == "1")
+        wait.until(lambda d: text(normal) == "1")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#runs [data-run] .badge.running"))
         screenshot(browser, tmp_path, "status-page.png")
     finally:
         runner.join(timeout=30)
     assert b'"complete"' in done.get("body", b"")
-    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, normal).text == "0")
+    wait.until(lambda d: text(normal) == "0")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#runs [data-run] .badge.complete"))
     assert browser.find_element(By.ID, "live").get_attribute("data-state") == "live"
 
