@@ -7,7 +7,7 @@ setup(
     license="MIT",
     python_requires=">=3.11",
     packages=find_packages(include=["iop", "iop.*"]) + ["twisted.plugins"],
-    package_data={"iop.protocols": ["iop.proto"]},
+    package_data={"iop.protocols": ["iop.proto"], "iop.edge.http": ["static/*"]},
     install_requires=[
         "twisted[tls,conch]>=26.10",
         # The generated iop_pb2.py refuses an older runtime than its generator.
@@ -16,13 +16,18 @@ setup(
         "pyyaml>=6",
         "zope.interface>=8",
         "prometheus-client>=0.26",
+        # Tables, live views and progress bars of the `iop` command line.
+        "rich>=14",
     ],
+    entry_points={"console_scripts": ["iop = iop.cli.main:main"]},
     extras_require={
         "test": [
             "pytest>=9",
             "pytest-twisted>=1.14",
             "hypothesis>=6.150",
             "openai>=3",
+            # The status page's browser test drives Debian's chromium.
+            "selenium>=4.30",
             # Pinned with protobuf: regenerates iop_pb2.py for the drift test.
             "grpcio-tools==1.85.1",
             # The quality gate (`make check`).

@@ -1,7 +1,8 @@
 """
 `make demo`: start an Edge and a Node from conf/ on loopback, stream one
 chat completion through /v1/chat/completions from the built-in echo back
-end, print the status snapshot, and stop both.
+end, end by printing `iop status` (the command line's view of the Edge),
+and stop both.
 
 The daemons run in .demo/ (their logs are there); the config files are
 conf/edge.yaml and conf/node.yaml, unchanged, so what you see is exactly
@@ -10,6 +11,7 @@ what `twistd -n iop-edge --config conf/edge.yaml` gives you.
 
 import json
 import os
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +19,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/su
 from support.daemons import Daemon, sse_events, wait_for  # noqa: E402
 
 HTTP = ("127.0.0.1", 8080)
+EDGE_URL = f"http://{HTTP[0]}:{HTTP[1]}"
+IOP = os.path.join(os.path.dirname(sys.executable), "iop")
 
 
 def main():
@@ -57,8 +61,11 @@ def main():
                 sys.stdout.write(choice["delta"].get("content", ""))
                 sys.stdout.flush()
         conn.close()
-        print("\n\nGET /v1/status")
-        print(json.dumps(status(), indent=2))
+        print(
+            f"\n\n$ iop status   (then the demo stops both daemons; their logs are in .demo/; the page is {EDGE_URL}/ui/)"
+        )
+        sys.stdout.flush()
+        subprocess.run([IOP, "status", "--edge", EDGE_URL], check=True, timeout=30)
     except Exception:
         for daemon in (edge, node):
             if daemon.process is not None:
@@ -66,7 +73,8 @@ def main():
         raise
     finally:
         codes = [daemon.stop() for daemon in (node, edge)]
-        print(f"\nstopped iop-node and iop-edge (exit status {codes[0]}, {codes[1]}); logs in .demo/")
+        if any(code not in (0, None) for code in codes):
+            print(f"\niop-node and iop-edge exited with status {codes[0]}, {codes[1]}; logs in .demo/")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
+from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES
 
 _ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
@@ -90,6 +91,9 @@ class EdgeConfig:
     def command_timeout(self, command):
         return self.command_timeouts.get(command, self.command_timeouts[None])
 
+    #: C{text} (twistd's lines) or C{json} (one JSON object per line).
+    log_format: str = "text"
+
     def node(self, node_id):
         for node in self.nodes:
             if node.id == node_id:
@@ -133,6 +137,7 @@ def parse(top):
             "shutdown_grace_sec",
             "direct_queue_timeout_sec",
             "commands",
+            "log_format",
         }
     )
     listen = top.section("listen")
@@ -150,6 +155,7 @@ def parse(top):
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
         direct_queue_timeout_sec=top.number("direct_queue_timeout_sec", 30.0, positive=True),
+        log_format=parse_log_format(top),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")

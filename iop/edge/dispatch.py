@@ -182,6 +182,15 @@ class RunDispatch(Dispatch):
         self.output = True
         if event.type in TERMINAL_TYPES:
             self.finish()
+            if event.type == ERROR and event.error is not None:
+                self.log.warn(
+                    "run {run_id} on node {node} ({adapter}) failed: {code}: {reason}",
+                    run_id=self.id,
+                    node=self.placement.node_id,
+                    adapter=self.placement.adapter,
+                    code=event.error.code,
+                    reason=event.error.message,
+                )
         self.tracker.publish_run_event(self, event)
         self.listener.event(event)
 
@@ -236,8 +245,17 @@ class TunnelDispatch(Dispatch):
 
     def fail(self, code, message, status=0):
         failure = RunFailure(code=code, message=message, status=status)
-        if not self._refused_before_output(failure) and self.finish():
-            self.listener.error(failure)
+        if self._refused_before_output(failure) or not self.finish():
+            return
+        (self.log.info if code in (CANCELLED, SHUTTING_DOWN) else self.log.warn)(
+            "tunnel {tunnel_id} on node {node} ({adapter}) ended: {code}: {reason}",
+            tunnel_id=self.id,
+            node=self.placement.node_id,
+            adapter=self.placement.adapter,
+            code=code,
+            reason=message,
+        )
+        self.listener.error(failure)
 
     def tell_failure(self, failure):
         self.listener.error(failure)

@@ -2,15 +2,48 @@
 Prometheus metrics for the Edge.
 
 Gauges are read from the live service at scrape time (no shadow copies of
-registry, pool or in-flight state); counters follow the event bus. Each
-Edge builds its own C{CollectorRegistry}, so several can live in one
-process (tests).
+registry, pool or in-flight state); counters follow the event bus, and the
+HTTP ones are counted by the router (L{HTTPMetrics}). Each Edge builds its
+own C{CollectorRegistry}, so several can live in one process (tests).
+
+The names are a contract with conf/grafana/iop.json and
+conf/prometheus/alerts.yml (tests/test_dashboards.py checks every name
+they use against a live scrape).
 """
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from iop.metricspage import MetricsPage
+from iop.run import TERMINAL_TYPES
+
+#: Usage fields and the C{kind} label of C{iop_edge_tokens_total}.
+TOKEN_KINDS = (
+    ("input_tokens", "input"),
+    ("output_tokens", "output"),
+    ("reasoning_tokens", "reasoning"),
+    ("cached_input_tokens", "cached_input"),
+)
+
+#: The routes whose time to first byte is measured: those that run work.
+TIMED_ROUTES = frozenset({"/v1/chat/completions", "/v1/runs"})
+
+TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def disconnect_cause(reason):
+    """
+    A Node connection's loss reason as a small label set, so heartbeat
+    timeouts can be told from clean closes and broken frames.
+    """
+    reason = (reason or "").lower()
+    if reason.startswith("heartbeat timeout"):
+        return "heartbeat_timeout"
+    if reason.startswith(("protocol violation", "undecodable frame", "frame of", "frame carries")):
+        return "protocol_error"
+    if "closed cleanly" in reason:
+        return "closed"
+    return "lost"
 
 
 class _ServiceCollector:
@@ -20,13 +53,23 @@ class _ServiceCollector:
     def collect(self):
         status = self.service.status()
         connected = GaugeMetricFamily("iop_edge_node_connected", "1 if the node is dispatch-ready", labels=["node"])
+        node_work = GaugeMetricFamily(
+            "iop_edge_node_in_flight", "Runs and tunnels in flight on the node", labels=["node"]
+        )
         in_use = GaugeMetricFamily("iop_edge_provider_in_use", "Leases held", labels=["node", "provider", "class"])
         capacity = GaugeMetricFamily(
             "iop_edge_provider_capacity", "Effective capacity", labels=["node", "provider", "class"]
         )
+        up = GaugeMetricFamily(
+            "iop_edge_provider_up",
+            "1 if the provider's health is ok (0: offline or ejected)",
+            labels=["node", "provider"],
+        )
         for node in status["nodes"]:
             connected.add_metric([node["id"]], 1 if node["connected"] else 0)
+            node_work.add_metric([node["id"]], node.get("in_flight", 0))
             for provider in node["providers"]:
+                up.add_metric([node["id"], provider["id"]], 1 if provider.get("health") == "ok" else 0)
                 for klass in ("normal", "long"):
                     labels = [node["id"], provider["id"], klass]
                     in_use.add_metric(labels, provider["in_use"][klass])
@@ -36,23 +79,102 @@ class _ServiceCollector:
             queued.add_metric([group["name"]], group["queued"])
         inflight = GaugeMetricFamily("iop_edge_in_flight", "Runs and tunnels in flight")
         inflight.add_metric([], len(self.service.inflight))
-        return [connected, in_use, capacity, queued, inflight]
+        return [connected, node_work, in_use, capacity, up, queued, inflight]
 
 
-def build_metrics(service, bus):
+class HTTPMetrics:
     """
-    @return: the C{/metrics} resource.
+    Caller requests by route pattern, method and status (counted when the
+    response ends, streams included), and for the routes that run work the
+    time from the request reaching the router to the first body byte of a
+    successful answer: queueing, placement and the back end's first token.
+    """
+
+    def __init__(self, registry, clock):
+        self.clock = clock
+        self.requests = Counter(
+            "iop_edge_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "code"],
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "iop_edge_http_ttfb_seconds",
+            "Time to the first byte of a successful answer",
+            ["route"],
+            buckets=TTFB_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, route, request):
+        """
+        Called by the router for each request, before its resource.
+        """
+        method = request.method.decode("ascii", "replace")
+        if route in TIMED_ROUTES:
+            self._time_first_write(route, request, self.clock.seconds())
+        request.notifyFinish().addBoth(lambda _: self.requests.labels(route, method, str(request.code)).inc())
+
+    def _time_first_write(self, route, request, arrived):
+        # Shadow this one request's write until its first call, then
+        # remove the shadow: later writes go straight to twisted.web.
+        def first_write(data):
+            del request.write
+            if request.code < 400:
+                self.ttfb.labels(route).observe(self.clock.seconds() - arrived)
+            return request.write(data)
+
+        request.write = first_write
+
+
+def build_metrics(service, bus, clock=None):
+    """
+    @return: the C{/metrics} resource; its C{http} attribute is the
+        L{HTTPMetrics} the router reports requests to.
     """
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(service))
     terminals = Counter("iop_edge_run_terminals", "Run terminal events", ["type"], registry=registry)
+    failures = Counter(
+        "iop_edge_run_failures",
+        "Runs ended in error or cancelled, by reason code",
+        ["node", "type", "code"],
+        registry=registry,
+    )
+    tokens = Counter("iop_edge_tokens", "Tokens reported by providers, by kind", ["node", "kind"], registry=registry)
     node_events = Counter("iop_edge_node_events", "Node lifecycle events", ["event"], registry=registry)
+    disconnects = Counter(
+        "iop_edge_node_disconnects", "Node connections lost, by cause", ["node", "cause"], registry=registry
+    )
+
+    def count_usage(node, usage):
+        for field, kind in TOKEN_KINDS:
+            if usage.get(field):
+                tokens.labels(node or "", kind).inc(usage[field])
 
     def observe(topic, payload):
-        if topic == "run" and payload["type"] in ("complete", "error", "cancelled"):
-            terminals.labels(payload["type"]).inc()
+        if topic == "run":
+            kind = payload["type"]
+            if kind in TERMINAL_TYPES:
+                terminals.labels(kind).inc()
+                if payload.get("error"):
+                    failures.labels(payload.get("node") or "", kind, payload["error"].get("code") or "unknown").inc()
+            if kind in TERMINAL_TYPES or kind == "usage":
+                count_usage(payload.get("node"), payload.get("usage") or {})
         elif topic == "node":
             node_events.labels(payload["event"]).inc()
+            if payload["event"] == "disconnected":
+                disconnects.labels(payload["node"] or "", disconnect_cause(payload.get("reason"))).inc()
 
     bus.subscribe(observe)
-    return MetricsPage(registry)
+    return EdgeMetricsPage(registry, HTTPMetrics(registry, clock if clock is not None else service.clock))
+
+
+class EdgeMetricsPage(MetricsPage):
+    """
+    C{/metrics}, holding the L{HTTPMetrics} the router reports to.
+    """
+
+    def __init__(self, registry, http):
+        super().__init__(registry)
+        self.http = http

@@ -16,6 +16,7 @@ from twisted.python import usage
 from iop.config import ConfigError
 from iop.daemon import on_signals, stop_then_hurry
 from iop.edge import config as edge_config
+from iop.logs import with_log_format
 
 log = Logger()
 
@@ -51,4 +52,4 @@ def makeService(options):
     edge = EdgeService(config, reactor)
     stop_then_hurry(reactor, edge.hurry)
     on_signals(reactor, (signal.SIGHUP,), lambda message: reload(edge, options["config"], message))
-    return edge
+    return with_log_format(edge, config.log_format, "iop-edge")

@@ -9,6 +9,7 @@ reconnect.interval_sec: ...}) instead of surfacing as odd retry behaviour.
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, Section, load_yaml
+from iop.logs import parse_log_format
 
 DEFAULT_STORE = "file:iop.db?cache=shared&mode=rwc"
 DEFAULT_MAX_ATTEMPTS = 10
@@ -16,7 +17,16 @@ DEFAULT_INTERVAL_SEC = 10.0
 DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
 DEFAULT_SHUTDOWN_GRACE_SEC = 30.0
 
-_TOP_KEYS = {"edge", "token", "store", "reconnect", "register_timeout_sec", "shutdown_grace_sec", "metrics"}
+_TOP_KEYS = {
+    "edge",
+    "token",
+    "store",
+    "reconnect",
+    "register_timeout_sec",
+    "shutdown_grace_sec",
+    "metrics",
+    "log_format",
+}
 _RECONNECT_KEYS = {"max_attempts", "interval_sec"}
 
 
@@ -55,6 +65,8 @@ class NodeConfig:
         finish before cancelling it (0: cancel at once).
     @ivar metrics: a Twisted server endpoint string for C{/metrics}, or
         C{None} when metrics are not served.
+    @ivar log_format: C{text} (twistd's lines) or C{json} (one JSON object
+        per line).
     """
 
     edge: str
@@ -64,6 +76,7 @@ class NodeConfig:
     register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
     shutdown_grace_sec: float = DEFAULT_SHUTDOWN_GRACE_SEC
     metrics: str | None = None
+    log_format: str = "text"
 
 
 def parse_reconnect(section):
@@ -110,6 +123,7 @@ def parse_config(top):
         register_timeout_sec=float(register_timeout),
         shutdown_grace_sec=float(shutdown_grace),
         metrics=metrics,
+        log_format=parse_log_format(top),
     )
 
 

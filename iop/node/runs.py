@@ -198,7 +198,10 @@ class RunManager:
             d = defer.maybeDeferred(getattr(self.store, method), *args)
         except Exception:
             d = defer.fail()
-        d.addErrback(lambda f: self.log.failure("run store {method} failed", f, method=method))
+        run_id = args[0] if args else ""
+        d.addErrback(
+            lambda f: self.log.failure("run {run_id}: run store {method} failed", f, run_id=run_id, method=method)
+        )
 
     def ended(self, adapter, run_id, status, error, usage):
         self.record("record_end", run_id, status, error)

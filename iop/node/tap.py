@@ -12,6 +12,7 @@ from twisted.python import usage
 
 from iop.config import ConfigError
 from iop.daemon import stop_then_hurry
+from iop.logs import with_log_format
 from iop.node.config import load_config
 from iop.node.exit import ProcessExit
 
@@ -30,10 +31,11 @@ def makeService(options):
     path = options["config"]
     exit = ProcessExit(reactor)
     try:
-        service = NodeService(load_config(path), reactor, exit, source=path)
+        config = load_config(path)
+        service = NodeService(config, reactor, exit, source=path)
     except ConfigError as e:
         # SystemExit prints its message on stderr and exits with status 1,
         # instead of the traceback twistd would show for any other error.
         raise SystemExit(f"iop-node: bad configuration: {e}") from None
     stop_then_hurry(reactor, service.hurry)
-    return service
+    return with_log_format(service, config.log_format, "iop-node")

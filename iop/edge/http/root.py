@@ -1,6 +1,7 @@
 """
 The Edge's HTTP routes: one table from path pattern to resource, for the
-OpenAI-compatible surface, the native surface and C{/metrics}; a JSON 404
+OpenAI-compatible surface, the native surface, C{/metrics} and the status
+page (C{/ui/}, see L{iop.edge.http.ui}); a JSON 404
 for every other path.
 
 Hand-routed on C{twisted.web} rather than Klein (the reasons are in
@@ -8,7 +9,9 @@ docs/architecture.md): the table below is the whole router. A pattern
 segment in braces (C{{run_id}}) matches any one segment and reaches the
 handler as C{request.path_params["run_id"]}; a last segment C{{name...}}
 matches the rest of the path, slashes included (model ids such as
-C{Qwen/Qwen3-8B}).
+C{Qwen/Qwen3-8B}). A prefix route (the status page's files) takes every
+longer path under it, the rest reaching the handler as
+C{request.path_params["path"]}.
 """
 
 from twisted.web.resource import Resource
@@ -16,42 +19,55 @@ from twisted.web.resource import Resource
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, NodeCommands, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Model, Models
+from iop.edge.http.ui import add_ui_routes
 
 
 class Router(Resource):
     """
-    Matches the whole request path against patterns, exact ones first.
+    Matches the whole request path against patterns: exact ones first,
+    then those with parameters, in the order they were added.
     """
 
     isLeaf = True
 
-    def __init__(self):
+    def __init__(self, observer=None):
         super().__init__()
+        #: called as C{observer(route, request)} before each request is
+        #: rendered (the request metrics); the route is the pattern.
+        self.observer = observer
         self._exact = {}
         self._patterns = []
 
     def route(self, pattern, resource):
         segments = tuple(pattern.strip("/").split("/"))
         if any(s.startswith("{") for s in segments):
-            self._patterns.append((segments, resource))
+            self._patterns.append((segments, (pattern, resource)))
         else:
-            self._exact[segments] = resource
+            self._exact[segments] = (pattern, resource)
+
+    def prefix(self, pattern, resource):
+        """
+        Route every longer path under C{pattern} to C{resource}, the rest
+        as C{request.path_params["path"]}.
+        """
+        self.route(pattern.rstrip("/") + "/{path...}", resource)
 
     def render(self, request):
         try:
             segments = tuple(s.decode("utf-8") for s in request.prepath + request.postpath)
         except UnicodeDecodeError:
             return NotFound().render(request)
-        resource = self._exact.get(segments)
+        found = self._exact.get(segments)
         request.path_params = {}
-        if resource is None:
+        if found is None:
             for pattern, candidate in self._patterns:
                 params = _match(pattern, segments)
                 if params is not None:
-                    resource, request.path_params = candidate, params
+                    found, request.path_params = candidate, params
                     break
-        if resource is None:
-            return NotFound().render(request)
+        route, resource = found if found is not None else ("unmatched", NotFound())
+        if self.observer is not None:
+            self.observer(route, request)
         return resource.render(request)
 
 
@@ -59,7 +75,7 @@ def _match(pattern, segments):
     if pattern[-1].endswith("...}") and len(segments) >= len(pattern):
         rest = "/".join(segments[len(pattern) - 1 :])
         params = _match(pattern[:-1], segments[: len(pattern) - 1])
-        if params is None or not rest:
+        if params is None:
             return None
         params[pattern[-1][1:-4]] = rest
         return params
@@ -78,7 +94,8 @@ def _match(pattern, segments):
 
 def build_root(service, config, clock, metrics_resource=None):
     keys = Keys(config.api_keys, config.admin_keys)
-    router = Router()
+    http_metrics = getattr(metrics_resource, "http", None)
+    router = Router(http_metrics.observe if http_metrics is not None else None)
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     router.route("/v1/models", Models(service, keys))
     router.route("/v1/models/{model...}", Model(service, keys))
@@ -89,4 +106,5 @@ def build_root(service, config, clock, metrics_resource=None):
     router.route("/v1/status", Status(service, keys))
     if metrics_resource is not None:
         router.route("/metrics", metrics_resource)
+    add_ui_routes(router, service, keys, clock)
     return router

@@ -1,0 +1,177 @@
+"""
+The command line's streaming commands: a chat completion printed as it
+arrives, a run followed (and resumed with C{Last-Event-ID} when the
+connection is cut), and the events feed tailed.
+
+Answers go to stdout as plain text (so they pipe); reasoning, usage and
+errors go to stderr.
+"""
+
+import http.client
+import json
+import time
+
+from iop.cli.client import FAILED, UNREACHABLE, CLIError
+
+TERMINALS = ("complete", "error", "cancelled")
+SSE_ACCEPT = {"accept": "text/event-stream"}
+
+#: How often C{iop run --follow} reconnects after a cut before giving up.
+RESUME_ATTEMPTS = 5
+RESUME_DELAY_SEC = 1.0
+
+
+def write(stream, text):
+    stream.write(text)
+    stream.flush()
+
+
+def chat(ctx, model, messages):
+    """
+    C{POST /v1/chat/completions} with C{stream: true}: the content of each
+    chunk is printed at once. With C{--json}, one document at the end:
+    C{model}, C{text}, C{finish_reason}, C{usage}.
+    """
+    body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+    response = ctx.client.request(
+        "POST", "/v1/chat/completions", body=body, headers=SSE_ACCEPT, stream=True, timeout=None
+    )
+    parts, usage, finish = [], None, None
+    try:
+        for event in response.events():
+            if event.data == "[DONE]":
+                break
+            chunk = json.loads(event.data)
+            if "error" in chunk:
+                error = chunk["error"] or {}
+                raise CLIError(f"the completion failed: {error.get('message', error)}", FAILED)
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning and not ctx.args.json:
+                    ctx.err.print(reasoning, style="dim", end="")
+                content = delta.get("content")
+                if content:
+                    parts.append(content)
+                    if not ctx.args.json:
+                        write(ctx.stdout, content)
+                finish = choice.get("finish_reason") or finish
+    except (OSError, http.client.HTTPException) as e:
+        raise CLIError(f"the stream was cut: {e}", FAILED) from None
+    finally:
+        response.close()
+    if ctx.args.json:
+        ctx.print_json({"model": model, "text": "".join(parts), "finish_reason": finish, "usage": usage})
+        return 0
+    write(ctx.stdout, "\n")
+    if ctx.args.usage and usage:
+        ctx.err.print(
+            f"usage: {usage.get('prompt_tokens', 0)} prompt + {usage.get('completion_tokens', 0)} completion tokens",
+            style="dim",
+        )
+    return 0
+
+
+def follow_run(ctx, path):
+    """
+    C{GET <run>/events}: the run's events from the start, then live until
+    its terminal. A cut connection is resumed from the last C{id:} seen
+    (C{Last-Event-ID}), so nothing is printed twice or missed.
+
+    @return: 0 when the run completes, L{FAILED} when it ends in error or
+        is cancelled.
+    """
+    last_id, attempts = None, 0
+    while True:
+        headers = dict(SSE_ACCEPT)
+        if last_id is not None:
+            headers["last-event-id"] = last_id
+        try:
+            response = ctx.client.request("GET", path + "/events", headers=headers, stream=True)
+        except CLIError as e:
+            if e.exit_code != UNREACHABLE or last_id is None or attempts >= RESUME_ATTEMPTS:
+                raise
+        else:
+            try:
+                for event in response.events():
+                    if event.id is not None:
+                        last_id = event.id
+                    payload = json.loads(event.data)
+                    attempts = 0
+                    terminal = show_run_event(ctx, payload)
+                    if terminal is not None:
+                        return terminal
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                response.close()
+        attempts += 1
+        if attempts > RESUME_ATTEMPTS:
+            raise CLIError("the run's event stream keeps ending before its terminal event", FAILED)
+        time.sleep(RESUME_DELAY_SEC)
+
+
+def show_run_event(ctx, payload):
+    """
+    Print one native run event. @return: the exit status on a terminal,
+    else C{None}.
+    """
+    kind = payload.get("type")
+    if ctx.args.json:
+        write(ctx.stdout, json.dumps(payload) + "\n")
+    elif kind == "delta":
+        write(ctx.stdout, payload.get("text", ""))
+    elif kind == "reasoning_delta":
+        ctx.err.print(payload.get("text", ""), style="dim", end="")
+    if kind not in TERMINALS:
+        return None
+    if not ctx.args.json:
+        write(ctx.stdout, "\n")
+    if kind == "complete":
+        return 0
+    error = payload.get("error") or {}
+    reason = f"{error.get('code', '')}: {error.get('message', '')}" if error else "no reason given"
+    ctx.err.print(f"run {payload.get('run_id', '')} ended {kind}: {reason}", style="red")
+    return FAILED
+
+
+def describe(payload):
+    """
+    One event of the feed as C{key=value} words, the identifying ones first.
+    """
+    first = ("type", "event", "node", "run_id", "tunnel_id", "reason")
+    keys = [k for k in first if k in payload] + [k for k in payload if k not in first]
+    words = []
+    for key in keys:
+        value = payload[key]
+        if isinstance(value, dict | list):
+            value = json.dumps(value, separators=(",", ":"))
+        words.append(f"{key}={value}")
+    return " ".join(words)
+
+
+def tail_events(ctx, params):
+    """
+    C{GET /v1/events} (admin key): one line per event until Ctrl-C or the
+    Edge ends the stream; raw JSON lines with C{--json}.
+    """
+    response = ctx.client.request("GET", "/v1/events", params=params, headers=SSE_ACCEPT, admin=True, stream=True)
+    try:
+        for event in response.events():
+            if ctx.args.json:
+                write(ctx.stdout, event.data + "\n")
+                continue
+            try:
+                payload = json.loads(event.data)
+            except ValueError:
+                payload = {"data": event.data}
+            if not isinstance(payload, dict):
+                payload = {"data": payload}
+            name = event.event or payload.get("topic", "")
+            write(ctx.stdout, f"{time.strftime('%H:%M:%S')} {name} {describe(payload)}".replace("  ", " ") + "\n")
+    except (OSError, http.client.HTTPException) as e:
+        raise CLIError(f"the events feed was cut: {e}", FAILED) from None
+    finally:
+        response.close()
+    return 0

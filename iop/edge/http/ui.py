@@ -1,0 +1,169 @@
+"""
+The status page: C{/ui/} serves a static page (HTML, CSS and JS shipped in
+C{static/}, no build step and nothing fetched from elsewhere, so it works
+offline) that polls C{/ui/state} and redraws itself.
+
+  GET /             302 to ui/
+  GET /ui/          the page (and its files under /ui/)
+  GET /ui/state     the page's data (caller key when keys are set)
+
+The page's files hold no data and are served to anyone; the data endpoint
+is behind the caller key like C{/v1/status}, and the page asks for the key
+when it gets a 401. C{/ui/state} is C{/v1/status} plus what only a page
+needs: the Edge's clock (ages are computed against it, not the browser's),
+each connected node's generation, and the recent runs.
+
+Recent runs come from the event bus, like the metrics: a bounded list of
+the last L{RecentRuns.size} runs, which is what the page shows and not a
+history (run history is the Node's store).
+"""
+
+from collections import OrderedDict
+from importlib import resources
+
+from twisted.web.resource import Resource
+
+from iop.edge.http.common import JSONResource
+from iop.run import TERMINAL_TYPES
+
+CONTENT_TYPES = {
+    ".html": b"text/html; charset=utf-8",
+    ".css": b"text/css; charset=utf-8",
+    ".js": b"text/javascript; charset=utf-8",
+    ".svg": b"image/svg+xml",
+    ".png": b"image/png",
+}
+
+#: Only this origin's files and data: nothing inline, nothing from elsewhere.
+CONTENT_SECURITY_POLICY = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+class RecentRuns:
+    """
+    The last C{size} runs seen on the bus, newest first: id, node, adapter
+    and target (from the in-flight table when the run starts), status,
+    start and end times on the Edge's clock, usage and error code.
+    """
+
+    def __init__(self, bus, inflight, clock, size=30):
+        self.inflight = inflight
+        self.clock = clock
+        self.size = size
+        self._runs = OrderedDict()
+        self.subscription = bus.subscribe(self._observe, topics=["run"])
+
+    def _observe(self, topic, payload):
+        run_id, kind = payload.get("run_id"), payload.get("type")
+        if kind == "start":
+            self._started(run_id, payload)
+        elif kind in TERMINAL_TYPES:
+            run = self._runs.get(run_id) or self._started(run_id, payload)
+            run["status"] = kind
+            run["ended_at"] = self.clock.seconds()
+            if payload.get("usage"):
+                run["usage"] = payload["usage"]
+            if payload.get("error"):
+                run["error"] = payload["error"].get("code", "")
+
+    def _started(self, run_id, payload):
+        run = {"id": run_id, "node": payload.get("node"), "status": "running", "started_at": self.clock.seconds()}
+        dispatch = self.inflight.get(run_id)
+        if dispatch is not None:
+            run["adapter"] = dispatch.placement.adapter
+            run["target"] = dispatch.placement.target
+        self._runs[run_id] = run
+        while len(self._runs) > self.size:
+            self._runs.popitem(last=False)
+        return run
+
+    def snapshot(self):
+        return [dict(run) for run in reversed(self._runs.values())]
+
+
+class State(JSONResource):
+    """
+    C{GET /ui/state}: everything the page draws, in one answer.
+    """
+
+    def __init__(self, service, keys, clock, recent):
+        super().__init__(service, keys)
+        self.clock = clock
+        self.recent = recent
+
+    def handle_GET(self, request):
+        request.setHeader(b"cache-control", b"no-store")
+        status = self.service.status()
+        for node in status["nodes"]:
+            link = self.service.registry.ready_link(node["id"])
+            if link is not None:
+                node["generation"] = link.generation
+        return {"now": self.clock.seconds(), "status": status, "runs": self.recent.snapshot()}
+
+
+class StaticFiles(Resource):
+    """
+    The page's files, read once from the package: only the names shipped
+    in C{static/} exist (no path from the request touches the disk).
+    C{index.html} answers for the directory itself.
+    """
+
+    isLeaf = True
+
+    def __init__(self, package="iop.edge.http", folder="static"):
+        super().__init__()
+        self.files = {}
+        for entry in resources.files(package).joinpath(folder).iterdir():
+            suffix = "." + entry.name.rsplit(".", 1)[-1]
+            if entry.is_file() and suffix in CONTENT_TYPES:
+                self.files[entry.name] = (CONTENT_TYPES[suffix], entry.read_bytes())
+
+    def render_GET(self, request):
+        name = request.path_params.get("path") or "index.html"
+        found = self.files.get(name)
+        if found is None:
+            request.setResponseCode(404)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            return b"not found\n"
+        content_type, data = found
+        request.setHeader(b"content-type", content_type)
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"referrer-policy", b"no-referrer")
+        return data
+
+    def render_HEAD(self, request):
+        return self.render_GET(request)
+
+
+class Redirect(Resource):
+    """
+    A 302 to a location relative to the request (so it also works behind
+    a proxy that serves the Edge under a path prefix).
+    """
+
+    isLeaf = True
+
+    def __init__(self, location):
+        super().__init__()
+        self.location = location
+
+    def render(self, request):
+        request.setResponseCode(302)
+        request.setHeader(b"location", self.location)
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        return b"the status page is at " + self.location + b"\n"
+
+
+def add_ui_routes(router, service, keys, clock):
+    """
+    Route C{/}, C{/ui} and C{/ui/...} on C{router} to the status page.
+    """
+    recent = RecentRuns(service.bus, service.inflight, clock)
+    router.route("/", Redirect(b"ui/"))
+    router.route("/ui", Redirect(b"ui/"))
+    router.route("/ui/state", State(service, keys, clock, recent))
+    router.prefix("/ui/", StaticFiles())

@@ -1,0 +1,88 @@
+"""
+The Edge's metrics on the whole gateway in memory: request counts and time
+to first byte from the router, tokens and failure reasons from the bus,
+disconnect causes, and the gauges read from the live service.
+"""
+
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.metrics import disconnect_cause
+from iop.testing.gateway import Gateway
+
+TEXT = "one two three four"
+
+
+class EdgeMetricsTests(SynchronousTestCase):
+    def setUp(self):
+        self.gateway = Gateway()
+        self.node = self.gateway.node()
+
+    def samples(self):
+        d = self.gateway.get("/metrics")
+        _, _, body = self.successResultOf(self.gateway.read(d))
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+        }
+
+    def value(self, name, **labels):
+        return self.samples().get((name, tuple(sorted(labels.items()))))
+
+    def test_requests_ttfb_and_tokens(self):
+        """
+        A streamed run is counted once by route, method and status when it
+        ends, its time to first byte is observed on the Edge's clock, and
+        the tokens of its terminal are counted by node and kind.
+        """
+        self.gateway.clock.advance(1)
+        d = self.gateway.post("/v1/runs", {"model": "talk", "input": TEXT})
+        self.assertEqual(self.value("iop_edge_provider_in_use", node="n1", provider="echo", **{"class": "normal"}), 1)
+        self.assertEqual(self.value("iop_edge_node_in_flight", node="n1"), 1)
+        self.gateway.advance(1)
+        self.successResultOf(self.gateway.read(d))
+        self.assertEqual(self.value("iop_edge_http_requests_total", route="/v1/runs", method="POST", code="200"), 1)
+        self.assertEqual(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/runs"), 1)
+        ttfb = self.value("iop_edge_http_ttfb_seconds_sum", route="/v1/runs")
+        self.assertTrue(0 <= ttfb < 0.1, ttfb)
+        self.assertEqual(self.value("iop_edge_tokens_total", node="n1", kind="output"), len(TEXT.split()))
+        self.assertEqual(self.value("iop_edge_provider_up", node="n1", provider="echo"), 1)
+
+    def test_errors_are_not_timed(self):
+        """
+        An error answer is counted with its status, and an unknown path
+        under the route C{unmatched}; neither is a time to first byte.
+        """
+        d = self.gateway.post("/v1/runs", {"model": "nope", "input": TEXT})
+        self.successResultOf(self.gateway.read(d))
+        self.successResultOf(self.gateway.read(self.gateway.get("/v1/nope")))
+        self.assertEqual(self.value("iop_edge_http_requests_total", route="/v1/runs", method="POST", code="404"), 1)
+        self.assertEqual(self.value("iop_edge_http_requests_total", route="unmatched", method="GET", code="404"), 1)
+        self.assertIsNone(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/runs"))
+
+    def test_failure_reason_and_disconnect_cause(self):
+        """
+        A Node lost mid-run counts the run's failure by its code and the
+        loss by its cause; its provider reads down.
+        """
+        d = self.gateway.post("/v1/runs", {"model": "talk", "input": TEXT})
+        self.gateway.advance(0.1)
+        self.node.session.close()
+        self.gateway.flush()
+        self.gateway.clock.advance(0)
+        self.successResultOf(self.gateway.read(d))
+        self.assertEqual(
+            self.value("iop_edge_run_failures_total", node="n1", type="error", code="node_disconnected"), 1
+        )
+        self.assertEqual(self.value("iop_edge_node_disconnects_total", node="n1", cause="closed"), 1)
+        self.assertEqual(self.value("iop_edge_provider_up", node="n1", provider="echo"), 0)
+
+    def test_disconnect_causes(self):
+        """
+        Loss reasons fold into a few causes.
+        """
+        self.assertEqual(disconnect_cause("heartbeat timeout: nothing received for 5s"), "heartbeat_timeout")
+        self.assertEqual(disconnect_cause("undecodable frame (3 bytes): x"), "protocol_error")
+        self.assertEqual(disconnect_cause("Connection was closed cleanly."), "closed")
+        self.assertEqual(disconnect_cause(None), "lost")
