@@ -236,11 +236,12 @@ def test_history_and_events(edge):
         one_line_error(iop(edge, "events"), UNSUPPORTED, "GET /v1/events")
 
 
-def test_pull_json_result(launch, fake_provider):
+def test_pull_streams_progress(launch, fake_provider):
     """
     `iop pull N MODEL` finds the node's Ollama adapter and pulls through
-    the node command; an Edge that answers with JSON (no progress stream)
-    shows the result.
+    the streamed node command: the human form ends with the pull's final
+    status, `--json` prints each progress event as a JSON line, the last
+    one the terminal.
     """
     ollama = fake_provider("ollama")
     node = echo_node("gpu", "tok")
@@ -250,7 +251,8 @@ def test_pull_json_result(launch, fake_provider):
     edge.wait_connected("gpu")
     result = iop(edge, "pull", "gpu", "llama3.2:3b")
     assert result.returncode == 0, result.stderr
-    assert "pulled llama3.2:3b on gpu" in result.stdout
-    answer = json.loads(iop(edge, "--json", "pull", "gpu", "llama3.2:3b").stdout)
-    assert answer["command"] == "ollama_pull" and answer["result"]["status"] == "success"
+    assert "pulled llama3.2:3b on gpu: success" in result.stdout
+    lines = [json.loads(line) for line in iop(edge, "--json", "pull", "gpu", "llama3.2:3b").stdout.splitlines()]
+    assert [line["completed"] for line in lines if "completed" in line] == list(range(10, 101, 10))
+    assert lines[-1]["done"] is True and lines[-1]["result"]["status"] == "success"
     one_line_error(iop(edge, "pull", "nope", "x"), NOT_FOUND, "no node 'nope'")

@@ -34,7 +34,7 @@ def ollama_adapter(ctx, node_id):
 
 def pull(ctx, node_id, model, adapter, path):
     adapter = adapter or ollama_adapter(ctx, node_id)
-    body = {"command": "ollama_pull", "adapter": adapter, "args": {"model": model}}
+    body = {"command": "ollama_pull", "adapter": adapter, "args": {"model": model}, "stream": True}
     headers = {"accept": "text/event-stream, application/json"}
     # No answer deadline here: a pull takes as long as the download.
     response = ctx.client.request("POST", path, body=body, admin=True, headers=headers, stream=True, timeout=None)
@@ -81,6 +81,10 @@ def show_progress(ctx, events, node_id, model):
                 error = payload.get("error") or payload
                 message = error.get("message", error) if isinstance(error, dict) else error
                 raise CLIError(f"pull of {model} on {node_id} failed: {message}", FAILED)
+            if payload.get("done"):
+                result = payload.get("result")
+                last = result.get("status", last) if isinstance(result, dict) else last
+                break
             status = payload.get("status")
             if payload.get("total"):
                 key = payload.get("digest") or status
