@@ -144,6 +144,8 @@ SHUTTING_DOWN = "shutting_down"
 INVALID_REQUEST = "invalid_request"
 TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
 ADAPTER_ERROR = "adapter_error"
+#: A run the Node's store found C{running} from a previous process.
+NODE_RESTARTED = "node_restarted"
 #: The back end's own failures (HTTP adapters).
 PROVIDER_ERROR = "provider_error"
 PROVIDER_TIMEOUT = "provider_timeout"
@@ -166,6 +168,7 @@ FAILURE_CODES = {
     INVALID_REQUEST: ("Node", "the run request could not be read (bad options JSON, ...)"),
     TUNNEL_NOT_SUPPORTED: ("Node", "the adapter has no raw HTTP back end"),
     ADAPTER_ERROR: ("Node", "the adapter failed in an unexpected way"),
+    NODE_RESTARTED: ("Node", "the node process ended while the run was in progress (found at its next start)"),
     NODE_DISCONNECTED: ("Edge", "the node's connection was lost mid-work"),
     SEND_FAILED: ("Edge", "the request could not be sent to the node"),
     SHUTTING_DOWN: ("Edge", "the Edge is draining: queued work refused, in-flight work past the grace cancelled"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from iop.config import ConfigError, Section, load_yaml
 from iop.logs import parse_log_format
+from iop.node.store import Retention
 
 DEFAULT_STORE = "file:iop.db?cache=shared&mode=rwc"
 DEFAULT_MAX_ATTEMPTS = 10
@@ -28,6 +29,8 @@ _TOP_KEYS = {
     "log_format",
 }
 _RECONNECT_KEYS = {"max_attempts", "interval_sec"}
+_STORE_KEYS = {"path", "retention"}
+_RETENTION_KEYS = {"max_age_days", "max_rows"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class NodeConfig:
 
     @ivar edge: a Twisted client endpoint string for the Edge.
     @ivar token: the Node's credential. Never logged.
+    @ivar store: the run store's SQLite path or C{file:} URI.
+    @ivar retention: how long the run store keeps finished work.
     @ivar shutdown_grace_sec: how long a local shutdown lets work in flight
         finish before cancelling it (0: cancel at once).
     @ivar metrics: a Twisted server endpoint string for C{/metrics}, or
@@ -72,6 +77,7 @@ class NodeConfig:
     edge: str
     token: str = field(repr=False)
     store: str = DEFAULT_STORE
+    retention: Retention = Retention()
     reconnect: ReconnectPolicy = ReconnectPolicy()
     register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
     shutdown_grace_sec: float = DEFAULT_SHUTDOWN_GRACE_SEC
@@ -99,6 +105,33 @@ def parse_reconnect(section):
     return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval))
 
 
+def parse_store(top):
+    """
+    Read C{store}: a path (or C{file:} URI), or a mapping with C{path} and
+    C{retention} (C{max_age_days}, C{max_rows}; C{null} lifts a limit).
+
+    @return: C{(path, Retention)}.
+    """
+    if not isinstance(top.data.get("store"), dict):
+        return _nonempty(top, "store", DEFAULT_STORE), Retention()
+    section = top.section("store")
+    section.unknown(_STORE_KEYS)
+    path = _nonempty(section, "path", DEFAULT_STORE)
+    retention = section.section("retention", None)
+    retention.unknown(_RETENTION_KEYS)
+    default = Retention()
+    limits = {}
+    for name, kind in (("max_age_days", (int, float)), ("max_rows", int)):
+        if name in retention.data and retention.data[name] is None:
+            limits[name] = None
+            continue
+        value = retention.get(name, kind, getattr(default, name))
+        if value is not None and value <= 0:
+            raise retention.error(name, f"must be positive (or null for no limit), got {value!r}")
+        limits[name] = value
+    return path, Retention(**limits)
+
+
 def parse_config(top):
     """
     Validate a top-level L{Section} into a L{NodeConfig}.
@@ -108,7 +141,7 @@ def parse_config(top):
     top.unknown(_TOP_KEYS)
     edge = _nonempty(top, "edge")
     token = _secret(top, "token")
-    store = _nonempty(top, "store", DEFAULT_STORE)
+    store, retention = parse_store(top)
     reconnect = parse_reconnect(top.section("reconnect", None))
     register_timeout = top.number("register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True)
     shutdown_grace = top.number("shutdown_grace_sec", DEFAULT_SHUTDOWN_GRACE_SEC, minimum=0)
@@ -119,6 +152,7 @@ def parse_config(top):
         edge=edge,
         token=token,
         store=store,
+        retention=retention,
         reconnect=reconnect,
         register_timeout_sec=float(register_timeout),
         shutdown_grace_sec=float(shutdown_grace),

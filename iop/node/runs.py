@@ -128,12 +128,15 @@ class RunRelay(Work):
     def _send_terminal(self, event):
         self._send(event)
         error = event.error.message if event.error is not None else None
+        code = event.error.code if event.error is not None else None
         if event.type == CANCELLED and self.cancel_reason:
             error = self.cancel_reason
-        self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage)
+            code = code or CANCELLED
+        self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage, code)
 
     def _send(self, event):
         self.seq += 1
+        self.manager.record_event(self.run_id, self.seq, event)
         self.manager.send(event_to_wire(self.run_id, self.seq, event))
 
 
@@ -186,8 +189,10 @@ class RunManager:
         self.record(
             "record_start", request.run_id, request.adapter, request.target, request.session_id, request.background
         )
-        self.send(event_to_wire(request.run_id, 1, RunEventData(ERROR, error=RunFailure(code, message))))
-        self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None)
+        event = RunEventData(ERROR, error=RunFailure(code, message))
+        self.record_event(request.run_id, 1, event)
+        self.send(event_to_wire(request.run_id, 1, event))
+        self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None, code)
         return None
 
     def record(self, method, *args):
@@ -203,8 +208,17 @@ class RunManager:
             lambda f: self.log.failure("run {run_id}: run store {method} failed", f, run_id=run_id, method=method)
         )
 
-    def ended(self, adapter, run_id, status, error, usage):
-        self.record("record_end", run_id, status, error)
+    def record_event(self, run_id, seq, event):
+        """
+        Keep one event in the run store (never breaking the relay).
+        """
+        try:
+            self.store.record_event(run_id, seq, event)
+        except Exception:
+            self.log.failure("run {run_id}: run store record_event failed", run_id=run_id)
+
+    def ended(self, adapter, run_id, status, error, usage, code=None):
+        self.record("record_end", run_id, status, error, code, usage)
         self.usage.run_ended(adapter, status)
         if usage is not None:
             self.usage.usage(adapter, usage)

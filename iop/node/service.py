@@ -53,7 +53,7 @@ class NodeService(MultiService):
         except Exception as e:
             raise ConfigError(f"{source}: edge: not a valid client endpoint string ({e})") from None
         self.metrics = NodeMetrics()
-        self.store = RunStore(reactor, config.store) if store is None else store
+        self.store = RunStore(reactor, config.store, retention=config.retention) if store is None else store
         self.host = AdapterHost(reactor, build, self.metrics)
         self.context = NodeContext(
             token=config.token,

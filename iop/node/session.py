@@ -114,7 +114,9 @@ class NodeSession:
         self.edge_draining = None
         self.inflight = Inflight()
         self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
-        self.tunnels = TunnelManager(context.host, self.inflight, self.send, context.usage, context.metrics)
+        self.tunnels = TunnelManager(
+            context.host, self.inflight, self.send, context.usage, context.metrics, context.store
+        )
         self.commands = CommandHandler(context, self.send)
         self._timer = None
         self._closing = False

@@ -1,51 +1,181 @@
 """
-The Node's local run history in SQLite.
+The Node's local record of its work in SQLite: every run and tunnel (what
+ran, where, when, how it ended, what it cost) and every event of every
+run, so that the Edge can read a run back after it left the Edge's memory
+(the C{run_get} and C{run_list} node commands, docs/node.md "Run store").
 
-It is a local record for the operator of this machine (what ran, when, how
-it ended), not a global audit API. SQLite wants one connection on one
-thread, so the store owns a one-connection C{adbapi} pool, started and
-closed with the service. Writes are fire-and-forget: a failing write is
-logged and never delays or breaks the relay of a run.
+SQLite wants one connection on one thread, so the store owns a
+one-connection C{adbapi} pool, started and closed with the service. The
+database runs in WAL mode, and writes are batched: they queue in memory
+and go to the database together, in one transaction, every
+L{FLUSH_INTERVAL_SEC} (sooner once L{BATCH_MAX} are waiting). A relay never
+waits for a write and never sees one fail: a failing statement is logged
+and the others of its batch still commit. Reads flush first, so they see
+everything recorded before them.
+
+At start, rows a previous process left C{running} (it was killed, or the
+machine lost power) are ended as C{error} with the code
+C{node_restarted}: nothing is left running forever. Old rows are pruned in
+the background by L{Retention} (C{store.retention} in node.yaml).
 """
 
+import json
 import time
+from dataclasses import dataclass
 
 from twisted.application.service import Service
 from twisted.enterprise import adbapi
 from twisted.internet import defer
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    adapter TEXT NOT NULL,
-    target TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    background INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    error TEXT
+from iop.protocols.convert import usage_to_json
+from iop.run import NODE_RESTARTED
+
+#: How long a write may wait in memory before its batch goes to the database.
+FLUSH_INTERVAL_SEC = 0.2
+#: A batch this large is written at once.
+BATCH_MAX = 1000
+#: How often old rows are pruned (and once at start).
+PRUNE_INTERVAL_SEC = 600.0
+#: Runs pruned per statement, so a large prune never holds the database long.
+PRUNE_CHUNK = 500
+
+RUN = "run"
+TUNNEL = "tunnel"
+
+_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        adapter TEXT NOT NULL,
+        target TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        background INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        error TEXT
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS events (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        text TEXT NOT NULL DEFAULT '',
+        usage TEXT,
+        error TEXT,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID
+    """,
 )
-"""
 
-_COLUMNS = ("run_id", "adapter", "target", "session_id", "background", "status", "started_at", "ended_at", "error")
+#: Columns added after the first release, with their definitions: an older
+#: database gets them at start (ALTER TABLE), its rows keep their values.
+_ADDED_COLUMNS = (
+    ("kind", "TEXT NOT NULL DEFAULT 'run'"),
+    ("error_code", "TEXT"),
+    ("usage", "TEXT"),
+    ("bytes", "INTEGER"),
+)
+
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS runs_started ON runs (started_at)",
+    "CREATE INDEX IF NOT EXISTS runs_status ON runs (status)",
+)
+
+_COLUMNS = (
+    "run_id",
+    "kind",
+    "adapter",
+    "target",
+    "session_id",
+    "background",
+    "status",
+    "started_at",
+    "ended_at",
+    "error",
+    "error_code",
+    "usage",
+    "bytes",
+)
+
+#: What a row left C{running} by a previous process becomes at start.
+_RESTARTED = (
+    "UPDATE runs SET status = 'error', error_code = ?, ended_at = ?,"
+    " error = 'the node restarted while this ran' WHERE status IN ('running', 'queued')"
+)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """
+    How long the store keeps finished work (C{store.retention} in
+    node.yaml). Runs still in progress are never pruned.
+
+    @ivar max_age_days: finished runs older than this are deleted, with
+        their events; C{None} keeps them regardless of age.
+    @ivar max_rows: beyond this many runs and tunnels, the oldest finished
+        ones are deleted; C{None} for no limit.
+    """
+
+    max_age_days: float | None = 30.0
+    max_rows: int | None = 100_000
+
+
+def _json(value):
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _usage(usage):
+    """
+    A L{iop.run.Usage} or a usage dict as stored JSON (or C{None}).
+    """
+    if usage is None:
+        return None
+    return _json(usage if isinstance(usage, dict) else usage_to_json(usage))
 
 
 class RunStore(Service):
     """
     @param path: an SQLite path, or a C{file:} URI (C{file:iop.db?mode=rwc}).
     @param now: wall-clock time source (seconds since the epoch).
+    @param retention: a L{Retention}.
+
+    @ivar restarted: how many rows the start marked C{node_restarted}
+        (once the start's work is done).
     """
 
     log = Logger()
 
-    def __init__(self, reactor, path, now=time.time):
+    def __init__(
+        self,
+        reactor,
+        path,
+        now=time.time,
+        retention=Retention(),
+        flush_interval=FLUSH_INTERVAL_SEC,
+        batch_max=BATCH_MAX,
+        prune_interval=PRUNE_INTERVAL_SEC,
+    ):
         self.reactor = reactor
         self.path = path
         self.now = now
+        self.retention = retention
+        self.flush_interval = flush_interval
+        self.batch_max = batch_max
+        self.prune_interval = prune_interval
         self.pool = None
+        self.restarted = None
         self._ready = None
+        self._pending = []
+        self._waiters = []
+        self._timer = None
+        self._pruner = None
+
+    # -- service --------------------------------------------------------------
 
     def startService(self):
         super().startService()
@@ -59,68 +189,320 @@ class RunStore(Service):
             cp_reactor=self.reactor,
         )
         self.pool.start()
-        self._ready = self.pool.runOperation(_SCHEMA)
-        self._ready.addErrback(self._logged, "creating the runs table")
+        self._ready = self.pool.runInteraction(self._open, self.now())
+        self._ready.addCallbacks(self._opened, self._logged, errbackArgs=("opening the run store",))
+        if self.prune_interval:
+            self._pruner = LoopingCall(self.prune)
+            self._pruner.clock = self.reactor
+            self._pruner.start(self.prune_interval, now=True).addErrback(self._logged, "pruning")
 
     def stopService(self):
+        """
+        Write what is queued, then close the database.
+        """
         super().stopService()
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            # Queued writes run before the pool's thread stops.
+        if self._pruner is not None and self._pruner.running:
+            self._pruner.stop()
+        self._pruner = None
+        pool = self.pool
+        if pool is None:
+            return defer.succeed(None)
+        d = self.flush()
+
+        def close(_):
+            self.pool = None
+            # Queued work runs before the pool's thread stops.
             pool.close()
-        return defer.succeed(None)
+
+        return d.addBoth(close)
+
+    def _open(self, txn, now):
+        """
+        In the pool's thread: WAL, the tables (adding columns an older
+        database lacks), and rows a previous process left running.
+        """
+        txn.execute("PRAGMA journal_mode=WAL")
+        txn.execute("PRAGMA synchronous=NORMAL")
+        for statement in _SCHEMA:
+            txn.execute(statement)
+        txn.execute("PRAGMA table_info(runs)")
+        present = {row[1] for row in txn.fetchall()}
+        for name, definition in _ADDED_COLUMNS:
+            if name not in present:
+                txn.execute(f"ALTER TABLE runs ADD COLUMN {name} {definition}")
+        for statement in _INDEXES:
+            txn.execute(statement)
+        txn.execute(_RESTARTED, (NODE_RESTARTED, now))
+        return txn.rowcount
+
+    def _opened(self, restarted):
+        self.restarted = restarted
+        if restarted:
+            self.log.warn(
+                "run store: {count} run(s) left running by a previous process marked error ({code})",
+                count=restarted,
+                code=NODE_RESTARTED,
+            )
+
+    # -- writing (batched) ----------------------------------------------------
 
     def record_start(self, run_id, adapter, target="", session_id="", background=False):
         """
         Record that a run started (status C{running}).
         """
         return self._write(
-            "INSERT OR REPLACE INTO runs (run_id, adapter, target, session_id, background, status, started_at)"
-            " VALUES (?, ?, ?, ?, ?, 'running', ?)",
+            "INSERT OR REPLACE INTO runs (run_id, kind, adapter, target, session_id, background, status, started_at)"
+            " VALUES (?, 'run', ?, ?, ?, ?, 'running', ?)",
             (run_id, adapter, target, session_id, int(bool(background)), self.now()),
             "recording the start of run " + run_id,
         )
 
-    def record_end(self, run_id, status, error=None):
+    def record_event(self, run_id, seq, event):
         """
-        Record a run's terminal status (C{complete}, C{error}, C{cancelled})
-        and the error message, if any.
+        Record one event of a run (a L{iop.run.RunEventData}) under its
+        wire C{seq}. Called for every event, so it allocates nothing to
+        wait on.
+        """
+        error = None
+        if event.error is not None:
+            error = _json({"code": event.error.code, "message": event.error.message})
+        self._write(
+            "INSERT OR REPLACE INTO events (run_id, seq, type, text, usage, error) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, seq, event.type, event.text or "", _usage(event.usage), error),
+            "recording an event of run " + run_id,
+            wait=False,
+        )
+
+    def record_end(self, run_id, status, error=None, code=None, usage=None):
+        """
+        Record a run's terminal status (C{complete}, C{error},
+        C{cancelled}) with the error's message and code, and its usage.
         """
         return self._write(
-            "UPDATE runs SET status = ?, ended_at = ?, error = ? WHERE run_id = ?",
-            (status, self.now(), error, run_id),
+            "UPDATE runs SET status = ?, ended_at = ?, error = ?, error_code = ?, usage = ? WHERE run_id = ?",
+            (status, self.now(), error, code, _usage(usage), run_id),
             "recording the end of run " + run_id,
         )
 
-    def recent(self, limit=50):
+    def record_tunnel_start(self, tunnel_id, adapter, target=""):
         """
-        @return: a Deferred list of the latest C{limit} runs as dicts,
-            newest first.
+        Record that a provider tunnel started (status C{running}).
         """
-        if self.pool is None:
-            return defer.fail(RuntimeError("the run store is not running"))
-        d = self.pool.runQuery(
-            f"SELECT {', '.join(_COLUMNS)} FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?", (limit,)
+        return self._write(
+            "INSERT OR REPLACE INTO runs (run_id, kind, adapter, target, session_id, background, status, started_at,"
+            " bytes) VALUES (?, 'tunnel', ?, ?, '', 0, 'running', ?, 0)",
+            (tunnel_id, adapter, target, self.now()),
+            "recording the start of tunnel " + tunnel_id,
         )
-        d.addCallback(lambda rows: [_row(r) for r in rows])
-        return d
 
-    def _write(self, sql, params, what):
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+        """
+        Record a tunnel's end: C{complete}, C{error} or C{cancelled}, the
+        usage observed in its body, and how many body bytes it relayed.
+        """
+        return self._write(
+            "UPDATE runs SET status = ?, ended_at = ?, error = ?, error_code = ?, usage = ?, bytes = ?"
+            " WHERE run_id = ?",
+            (status, self.now(), error, code, _usage(usage), size, tunnel_id),
+            "recording the end of tunnel " + tunnel_id,
+        )
+
+    def _write(self, sql, params, what, wait=True):
+        """
+        Queue one statement for the next batch.
+
+        @return: a Deferred firing (never failing) once its batch is
+            written, or C{None} without C{wait}.
+        """
         if self.pool is None:
             self.log.warn("run store not running; not {what}", what=what)
-            return defer.succeed(None)
-        d = self.pool.runOperation(sql, params)
-        d.addErrback(self._logged, what)
+            return defer.succeed(None) if wait else None
+        self._pending.append((sql, params, what))
+        d = None
+        if wait:
+            d = defer.Deferred()
+            self._waiters.append(d)
+        if len(self._pending) >= self.batch_max:
+            self.flush()
+        elif self._timer is None:
+            self._timer = self.reactor.callLater(self.flush_interval, self.flush)
         return d
+
+    def flush(self):
+        """
+        Write every queued statement now, in one transaction.
+
+        @return: a Deferred firing once they are written (at once, or after
+            the work already queued in the pool, when nothing is pending).
+        """
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.pool is None:
+            return defer.succeed(None)
+        batch, self._pending = self._pending, []
+        waiters, self._waiters = self._waiters, []
+        d = self.pool.runInteraction(self._write_batch, batch)
+        d.addCallbacks(self._written, self._logged, errbackArgs=("writing a batch",))
+
+        def settle(result):
+            for waiter in waiters:
+                waiter.callback(None)
+            return result
+
+        return d.addBoth(settle)
+
+    @staticmethod
+    def _write_batch(txn, batch):
+        """
+        In the pool's thread: every statement of the batch; one that fails
+        is reported, the others still commit.
+        """
+        failures = []
+        for sql, params, what in batch:
+            try:
+                txn.execute(sql, params)
+            except Exception:
+                failures.append((Failure(), what))
+        return failures
+
+    def _written(self, failures):
+        for failure, what in failures:
+            self._logged(failure, what)
 
     def _logged(self, failure, what):
         self.log.failure("run store failed {what}", failure, what=what)
+
+    # -- reading ----------------------------------------------------------------
+
+    def _read(self, interaction, *args):
+        if self.pool is None:
+            return defer.fail(RuntimeError("the run store is not running"))
+        self.flush()
+        return self.pool.runInteraction(interaction, *args)
+
+    def get(self, run_id, after=0):
+        """
+        One run or tunnel with its events after C{after} and its whole
+        output (the text of its deltas).
+
+        @return: a Deferred firing with C{{"run": row, "events": [...]}}
+            (rows as L{list_runs} gives them, plus C{output}), or C{None}
+            when the store knows no such id.
+        """
+        return self._read(_get, run_id, after)
+
+    def list_runs(self, status=None, kind=None, limit=50):
+        """
+        @return: a Deferred list of the latest C{limit} runs and tunnels as
+            dicts (newest first), only those of C{status} and C{kind}
+            (C{run}, C{tunnel}) when given.
+        """
+        return self._read(_list, status, kind, limit)
+
+    def recent(self, limit=50):
+        """
+        The latest C{limit} runs and tunnels, newest first.
+        """
+        return self.list_runs(limit=limit)
+
+    # -- retention ----------------------------------------------------------------
+
+    def prune(self):
+        """
+        Delete finished runs (and their events) beyond the L{Retention}.
+
+        @return: a Deferred firing with how many runs were deleted.
+        """
+        if self.pool is None:
+            return defer.succeed(0)
+        retention = self.retention
+        if retention.max_age_days is None and retention.max_rows is None:
+            return defer.succeed(0)
+        cutoff = None if retention.max_age_days is None else self.now() - retention.max_age_days * 86400
+        d = self.pool.runInteraction(_prune, cutoff, retention.max_rows)
+
+        def pruned(count):
+            if count:
+                self.log.info("run store: pruned {count} finished run(s) past the retention", count=count)
+            return count
+
+        return d.addCallback(pruned)
 
 
 def _row(row):
     record = dict(zip(_COLUMNS, row, strict=True))
     record["background"] = bool(record["background"])
+    record["usage"] = json.loads(record["usage"]) if record["usage"] else None
     return record
+
+
+def _event(row):
+    seq, kind, text, usage, error = row
+    event = {"seq": seq, "type": kind}
+    if text:
+        event["text"] = text
+    if usage:
+        event["usage"] = json.loads(usage)
+    if error:
+        event["error"] = json.loads(error)
+    return event
+
+
+def _get(txn, run_id, after):
+    txn.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE run_id = ?", (run_id,))
+    row = txn.fetchone()
+    if row is None:
+        return None
+    run = _row(row)
+    txn.execute("SELECT text FROM events WHERE run_id = ? AND type = 'delta' ORDER BY seq", (run_id,))
+    run["output"] = "".join(text for (text,) in txn.fetchall())
+    txn.execute(
+        "SELECT seq, type, text, usage, error FROM events WHERE run_id = ? AND seq > ? ORDER BY seq", (run_id, after)
+    )
+    return {"run": run, "events": [_event(r) for r in txn.fetchall()]}
+
+
+def _list(txn, status, kind, limit):
+    where, params = [], []
+    if status:
+        where.append("status = ?")
+        params.append(status)
+    if kind:
+        where.append("kind = ?")
+        params.append(kind)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    txn.execute(
+        f"SELECT {', '.join(_COLUMNS)} FROM runs{clause} ORDER BY started_at DESC, rowid DESC LIMIT ?",
+        (*params, limit),
+    )
+    return [_row(r) for r in txn.fetchall()]
+
+
+def _prune(txn, cutoff, max_rows):
+    doomed = []
+    if cutoff is not None:
+        txn.execute("SELECT run_id FROM runs WHERE status != 'running' AND ended_at < ?", (cutoff,))
+        doomed.extend(run_id for (run_id,) in txn.fetchall())
+    if max_rows is not None:
+        txn.execute("SELECT COUNT(*) FROM runs")
+        (total,) = txn.fetchone()
+        excess = total - len(doomed) - max_rows
+        if excess > 0:
+            already = set(doomed)
+            txn.execute("SELECT run_id FROM runs WHERE status != 'running' ORDER BY started_at ASC, rowid ASC")
+            for (run_id,) in txn.fetchall():
+                if excess <= 0:
+                    break
+                if run_id not in already:
+                    doomed.append(run_id)
+                    excess -= 1
+    for i in range(0, len(doomed), PRUNE_CHUNK):
+        chunk = doomed[i : i + PRUNE_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        txn.execute(f"DELETE FROM events WHERE run_id IN ({marks})", chunk)
+        txn.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", chunk)
+    return len(doomed)
 
 
 class NullStore:
@@ -131,8 +513,23 @@ class NullStore:
     def record_start(self, run_id, adapter, target="", session_id="", background=False):
         return defer.succeed(None)
 
-    def record_end(self, run_id, status, error=None):
+    def record_event(self, run_id, seq, event):
+        pass
+
+    def record_end(self, run_id, status, error=None, code=None, usage=None):
         return defer.succeed(None)
+
+    def record_tunnel_start(self, tunnel_id, adapter, target=""):
+        return defer.succeed(None)
+
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+        return defer.succeed(None)
+
+    def get(self, run_id, after=0):
+        return defer.succeed(None)
+
+    def list_runs(self, status=None, kind=None, limit=50):
+        return defer.succeed([])
 
     def recent(self, limit=50):
         return defer.succeed([])

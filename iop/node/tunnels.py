@@ -17,11 +17,12 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported, TunnelInput
+from iop.node.store import NullStore
 from iop.node.work import Refused, Work, admit
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
-from iop.run import ADAPTER_ERROR, CANCELLED, TUNNEL_NOT_SUPPORTED, ITunnelSink
+from iop.run import ADAPTER_ERROR, CANCELLED, COMPLETE, ERROR, TUNNEL_NOT_SUPPORTED, ITunnelSink
 
 
 def tunnel_input(request):
@@ -70,16 +71,41 @@ class WireTunnelSink:
         self._relay.frame(metadata_json=json.dumps(info))
 
 
+def requested_model(body):
+    """
+    The C{model} of a tunnelled request body (what the store records as
+    the tunnel's target), or C{""} when it names none or is too large to
+    look at.
+    """
+    if not body or len(body) > MODEL_SNIFF_BYTES:
+        return ""
+    try:
+        model = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return ""
+    return model if isinstance(model, str) else ""
+
+
+#: Request bodies larger than this are not parsed for the store's target.
+MODEL_SNIFF_BYTES = 1024 * 1024
+
+
 class TunnelRelay(Work):
     """
     One tunnel in flight.
+
+    @ivar usage: the last usage the adapter observed in the body.
+    @ivar size: provider body bytes relayed so far.
     """
 
     def __init__(self, manager, request, hosted, slot):
         super().__init__(manager, request.tunnel_id, hosted, slot)
         self.tunnel_id = request.tunnel_id
+        self.usage = None
+        self.size = 0
 
     def start(self, request):
+        self.manager.record("record_tunnel_start", self.tunnel_id, self.hosted.name, requested_model(request.body))
         self.begin(self.hosted.adapter.tunnel, tunnel_input(request), WireTunnelSink(self))
 
     def frame(self, **field):
@@ -95,10 +121,12 @@ class TunnelRelay(Work):
 
     def body_relayed(self, size):
         if not self.finished:
+            self.size += size
             self.manager.metrics.tunnel_body(size)
 
     def observed_usage(self, usage):
         if not self.finished:
+            self.usage = usage
             self.manager.usage.usage(self.hosted.name, usage)
 
     def _ended(self, result):
@@ -134,6 +162,13 @@ class TunnelRelay(Work):
     def _send_terminal(self, terminal):
         self._frame(**terminal)
         self.manager.usage.tunnel_ended(self.hosted.name)
+        error = terminal.get("error")
+        if error is None:
+            status, message, code = COMPLETE, None, None
+        else:
+            status = CANCELLED if error.code == CANCELLED else ERROR
+            message, code = error.message, error.code
+        self.manager.record("record_tunnel_end", self.tunnel_id, status, message, code, self.usage, self.size)
 
 
 class TunnelManager:
@@ -144,12 +179,24 @@ class TunnelManager:
 
     log = Logger()
 
-    def __init__(self, host, inflight, send, usage, metrics):
+    def __init__(self, host, inflight, send, usage, metrics, store=None):
         self.host = host
         self.inflight = inflight
         self.send = send
         self.usage = usage
         self.metrics = metrics
+        self.store = store if store is not None else NullStore()
+
+    def record(self, method, *args):
+        """
+        Write to the run store without ever letting it break the relay.
+        """
+        try:
+            d = defer.maybeDeferred(getattr(self.store, method), *args)
+        except Exception:
+            d = defer.fail()
+        work_id = args[0] if args else ""
+        d.addErrback(lambda f: self.log.failure("tunnel {id}: run store {method} failed", f, id=work_id, method=method))
 
     def start(self, request):
         try:
@@ -165,6 +212,8 @@ class TunnelManager:
 
     def _refuse(self, request, code, message):
         self.log.info("tunnel {id} refused: {code}: {message}", id=request.tunnel_id, code=code, message=message)
+        self.record("record_tunnel_start", request.tunnel_id, request.adapter, requested_model(request.body))
+        self.record("record_tunnel_end", request.tunnel_id, ERROR, message, code, None, 0)
         self.send(
             iop_pb2.ProviderTunnelFrame(
                 tunnel_id=request.tunnel_id, seq=1, error=iop_pb2.RunError(code=code, message=message)

@@ -19,6 +19,7 @@ from iop.node.context import NodeContext
 from iop.node.host import AdapterHost
 from iop.node.session import NodeSession
 from iop.protocols import iop_pb2
+from iop.protocols.convert import usage_to_json
 from iop.protocols.wire import WIRE_VERSION, IWireReceiver, WireProtocol
 
 TOKEN = "secret-node-token"
@@ -254,13 +255,23 @@ def tunnel_request(tunnel_id="t1", adapter="manual", body=b"{}"):
 class RecordingStore(Service):
     """
     A run store that keeps its calls in memory, and what was still
-    running when it was stopped.
+    running when it was stopped. It answers C{get} and C{list_runs} like
+    L{iop.node.store.RunStore}, from what it recorded.
+
+    @param now: the time source of the records (a counter by default, so
+        they sort in the order they were made).
     """
 
-    def __init__(self):
+    def __init__(self, now=None):
         self.starts = []
         self.ends = []
+        self.tunnel_starts = []
+        self.tunnel_ends = []
+        self.events = {}
+        self.rows = {}
         self.running_when_stopped = None
+        self._ticks = iter(range(1, 1 << 62))
+        self.now = now if now is not None else (lambda: float(next(self._ticks)))
 
     def unfinished(self):
         """
@@ -273,16 +284,82 @@ class RecordingStore(Service):
         super().stopService()
         self.running_when_stopped = self.unfinished()
 
+    def _row(self, work_id, kind, adapter, target="", session_id="", background=False):
+        self.rows[work_id] = {
+            "run_id": work_id,
+            "kind": kind,
+            "adapter": adapter,
+            "target": target,
+            "session_id": session_id,
+            "background": bool(background),
+            "status": "running",
+            "started_at": self.now(),
+            "ended_at": None,
+            "error": None,
+            "error_code": None,
+            "usage": None,
+            "bytes": 0 if kind == "tunnel" else None,
+        }
+
+    def _end(self, work_id, status, error, code, usage, **extra):
+        row = self.rows.get(work_id)
+        if row is not None:
+            row.update(status=status, ended_at=self.now(), error=error, error_code=code, **extra)
+            if usage is not None:
+                row["usage"] = usage if isinstance(usage, dict) else usage_to_json(usage)
+
     def record_start(self, run_id, adapter, target="", session_id="", background=False):
         self.starts.append((run_id, adapter, target, session_id, background))
+        self._row(run_id, "run", adapter, target, session_id, background)
         return defer.succeed(None)
 
-    def record_end(self, run_id, status, error=None):
+    def record_event(self, run_id, seq, event):
+        self.events.setdefault(run_id, []).append((seq, event))
+
+    def record_end(self, run_id, status, error=None, code=None, usage=None):
         self.ends.append((run_id, status, error))
+        self._end(run_id, status, error, code, usage)
         return defer.succeed(None)
+
+    def record_tunnel_start(self, tunnel_id, adapter, target=""):
+        self.tunnel_starts.append((tunnel_id, adapter, target))
+        self._row(tunnel_id, "tunnel", adapter, target)
+        return defer.succeed(None)
+
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+        self.tunnel_ends.append((tunnel_id, status, code, size))
+        self._end(tunnel_id, status, error, code, usage, bytes=size)
+        return defer.succeed(None)
+
+    def get(self, run_id, after=0):
+        row = self.rows.get(run_id)
+        if row is None:
+            return defer.succeed(None)
+        events = sorted(self.events.get(run_id, []), key=lambda pair: pair[0])
+        run = dict(row, output="".join(e.text for _, e in events if e.type == "delta"))
+        return defer.succeed({"run": run, "events": [_event_json(seq, e) for seq, e in events if seq > after]})
+
+    def list_runs(self, status=None, kind=None, limit=50):
+        rows = [
+            dict(r)
+            for r in reversed(self.rows.values())
+            if (not status or r["status"] == status) and (not kind or r["kind"] == kind)
+        ]
+        return defer.succeed(rows[:limit])
 
     def recent(self, limit=50):
-        return defer.succeed([])
+        return self.list_runs(limit=limit)
+
+
+def _event_json(seq, event):
+    payload = {"seq": seq, "type": event.type}
+    if event.text:
+        payload["text"] = event.text
+    if event.usage is not None:
+        payload["usage"] = usage_to_json(event.usage)
+    if event.error is not None:
+        payload["error"] = {"code": event.error.code, "message": event.error.message}
+    return payload
 
 
 def dialled(reactor, edge):

@@ -7,6 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
 from iop.node.config import DEFAULT_STORE, ReconnectPolicy, load_config, parse_config
+from iop.node.store import Retention
 
 
 def parse(**data):
@@ -69,6 +70,24 @@ class ConfigTests(SynchronousTestCase):
         self.assert_error_names("register_timeout_sec", register_timeout_sec=0)
         self.assert_error_names("metrics", metrics=9100)
         self.assert_error_names("store", store="")
+
+    def test_store_mapping_and_retention(self):
+        """
+        store may be a path or a mapping with path and retention; a
+        retention limit set to null is lifted, an absent one has its
+        default, and mistakes name the key.
+        """
+        self.assertEqual(parse(store="x.db").retention, Retention())
+        config = parse(store={"path": "file:h.db?mode=rwc", "retention": {"max_age_days": 2, "max_rows": None}})
+        self.assertEqual(config.store, "file:h.db?mode=rwc")
+        self.assertEqual(config.retention, Retention(max_age_days=2, max_rows=None))
+        self.assertEqual(parse(store={"retention": {"max_rows": 10}}).store, DEFAULT_STORE)
+        self.assertEqual(parse(store={"retention": {"max_rows": 10}}).retention.max_age_days, 30.0)
+        self.assert_error_names("store.retention.max_rows", store={"retention": {"max_rows": 0}})
+        self.assert_error_names("store.retention.max_age_days", store={"retention": {"max_age_days": "week"}})
+        self.assert_error_names("store.retention.keep", store={"retention": {"keep": 1}})
+        self.assert_error_names("store.file", store={"file": "x"})
+        self.assert_error_names("store.path", store={"path": ""})
 
     def test_shutdown_grace(self):
         """

@@ -324,6 +324,23 @@ class RecordingTests(SynchronousTestCase):
         self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (2, 2))
         self.assertEqual(usage["runs"]["complete"], 1)
 
+    def test_events_recorded(self):
+        """
+        Every event sent is kept in the store under its wire seq, the
+        refusal of a run that never started included, and the end carries
+        the error code and usage.
+        """
+        store = RecordingStore()
+        session, edge, pump, context = ready_node(adapter_config("echo", type="echo", max_concurrency=1), store=store)
+        edge.wire.send(run_request("r1", adapter="echo", text="a b"))
+        edge.wire.send(run_request("r2", adapter="nope"))
+        pump.flush()
+        sent = [(e.seq, e.type, e.text) for e in events(edge, "r1")]
+        self.assertEqual([(seq, e.type, e.text) for seq, e in store.events["r1"]], sent)
+        self.assertEqual([(seq, e.type) for seq, e in store.events["r2"]], [(1, "error")])
+        self.assertEqual(store.rows["r1"]["usage"], {"input_tokens": 2, "output_tokens": 2})
+        self.assertEqual(store.rows["r2"]["error_code"], "unknown_adapter")
+
     def test_store_failure_does_not_break_relay(self):
         """
         A store whose writes fail (or raise) never stops the relay.

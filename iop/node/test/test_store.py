@@ -3,26 +3,46 @@ The SQLite run store, on a real database file. The adbapi pool runs its
 one connection in a thread, so these tests wait on the reactor.
 """
 
+import sqlite3
+
 from twisted.internet import defer, reactor
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import TestCase
 
-from iop.node.store import RunStore
+from iop.node.store import Retention, RunStore
+from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+
+
+class Ticks:
+    """
+    A wall clock that moves one second per reading.
+    """
+
+    def __init__(self, start=1000):
+        self.now = start
+
+    def __call__(self):
+        self.now += 1
+        return self.now
 
 
 class RunStoreTests(TestCase):
-    def make_store(self, path):
-        times = iter(range(1000, 2000))
-        store = RunStore(reactor, path, now=lambda: next(times))
+    def make_store(self, path, **kwargs):
+        kwargs.setdefault("now", Ticks())
+        kwargs.setdefault("prune_interval", 0)
+        store = RunStore(reactor, path, **kwargs)
         store.startService()
         self.addCleanup(store.stopService)
         return store
+
+    def path(self):
+        return FilePath(self.mktemp()).path
 
     @defer.inlineCallbacks
     def test_records_a_run(self):
         """
         A run is recorded at start (running) and at its terminal, with its
-        adapter, target, session, background flag, times and error.
+        adapter, target, session, background flag, times, error and usage.
         """
         directory = FilePath(self.mktemp())
         directory.makedirs()
@@ -30,7 +50,7 @@ class RunStoreTests(TestCase):
         yield store.record_start("r1", "echo", "model-a", "sess-1", True)
         [running] = yield store.recent()
         self.assertEqual(running["status"], "running")
-        yield store.record_end("r1", "error", "adapter_error: boom")
+        yield store.record_end("r1", "error", "boom", "adapter_error", Usage(3, 4, reasoning_tokens=1))
         yield store.record_start("r2", "echo")
         rows = yield store.recent(10)
         self.assertEqual([r["run_id"] for r in rows], ["r2", "r1"])
@@ -38,40 +58,218 @@ class RunStoreTests(TestCase):
             rows[1],
             {
                 "run_id": "r1",
+                "kind": "run",
                 "adapter": "echo",
                 "target": "model-a",
                 "session_id": "sess-1",
                 "background": True,
                 "status": "error",
-                "started_at": 1000,
-                "ended_at": 1001,
-                "error": "adapter_error: boom",
+                "started_at": 1002,
+                "ended_at": 1003,
+                "error": "boom",
+                "error_code": "adapter_error",
+                "usage": {"input_tokens": 3, "output_tokens": 4, "reasoning_tokens": 1},
+                "bytes": None,
             },
         )
         self.assertTrue(directory.child("iop.db").exists())
 
     @defer.inlineCallbacks
-    def test_plain_path_and_persistence(self):
+    def test_events_and_output(self):
         """
-        A plain file path works too, and records survive a restart.
+        Every event of a run is kept under its seq: C{get} gives the run
+        with its whole output and the events after a given seq, in order.
         """
-        path = FilePath(self.mktemp()).path
-        first = RunStore(reactor, path)
+        store = self.make_store(self.path())
+        store.record_start("r1", "echo")
+        store.record_event("r1", 1, RunEventData(START))
+        store.record_event("r1", 2, RunEventData(DELTA, text="one "))
+        store.record_event("r1", 3, RunEventData(DELTA, text="two"))
+        store.record_event("r1", 4, RunEventData(COMPLETE, usage=Usage(1, 2)))
+        store.record_end("r1", COMPLETE, usage=Usage(1, 2))
+        whole = yield store.get("r1")
+        self.assertEqual(whole["run"]["output"], "one two")
+        self.assertEqual([e["seq"] for e in whole["events"]], [1, 2, 3, 4])
+        self.assertEqual(
+            whole["events"][-1], {"seq": 4, "type": "complete", "usage": {"input_tokens": 1, "output_tokens": 2}}
+        )
+        rest = yield store.get("r1", after=2)
+        self.assertEqual([(e["seq"], e.get("text")) for e in rest["events"]], [(3, "two"), (4, None)])
+        self.assertIsNone((yield store.get("nope")))
+
+    @defer.inlineCallbacks
+    def test_error_event(self):
+        """
+        An error terminal keeps its code and message.
+        """
+        store = self.make_store(self.path())
+        store.record_start("r1", "echo")
+        store.record_event("r1", 1, RunEventData(ERROR, error=RunFailure("provider_error", "it broke")))
+        got = yield store.get("r1")
+        self.assertEqual(
+            got["events"], [{"seq": 1, "type": "error", "error": {"code": "provider_error", "message": "it broke"}}]
+        )
+
+    @defer.inlineCallbacks
+    def test_tunnels_and_filters(self):
+        """
+        Tunnels are recorded like runs (kind tunnel, usage, body bytes);
+        the list filters by status and kind.
+        """
+        store = self.make_store(self.path())
+        store.record_start("r1", "echo")
+        store.record_tunnel_start("t1", "llm", "big-v2")
+        store.record_tunnel_end("t1", "complete", usage=Usage(5, 6), size=1234)
+        store.record_tunnel_start("t2", "llm")
+        yield store.record_tunnel_end("t2", "cancelled", "the caller left", "cancelled", size=10)
+        [tunnel] = yield store.list_runs(status="complete")
+        self.assertEqual(
+            {k: tunnel[k] for k in ("run_id", "kind", "adapter", "target", "status", "usage", "bytes")},
+            {
+                "run_id": "t1",
+                "kind": "tunnel",
+                "adapter": "llm",
+                "target": "big-v2",
+                "status": "complete",
+                "usage": {"input_tokens": 5, "output_tokens": 6},
+                "bytes": 1234,
+            },
+        )
+        self.assertEqual([r["run_id"] for r in (yield store.list_runs(kind="tunnel"))], ["t2", "t1"])
+        self.assertEqual([r["run_id"] for r in (yield store.list_runs(kind="run"))], ["r1"])
+        self.assertEqual(len((yield store.list_runs(limit=2))), 2)
+
+    @defer.inlineCallbacks
+    def test_batched(self):
+        """
+        Writes wait in memory and go to the database together: many
+        records are one interaction with the database thread, not one
+        each.
+        """
+        store = self.make_store(self.path(), flush_interval=60)
+        yield store._ready
+        interactions = []
+        real = store.pool.runInteraction
+        store.pool.runInteraction = lambda *a, **k: interactions.append(a[0]) or real(*a, **k)
+        store.record_start("r1", "echo")
+        for seq in range(1, 201):
+            store.record_event("r1", seq, RunEventData(DELTA, text="x"))
+        self.assertEqual(interactions, [])
+        got = yield store.get("r1")
+        self.assertEqual(len(got["events"]), 200)
+        self.assertEqual(len(interactions), 2)  # the batch, then the read
+
+    @defer.inlineCallbacks
+    def test_batch_size_flushes(self):
+        """
+        A batch that reaches its size limit is written without waiting for
+        the interval.
+        """
+        store = self.make_store(self.path(), flush_interval=60, batch_max=10)
+        for i in range(10):
+            d = store.record_start(f"r{i}", "echo")
+        yield d
+        self.assertEqual(store._pending, [])
+
+    @defer.inlineCallbacks
+    def test_wal(self):
+        """
+        The database is in WAL mode, so readers never wait for the writer.
+        """
+        path = self.path()
+        store = self.make_store(path)
+        yield store.record_start("r1", "echo")
+        with sqlite3.connect(path) as db:
+            self.assertEqual(db.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+
+    @defer.inlineCallbacks
+    def test_persistence_and_restart(self):
+        """
+        Records survive a restart; a run left running by the previous
+        process (killed) is marked error with the code node_restarted at
+        the next start, and finished ones are left alone.
+        """
+        path = self.path()
+        first = RunStore(reactor, path, prune_interval=0)
         first.startService()
-        yield first.record_start("r1", "echo")
-        yield first.record_end("r1", "complete")
+        first.record_start("r1", "echo")
+        first.record_end("r1", "complete")
+        yield first.record_start("r2", "echo", background=True)
         yield first.stopService()
         second = self.make_store(path)
-        [row] = yield second.recent()
-        self.assertEqual((row["run_id"], row["status"]), ("r1", "complete"))
+        yield second._ready
+        self.assertEqual(second.restarted, 1)
+        rows = {r["run_id"]: r for r in (yield second.recent())}
+        self.assertEqual(rows["r1"]["status"], "complete")
+        self.assertEqual((rows["r2"]["status"], rows["r2"]["error_code"]), ("error", "node_restarted"))
+        self.assertIsNotNone(rows["r2"]["ended_at"])
+
+    @defer.inlineCallbacks
+    def test_older_database(self):
+        """
+        A database written by an older Node (no kind, error_code, usage or
+        bytes columns, no events table) is upgraded in place at start.
+        """
+        path = self.path()
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "CREATE TABLE runs (run_id TEXT PRIMARY KEY, adapter TEXT NOT NULL, target TEXT NOT NULL,"
+                " session_id TEXT NOT NULL, background INTEGER NOT NULL, status TEXT NOT NULL,"
+                " started_at REAL NOT NULL, ended_at REAL, error TEXT)"
+            )
+            db.execute("INSERT INTO runs VALUES ('old', 'echo', '', '', 0, 'complete', 5, 6, NULL)")
+        store = self.make_store(path)
+        [row] = yield store.recent()
+        self.assertEqual((row["run_id"], row["kind"], row["status"]), ("old", "run", "complete"))
+        yield store.record_tunnel_start("t1", "llm")
+        self.assertEqual(len((yield store.recent())), 2)
+
+    @defer.inlineCallbacks
+    def test_prune_rows(self):
+        """
+        Beyond max_rows the oldest finished runs go, with their events;
+        a run still in progress is never pruned.
+        """
+        store = self.make_store(self.path(), retention=Retention(max_age_days=None, max_rows=2))
+        store.record_start("running", "echo")
+        for run_id in ("a", "b", "c"):
+            store.record_start(run_id, "echo")
+            store.record_event(run_id, 1, RunEventData(START))
+            store.record_end(run_id, "complete")
+        yield store.flush()
+        self.assertEqual((yield store.prune()), 2)
+        self.assertEqual(sorted(r["run_id"] for r in (yield store.recent())), ["c", "running"])
+        self.assertEqual((yield store.get("a")), None)
+        yield store.pool.runQuery("SELECT 1")
+        rows = yield store.pool.runQuery("SELECT DISTINCT run_id FROM events")
+        self.assertEqual(rows, [("c",)])
+
+    @defer.inlineCallbacks
+    def test_prune_age(self):
+        """
+        Finished runs older than max_age_days go; newer ones stay.
+        """
+        clock = Ticks(start=0)
+        store = self.make_store(self.path(), now=clock, retention=Retention(max_age_days=1, max_rows=None))
+        store.record_start("old", "echo")
+        store.record_end("old", "complete")
+        clock.now = 2 * 86400
+        store.record_start("new", "echo")
+        store.record_end("new", "complete")
+        yield store.flush()
+        self.assertEqual((yield store.prune()), 1)
+        self.assertEqual([r["run_id"] for r in (yield store.recent())], ["new"])
 
     @defer.inlineCallbacks
     def test_write_failure_logged(self):
         """
         A failing write is logged and its Deferred still succeeds, so the
-        relay that made it never sees an error.
+        relay that made it never sees an error; the rest of its batch is
+        written.
         """
-        store = self.make_store(FilePath(self.mktemp()).path)
-        yield store.record_start("r1", "echo")
-        yield store.record_start("r1", None)  # NOT NULL violation
-        self.assertEqual(len(self.flushLoggedErrors()), 1)
+        store = self.make_store(self.path())
+        store.record_start("r1", "echo")
+        store.record_start("r1", None)  # NOT NULL violation
+        yield store.record_start("r2", "echo")
+        self.assertEqual(len(self.flushLoggedErrors(sqlite3.IntegrityError)), 1)
+        self.assertEqual(sorted(r["run_id"] for r in (yield store.recent())), ["r1", "r2"])

@@ -9,7 +9,7 @@ from iop.adapters.interface import NotSupported
 from iop.protocols import iop_pb2
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import Usage
-from iop.testing.node import adapter_config, ready_node, tunnel_request
+from iop.testing.node import RecordingStore, adapter_config, ready_node, tunnel_request
 
 
 def frames(edge, tunnel_id="t1"):
@@ -168,3 +168,45 @@ class TunnelRefusalTests(SynchronousTestCase):
         edge.wire.send(tunnel_request("t1", adapter="nope"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "unknown_adapter")
+
+
+class TunnelStoreTests(SynchronousTestCase):
+    def setUp(self):
+        self.store = RecordingStore()
+        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
+        self.adapter = self.context.host.get("manual").adapter
+
+    def test_recorded(self):
+        """
+        A tunnel is recorded like a run: its adapter and the model its body
+        names at start; at its end the status, the usage observed and the
+        body bytes relayed.
+        """
+        self.edge.wire.send(tunnel_request("t1", body=b'{"model": "big-v2"}'))
+        self.pump.flush()
+        request, sink, d = self.adapter.tunnels[-1]
+        self.assertEqual(self.store.tunnel_starts, [("t1", "manual", "big-v2")])
+        sink.status(200)
+        sink.body(b"12345")
+        sink.body(b"678")
+        sink.usage(Usage(2, 3))
+        d.callback(None)
+        self.pump.flush()
+        self.assertEqual(self.store.tunnel_ends, [("t1", "complete", None, 8)])
+        self.assertEqual(self.store.rows["t1"]["usage"], {"input_tokens": 2, "output_tokens": 3})
+
+    def test_cancelled_and_refused(self):
+        """
+        A cancelled tunnel ends cancelled; a refused one (unknown adapter)
+        is recorded as an error with its code; a body that is not JSON
+        names no target.
+        """
+        self.edge.wire.send(tunnel_request("t1", body=b"not json"))
+        self.edge.wire.send(tunnel_request("t2", adapter="nope"))
+        self.pump.flush()
+        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.pump.flush()
+        self.assertEqual(self.store.tunnel_starts, [("t1", "manual", ""), ("t2", "nope", "")])
+        self.assertEqual(
+            sorted(self.store.tunnel_ends), [("t1", "cancelled", "cancelled", 0), ("t2", "error", "unknown_adapter", 0)]
+        )
