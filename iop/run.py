@@ -120,7 +120,7 @@ TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
 
 
 #: Node commands every Node answers from its own state.
-COMMON_COMMANDS = ("capabilities", "transport_status", "usage_status", "session_list")
+COMMON_COMMANDS = ("capabilities", "transport_status", "usage_status", "session_list", "run_get", "run_list")
 
 #: Why a node command or a session termination was not done, on the wire
 #: (C{NodeCommandResponse.code}, C{CancelResponse.code}).
@@ -128,6 +128,7 @@ UNKNOWN_COMMAND = "unknown_command"
 NOT_SUPPORTED = "not_supported"
 INVALID_ARGS = "invalid_args"
 UNKNOWN_SESSION = "unknown_session"
+UNKNOWN_RUN = "unknown_run"
 REFRESH_REFUSED = "refused"
 FAILED = "failed"
 

@@ -210,28 +210,45 @@ def _serves(edge, method, path):
     return not (status == 404 and body["error"]["message"].startswith("no such endpoint"))
 
 
-def test_history_and_events(edge):
+def test_history(edge):
     """
-    `iop runs`, `iop run ID [--follow]` and `iop events` use run history
-    and the events feed. On an Edge without them each exits 6 with one
-    line naming the endpoint; on one with them, a finished run is listed,
-    read back and replayed whole.
+    `iop runs`, `iop run ID` and `iop run ID --follow` against the run
+    history: a finished run is listed (by node), read back whole (status,
+    output, tokens) and replayed whole.
     """
     run = edge.run_events({"adapter": "echo", "input": TEXT}, headers={"authorization": "Bearer caller"})
     run_id = run[-1]["run_id"]
-    if not _serves(edge, "GET", "/v1/runs"):
-        one_line_error(iop(edge, "runs"), UNSUPPORTED, "GET /v1/runs")
-        one_line_error(iop(edge, "run", run_id), UNSUPPORTED, f"GET /v1/runs/{run_id}")
-        one_line_error(iop(edge, "run", run_id, "--follow"), UNSUPPORTED, f"/v1/runs/{run_id}/events")
-    else:
-        listed = wait_for(
-            lambda: run_id in iop(edge, "--json", "runs", "--node", "node-1").stdout, what="the run in the history"
-        )
-        assert listed
-        one = json.loads(iop(edge, "--json", "run", run_id).stdout)
-        assert one["status"] == "complete" and one["output"] == TEXT
-        follow = iop(edge, "run", run_id, "--follow")
-        assert follow.returncode == 0 and follow.stdout == TEXT + "\n"
+    listed = json.loads(iop(edge, "--json", "runs", "--node", "node-1").stdout)
+    assert [r["id"] for r in listed["runs"]] == [run_id]
+    assert listed["runs"][0]["status"] == "complete"
+    table = iop(edge, "runs", "--status", "complete")
+    assert table.returncode == 0 and run_id in table.stdout and "complete" in table.stdout
+    one = json.loads(iop(edge, "--json", "run", run_id).stdout)
+    assert one["status"] == "complete" and one["output"] == TEXT
+    assert one["usage"] == {"input_tokens": len(TEXT.split()), "output_tokens": len(TEXT.split())}
+    human = iop(edge, "run", run_id)
+    assert human.returncode == 0 and "node-1" in human.stdout and human.stdout.endswith(TEXT + "\n")
+    follow = iop(edge, "run", run_id, "--follow")
+    assert follow.returncode == 0 and follow.stdout == TEXT + "\n"
+    one_line_error(iop(edge, "run", "run-nope"), NOT_FOUND, "run-nope")
+
+
+def _serves(edge, method, path):
+    """
+    Whether this Edge has the endpoint: not a JSON 404 "no such endpoint"
+    or 405.
+    """
+    status, body = edge.json(method, path, headers={"authorization": "Bearer adm"})
+    if status == 405:
+        return False
+    return not (status == 404 and body["error"]["message"].startswith("no such endpoint"))
+
+
+def test_events(edge):
+    """
+    `iop events` on an Edge without the events feed exits 6 with one line
+    naming the endpoint.
+    """
     if not _serves(edge, "GET", "/v1/events"):
         one_line_error(iop(edge, "events"), UNSUPPORTED, "GET /v1/events")
 

@@ -1,6 +1,12 @@
 """
-The Edge's in-process event bus: run events and node lifecycle events fan
-out to subscribers (metrics, the manhole, tests, future surfaces).
+The Edge's in-process event bus: run, tunnel and node lifecycle events fan
+out to subscribers (metrics, the status page, the events feed
+C{GET /v1/events}, the manhole, tests).
+
+Topics: C{run} (a run's start and terminal), C{tunnel} (a tunnel's start,
+end and error), C{node} (lifecycle), and C{run_delta} (every delta of
+every run), which only a subscriber that names it receives: with nobody
+asking, deltas are not even published, so the hot path stays lean.
 
 Publishing never waits for a subscriber. Each subscriber has its own
 bounded backlog drained on the next reactor turn, so a slow or failing
@@ -20,6 +26,10 @@ DISCONNECTED = "disconnected"
 REJECTED = "rejected"
 
 
+#: Topics a subscriber receives only when it names them.
+OPT_IN_TOPICS = frozenset({"run_delta"})
+
+
 class Subscription:
     """
     One subscriber's queue. C{cancel()} stops delivery.
@@ -33,8 +43,13 @@ class Subscription:
         self.dropped = 0
         self._scheduled = None
 
+    def accepts(self, topic):
+        if self.topics is None:
+            return topic not in OPT_IN_TOPICS
+        return topic in self.topics
+
     def offer(self, topic, event):
-        if self.topics is not None and topic not in self.topics:
+        if not self.accepts(topic):
             return
         if len(self.pending) == self.pending.maxlen:
             self.dropped += 1
@@ -61,8 +76,9 @@ class Subscription:
 
 class EventBus:
     """
-    Topics are C{"run"} (payload: a dict with C{run_id}, C{node}, C{type},
-    ...) and C{"node"} (payload: C{{"node": id, "event": kind, ...}}).
+    Topics are C{"run"} and C{"tunnel"} (payload: a dict with C{run_id},
+    C{node}, C{type}, ...; see L{iop.edge.runs}), C{"run_delta"} (opt-in)
+    and C{"node"} (payload: C{{"node": id, "event": kind, ...}}).
     """
 
     log = Logger()
@@ -75,11 +91,18 @@ class EventBus:
     def subscribe(self, callback, topics=None):
         """
         Call C{callback(topic, payload)} for every event of C{topics}
-        (all topics when C{None}).
+        (all topics but the opt-in ones when C{None}).
         """
         subscription = Subscription(self, callback, None if topics is None else frozenset(topics), self.backlog)
         self.subscriptions.add(subscription)
         return subscription
+
+    def wants(self, topic):
+        """
+        Whether any subscriber takes C{topic} (so a publisher can skip
+        building a payload nobody reads).
+        """
+        return any(subscription.accepts(topic) for subscription in self.subscriptions)
 
     def publish(self, topic, payload):
         for subscription in list(self.subscriptions):

@@ -62,6 +62,22 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class RunLogSpec:
+    """
+    C{run_log}: what the Edge keeps of runs in memory for replay (docs in
+    L{iop.edge.runs}); beyond it, the Nodes' stores answer.
+
+    @ivar max_bytes: events kept per run (the oldest go first).
+    @ivar max_age_sec: how long a finished run stays in memory.
+    @ivar max_runs: how many finished runs stay in memory at most.
+    """
+
+    max_bytes: int = 1024 * 1024
+    max_age_sec: float = 600.0
+    max_runs: int = 1000
+
+
+@dataclass(frozen=True)
 class ManholeSpec:
     listen: str
     users: dict
@@ -93,6 +109,8 @@ class EdgeConfig:
 
     #: C{text} (twistd's lines) or C{json} (one JSON object per line).
     log_format: str = "text"
+    #: What the Edge keeps of runs in memory.
+    run_log: RunLogSpec = RunLogSpec()
 
     def node(self, node_id):
         for node in self.nodes:
@@ -138,6 +156,7 @@ def parse(top):
             "direct_queue_timeout_sec",
             "commands",
             "log_format",
+            "run_log",
         }
     )
     listen = top.section("listen")
@@ -167,7 +186,27 @@ def parse(top):
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
     config.command_timeouts = _command_timeouts(top.section("commands", None))
+    config.run_log = _run_log(top.section("run_log", None))
     return config
+
+
+def _run_log(section):
+    """
+    C{run_log: {max_bytes: 1048576, max_age_sec: 600, max_runs: 1000}}.
+    """
+    section.unknown({"max_bytes", "max_age_sec", "max_runs"})
+    default = RunLogSpec()
+    max_bytes = section.get("max_bytes", int, default.max_bytes)
+    if max_bytes < 1024:
+        raise section.error("max_bytes", f"must be at least 1024, got {max_bytes!r}")
+    max_runs = section.get("max_runs", int, default.max_runs)
+    if max_runs < 0:
+        raise section.error("max_runs", f"must not be negative, got {max_runs!r}")
+    return RunLogSpec(
+        max_bytes=max_bytes,
+        max_age_sec=float(section.number("max_age_sec", default.max_age_sec, minimum=0)),
+        max_runs=max_runs,
+    )
 
 
 def _command_timeouts(section):

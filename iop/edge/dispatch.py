@@ -20,6 +20,7 @@ from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.run import (
     CANCELLED,
     CAPACITY_EXCEEDED,
+    COMPLETE,
     ERROR,
     NODE_DISCONNECTED,
     SEND_FAILED,
@@ -86,6 +87,8 @@ class Dispatch:
     Base class: the bookkeeping shared by runs and tunnels.
 
     @ivar tracker: the L{iop.edge.inflight.Inflight} table this belongs to.
+    @ivar record: the L{iop.edge.runs.RunRecord} the work reports to (the
+        run book's record of it), or C{None}.
     @ivar on_refused: when set, C{on_refused(dispatch)} is called instead
         of telling the listener if the Node refuses the work with
         C{capacity_exceeded} before any output: the Edge places it again.
@@ -93,11 +96,12 @@ class Dispatch:
 
     log = Logger()
 
-    def __init__(self, tracker, dispatch_id, placement, listener):
+    def __init__(self, tracker, dispatch_id, placement, listener, record=None):
         self.tracker = tracker
         self.id = dispatch_id
         self.placement = placement
         self.listener = listener
+        self.record = record
         self.done = False
         self.output = False
         self.on_refused = None
@@ -174,7 +178,15 @@ class Dispatch:
 class RunDispatch(Dispatch):
     kind = "run"
 
-    def deliver(self, event):
+    @property
+    def background(self):
+        return self.record is not None and self.record.background
+
+    def deliver(self, event, seq=None):
+        """
+        One event of the run (C{seq}: its number on the wire; C{None} for
+        one the Edge makes up).
+        """
         if self.done:
             return
         if event.type == ERROR and self._refused_before_output(event.error):
@@ -191,7 +203,7 @@ class RunDispatch(Dispatch):
                     code=event.error.code,
                     reason=event.error.message,
                 )
-        self.tracker.publish_run_event(self, event)
+        self.tracker.run_event(self, event, seq)
         self.listener.event(event)
 
     def fail(self, code, message, status=0):
@@ -202,7 +214,9 @@ class RunDispatch(Dispatch):
         Give the listener a terminal error for work that ended here without
         one (its second placement failed).
         """
-        self.listener.event(RunEventData(ERROR, error=failure))
+        event = RunEventData(ERROR, error=failure)
+        self.tracker.run_event(self, event, None)
+        self.listener.event(event)
 
     def end_cancelled(self, message, code=CANCELLED):
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
@@ -210,6 +224,10 @@ class RunDispatch(Dispatch):
 
 class TunnelDispatch(Dispatch):
     kind = "tunnel"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.usage = None
 
     def frame(self, frame):
         """
@@ -230,7 +248,7 @@ class TunnelDispatch(Dispatch):
             self.listener.body(frame.body)
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
-            self.tracker.publish_tunnel_usage(self, usage_to_json(usage))
+            self.usage = usage_to_json(usage)
             self.listener.usage(usage)
         elif which == "metadata_json":
             try:
@@ -241,6 +259,7 @@ class TunnelDispatch(Dispatch):
             self.listener.metadata(info)
         elif which == "end":
             self.finish()
+            self.tracker.tunnel_ended(self, COMPLETE, None)
             self.listener.end()
 
     def fail(self, code, message, status=0):
@@ -255,9 +274,11 @@ class TunnelDispatch(Dispatch):
             code=code,
             reason=message,
         )
+        self.tracker.tunnel_ended(self, CANCELLED if code in (CANCELLED, SHUTTING_DOWN) else ERROR, failure)
         self.listener.error(failure)
 
     def tell_failure(self, failure):
+        self.tracker.tunnel_ended(self, ERROR, failure)
         self.listener.error(failure)
 
     def end_cancelled(self, message, code=CANCELLED):

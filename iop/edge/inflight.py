@@ -4,24 +4,22 @@ objects) and the node commands waiting for their answer.
 
 It is indexed by Node link, so that losing one Node touches only that
 Node's work, and it can tell a draining Edge when nothing is left
-(L{Inflight.when_idle}). Run events of in-flight work are published on the
-event bus from here.
+(L{Inflight.when_idle}). What the work reports (run events, a tunnel's
+end) goes on to the run book (L{iop.edge.runs.RunBook}).
 """
 
 from twisted.internet import defer
-
-from iop.protocols.convert import usage_to_json
 
 
 class Inflight:
     """
     @ivar clock: the C{IReactorTime} dispatches use for cancel grace.
-    @ivar bus: the L{iop.edge.bus.EventBus} run events go to.
+    @ivar runs: the L{iop.edge.runs.RunBook} that keeps the record of work.
     """
 
-    def __init__(self, clock, bus):
+    def __init__(self, clock, runs):
         self.clock = clock
-        self.bus = bus
+        self.runs = runs
         self._work = {}
         self._by_link = {}
         self._requests = {}
@@ -147,15 +145,17 @@ class Inflight:
             for d in waiters:
                 d.callback(None)
 
-    # -- run events on the bus
+    # -- what work reports
 
-    def publish_run_event(self, dispatch, event):
-        payload = {"run_id": dispatch.id, "node": dispatch.link.node_id, "type": event.type}
-        if event.usage is not None:
-            payload["usage"] = usage_to_json(event.usage)
-        if event.error is not None:
-            payload["error"] = {"code": event.error.code, "message": event.error.message}
-        self.bus.publish("run", payload)
+    def run_event(self, dispatch, event, seq):
+        """
+        One event of a run in flight, for the run book (which logs it,
+        gives it to the run's followers and publishes it).
+        """
+        if dispatch.record is not None:
+            self.runs.event(dispatch.record, event, seq)
 
-    def publish_tunnel_usage(self, dispatch, usage):
-        self.bus.publish("run", {"run_id": dispatch.id, "node": dispatch.link.node_id, "type": "usage", "usage": usage})
+    def tunnel_ended(self, dispatch, status, failure):
+        if dispatch.record is not None:
+            error = None if failure is None else {"code": failure.code, "message": failure.message}
+            self.runs.tunnel_ended(dispatch.record, status, dispatch.usage, error)

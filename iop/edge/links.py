@@ -166,7 +166,7 @@ class NodeLinks:
     def run_event(self, link, message):
         dispatch = self._dispatch_on(link, message.run_id, RunDispatch)
         if dispatch is not None:
-            dispatch.deliver(event_from_wire(message))
+            dispatch.deliver(event_from_wire(message), message.seq or None)
 
     def tunnel_frame(self, link, message):
         dispatch = self._dispatch_on(link, message.tunnel_id, TunnelDispatch)

@@ -38,6 +38,9 @@ from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import QUEUED, RunBook, stored_json
+from iop.edge.runs import RUN as RUN_KIND
+from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
@@ -49,12 +52,13 @@ from iop.run import (
     SHUTTING_DOWN,
     UNKNOWN_ADAPTER,
     UNKNOWN_COMMAND,
+    UNKNOWN_RUN,
     RunFailure,
 )
 
 #: Run kinds a surface's C{listener_for} is asked for.
-RUN = "run"
-TUNNEL = "tunnel"
+RUN = RUN_KIND
+TUNNEL = TUNNEL_KIND
 
 #: How long a drained Edge waits for its HTTP connections to flush their
 #: last bytes before it aborts them.
@@ -66,6 +70,7 @@ _COMMAND_FAILURE_KINDS = {
     NOT_SUPPORTED: "invalid",
     INVALID_ARGS: "invalid",
     UNKNOWN_ADAPTER: "not_found",
+    UNKNOWN_RUN: "not_found",
     CANCELLED: "unavailable",
 }
 
@@ -95,7 +100,11 @@ class EdgeService(MultiService):
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
         self.pool = ProviderPool(reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec)
-        self.inflight = Inflight(reactor, self.bus)
+        run_log = config.run_log
+        self.runs = RunBook(
+            reactor, self.bus, self._fetch_run, run_log.max_bytes, run_log.max_age_sec, run_log.max_runs
+        )
+        self.inflight = Inflight(reactor, self.runs)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
         self.draining = False
@@ -104,6 +113,7 @@ class EdgeService(MultiService):
         self._grace_timer = None
         self._drained = None
         self._placing_again = {}
+        self._queued = {}
         if listen:
             from iop.edge.listeners import add_listeners
 
@@ -115,7 +125,9 @@ class EdgeService(MultiService):
         """
         SubmitRun: place the work, then start it as a run or a tunnel.
 
-        @param spec: a L{iop.edge.spec.RunSpec}.
+        @param spec: a L{iop.edge.spec.RunSpec}. A background run gets its
+            id here (C{spec.run_id}), so the caller can be told at once,
+            and is on record (C{queued}) while it waits for room.
         @param listener_for: C{listener_for(kind, work_id)} returns the
             listener for the chosen kind: an L{IRunListener} for L{RUN}, an
             L{ITunnelListener} for L{TUNNEL} (only asked when
@@ -125,47 +137,98 @@ class EdgeService(MultiService):
         """
         if self.draining:
             return defer.fail(_shutting_down())
+        record = None
+        if spec.background:
+            spec.tunnel = None
+            spec.run_id = spec.run_id or new_id("run")
+            record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
         d = self.placer.place(spec)
-        d.addCallback(self._start, spec, listener_for)
+        d.addCallback(self._start, spec, listener_for, spec.run_id or None)
+        if record is not None:
+            self._queued[record.id] = d
+            d.addErrback(self._not_started, record)
+            d.addBoth(self._left_queue, record.id)
         return d
 
-    def _start(self, placement, spec, listener_for, work_id=None):
+    def _labels(self, spec):
+        """
+        What the run book records of a request before it is placed.
+        """
+        model = spec.model if spec.model and self.pool.group(spec.model) is not None else None
+        return {"model": model, "adapter": spec.adapter or "", "background": spec.background, "caller": spec.caller}
+
+    def _not_started(self, failure, record):
+        if failure.check(CancelledError):
+            self.runs.not_started(record, CANCELLED, "cancelled while queued", CANCELLED)
+        elif failure.check(ServiceError):
+            self.runs.not_started(record, failure.value.code, failure.value.message)
+        else:
+            self.runs.not_started(record, "internal_error", "internal error")
+        return failure
+
+    def _left_queue(self, result, run_id):
+        self._queued.pop(run_id, None)
+        return result
+
+    def _start(self, placement, spec, listener_for, work_id=None, again=False):
         """
         Start placed work in one guarded step: whatever fails before the
-        work is in flight returns the placement's lease. C{work_id} is set
-        when the work is placed a second time (see L{_place_again}).
+        work is in flight returns the placement's lease. C{again} is set
+        when the work is placed a second time (see L{_place_again}), under
+        the same C{work_id}.
         """
-        again = work_id is not None
         try:
             if self.draining:
                 raise _shutting_down()
             if placement.tunnels and spec.tunnel is not None:
-                work_id = work_id or new_id("tun")
+                kind, work_id = TUNNEL, work_id or new_id("tun")
                 message = _tunnel_request(work_id, placement, spec.tunnel)
-                dispatch = TunnelDispatch(self.inflight, work_id, placement, listener_for(TUNNEL, work_id))
+                dispatch_class = TunnelDispatch
             else:
-                work_id = work_id or new_id("run")
+                kind, work_id = RUN, work_id or new_id("run")
                 message = _run_request(work_id, placement, spec)
-                dispatch = RunDispatch(self.inflight, work_id, placement, listener_for(RUN, work_id))
+                dispatch_class = RunDispatch
+            # On record before the surface's listener is made: it may read it.
+            record = self.runs.open(
+                work_id,
+                kind,
+                node=placement.node_id,
+                target=placement.target or spec.target,
+                provider=placement.lease.provider_id if placement.lease is not None else None,
+                **dict(self._labels(spec), adapter=placement.adapter),
+            )
+            dispatch = dispatch_class(self.inflight, work_id, placement, listener_for(kind, work_id), record)
             if not again:
                 dispatch.on_refused = lambda refused: self._place_again(refused, spec, listener_for)
-        except ServiceError:
+        except ServiceError as e:
             placement.release()
+            self._abandon(work_id, e)
             raise
         except Exception:
             placement.release()
             self.log.failure("could not start work on node {node}", node=placement.node_id)
-            raise ServiceError("failed", "internal error", code="internal_error") from None
+            error = ServiceError("failed", "internal error", code="internal_error")
+            self._abandon(work_id, error)
+            raise error from None
         self.inflight.add(dispatch)
+        self.runs.started(record)
         try:
             dispatch.send(message)
         except Exception as e:
             self.log.warn("sending {kind} {id} failed: {error}", kind=dispatch.kind, id=dispatch.id, error=e)
             dispatch.finish()
-            raise ServiceError(
-                "failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed"
-            ) from None
+            error = ServiceError("failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed")
+            self.runs.not_started(record, error.code, error.message)
+            raise error from None
         return work_id
+
+    def _abandon(self, work_id, error):
+        """
+        Work on record that could not start ends on record too.
+        """
+        record = self.runs.get(work_id) if work_id else None
+        if record is not None:
+            self.runs.not_started(record, error.code, error.message)
 
     def _place_again(self, refused, spec, listener_for):
         """
@@ -182,7 +245,7 @@ class EdgeService(MultiService):
         )
         d = self.placer.place(spec)
         self._placing_again[refused.id] = d
-        d.addCallback(self._start, spec, listener_for, refused.id)
+        d.addCallback(self._start, spec, listener_for, refused.id, True)
         d.addErrback(self._placed_again_failed, refused)
         d.addBoth(lambda _: self._placing_again.pop(refused.id, None))
 
@@ -200,9 +263,9 @@ class EdgeService(MultiService):
         """
         Cancel a run or tunnel. @return: whether it was in flight.
         """
-        again = self._placing_again.get(work_id)
-        if again is not None:
-            again.cancel()
+        waiting = self._placing_again.get(work_id) or self._queued.get(work_id)
+        if waiting is not None:
+            waiting.cancel()
             return True
         dispatch = self.inflight.get(work_id)
         if dispatch is None:
@@ -291,6 +354,129 @@ class EdgeService(MultiService):
             raise ServiceError("timeout", f"node {node_id} did not answer within {timeout:g}s")
 
         return d.addTimeout(timeout, self.clock, onTimeoutCancel=timed_out)
+
+    # -- run history --------------------------------------------------------------
+
+    def get_run(self, run_id):
+        """
+        One run or tunnel: from the run book while it is in memory (and
+        its log whole), else from the store of the Node it ran on.
+
+        @return: a Deferred firing with its JSON object (C{GET
+            /v1/runs/{id}}), or failing with a L{ServiceError}
+            (C{not_found}; C{unavailable} when its node is offline).
+        """
+        record = self.runs.get(run_id)
+        if record is not None and (record.complete_log or record.kind == TUNNEL):
+            return defer.succeed(record.as_json())
+        d = self._fetch_run(run_id, self.runs.node_of(run_id), 0)
+
+        def fetched(found):
+            node_id, answer = found
+            stored = stored_json(node_id, answer["run"])
+            if record is None:
+                return stored
+            # The Edge's view is the current one; the Node has the whole text.
+            return dict(record.as_json(), output=stored.get("output", ""))
+
+        def failed(failure):
+            if record is None:
+                return failure
+            self.log.warn(
+                "run {run_id}: its whole output could not be read from node {node}: {why}",
+                run_id=run_id,
+                node=record.node,
+                why=failure.getErrorMessage(),
+            )
+            return dict(record.as_json(), output_partial=True)
+
+        return d.addCallbacks(fetched, failed)
+
+    def list_runs(self, node_id=None, status=None, limit=50):
+        """
+        Recent runs and tunnels, newest first: those the Edge has in
+        memory (queued ones included) and those in the stores of the ready
+        nodes (only C{node_id}'s, when given).
+
+        @return: a Deferred firing with C{{"runs": [...]}}, plus
+            C{"incomplete": [node ids]} naming nodes that could not be
+            asked.
+        """
+        if node_id is not None and self.config.node(node_id) is None:
+            return defer.fail(ServiceError("not_found", f"no node {node_id!r} is configured"))
+        known = {}
+        for record in self.runs.records():
+            if (node_id is None or record.node == node_id) and (status is None or record.status == status):
+                known[record.id] = record.as_json(output=False)
+        nodes = [node_id] if node_id is not None else [n.id for n in self.config.nodes]
+        asked, incomplete = [], []
+        for node in nodes:
+            if self.registry.ready_link(node) is None:
+                incomplete.append(node)
+                continue
+            args = {"limit": limit}
+            if status is not None:
+                args["status"] = status
+            asked.append((node, self.command(node, "run_list", "", args)))
+
+        def merge(results):
+            for (node, _), (ok, answer) in zip(asked, results, strict=True):
+                if not ok:
+                    self.log.info("run_list on node {node} failed: {why}", node=node, why=answer.getErrorMessage())
+                    incomplete.append(node)
+                    continue
+                for row in answer.get("runs", []):
+                    known.setdefault(row["run_id"], stored_json(node, row))
+            runs = sorted(known.values(), key=lambda r: r.get("created_at") or 0, reverse=True)[:limit]
+            answer = {"runs": runs}
+            if incomplete:
+                answer["incomplete"] = sorted(incomplete)
+            return answer
+
+        return defer.DeferredList([d for _, d in asked], consumeErrors=True).addCallback(merge)
+
+    def follow(self, run_id, after, write, end):
+        """
+        Replay a run's events after C{after} and follow it to its terminal
+        (see L{RunBook.follow}).
+        """
+        return self.runs.follow(run_id, after, write, end)
+
+    def _fetch_run(self, run_id, node_id, after):
+        """
+        Ask C{node_id} (every ready node, when C{None}) for a run from its
+        store. @return: a Deferred of C{(node_id, answer)}.
+        """
+        if node_id is not None:
+            return self._run_get(node_id, run_id, after)
+        nodes = [link.node_id for link in self.registry.ready_links()]
+        if not nodes:
+            return defer.fail(ServiceError("not_found", f"no run {run_id} (no node is connected to ask)"))
+        asks = [self._run_get(node, run_id, after) for node in nodes]
+
+        def first(results):
+            for ok, found in results:
+                if ok:
+                    return found
+            for _ok, failure in results:
+                if not failure.check(ServiceError) or failure.value.kind != "not_found":
+                    return failure
+            raise ServiceError("not_found", f"no run {run_id}", code="run_not_found")
+
+        return defer.DeferredList(asks, consumeErrors=True).addCallback(first)
+
+    def _run_get(self, node_id, run_id, after):
+        d = self.command(node_id, "run_get", "", {"run_id": run_id, "after": after})
+
+        def older_node(failure):
+            failure.trap(ServiceError)
+            if failure.value.code == UNKNOWN_COMMAND:
+                raise ServiceError("not_found", f"node {node_id} keeps no run history (an older node)")
+            if failure.value.code == UNKNOWN_RUN:
+                raise ServiceError("not_found", f"no run {run_id}", code="run_not_found")
+            return failure
+
+        return d.addCallbacks(lambda answer: (node_id, answer), older_node)
 
     def status(self):
         """

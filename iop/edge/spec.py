@@ -52,6 +52,12 @@ class RunSpec:
 
     @ivar tunnel: how to carry the request if the chosen provider takes raw
         OpenAI-compatible HTTP; C{None} means "always a normalized run".
+    @ivar background: the run goes on when its caller leaves (never a
+        tunnel: a background run is always a normalized run, so that its
+        events can be kept and read back).
+    @ivar caller: the name of the caller's key, for the token metrics.
+    @ivar run_id: the run's id once known: a background run gets it when
+        submitted, so the caller can be told before the run is placed.
     """
 
     messages: list
@@ -63,6 +69,8 @@ class RunSpec:
     background: bool = False
     options: dict = field(default_factory=dict)
     tunnel: TunnelSpec | None = None
+    caller: str | None = None
+    run_id: str = ""
 
     def input_chars(self):
         return sum(len(m.get("content") or "") for m in self.messages)

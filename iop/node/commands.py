@@ -10,8 +10,8 @@ one.
 
 Every request gets exactly one final C{NodeCommandResponse}; a failed one
 carries a code saying whose mistake it was (C{unknown_command},
-C{not_supported}, C{unknown_adapter}, C{invalid_args}: the caller's;
-C{cancelled}; C{failed}: the back end's). A request with C{stream} set may
+C{not_supported}, C{unknown_adapter}, C{invalid_args}, C{unknown_run}:
+the caller's; C{cancelled}; C{failed}: the back end's). A request with C{stream} set may
 first get progress responses (C{progress=true}). The Edge can abort a
 command it gave up on (C{CancelRequest(CANCEL_COMMAND)}).
 """
@@ -31,7 +31,11 @@ from iop.run import (
     NOT_SUPPORTED,
     UNKNOWN_ADAPTER,
     UNKNOWN_COMMAND,
+    UNKNOWN_RUN,
 )
+
+#: The most runs C{run_list} answers with.
+RUN_LIST_MAX = 1000
 
 
 class CommandError(Exception):
@@ -191,3 +195,38 @@ class CommandHandler:
         for hosted in selected:
             result[hosted.name] = yield defer.maybeDeferred(hosted.adapter.command, "session_list", args)
         return {"adapters": result}
+
+    def run_get(self, adapter, args):
+        """
+        One run or tunnel from the store: C{{"run": row with output,
+        "events": [events after args["after"]]}}.
+        """
+        run_id = args.get("run_id")
+        after = args.get("after", 0)
+        if not isinstance(run_id, str) or not run_id:
+            raise CommandError(INVALID_ARGS, "run_get needs run_id (a string)")
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise CommandError(INVALID_ARGS, "after must be a non-negative integer")
+        d = self.context.store.get(run_id, after)
+
+        def found(result):
+            if result is None:
+                raise CommandError(UNKNOWN_RUN, f"this node has no record of {run_id}")
+            return result
+
+        return d.addCallback(found)
+
+    def run_list(self, adapter, args):
+        """
+        The latest runs and tunnels from the store, newest first:
+        C{{"runs": [rows]}}, filtered by C{status} and C{kind}, at most
+        C{limit} (50; up to L{RUN_LIST_MAX}).
+        """
+        status, kind, limit = args.get("status"), args.get("kind"), args.get("limit", 50)
+        for name, value in (("status", status), ("kind", kind)):
+            if value is not None and not isinstance(value, str):
+                raise CommandError(INVALID_ARGS, f"{name} must be a string")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= RUN_LIST_MAX:
+            raise CommandError(INVALID_ARGS, f"limit must be an integer from 1 to {RUN_LIST_MAX}")
+        d = self.context.store.list_runs(status or None, kind or None, limit)
+        return d.addCallback(lambda rows: {"runs": rows})

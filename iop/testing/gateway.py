@@ -13,6 +13,8 @@ a L{ManualAdapter}, so a test plays the provider of a tunnel by hand.
 
 from treq.testing import StubTreq
 from twisted.internet import defer
+from twisted.internet.error import ConnectionDone
+from twisted.python.failure import Failure
 
 from iop.adapters.echo import EchoAdapter
 from iop.node.host import AdapterHost
@@ -65,7 +67,7 @@ class GatewayNode:
     """
 
     def __init__(self, gateway, token):
-        self.store = RecordingStore()
+        self.store = RecordingStore(now=gateway.clock.seconds)
         self.host = AdapterHost(gateway.clock, build)
         self.context = make_context(gateway.clock, host=self.host, store=self.store)
         self.context.token = token
@@ -87,6 +89,17 @@ class Gateway:
         self.clock = self.edge.clock
         self.service = self.edge.service
         self.http = StubTreq(self.edge.site.resource)
+        #: The Edge's side of every HTTP request made, in order.
+        self.requests = []
+        router = self.edge.site.resource
+        observer = router.observer
+
+        def observe(route, request):
+            self.requests.append(request)
+            if observer is not None:
+                observer(route, request)
+
+        router.observer = observe
 
     def node(self, token="tok-1"):
         """
@@ -114,13 +127,22 @@ class Gateway:
             seconds -= step
             self.flush()
 
+    def hang_up(self, request=None):
+        """
+        The caller of C{request} (the latest one by default) goes away: its
+        connection is lost, as when a client disconnects mid-stream.
+        """
+        request = request if request is not None else self.requests[-1]
+        request.connectionLost(Failure(ConnectionDone("the caller hung up")))
+        self.flush()
+
     def post(self, path, body):
         d = self.http.post(BASE + path, json=body)
         self.flush()
         return d
 
-    def get(self, path):
-        d = self.http.get(BASE + path)
+    def get(self, path, headers=None):
+        d = self.http.get(BASE + path, headers=headers)
         self.flush()
         return d
 

@@ -194,7 +194,7 @@ class Edge(Daemon):
         conn.request(
             method,
             path,
-            body=json.dumps(body).encode(),
+            body=None if body is None else json.dumps(body).encode(),
             headers={"content-type": "application/json", **(headers or {})},
         )
         return conn, None

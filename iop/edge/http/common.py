@@ -129,6 +129,42 @@ class Keys:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
 
 
+def caller_name(request):
+    """
+    The name of the key a request was admitted with (the label of the
+    token metrics; never the key itself), or C{anonymous}.
+    """
+    return getattr(getattr(request, "caller_key", None), "name", None) or "anonymous"
+
+
+def query(request, name):
+    """
+    A query parameter as text, or C{None}.
+    """
+    values = request.args.get(name.encode("ascii"))
+    if not values:
+        return None
+    return values[-1].decode("utf-8", "replace")
+
+
+def query_int(request, name, default, low, high):
+    """
+    An integer query parameter in C{[low, high]}.
+
+    @raise HTTPError: for anything else.
+    """
+    text = query(request, name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise HTTPError("invalid", f"{name} must be an integer from {low} to {high}", code="invalid_" + name)
+    return value
+
+
 class JSONResource(Resource):
     """
     A leaf resource whose C{handle_<METHOD>(request)} return a JSON-able
@@ -156,7 +192,7 @@ class JSONResource(Resource):
         return NOT_DONE_YET
 
     def _handle(self, handler, request):
-        (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        request.caller_key = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         return handler(request)
 
     def _respond(self, result, request):
@@ -194,12 +230,14 @@ class Call:
     """
     One HTTP request and the work it started. When the caller goes away,
     a waiting submission is cancelled (the waiter leaves the queue) and
-    started work is cancelled on its Node.
+    started work is cancelled on its Node — unless it is a background run,
+    which goes on (queued or running) until it ends.
     """
 
-    def __init__(self, service, request):
+    def __init__(self, service, request, background=False):
         self.service = service
         self.request = request
+        self.background = background
         self.gone = False
         self.submitting = None
         self.work_id = None
@@ -207,6 +245,8 @@ class Call:
 
     def _caller_gone(self, failure):
         self.gone = True
+        if self.background:
+            return
         if self.submitting is not None and not self.submitting.called:
             self.submitting.cancel()
         elif self.work_id is not None:
@@ -226,7 +266,7 @@ class Call:
 
     def _started(self, work_id):
         self.work_id = work_id
-        if self.gone:
+        if self.gone and not self.background:
             self.service.cancel(work_id)
 
     def fail(self, failure):
@@ -273,6 +313,27 @@ class EventStream:
     def send_raw(self, text):
         self.start()
         self.request.write(f"data: {text}\n\n".encode())
+
+    def send_event(self, obj, event_id=None, name=None):
+        """
+        One event with its C{id:} (what C{Last-Event-ID} resumes from) and
+        C{event:} name, when given.
+        """
+        self.start()
+        head = ""
+        if event_id is not None:
+            head += f"id: {event_id}\n"
+        if name is not None:
+            head += f"event: {name}\n"
+        self.request.write(f"{head}data: {json.dumps(obj)}\n\n".encode())
+
+    def comment(self, text):
+        """
+        A comment line (ignored by readers): sends the headers, keeps
+        proxies from timing the stream out.
+        """
+        self.start()
+        self.request.write(f": {text}\n\n".encode())
 
     def done(self):
         """

@@ -1,41 +1,50 @@
 """
-The native surface: runs as event streams, cancel, sessions, node
-commands and the status snapshot.
+The native surface: runs as event streams, run history, cancel, sessions,
+node commands, the events feed and the status snapshot.
 
   POST /v1/runs                     submit a run; text/event-stream of events
-  POST /v1/runs/{run_id}/cancel     cancel a run in flight
+                                    (202 with the run at once for a
+                                    background run with "stream": false)
+  GET  /v1/runs                     recent runs (?node=&status=&limit=)
+  GET  /v1/runs/{run_id}            one run: status, usage, error, output
+  GET  /v1/runs/{run_id}/events     its events from the start (or after
+                                    Last-Event-ID / ?after=SEQ), then live
+  POST /v1/runs/{run_id}/cancel     cancel a run in flight (or queued)
   POST /v1/sessions/terminate       end a logical session on a node
   POST /v1/nodes/{node}/commands    run a node command (admin)
+  GET  /v1/events                   the Edge's event bus as SSE (admin)
   GET  /v1/status                   every configured node and model group
 """
 
+from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, error_body, read_json, write_json
+from iop.edge.http.common import (
+    Call,
+    EventStream,
+    HTTPError,
+    JSONResource,
+    caller_name,
+    error_body,
+    query,
+    query_int,
+    read_json,
+    write_json,
+)
 from iop.edge.http.openai import parse_messages
+from iop.edge.runs import event_json
 from iop.edge.spec import RunSpec
-from iop.protocols.convert import usage_to_json
 from iop.run import TERMINAL_TYPES
 
+#: Statuses a run can have (C{GET /v1/runs?status=}).
+RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
+#: The most runs one C{GET /v1/runs} answers with.
+RUN_LIST_MAX = 1000
 
-def run_event_json(run_id, event):
-    """
-    One native event: C{run_id}, C{type}, C{text} for deltas, C{usage} and
-    C{error} on terminals (usage breakdown only when reported).
-    """
-    payload = {"run_id": run_id, "type": event.type}
-    if event.text:
-        payload["text"] = event.text
-    if event.usage is not None:
-        payload["usage"] = usage_to_json(event.usage)
-    if event.error is not None:
-        payload["error"] = {"code": event.error.code, "message": event.error.message}
-        if event.error.status:
-            payload["error"]["status"] = event.error.status
-    return payload
+RUN_ID_HEADER = b"x-iop-run-id"
 
 
 def _string(body, key, default=""):
@@ -47,42 +56,71 @@ def _string(body, key, default=""):
     return value
 
 
-@implementer(IRunListener)
-class EventStreamListener:
+class _Listener:
     """
-    Native run events as SSE, one C{data:} JSON per event.
+    What the native listeners share: the run's record (for the C{seq} of
+    each event, which the run book numbered before the listener hears of
+    it) and the C{x-iop-run-id} header.
     """
 
     def __init__(self, call, run_id):
         self.call = call
         self.run_id = run_id
+        self.record = call.service.runs.get(run_id)
+        if not call.gone:
+            call.request.setHeader(RUN_ID_HEADER, run_id.encode("ascii"))
+
+    def payload(self, event):
+        return event_json(self.run_id, self.record.last_seq if self.record is not None else None, event)
+
+
+@implementer(IRunListener)
+class EventStreamListener(_Listener):
+    """
+    Native run events as SSE: one C{data:} JSON per event, each with its
+    C{id: <seq>}, so a reader cut off can resume from C{/events}.
+    """
+
+    def __init__(self, call, run_id):
+        super().__init__(call, run_id)
         self.stream = EventStream(call.request)
 
     def event(self, event):
         if self.call.gone:
             return
-        self.stream.send(run_event_json(self.run_id, event))
+        payload = self.payload(event)
+        self.stream.send_event(payload, payload["seq"])
         if event.type in TERMINAL_TYPES:
             self.call.finish()
 
 
 @implementer(IRunListener)
-class CollectingListener:
+class CollectingListener(_Listener):
     """
     For C{"stream": false}: every event, answered as one JSON document.
     """
 
     def __init__(self, call, run_id):
-        self.call = call
-        self.run_id = run_id
+        super().__init__(call, run_id)
         self.events = []
 
     def event(self, event):
-        self.events.append(run_event_json(self.run_id, event))
+        self.events.append(self.payload(event))
         if event.type in TERMINAL_TYPES and not self.call.gone:
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
             result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             write_json(self.call.request, 200, result)
+
+
+@implementer(IRunListener)
+class Unheard:
+    """
+    The listener of a background run nobody waits for (answered 202): the
+    run book keeps what it says.
+    """
+
+    def event(self, event):
+        pass
 
 
 def parse_run(body):
@@ -119,9 +157,102 @@ class Runs(JSONResource):
     def handle_POST(self, request):
         body = read_json(request)
         spec = parse_run(body)
-        call = Call(self.service, request)
-        listener_class = EventStreamListener if body.get("stream", True) else CollectingListener
+        spec.caller = caller_name(request)
+        stream = body.get("stream", True)
+        if spec.background and not stream:
+            return self._background(request, spec)
+        call = Call(self.service, request, background=spec.background)
+        listener_class = EventStreamListener if stream else CollectingListener
         return call.submit(spec, lambda kind, run_id: listener_class(call, run_id))
+
+    def _background(self, request, spec):
+        """
+        A background run answered at once: 202 with the run (queued, or
+        running when there was room), or the error that kept it from
+        being queued at all (unknown model, nothing live, ...).
+        """
+        d = self.service.submit(spec, lambda kind, run_id: Unheard())
+        outcome = []
+        d.addBoth(lambda result: outcome.append(result) or result)
+        if outcome and isinstance(outcome[0], Failure):
+            return d
+        # Later failures (a queue timeout) are on the run's record.
+        d.addErrback(lambda failure: None)
+        request.setHeader(b"location", f"/v1/runs/{spec.run_id}".encode("ascii"))
+        request.setHeader(RUN_ID_HEADER, spec.run_id.encode("ascii"))
+        return 202, self.service.runs.get(spec.run_id).as_json()
+
+    def handle_GET(self, request):
+        """
+        Recent runs: C{?node=}, C{?status=}, C{?limit=} (50).
+        """
+        status = query(request, "status") or None
+        if status is not None and status not in RUN_STATUSES:
+            raise HTTPError("invalid", f"status must be one of {', '.join(RUN_STATUSES)}", code="invalid_status")
+        limit = query_int(request, "limit", 50, 1, RUN_LIST_MAX)
+        return self.service.list_runs(query(request, "node") or None, status, limit)
+
+
+class Run(JSONResource):
+    def handle_GET(self, request):
+        return self.service.get_run(request.path_params["run_id"])
+
+
+def resume_point(request):
+    """
+    Where a reader resumes: C{Last-Event-ID} (what C{EventSource} sends
+    after a cut), else C{?after=SEQ}, else the start.
+    """
+    header = request.getHeader(b"last-event-id")
+    if header is not None and header.strip():
+        try:
+            after = int(header.strip())
+        except ValueError:
+            raise HTTPError("invalid", "Last-Event-ID must be an event seq", code="invalid_last_event_id") from None
+        if after < 0:
+            raise HTTPError("invalid", "Last-Event-ID must be an event seq", code="invalid_last_event_id")
+        return after
+    return query_int(request, "after", 0, 0, 2**63 - 1)
+
+
+class RunEvents(JSONResource):
+    """
+    A run's events as SSE, each with its C{id: <seq>}: those after the
+    resume point first (from the Edge's memory, or the Node's store once
+    the Edge has forgotten them), then live ones until the terminal, after
+    which the stream ends. No event is sent twice or skipped.
+    """
+
+    def handle_GET(self, request):
+        run_id = request.path_params["run_id"]
+        after = resume_point(request)
+        stream = EventStream(request)
+        state = {"gone": False, "follower": None}
+
+        def write(seq, payload):
+            if not state["gone"]:
+                stream.send_event(payload, seq)
+
+        def end():
+            if not (state["gone"] or request.finished):
+                stream.start()
+                request.finish()
+
+        def attached(follower):
+            state["follower"] = follower
+            if state["gone"]:
+                self.service.runs.unfollow(run_id, follower)
+            elif not request.finished:
+                stream.comment(f"following {run_id}")
+            return NOT_DONE_YET
+
+        def gone(_):
+            state["gone"] = True
+            if state["follower"] is not None:
+                self.service.runs.unfollow(run_id, state["follower"])
+
+        request.notifyFinish().addErrback(gone)
+        return self.service.follow(run_id, after, write, end).addCallback(attached)
 
 
 class CancelRun(JSONResource):

@@ -14,7 +14,16 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_error, write_json
+from iop.edge.http.common import (
+    Call,
+    EventStream,
+    HTTPError,
+    JSONResource,
+    caller_name,
+    read_json,
+    write_error,
+    write_json,
+)
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.httpheaders import relay_headers
@@ -94,6 +103,23 @@ def run_failure_error(failure):
     return ServiceError(_KIND_BY_FAILURE.get(failure.code, "failed"), failure.message, code=failure.code, status=status)
 
 
+#: The request header that asks for a background run (C{true}, C{1} or
+#: C{yes}): the run goes on when the caller disconnects, and can be read
+#: back with C{GET /v1/runs/{id}} (the id is in the C{x-iop-run-id}
+#: response header). A background run is always a normalized run.
+BACKGROUND_HEADER = b"x-iop-background"
+RUN_ID_HEADER = b"x-iop-run-id"
+
+
+def background_requested(request):
+    value = (request.getHeader(BACKGROUND_HEADER) or b"").strip().lower()
+    if value in (b"", b"0", b"false", b"no"):
+        return False
+    if value in (b"1", b"true", b"yes"):
+        return True
+    raise HTTPError("invalid", "x-iop-background must be true or false", code="invalid_background")
+
+
 class ChatCompletions(JSONResource):
     def __init__(self, service, keys, clock):
         super().__init__(service, keys)
@@ -112,17 +138,22 @@ class ChatCompletions(JSONResource):
         accept = request.getHeader(b"accept")
         if accept:
             headers.append(("accept", accept))
+        background = background_requested(request)
         spec = RunSpec(
             messages=messages,
             model=model,
             adapter=model,
             options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
             tunnel=TunnelSpec("POST", "/chat/completions", headers, body),
+            background=background,
+            caller=caller_name(request),
         )
-        call = Call(self.service, request)
+        call = Call(self.service, request, background=background)
         created = int(self.clock.seconds())
 
         def listener_for(kind, work_id):
+            if not call.gone:
+                request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
             if kind == TUNNEL:
                 return TunnelPassthrough(call)
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)

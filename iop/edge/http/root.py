@@ -17,7 +17,7 @@ C{request.path_params["path"]}.
 from twisted.web.resource import Resource
 
 from iop.edge.http.common import Keys, NotFound
-from iop.edge.http.native import CancelRun, NodeCommands, Runs, Status, TerminateSession
+from iop.edge.http.native import CancelRun, NodeCommands, Run, RunEvents, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Model, Models
 from iop.edge.http.ui import add_ui_routes
 
@@ -100,6 +100,8 @@ def build_root(service, config, clock, metrics_resource=None):
     router.route("/v1/models", Models(service, keys))
     router.route("/v1/models/{model...}", Model(service, keys))
     router.route("/v1/runs", Runs(service, keys))
+    router.route("/v1/runs/{run_id}", Run(service, keys))
+    router.route("/v1/runs/{run_id}/events", RunEvents(service, keys))
     router.route("/v1/runs/{run_id}/cancel", CancelRun(service, keys))
     router.route("/v1/sessions/terminate", TerminateSession(service, keys))
     router.route("/v1/nodes/{node}/commands", NodeCommands(service, keys))

@@ -29,6 +29,24 @@ class EventBusTests(SynchronousTestCase):
         self.assertEqual(a, [("run", 1), ("node", {"node": "n1", "event": "ready"})])
         self.assertEqual(b, [{"node": "n1", "event": "ready"}])
 
+    def test_deltas_only_when_asked(self):
+        """
+        C{run_delta} reaches only subscribers that name it; C{wants} says
+        whether anyone does, so a publisher can skip the work.
+        """
+        every, deltas = [], []
+        self.bus.subscribe(lambda topic, event: every.append(topic))
+        self.assertFalse(self.bus.wants("run_delta"))
+        self.assertTrue(self.bus.wants("run"))
+        subscription = self.bus.subscribe(lambda topic, event: deltas.append(topic), topics=["run", "run_delta"])
+        self.assertTrue(self.bus.wants("run_delta"))
+        self.bus.publish("run_delta", {})
+        self.bus.publish("run", {})
+        self.clock.advance(0)
+        self.assertEqual((every, deltas), (["run"], ["run_delta", "run"]))
+        subscription.cancel()
+        self.assertFalse(self.bus.wants("run_delta"))
+
     def test_failing_subscriber_isolated(self):
         """
         A subscriber that raises is logged and does not stop delivery to the

@@ -7,7 +7,7 @@ import json
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.protocols import iop_pb2
-from iop.testing.node import adapter_config, ready_node, run_request
+from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
 
 
 class CommandTests(SynchronousTestCase):
@@ -243,3 +243,56 @@ class TerminateSessionTests(SynchronousTestCase):
         response, context = self.terminate("nope")
         self.assertFalse(response.ok)
         self.assertIn("nope", response.reason)
+
+
+class RunHistoryCommandTests(SynchronousTestCase):
+    def setUp(self):
+        self.store = RecordingStore()
+        self.session, self.edge, self.pump, self.context = ready_node(
+            adapter_config("echo", type="echo", max_concurrency=2), store=self.store
+        )
+
+    def command(self, command, args=None):
+        self.edge.wire.send(
+            iop_pb2.NodeCommandRequest(request_id="c1", command=command, args_json=json.dumps(args or {}))
+        )
+        self.pump.flush()
+        [response] = self.edge.of("node_command_response")
+        self.edge.received.clear()
+        return response
+
+    def test_run_get(self):
+        """
+        C{run_get} answers a finished run from the store: its row with the
+        whole output, and its events after C{after}.
+        """
+        self.edge.wire.send(run_request("r1", adapter="echo", text="a b c"))
+        self.pump.flush()
+        self.edge.received.clear()
+        answer = json.loads(self.command("run_get", {"run_id": "r1", "after": 3}).result_json)
+        self.assertEqual((answer["run"]["status"], answer["run"]["output"]), ("complete", "a b c"))
+        self.assertEqual([e["seq"] for e in answer["events"]], [4, 5])
+        self.assertEqual(answer["events"][-1]["type"], "complete")
+
+    def test_run_list(self):
+        """
+        C{run_list} gives the latest runs, newest first, filtered by status
+        and limited.
+        """
+        for run_id in ("r1", "r2", "r3"):
+            self.edge.wire.send(run_request(run_id, adapter="echo", text="x"))
+        self.edge.wire.send(run_request("bad", adapter="nope"))
+        self.pump.flush()
+        self.edge.received.clear()
+        runs = json.loads(self.command("run_list", {"status": "complete", "limit": 2}).result_json)["runs"]
+        self.assertEqual([r["run_id"] for r in runs], ["r3", "r2"])
+
+    def test_errors(self):
+        """
+        An unknown run is C{unknown_run}; bad arguments C{invalid_args}.
+        """
+        self.assertEqual(self.command("run_get", {"run_id": "nope"}).code, "unknown_run")
+        self.assertEqual(self.command("run_get", {}).code, "invalid_args")
+        self.assertEqual(self.command("run_get", {"run_id": "r", "after": -1}).code, "invalid_args")
+        self.assertEqual(self.command("run_list", {"limit": 0}).code, "invalid_args")
+        self.assertEqual(self.command("run_list", {"status": 3}).code, "invalid_args")

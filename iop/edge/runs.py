@@ -1,0 +1,523 @@
+"""
+The Edge's record of runs and tunnels: what each one is, how it is going,
+and — for runs — a bounded log of its events, so that a caller can read a
+run back (C{GET /v1/runs/{id}}) or replay and follow its events from any
+point (C{GET /v1/runs/{id}/events} with C{Last-Event-ID}).
+
+The L{RunBook} is the one owner of these records; the dispatches of the
+in-flight table report to it, and it publishes each piece of work on the
+event bus: a run's start and terminal on C{run}, its deltas on
+C{run_delta} only when a subscriber asked for them, a tunnel's start, end
+and error on C{tunnel}.
+
+Memory is bounded. A run's log keeps at most C{max_bytes} of events (the
+oldest go first); a finished run stays for C{max_age_sec}, and at most
+C{max_runs} finished runs are kept. Past that, the run's Node is the
+record: its store holds every event (docs/node.md, "Run store"), and the
+book asks for what it lacks through a C{fetch(run_id, node, after)}
+callable (the C{run_get} node command).
+
+Events are numbered by the C{seq} the Node gave them on the wire, so the
+Edge's log, the Node's store and a resumed stream agree; an event the Edge
+makes up itself (a cancel the Node never confirmed, a lost Node) takes the
+next number.
+"""
+
+from collections import OrderedDict, deque
+
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from iop.edge.errors import ServiceError
+from iop.protocols.convert import usage_to_json
+from iop.run import (
+    CANCELLED,
+    COMPLETE,
+    DELTA,
+    ERROR,
+    REASONING_DELTA,
+    START,
+    TERMINAL_TYPES,
+    RunEventData,
+    RunFailure,
+)
+
+RUN = "run"
+TUNNEL = "tunnel"
+
+QUEUED = "queued"
+RUNNING = "running"
+
+#: Default limits (C{run_log} in edge.yaml).
+DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_AGE_SEC = 600.0
+DEFAULT_MAX_RUNS = 1000
+#: How many finished ids the book remembers the node of, once their
+#: records are gone, so it knows which Node to ask.
+WHERE_SIZE = 100_000
+
+#: What one logged event costs beyond its text, for the byte bound.
+_EVENT_OVERHEAD = 64
+
+#: Bus topics.
+RUN_TOPIC = "run"
+DELTA_TOPIC = "run_delta"
+TUNNEL_TOPIC = "tunnel"
+
+
+def event_json(run_id, seq, event):
+    """
+    One native run event: C{run_id}, C{seq}, C{type}, C{text} for deltas,
+    C{usage} and C{error} on terminals (usage breakdown only when
+    reported).
+    """
+    payload = {"run_id": run_id, "seq": seq, "type": event.type}
+    if event.text:
+        payload["text"] = event.text
+    if event.usage is not None:
+        payload["usage"] = usage_to_json(event.usage)
+    if event.error is not None:
+        payload["error"] = {"code": event.error.code, "message": event.error.message}
+        if event.error.status:
+            payload["error"]["status"] = event.error.status
+    return payload
+
+
+class RunRecord:
+    """
+    One run or tunnel, as the Edge knows it.
+
+    @ivar log: C{(seq, payload)} of the run's events still in memory, oldest
+        first; C{first_seq} is the seq of the oldest event ever logged that
+        is still there (1 when nothing was dropped).
+    @ivar followers: the L{Follower}s waiting for more events.
+    """
+
+    def __init__(self, run_id, kind, created_at, **fields):
+        self.id = run_id
+        self.kind = kind
+        self.status = fields.pop("status", RUNNING)
+        self.node = fields.pop("node", None)
+        self.adapter = fields.pop("adapter", "")
+        self.target = fields.pop("target", "")
+        self.model = fields.pop("model", None)
+        self.provider = fields.pop("provider", None)
+        self.background = fields.pop("background", False)
+        self.caller = fields.pop("caller", None)
+        if fields:
+            raise TypeError(f"unknown run fields: {', '.join(fields)}")
+        self.created_at = created_at
+        self.ended_at = None
+        self.usage = None
+        self.error = None
+        self.log = deque()
+        self.log_bytes = 0
+        self.dropped = 0
+        self.last_seq = 0
+        self.followers = []
+
+    @property
+    def done(self):
+        return self.status in TERMINAL_TYPES
+
+    @property
+    def first_seq(self):
+        """
+        The lowest seq the log can replay (C{last_seq + 1} when empty).
+        """
+        return self.log[0][0] if self.log else self.last_seq + 1
+
+    @property
+    def complete_log(self):
+        """
+        Whether the log still holds every event since the start.
+        """
+        return self.dropped == 0
+
+    def output(self):
+        return "".join(payload.get("text", "") for _, payload in self.log if payload["type"] == DELTA)
+
+    def as_json(self, output=True):
+        """
+        The C{GET /v1/runs/{id}} object (without C{output} for lists).
+        """
+        answer = {
+            "id": self.id,
+            "object": "run",
+            "kind": self.kind,
+            "status": self.status,
+            "node": self.node,
+            "adapter": self.adapter,
+            "target": self.target,
+            "model": self.model,
+            "background": self.background,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "usage": self.usage,
+            "error": self.error,
+        }
+        if output and self.kind == RUN:
+            answer["output"] = self.output()
+        return answer
+
+    def labels(self):
+        """
+        What the bus says about this work besides the event itself.
+        """
+        return {
+            "run_id": self.id,
+            "node": self.node,
+            "adapter": self.adapter,
+            "target": self.target,
+            "model_group": self.model or "",
+            "provider": self.provider or "",
+            "key": self.caller or "anonymous",
+            "background": self.background,
+        }
+
+
+def stored_json(node_id, row):
+    """
+    A Node store row (C{run_get}, C{run_list}) as a C{GET /v1/runs} object.
+    """
+    error = None
+    if row.get("error") or row.get("error_code"):
+        error = {"code": row.get("error_code") or "", "message": row.get("error") or ""}
+    answer = {
+        "id": row["run_id"],
+        "object": "run",
+        "kind": row.get("kind", RUN),
+        "status": row["status"],
+        "node": node_id,
+        "adapter": row.get("adapter", ""),
+        "target": row.get("target", ""),
+        "model": None,
+        "background": bool(row.get("background")),
+        "created_at": row.get("started_at"),
+        "ended_at": row.get("ended_at"),
+        "usage": row.get("usage"),
+        "error": error,
+    }
+    if "output" in row and answer["kind"] == RUN:
+        answer["output"] = row["output"]
+    return answer
+
+
+class Follower:
+    """
+    One reader of a run's events (an SSE response), given each event once,
+    in seq order, after C{after}.
+
+    While it catches up from the Node's store (its log in memory no longer
+    goes back far enough) live events are held, and released behind the
+    history: nothing is written twice, nothing out of order.
+
+    @param write: C{write(seq, payload)} for each event.
+    @param end: called once after the terminal was written (or when the
+        run turns out to be over with nothing more to write).
+    """
+
+    def __init__(self, write, end, after=0):
+        self.write = write
+        self.end = end
+        self.after = after
+        self.catching_up = False
+        self.closed = False
+        self._held = {}
+
+    def offer(self, seq, payload):
+        if self.closed:
+            return
+        if seq <= self.after:
+            # A resume point past the terminal (a bogus Last-Event-ID):
+            # the run is over all the same.
+            if payload.get("type") in TERMINAL_TYPES and not self.catching_up:
+                self.close()
+            return
+        if self.catching_up:
+            self._held[seq] = payload
+            return
+        self._deliver(seq, payload)
+
+    def caught_up(self, events):
+        """
+        The history arrived (C{[(seq, payload)]}): write it, then what was
+        held meanwhile.
+        """
+        self.catching_up = False
+        for seq, payload in sorted(events, key=lambda pair: pair[0]) + sorted(self._held.items()):
+            self.offer(seq, payload)
+        self._held = {}
+
+    def _deliver(self, seq, payload):
+        self.after = seq
+        self.write(seq, payload)
+        if payload.get("type") in TERMINAL_TYPES:
+            self.close()
+
+    def close(self):
+        """
+        No more events (the terminal was written, or the reader left).
+        """
+        if not self.closed:
+            self.closed = True
+            self._held = {}
+            self.end()
+
+
+class RunBook:
+    """
+    @param clock: an C{IReactorTime} (C{seconds()} stamps the records).
+    @param bus: the L{iop.edge.bus.EventBus}.
+    @param fetch: C{fetch(run_id, node_id, after)} returns a Deferred of
+        C{(node_id, {"run": row, "events": [...]})} from a Node's store,
+        asking every ready node when C{node_id} is C{None}; it fails with
+        a L{ServiceError}.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        clock,
+        bus,
+        fetch=None,
+        max_bytes=DEFAULT_MAX_BYTES,
+        max_age_sec=DEFAULT_MAX_AGE_SEC,
+        max_runs=DEFAULT_MAX_RUNS,
+    ):
+        self.clock = clock
+        self.bus = bus
+        self.fetch = fetch
+        self.max_bytes = max_bytes
+        self.max_age_sec = max_age_sec
+        self.max_runs = max_runs
+        self._live = {}
+        self._finished = OrderedDict()
+        self._where = OrderedDict()
+
+    # -- records
+
+    def open(self, run_id, kind, **fields):
+        """
+        The record of C{run_id}, made now if new; C{fields} update it.
+        """
+        record = self.get(run_id)
+        if record is None:
+            record = RunRecord(run_id, kind, self.clock.seconds(), **fields)
+            self._live[run_id] = record
+            return record
+        for name, value in fields.items():
+            setattr(record, name, value)
+        return record
+
+    def get(self, run_id):
+        self._evict()
+        return self._live.get(run_id) or self._finished.get(run_id)
+
+    def records(self):
+        """
+        Every record in memory, newest first.
+        """
+        self._evict()
+        every = list(self._live.values()) + list(self._finished.values())
+        return sorted(every, key=lambda r: r.created_at, reverse=True)
+
+    def node_of(self, run_id):
+        """
+        The node a run ran on, while the book remembers it.
+        """
+        record = self.get(run_id)
+        return record.node if record is not None else self._where.get(run_id)
+
+    # -- runs
+
+    def started(self, record):
+        """
+        Placed work starts (the dispatch is on its way to the Node).
+        """
+        record.status = RUNNING
+        if record.kind == TUNNEL:
+            self._publish(TUNNEL_TOPIC, record, {"type": START})
+
+    def event(self, record, event, seq=None):
+        """
+        One event of a run: logged, given to followers, published.
+
+        @param seq: its wire seq, or C{None} for an event the Edge made up
+            (it takes the next number). An event at or below the last seq
+            is a repeat and is dropped.
+        """
+        if record.done:
+            return
+        if seq is None:
+            seq = record.last_seq + 1
+        elif seq <= record.last_seq:
+            return
+        record.last_seq = seq
+        payload = event_json(record.id, seq, event)
+        self._keep(record, seq, payload)
+        if event.type in TERMINAL_TYPES:
+            self._ended(record, event.type, payload.get("usage"), payload.get("error"))
+        for follower in list(record.followers):
+            follower.offer(seq, payload)
+        if event.type in TERMINAL_TYPES:
+            record.followers = [f for f in record.followers if not f.closed]
+        if event.type in (DELTA, REASONING_DELTA):
+            if self.bus.wants(DELTA_TOPIC):
+                self.bus.publish(DELTA_TOPIC, dict(record.labels(), seq=seq, type=event.type, text=event.text))
+        else:
+            self._publish(RUN_TOPIC, record, {k: v for k, v in payload.items() if k != "run_id"})
+        if event.type in TERMINAL_TYPES:
+            self._retire(record)
+
+    def _keep(self, record, seq, payload):
+        size = len(payload.get("text", "")) + _EVENT_OVERHEAD
+        record.log.append((seq, payload))
+        record.log_bytes += size
+        while record.log_bytes > self.max_bytes and len(record.log) > 1:
+            _, dropped = record.log.popleft()
+            record.log_bytes -= len(dropped.get("text", "")) + _EVENT_OVERHEAD
+            record.dropped += 1
+
+    def not_started(self, record, code, message, status=ERROR):
+        """
+        Work that ends on the Edge without a terminal from a Node (a
+        background run that failed or was cancelled in the queue, a
+        request that could not be sent): a run logs a made-up terminal its
+        followers get; a tunnel ends.
+        """
+        if record.done:
+            return
+        if record.kind == TUNNEL:
+            self.tunnel_ended(record, status, None, {"code": code, "message": message})
+        else:
+            self.event(record, RunEventData(status, error=RunFailure(code=code, message=message)))
+
+    # -- tunnels
+
+    def tunnel_ended(self, record, status, usage=None, error=None):
+        """
+        A tunnel's end (C{complete}) or error (C{error}, C{cancelled}).
+        """
+        if record.done:
+            return
+        self._ended(record, status, usage, error)
+        payload = {"type": "end" if status == COMPLETE else ERROR, "status": status}
+        if usage is not None:
+            payload["usage"] = usage
+        if error is not None:
+            payload["error"] = error
+        self._publish(TUNNEL_TOPIC, record, payload)
+        self._retire(record)
+
+    # -- bookkeeping
+
+    def _ended(self, record, status, usage, error):
+        record.status = status
+        record.ended_at = self.clock.seconds()
+        if usage is not None:
+            record.usage = usage
+        if error is not None:
+            record.error = {"code": error.get("code", ""), "message": error.get("message", "")}
+        elif status == CANCELLED and record.error is None:
+            record.error = {"code": CANCELLED, "message": "cancelled"}
+
+    def _retire(self, record):
+        if self._live.pop(record.id, None) is None:
+            return
+        self._finished[record.id] = record
+        if record.node:
+            self._where[record.id] = record.node
+            while len(self._where) > WHERE_SIZE:
+                self._where.popitem(last=False)
+        self._evict()
+
+    def _evict(self):
+        cutoff = self.clock.seconds() - self.max_age_sec
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            if len(self._finished) <= self.max_runs and oldest.ended_at >= cutoff:
+                break
+            self._finished.popitem(last=False)
+
+    def _publish(self, topic, record, payload):
+        self.bus.publish(topic, dict(record.labels(), **payload))
+
+    # -- reading back
+
+    def follow(self, run_id, after, write, end):
+        """
+        Replay a run's events after C{after}, then follow it live until
+        its terminal.
+
+        @return: a Deferred firing with the L{Follower} once it is
+            attached (its first events may already be written), or failing
+            with a L{ServiceError} (C{not_found}: no such run).
+        """
+        follower = Follower(write, end, after)
+        record = self.get(run_id)
+        if record is not None and record.kind == TUNNEL:
+            return defer.fail(ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run"))
+        if record is not None and after + 1 >= record.first_seq:
+            self._attach(record, follower)
+            return defer.succeed(follower)
+        node_id = record.node if record is not None else self._where.get(run_id)
+        if record is None and self.fetch is None:
+            return defer.fail(ServiceError("not_found", f"no run {run_id}", code="run_not_found"))
+        if record is not None:
+            # Hold live events while the Node's store fills the gap.
+            follower.catching_up = True
+            record.followers.append(follower)
+        d = self.fetch(run_id, node_id, after)
+
+        def fetched(found):
+            _, answer = found
+            if answer.get("run", {}).get("kind") == TUNNEL:
+                raise ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run")
+            events = [(e["seq"], dict(e, run_id=run_id)) for e in answer.get("events", [])]
+            follower.caught_up(events)
+            if record is None or record.done:
+                self._detach(record, follower)
+            return follower
+
+        def failed(failure):
+            if record is None:
+                return failure
+            # The in-memory log is the best there is: the Node could not
+            # fill the gap, so the reader gets what the Edge still has.
+            self.log.warn(
+                "run {run_id}: events {after}..{first} could not be read from its node: {why}",
+                run_id=run_id,
+                after=after + 1,
+                first=record.first_seq - 1,
+                why=failure.getErrorMessage(),
+            )
+            follower.caught_up(list(record.log))
+            if record.done:
+                self._detach(record, follower)
+            return follower
+
+        return d.addCallbacks(fetched, failed)
+
+    def _attach(self, record, follower):
+        for seq, payload in list(record.log):
+            follower.offer(seq, payload)
+        if record.done:
+            follower.close()
+        elif not follower.closed:
+            record.followers.append(follower)
+
+    def _detach(self, record, follower):
+        if record is not None and follower in record.followers:
+            record.followers.remove(follower)
+        follower.close()
+
+    def unfollow(self, run_id, follower):
+        """
+        The reader left.
+        """
+        record = self.get(run_id)
+        if record is not None and follower in record.followers:
+            record.followers.remove(follower)
+        follower.closed = True

@@ -1,0 +1,239 @@
+"""
+The run book (L{iop.edge.runs}): records, the bounded log, followers that
+replay then follow, and — property-based — that every reader gets each
+event after its resume point exactly once, in order, whatever the
+interleaving of new events, readers joining and leaving, and answers from
+the Node's store.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.bus import EventBus
+from iop.edge.errors import ServiceError
+from iop.edge.runs import RUN, TUNNEL, RunBook
+from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+
+
+def event(seq, last):
+    if seq == 1:
+        return RunEventData(START)
+    if seq == last:
+        return RunEventData(COMPLETE, usage=Usage(1, last - 2))
+    return RunEventData(DELTA, text=f"w{seq} ")
+
+
+class FakeNode:
+    """
+    A Node's store for one run: every event emitted so far (the Node
+    stores each before the Edge sees it). Fetches are answered when the
+    test says so, with what the store holds at that moment.
+    """
+
+    def __init__(self, run_id, last):
+        self.run_id = run_id
+        self.last = last
+        self.stored = 0
+        self.pending = []
+
+    def fetch(self, run_id, node_id, after):
+        d = defer.Deferred()
+        self.pending.append((after, d))
+        return d
+
+    def answer(self, index=0):
+        after, d = self.pending.pop(index)
+        events = []
+        for seq in range(after + 1, self.stored + 1):
+            e = event(seq, self.last)
+            payload = {"seq": seq, "type": e.type}
+            if e.text:
+                payload["text"] = e.text
+            events.append(payload)
+        d.callback(("n1", {"run": {"run_id": self.run_id, "kind": RUN, "status": "running"}, "events": events}))
+
+
+class Reader:
+    def __init__(self, after):
+        self.after = after
+        self.seqs = []
+        self.texts = []
+        self.ended = 0
+        self.follower = None
+        self.failed = None
+
+    def write(self, seq, payload):
+        self.seqs.append(seq)
+        self.texts.append(payload.get("text", ""))
+
+    def end(self):
+        self.ended += 1
+
+
+class RunBookTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.bus = EventBus(self.clock)
+        self.published = []
+        self.bus.subscribe(lambda topic, payload: self.published.append((topic, payload)), ["run", "tunnel"])
+        self.book = RunBook(self.clock, self.bus, max_bytes=1024, max_age_sec=60, max_runs=2)
+
+    def test_record_and_bus(self):
+        """
+        A run's record follows its events; the bus gets its start and
+        terminal (with the labels the metrics need), not its deltas.
+        """
+        record = self.book.open("r1", RUN, node="n1", adapter="echo", model="m", provider="p", caller="alice")
+        for seq in range(1, 5):
+            self.book.event(record, event(seq, 4), seq)
+        self.clock.advance(0)
+        self.assertEqual(record.status, "complete")
+        self.assertEqual(record.output(), "w2 w3 ")
+        self.assertEqual([p["type"] for _, p in self.published], ["start", "complete"])
+        terminal = self.published[-1][1]
+        self.assertEqual(
+            {k: terminal[k] for k in ("run_id", "node", "model_group", "provider", "key", "seq")},
+            {"run_id": "r1", "node": "n1", "model_group": "m", "provider": "p", "key": "alice", "seq": 4},
+        )
+
+    def test_repeats_dropped_and_made_up_events_numbered(self):
+        """
+        An event at or below the last seq is a repeat and is dropped; one
+        the Edge makes up takes the next number; nothing after a terminal.
+        """
+        record = self.book.open("r1", RUN)
+        self.book.event(record, event(1, 9), 1)
+        self.book.event(record, event(2, 9), 2)
+        self.book.event(record, event(2, 9), 2)
+        self.book.event(record, RunEventData(ERROR, error=RunFailure("node_disconnected", "gone")))
+        self.book.event(record, event(3, 9), 3)
+        self.assertEqual([seq for seq, _ in record.log], [1, 2, 3])
+        self.assertEqual(record.error, {"code": "node_disconnected", "message": "gone"})
+
+    def test_log_bound_and_eviction(self):
+        """
+        The log keeps at most max_bytes (oldest events go); at most
+        max_runs finished runs stay, and none past max_age_sec.
+        """
+        record = self.book.open("r1", RUN)
+        for seq in range(1, 40):
+            self.book.event(record, RunEventData(DELTA, text="x" * 100), seq)
+        self.assertFalse(record.complete_log)
+        self.assertLessEqual(record.log_bytes, 1024)
+        self.assertEqual(record.log[-1][0], 39)
+        self.assertEqual(record.first_seq, 40 - len(record.log))
+        for run_id in ("a", "b", "c"):
+            done = self.book.open(run_id, RUN, node="n1")
+            self.book.event(done, RunEventData(COMPLETE))
+        self.assertIsNone(self.book.get("a"))
+        self.assertEqual(self.book.node_of("a"), "n1")
+        self.assertIsNotNone(self.book.get("c"))
+        self.clock.advance(61)
+        self.assertIsNone(self.book.get("c"))
+        self.assertIsNotNone(self.book.get("r1"))
+
+    def test_tunnel(self):
+        """
+        A tunnel publishes its start and its end with usage; it has no
+        events to follow.
+        """
+        record = self.book.open("t1", TUNNEL, node="n1")
+        self.book.started(record)
+        self.book.tunnel_ended(record, "complete", {"input_tokens": 1, "output_tokens": 2})
+        self.clock.advance(0)
+        self.assertEqual([(t, p["type"]) for t, p in self.published], [("tunnel", "start"), ("tunnel", "end")])
+        self.assertEqual(self.published[-1][1]["usage"], {"input_tokens": 1, "output_tokens": 2})
+        failure = self.failureResultOf(self.book.follow("t1", 0, Reader(0).write, Reader(0).end), ServiceError)
+        self.assertEqual(failure.value.code, "not_a_run")
+
+    def test_unknown_without_fetch(self):
+        """
+        With no Node to ask, an unknown run is not found.
+        """
+        self.failureResultOf(self.book.follow("nope", 0, Reader(0).write, Reader(0).end), ServiceError)
+
+    def test_fetch_failure_falls_back_to_memory(self):
+        """
+        When the Node cannot fill a gap, the reader gets what the Edge
+        still has (and the rest live) rather than nothing.
+        """
+        node = FakeNode("r1", 50)
+        self.book.fetch = lambda *a: defer.fail(ServiceError("unavailable", "node n1 is not connected"))
+        record = self.book.open("r1", RUN, node="n1")
+        for seq in range(1, 40):
+            self.book.event(record, event(seq, node.last), seq)
+        reader = Reader(0)
+        self.successResultOf(self.book.follow("r1", 0, reader.write, reader.end))
+        self.assertEqual(reader.seqs, [seq for seq, _ in record.log])
+        self.book.event(record, event(40, node.last), 40)
+        self.assertEqual(reader.seqs[-1], 40)
+
+
+class ReplayThenFollowProperties(SynchronousTestCase):
+    """
+    Every reader gets exactly the events after its resume point, in seq
+    order, once each, and ends once, after the terminal.
+    """
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.integers(min_value=2, max_value=40),
+        st.sampled_from([1024, 2048, 100_000]),
+        st.integers(min_value=0, max_value=2),
+        st.lists(st.tuples(st.sampled_from(["emit", "join", "answer", "leave"]), st.integers(0, 1000)), max_size=80),
+    )
+    def test_interleavings(self, last, max_bytes, max_runs, steps):
+        clock = Clock()
+        node = FakeNode("r1", last)
+        book = RunBook(clock, EventBus(clock), node.fetch, max_bytes=max_bytes, max_age_sec=1e9, max_runs=max_runs)
+        record = book.open("r1", RUN, node="n1")
+        readers, left = [], []
+        emitted = 0
+
+        def emit():
+            nonlocal emitted
+            emitted += 1
+            node.stored = emitted
+            # A long text, so that small logs drop events.
+            e = event(emitted, last)
+            if e.type == DELTA:
+                e = RunEventData(DELTA, text=e.text + "." * 150)
+            book.event(record, e, emitted)
+
+        def join(after):
+            reader = Reader(after)
+            d = book.follow("r1", after, reader.write, reader.end)
+            d.addCallbacks(lambda f: setattr(reader, "follower", f), lambda f: setattr(reader, "failed", f))
+            readers.append(reader)
+
+        for action, number in steps:
+            if action == "emit" and emitted < last:
+                emit()
+            elif action == "join":
+                join(number % (last + 1))
+            elif action == "answer" and node.pending:
+                node.answer(number % len(node.pending))
+            elif action == "leave" and readers:
+                reader = readers[number % len(readers)]
+                if reader.follower is not None and reader not in left:
+                    book.unfollow("r1", reader.follower)
+                    left.append(reader)
+        while emitted < last:
+            emit()
+        while node.pending:
+            node.answer()
+
+        for reader in readers:
+            self.assertIsNone(reader.failed)
+            expected = list(range(reader.after + 1, last + 1))
+            if reader in left:
+                self.assertEqual(reader.seqs, expected[: len(reader.seqs)])
+                continue
+            self.assertEqual(reader.seqs, expected)
+            self.assertEqual(reader.ended, 1)
+            for seq, text in zip(reader.seqs, reader.texts, strict=True):
+                want = event(seq, last).text
+                self.assertTrue(text.startswith(want) if want else text == "")
