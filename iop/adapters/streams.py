@@ -372,16 +372,17 @@ def capped_appender(buffer, limit):
 def response_headers(response):
     """
     A response's headers as C{[(name, value)]} strings, minus hop-by-hop
-    headers, and minus C{Content-Length} when the body was decoded (treq
-    inflates gzip) so that it no longer describes the bytes relayed.
+    headers. Twisted's client keeps C{Content-Length} apart from the other
+    headers (as C{response.length}); it is put back, last, when known.
     """
     pairs = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, values in response.headers.getAllRawHeaders()
         for value in values
     ]
-    extra = ("content-length",) if response.length is UNKNOWN_LENGTH else ()
-    return relay_headers(pairs, extra)
+    if response.length is not UNKNOWN_LENGTH:
+        pairs.append(("Content-Length", str(response.length)))
+    return relay_headers(pairs)
 
 
 # -- the HTTP adapter base -----------------------------------------------------

@@ -25,7 +25,6 @@ from iop.run import (
     SEND_FAILED,
     SHUTTING_DOWN,
     TERMINAL_TYPES,
-    TUNNEL_TYPES,
     ITunnelSink,
     RunEventData,
     RunFailure,
@@ -67,14 +66,6 @@ class Placement:
     @property
     def node_id(self):
         return self.link.node_id
-
-    @property
-    def tunnels(self):
-        """
-        Whether the provider takes raw OpenAI-compatible HTTP (decided by
-        the provider's adapter type, never by the caller).
-        """
-        return self.adapter_type in TUNNEL_TYPES
 
     def release(self):
         if self.lease is not None:

@@ -62,18 +62,25 @@ class Placer:
             if self._config().node(node_id) is None:
                 raise ServiceError("not_found", f"no node {node_id!r} is configured")
             if group is not None:
-                try:
-                    return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()), node_id)
-                except KeyError:
+                if not any(m.node_id == node_id for m in group.members):
                     raise ServiceError(
                         "not_found",
                         f"model group {model!r} has no provider on node {node_id!r}",
                         code="model_not_found",
-                    ) from None
-            return self._direct(node_id, spec.adapter or model or "")
+                    )
+                return self._pooled(spec, node_id)
+            return self._direct(node_id, spec.adapter or model or "", spec)
         if group is not None:
-            return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()))
-        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "")
+            return self._pooled(spec)
+        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
+
+    def _pooled(self, spec, node_id=None):
+        try:
+            return self.pool.acquire(
+                spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, spec.serves
+            )
+        except KeyError:
+            raise _cannot_serve(f"model group {spec.model!r}", spec) from None
 
     def single_node(self, adapter):
         """
@@ -93,13 +100,16 @@ class Placer:
             )
         return links[0].node_id
 
-    def _direct(self, node_id, adapter):
+    def _direct(self, node_id, adapter, spec):
         if not adapter:
             raise ServiceError("invalid", "say which adapter (or model group) should run this")
-        if self._config().node(node_id).adapter(adapter) is None:
+        configured = self._config().node(node_id).adapter(adapter)
+        if configured is None:
             raise ServiceError(
                 "not_found", f"node {node_id} has no adapter or model group {adapter!r}", code="model_not_found"
             )
+        if not spec.serves(configured.type):
+            raise _cannot_serve(f"adapter {adapter!r} ({configured.type})", spec)
         return self.pool.acquire_direct(node_id, adapter)
 
     def _from_lease(self, lease, spec):
@@ -117,3 +127,11 @@ class Placer:
         if failure.check(QueueFull):
             raise ServiceError("busy", str(failure.value), code="queue_full")
         return failure
+
+
+def _cannot_serve(what, spec):
+    """
+    A 400 naming the endpoint that C{what} has no provider for.
+    """
+    endpoint = "/v1" + spec.tunnel.path if spec.tunnel is not None else "normalized runs"
+    return ServiceError("invalid", f"{what} has no provider that serves {endpoint}", code="unsupported_endpoint")

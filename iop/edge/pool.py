@@ -398,16 +398,17 @@ class ProviderPool:
 
     # -- acquiring
 
-    def acquire(self, group_name, klass, node_id=None):
+    def acquire(self, group_name, klass, node_id=None, serves=None):
         """
         Lease a provider of C{group_name} for a request of class C{klass}
-        (only its providers on C{node_id}, when given).
+        (only its providers on C{node_id}, when given, and only those whose
+        adapter type C{serves(type)} accepts, when given).
 
         @return: a cancellable Deferred firing with a L{Lease}, or failing
             with L{NoLiveProvider}, L{QueueFull} or L{QueueTimeout};
             cancelling it while it waits removes it from the queue.
         @raise KeyError: unknown model group, or no provider of it on
-            C{node_id}.
+            C{node_id} (or none that C{serves} accepts).
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
         queue = self._queues[self._group(group_name).name]
@@ -416,6 +417,10 @@ class ProviderPool:
             members = tuple(m for m in members if m.node_id == node_id)
             if not members:
                 raise KeyError(f"model group {group_name!r} has no provider on node {node_id!r}")
+        if serves is not None:
+            members = tuple(m for m in members if serves(self._resources[m.key].spec.adapter_type))
+            if not members:
+                raise KeyError(f"model group {group_name!r} has no provider that can serve this request")
         return self._acquire(queue, members, klass)
 
     def acquire_direct(self, node_id, adapter, klass=NORMAL):

@@ -139,7 +139,7 @@ class EdgeService(MultiService):
         try:
             if self.draining:
                 raise _shutting_down()
-            if placement.tunnels and spec.tunnel is not None:
+            if spec.tunnels_on(placement.adapter_type):
                 work_id = work_id or new_id("tun")
                 message = _tunnel_request(work_id, placement, spec.tunnel)
                 dispatch = TunnelDispatch(self.inflight, work_id, placement, listener_for(TUNNEL, work_id))

@@ -172,7 +172,12 @@ class Edge(Daemon):
         return status, json.loads(data)
 
     def status(self):
-        return self.json("GET", "/v1/status")[1]
+        """
+        C{/v1/status}, with the first caller key when keys are configured.
+        """
+        keys = self.config.get("api_keys") or []
+        key = keys[0] if keys and isinstance(keys[0], str) else None
+        return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"} if key else None)[1]
 
     def status_with(self, key):
         return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"})[1]
@@ -331,6 +336,14 @@ class FakeProvider:
 
     def stats(self):
         with urllib.request.urlopen(self.url("/_stats"), timeout=5) as response:
+            return json.loads(response.read())
+
+    def requests(self):
+        """
+        The last requests the provider received: method, path and headers
+        (as C{[name, value]} pairs, names as they arrived).
+        """
+        with urllib.request.urlopen(self.url("/_requests"), timeout=5) as response:
             return json.loads(response.read())
 
     def stop(self):
