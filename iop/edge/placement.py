@@ -42,20 +42,31 @@ class Placer:
         self.registry = registry
         self.pool = pool
 
-    def place(self, spec):
+    def place(self, spec, avoid=()):
         """
         @param spec: a L{iop.edge.spec.RunSpec}.
+        @param avoid: provider resources (keys) not to place on (they
+            already failed this work).
         @return: a cancellable Deferred firing with a L{Placement}.
         """
         try:
-            d = self._lease(spec)
+            d = self._lease(spec, frozenset(avoid))
         except ServiceError as e:
             return defer.fail(e)
         d.addCallback(self._from_lease, spec)
         d.addErrback(self._pool_failure)
         return d
 
-    def _lease(self, spec):
+    def retries(self, spec):
+        """
+        How many times a provider failure of C{spec}'s work may be placed
+        again: its model group's C{retries}; none for work sent to an
+        adapter by name.
+        """
+        group = self.pool.group(spec.model) if spec.model else None
+        return group.retries if group is not None else 0
+
+    def _lease(self, spec, avoid):
         model, node_id = spec.model, spec.node
         group = self.pool.group(model) if model else None
         if node_id:
@@ -68,17 +79,18 @@ class Placer:
                         f"model group {model!r} has no provider on node {node_id!r}",
                         code="model_not_found",
                     )
-                return self._pooled(spec, node_id)
+                return self._pooled(spec, avoid, node_id)
             return self._direct(node_id, spec.adapter or model or "", spec)
         if group is not None:
-            return self._pooled(spec)
+            return self._pooled(spec, avoid)
         return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
 
-    def _pooled(self, spec, node_id=None):
+    def _pooled(self, spec, avoid, node_id=None):
+        def accept(provider):
+            return spec.serves(provider.adapter_type) and provider.key not in avoid
+
         try:
-            return self.pool.acquire(
-                spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, spec.serves
-            )
+            return self.pool.acquire(spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, accept)
         except KeyError:
             raise _cannot_serve(f"model group {spec.model!r}", spec) from None
 

@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from iop.edge.bus import EventBus
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
+from iop.edge.failover import Work
 from iop.edge.inflight import Inflight
 from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
@@ -43,13 +44,13 @@ from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
 from iop.run import (
     CANCELLED,
+    CAPACITY_EXCEEDED,
     FAILED,
     INVALID_ARGS,
     NOT_SUPPORTED,
     SHUTTING_DOWN,
     UNKNOWN_ADAPTER,
     UNKNOWN_COMMAND,
-    RunFailure,
 )
 
 #: Run kinds a surface's C{listener_for} is asked for.
@@ -94,7 +95,9 @@ class EdgeService(MultiService):
         self.clock = reactor
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
-        self.pool = ProviderPool(reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec)
+        self.pool = ProviderPool(
+            reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec, config.health
+        )
         self.inflight = Inflight(reactor, self.bus)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
@@ -125,30 +128,37 @@ class EdgeService(MultiService):
         """
         if self.draining:
             return defer.fail(_shutting_down())
-        d = self.placer.place(spec)
-        d.addCallback(self._start, spec, listener_for)
+        work = Work(spec, listener_for, retries=self.placer.retries(spec))
+        return self._place(work)
+
+    def _place(self, work):
+        d = self.placer.place(work.spec, avoid=work.avoid)
+        d.addCallback(self._start, work)
         return d
 
-    def _start(self, placement, spec, listener_for, work_id=None):
+    def _start(self, placement, work):
         """
         Start placed work in one guarded step: whatever fails before the
-        work is in flight returns the placement's lease. C{work_id} is set
-        when the work is placed a second time (see L{_place_again}).
+        work is in flight returns the placement's lease.
         """
-        again = work_id is not None
+        spec = work.spec
+        work.attempts += 1
         try:
             if self.draining:
                 raise _shutting_down()
-            if spec.tunnels_on(placement.adapter_type):
-                work_id = work_id or new_id("tun")
-                message = _tunnel_request(work_id, placement, spec.tunnel)
-                dispatch = TunnelDispatch(self.inflight, work_id, placement, listener_for(TUNNEL, work_id))
+            tunnel = spec.tunnels_on(placement.adapter_type)
+            if work.id is None:
+                work.id = new_id("tun" if tunnel else "run")
+            wire_id = work.wire_id()
+            if tunnel:
+                message = _tunnel_request(wire_id, placement, spec.tunnel)
+                listener = work.listener_for(TUNNEL, work.id)
+                dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work.id)
             else:
-                work_id = work_id or new_id("run")
-                message = _run_request(work_id, placement, spec)
-                dispatch = RunDispatch(self.inflight, work_id, placement, listener_for(RUN, work_id))
-            if not again:
-                dispatch.on_refused = lambda refused: self._place_again(refused, spec, listener_for)
+                message = _run_request(wire_id, placement, spec)
+                listener = work.listener_for(RUN, work.id)
+                dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work.id)
+            dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
         except ServiceError:
             placement.release()
             raise
@@ -165,36 +175,52 @@ class EdgeService(MultiService):
             raise ServiceError(
                 "failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed"
             ) from None
-        return work_id
+        return work.id
 
-    def _place_again(self, refused, spec, listener_for):
+    def _failed_early(self, failed, failure, work):
         """
-        A Node refused work the Edge admitted (its gate was full: the
-        configured capacity and the node's disagree). Place it once more,
-        under the same id, and log the mismatch; if that fails too, the
-        caller gets the failure.
+        An attempt failed before its caller saw a byte. If the failure
+        qualifies and the work has retries left, @return: what places it
+        again (on another provider for a provider failure; anywhere for a
+        Node that refused admitted work); else C{None}.
         """
-        self.log.warn(
-            "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
-            " placing it again (check the node's max_concurrency against its providers' capacity)",
-            node=refused.link.node_id,
-            id=refused.id,
-        )
-        d = self.placer.place(spec)
-        self._placing_again[refused.id] = d
-        d.addCallback(self._start, spec, listener_for, refused.id)
-        d.addErrback(self._placed_again_failed, refused)
-        d.addBoth(lambda _: self._placing_again.pop(refused.id, None))
-
-    def _placed_again_failed(self, failure, refused):
-        if failure.check(CancelledError):
-            return
-        if failure.check(ServiceError):
-            error = failure.value
+        if self.draining or not work.may_retry(failure):
+            return None
+        if failure.code == CAPACITY_EXCEEDED:
+            self.log.warn(
+                "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
+                " placing it again (check the node's max_concurrency against its providers' capacity)",
+                node=failed.link.node_id,
+                id=work.id,
+            )
         else:
-            self.log.failure("placing {id} again failed", failure, id=refused.id)
-            error = ServiceError("failed", "internal error", code="internal_error")
-        refused.tell_failure(RunFailure(code=error.code, message=error.message, status=error.status or 0))
+            work.avoid.add(failed.placement.key)
+            self.log.info(
+                "{id}: provider {node}/{provider} failed before answering ({code}); placing it elsewhere",
+                id=work.id,
+                node=failed.link.node_id,
+                provider=failed.placement.provider_id,
+                code=failure.code,
+            )
+            self.bus.publish(
+                "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
+            )
+        return lambda: self._place_again(failed, failure, work)
+
+    def _place_again(self, failed, failure, work):
+        d = self._place(work)
+        self._placing_again[work.id] = d
+
+        def not_placed(outcome):
+            # Nowhere else to go (or the caller left): the caller gets the
+            # provider's own failure.
+            if not outcome.check(CancelledError):
+                if not outcome.check(ServiceError):
+                    self.log.failure("placing {id} again failed", outcome, id=work.id)
+                failed.tell_failure(failure)
+
+        d.addErrback(not_placed)
+        d.addBoth(lambda _: self._placing_again.pop(work.id, None))
 
     def cancel(self, work_id):
         """
@@ -204,7 +230,7 @@ class EdgeService(MultiService):
         if again is not None:
             again.cancel()
             return True
-        dispatch = self.inflight.get(work_id)
+        dispatch = self.inflight.for_caller(work_id)
         if dispatch is None:
             return False
         dispatch.cancel(self.config.run_grace_sec)
