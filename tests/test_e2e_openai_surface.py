@@ -10,6 +10,7 @@ import json
 
 import openai
 import pytest
+from support.daemons import free_port, sse_events, wait_for
 
 PROVIDER_KEY = "pk-provider"
 
@@ -152,3 +153,59 @@ def test_endpoint_no_provider_serves_is_400(surface):
     error = json.loads(body)["error"]
     assert (status, error["code"]) == (400, "unsupported_endpoint")
     assert "/v1/completions" in error["message"]
+
+
+def test_failover_ejection_and_return(launch, fake_provider):
+    """
+    A group of two providers whose first refuses connections: every
+    request succeeds (placed again on the second), the first is ejected and
+    shown so with its last error, and once it is up again it is tried after
+    its cooldown and healthy on its first answer. A failure after the first
+    byte is not retried: the caller gets it.
+    """
+    down_port = free_port()
+    healthy = fake_provider("openai", delay_ms=5)
+    adapters = [
+        {"name": "a", "type": "openai_compat", "max_concurrency": 2, "base_url": f"http://127.0.0.1:{down_port}/v1"},
+        {"name": "b", "type": "openai_compat", "max_concurrency": 2, "base_url": healthy.url("/v1")},
+    ]
+    node = {"id": "gpu", "token": "tok", "adapters": adapters, "providers": [{"id": "a"}, {"id": "b"}]}
+    group = {"name": "m", "providers": [{"node": "gpu", "provider": p, "target": "fake-model"} for p in ("a", "b")]}
+    cut = {"name": "cut", "providers": [{"node": "gpu", "provider": "b", "target": "cut-model"}]}
+    edge = launch.edge({"nodes": [node], "model_groups": [group, cut], "health": {"cooldown_sec": 1}})
+    launch.node(edge.node_port, "tok")
+    edge.wait_connected("gpu")
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two"}]}
+    for _ in range(4):
+        status, _, answer = post(edge.http_port, "/v1/chat/completions", body)
+        assert status == 200, answer
+    providers = {p["id"]: p for p in edge.status()["nodes"][0]["providers"]}
+    assert providers["a"]["health"] == "ejected"
+    assert providers["a"]["last_error"].startswith("provider_unreachable")
+    assert providers["b"]["health"] == "ok"
+    metrics = edge.request("GET", "/metrics")[2].decode()
+    assert 'iop_edge_provider_ejections_total{node="gpu",provider="a"} 1.0' in metrics
+    assert 'iop_edge_retries_total{node="gpu",provider="a"}' in metrics
+
+    revived = fake_provider("openai", delay_ms=5, port=down_port)
+
+    def a_answered():
+        post(edge.http_port, "/v1/chat/completions", body)
+        return revived.stats()["requests"] > 0
+
+    wait_for(a_answered, timeout=15, what="the revived provider to be tried again")
+    provider = {p["id"]: p for p in edge.status()["nodes"][0]["providers"]}["a"]
+    assert provider["health"] == "ok" and "last_error" not in provider
+
+    before = healthy.stats()["requests"]
+    conn, response = edge.stream(
+        "POST", "/v1/chat/completions", {"model": "cut", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    )
+    try:
+        assert response.status == 200
+        payloads = list(sse_events(response))
+    finally:
+        conn.close()
+    assert payloads[-1] == "[DONE]"
+    assert json.loads(payloads[-2])["error"]["code"] == "provider_error"
+    assert healthy.stats()["requests"] == before + 1

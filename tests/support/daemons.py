@@ -319,10 +319,20 @@ class FakeProvider:
     running as a subprocess.
     """
 
-    def __init__(self, script, workdir, kind, delay_ms):
-        self.port_file = os.path.join(workdir, f"{kind}.port")
+    def __init__(self, script, workdir, kind, delay_ms, port=0):
+        self.port_file = os.path.join(workdir, f"{kind}-{port or 'any'}.port")
         self.process = subprocess.Popen(
-            [sys.executable, script, kind, "--port-file", self.port_file, "--delay-ms", str(delay_ms)],
+            [
+                sys.executable,
+                script,
+                kind,
+                "--port-file",
+                self.port_file,
+                "--delay-ms",
+                str(delay_ms),
+                "--port",
+                str(port),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -312,6 +312,14 @@ class OpenAI(Provider):
         if model == "error-model":
             error = {"message": "rate limited by fake", "type": "rate_limit_error", "param": None, "code": None}
             return self.json(request, 429, {"error": error})
+        if model == "cut-model" and body.get("stream"):
+            # The first chunk, then the connection drops: a failure after
+            # the first byte.
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n')
+            reactor.callLater(0.05, request.channel.transport.abortConnection)
+            return NOT_DONE_YET
         text = last_user_text(body.get("messages"))
         limit = body.get("max_tokens") if model.startswith("slow") else None
         words = pieces(text, limit if isinstance(limit, int) else None)
@@ -483,12 +491,13 @@ def main(argv=None):
     parser.add_argument("kind", choices=["openai", "vllm", "ollama"])
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--delay-ms", type=int, default=50)
+    parser.add_argument("--port", type=int, default=0, help="listen here (default: a free port)")
     args = parser.parse_args(argv)
     delay = max(args.delay_ms, 0) / 1000.0
     resource = Ollama(args.kind, delay) if args.kind == "ollama" else OpenAI(args.kind, delay)
     site = Site(resource)
     site.noisy = False
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    port = reactor.listenTCP(args.port, site, interface="127.0.0.1")
     number = port.getHost().port
     partial = args.port_file + ".tmp"
     with open(partial, "w") as f:
