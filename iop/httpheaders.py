@@ -1,6 +1,21 @@
 """
-Relaying HTTP headers from one hop to the next, shared by the Node (to and
-from a provider) and the Edge (to its caller).
+Relaying HTTP headers from one hop to the next, shared by the Edge (from
+its caller, and back to it) and the Node (to and from a provider).
+
+The rule, in one place:
+
+  - **Request** (caller → Edge → Node → provider): every end-to-end header
+    the caller sent goes to the provider, except hop-by-hop headers (and
+    those C{Connection} names), C{Host}, C{Content-Length} (the HTTP client
+    recomputes it), the caller's C{Authorization} (it was for the Edge: the
+    adapter's C{api_key}, if any, replaces it) and the adapter's
+    C{drop_headers}; the adapter's C{headers} come last and replace
+    same-named caller headers. See L{caller_request_headers} (the Edge's
+    part) and L{provider_request_headers} (the Node's).
+  - **Response** (provider → Node → Edge → caller): exactly the headers
+    the provider sent, minus hop-by-hop ones; none is added (the Edge's own
+    C{Server}/C{Date} are removed when the provider sent none). See
+    L{relay_headers}.
 """
 
 #: Headers that describe one hop, not the message (RFC 9110 section 7.6.1);
@@ -20,14 +35,39 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+#: Request headers the Edge keeps to itself: they describe its own hop, or
+#: are the caller's credentials for the Edge.
+_EDGE_REQUEST_DROP = ("host", "content-length", "authorization")
+
 
 def relay_headers(pairs, extra_drop=()):
     """
     C{pairs} without hop-by-hop headers, including those the
-    C{Connection} header names.
+    C{Connection} header names, and without C{extra_drop}.
     """
     drop = set(HOP_BY_HOP) | {name.lower() for name in extra_drop}
     for name, value in pairs:
         if name.lower() == "connection":
             drop.update(token.strip().lower() for token in value.split(","))
     return [(name, value) for name, value in pairs if name.lower() not in drop]
+
+
+def caller_request_headers(pairs):
+    """
+    The caller's request headers that travel on to the provider (the
+    Edge's half of the request rule).
+    """
+    return relay_headers(pairs, _EDGE_REQUEST_DROP)
+
+
+def provider_request_headers(pairs, adapter_headers, drop_headers=()):
+    """
+    The headers a provider gets (the Node's half of the request rule):
+    C{pairs} from the Edge minus hop-by-hop, C{Host}, C{Content-Length},
+    any C{Authorization} and C{drop_headers}, then C{adapter_headers}
+    (configured headers and the C{api_key} bearer), which replace
+    same-named ones.
+    """
+    own = {name.lower() for name, _ in adapter_headers}
+    kept = relay_headers(pairs, (*_EDGE_REQUEST_DROP, *drop_headers, *own))
+    return kept + list(adapter_headers)

@@ -118,6 +118,18 @@ ADAPTER_TYPES = {
 #: OpenAI-surface requests as raw provider tunnels.
 TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
 
+#: OpenAI endpoints (paths under the provider's base URL) and the adapter
+#: types that carry each as a tunnel. Chat completions can also run on any
+#: other type as a normalized run; the others cannot. An C{ollama}
+#: adapter's tunnel serves embeddings by translating them to its native
+#: /api/embed.
+ENDPOINT_TYPES = {
+    "/chat/completions": TUNNEL_TYPES,
+    "/completions": TUNNEL_TYPES,
+    "/responses": TUNNEL_TYPES,
+    "/embeddings": TUNNEL_TYPES | {"ollama"},
+}
+
 
 #: Node commands every Node answers from its own state.
 COMMON_COMMANDS = ("capabilities", "transport_status", "usage_status", "session_list", "run_get", "run_list")

@@ -40,8 +40,8 @@ def pytest_runtest_makereport(item, call):
 def fake_provider(tmp_path):
     started = []
 
-    def start(kind, delay_ms=50):
-        provider = FakeProvider(FAKE_PROVIDERS, str(tmp_path), kind, delay_ms)
+    def start(kind, delay_ms=50, port=0):
+        provider = FakeProvider(FAKE_PROVIDERS, str(tmp_path), kind, delay_ms, port)
         started.append(provider)
         return provider
 

@@ -7,10 +7,12 @@ management API (list, show, pull, delete, running) exists only there.
 Ollama is not an OpenAI tunnel target: its runs are always normalized.
 """
 
+import json
+
 from twisted.internet import defer
 from zope.interface import implementer
 
-from iop.adapters.interface import Capabilities, IAdapter
+from iop.adapters.interface import Capabilities, IAdapter, NotSupported
 from iop.adapters.streams import (
     ERROR_BODY_LIMIT,
     HTTPAdapter,
@@ -114,6 +116,16 @@ class PullLines:
                 self.progress({k: line[k] for k in _PROGRESS_FIELDS if k in line})
 
 
+def _openai_error(message, kind):
+    return {"error": {"message": message, "type": kind, "code": None, "param": None}}
+
+
+def _answer(sink, status, document):
+    sink.status(status)
+    sink.headers([("content-type", "application/json")])
+    sink.body(json.dumps(document).encode("utf-8"))
+
+
 @implementer(IAdapter)
 class OllamaAdapter(HTTPAdapter):
     """
@@ -150,6 +162,48 @@ class OllamaAdapter(HTTPAdapter):
 
     def execute(self, run, emit):
         return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit)
+
+    def tunnel(self, request, sink):
+        """
+        Serve an OpenAI C{POST /embeddings} through Ollama's native
+        C{/api/embed}, answered in OpenAI's shape (the one tunnel an Ollama
+        provider carries: its /v1 layer is not used). A provider error
+        keeps its status; no answer at all fails the tunnel, so the Edge
+        may place it elsewhere.
+        """
+        if request.method != "POST" or request.path.rstrip("/") != "/embeddings":
+            raise NotSupported(f"adapter {self.name} (ollama) tunnels only POST /embeddings")
+        try:
+            body = json.loads(request.body or b"{}")
+            model, inputs = body["model"], body["input"]
+        except (ValueError, KeyError, TypeError):
+            _answer(sink, 400, _openai_error("the body needs model and input", "invalid_request_error"))
+            return defer.succeed(None)
+        d = self.fetch_json("POST", "/api/embed", {"model": model, "input": inputs})
+
+        def embedded(result):
+            vectors = (result or {}).get("embeddings") or []
+            prompt_tokens = _count((result or {}).get("prompt_eval_count"))
+            _answer(
+                sink,
+                200,
+                {
+                    "object": "list",
+                    "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                    "model": model,
+                    "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+                },
+            )
+            sink.usage(Usage(input_tokens=prompt_tokens))
+
+        def failed(failure):
+            failure.trap(ProviderError)
+            if not failure.value.status:
+                return failure
+            _answer(sink, failure.value.status, _openai_error(failure.value.message, "api_error"))
+            return None
+
+        return d.addCallbacks(embedded, failed)
 
     def command(self, name, args, progress=None):
         """

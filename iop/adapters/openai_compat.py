@@ -12,6 +12,7 @@ Two paths, on purpose:
 """
 
 import json
+import zlib
 
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -25,13 +26,8 @@ from iop.adapters.streams import (
     as_provider_error,
     response_headers,
 )
-from iop.httpheaders import relay_headers
+from iop.httpheaders import provider_request_headers
 from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
-
-#: Request headers a tunnel never forwards: they describe the hop or are
-#: set by the HTTP client (treq asks for gzip itself and inflates it, so
-#: the relayed body stays observable).
-_TUNNEL_DROP = ("host", "content-length", "accept-encoding")
 
 
 def _count(value):
@@ -167,7 +163,8 @@ class TunnelObserver:
     """
     Watches a relayed 2xx body for usage and metadata without touching it.
     Parse trouble is logged and observation stops: the relay never fails
-    because of what we could not read.
+    because of what we could not read. A gzip body (the caller asked for
+    it) is inflated for reading only; another content coding is not read.
     """
 
     log = Logger()
@@ -178,8 +175,22 @@ class TunnelObserver:
         self.metadata = {}
         self.broken = False
         self.framing = ChatResponse.for_response(self.chunk, response)
+        self.inflate = None
+        coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
+        if coding == b"gzip":
+            self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding not in (b"", b"identity"):
+            self.broken = True
+            self.log.info("tunnel body encoded as {coding}: usage not observed", coding=coding.decode("latin-1"))
 
     def feed(self, data):
+        if self.inflate is not None and not self.broken:
+            try:
+                data = self.inflate.decompress(data)
+            except zlib.error as e:
+                self.broken = True
+                self.log.info("tunnel body not observable, usage not reported: gzip: {why}", why=e)
+                return
         self._guard(self.framing.feed, data)
 
     def finish(self):
@@ -255,9 +266,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             L{ProviderUnreachable} when there was no response, and
             cancelling it closes the provider connection.
         """
-        headers = relay_headers(request.headers, _TUNNEL_DROP)
-        present = {name.lower() for name, _ in headers}
-        headers += [(name, value) for name, value in self.default_headers() if name.lower() not in present]
+        headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
         observer = None
 
         def on_response(response):
@@ -278,8 +287,5 @@ class OpenAICompatAdapter(HTTPAdapter):
             if observer is not None:
                 observer.finish()
 
-        provider_request = self.request(
-            request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False
-        )
-        d = self.read(provider_request, on_response)
+        d = self.read(self.raw_request(request.method, request.path, headers, request.body), on_response)
         return d.addCallback(ended).addErrback(as_provider_error)

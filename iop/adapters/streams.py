@@ -15,6 +15,7 @@ covers both phases behind one C{Deferred(canceller)}.
 import json
 import re
 from http.cookiejar import DefaultCookiePolicy
+from io import BytesIO
 
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
@@ -25,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
     Agent,
+    FileBodyProducer,
     HTTPConnectionPool,
     PotentialDataLoss,
     RequestTransmissionFailed,
@@ -370,16 +372,17 @@ def capped_appender(buffer, limit):
 def response_headers(response):
     """
     A response's headers as C{[(name, value)]} strings, minus hop-by-hop
-    headers, and minus C{Content-Length} when the body was decoded (treq
-    inflates gzip) so that it no longer describes the bytes relayed.
+    headers. Twisted's client keeps C{Content-Length} apart from the other
+    headers (as C{response.length}); it is put back, last, when known.
     """
     pairs = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, values in response.headers.getAllRawHeaders()
         for value in values
     ]
-    extra = ("content-length",) if response.length is UNKNOWN_LENGTH else ()
-    return relay_headers(pairs, extra)
+    if response.length is not UNKNOWN_LENGTH:
+        pairs.append(("Content-Length", str(response.length)))
+    return relay_headers(pairs)
 
 
 # -- the HTTP adapter base -----------------------------------------------------
@@ -390,7 +393,8 @@ class HTTPAdapter(AdapterBase):
     An adapter whose back end is an HTTP server at C{base_url}.
 
     Options: C{base_url} (required), C{api_key} (sent as a bearer token),
-    C{headers} (a mapping sent with every request), C{connect_timeout_sec}
+    C{headers} (a mapping sent with every request), C{drop_headers} (a
+    list of caller header names a tunnel does not forward), C{connect_timeout_sec}
     (default 10), C{idle_timeout_sec} (default 300; 0 disables: how long
     the provider may send nothing before the request fails as
     C{provider_timeout} and its capacity is freed).
@@ -413,6 +417,9 @@ class HTTPAdapter(AdapterBase):
         for key, value in self.extra_headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
+        self.drop_headers = self.option("drop_headers", [], list)
+        if not all(isinstance(h, str) for h in self.drop_headers):
+            raise AdapterConfigError(f"adapters[{name}].drop_headers must be a list of header names")
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
@@ -427,7 +434,8 @@ class HTTPAdapter(AdapterBase):
         # A relay must never carry one caller's cookies into another's
         # request: a jar that accepts no cookie at all.
         jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-        self.http = HTTPClient(Agent(reactor, connectTimeout=timeout, pool=self.pool), cookiejar=jar)
+        self.agent = Agent(reactor, connectTimeout=timeout, pool=self.pool)
+        self.http = HTTPClient(self.agent, cookiejar=jar)
 
     def stop(self):
         return self.pool.closeCachedConnections()
@@ -455,6 +463,18 @@ class HTTPAdapter(AdapterBase):
         for name, value in self.default_headers() if headers is None else headers:
             raw.addRawHeader(_header_bytes(name), _header_bytes(value))
         return self.http.request(method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs)
+
+    def raw_request(self, method, path, headers, body=b""):
+        """
+        A request straight on the connection pool's C{Agent}, for a byte
+        relay: no cookie handling and no content decoding (which would
+        change the headers and body the provider sent), headers as given.
+        """
+        raw = Headers()
+        for name, value in headers:
+            raw.addRawHeader(_header_bytes(name), _header_bytes(value))
+        producer = FileBodyProducer(BytesIO(body)) if body else None
+        return self.agent.request(method.encode("ascii"), self.url(path).encode("utf-8"), raw, producer)
 
     def read(self, request, on_response):
         """

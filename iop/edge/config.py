@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
-from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
+from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
 from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES
 
@@ -103,6 +103,8 @@ class EdgeConfig:
     #: How long the Edge waits for a node command's answer, by command;
     #: the key C{None} holds the default for the others.
     command_timeouts: dict = field(default_factory=lambda: dict(DEFAULT_COMMAND_TIMEOUTS))
+    #: When a failing provider is ejected, and for how long.
+    health: HealthPolicy = field(default_factory=HealthPolicy)
 
     def command_timeout(self, command):
         return self.command_timeouts.get(command, self.command_timeouts[None])
@@ -155,6 +157,7 @@ def parse(top):
             "shutdown_grace_sec",
             "direct_queue_timeout_sec",
             "commands",
+            "health",
             "log_format",
             "run_log",
         }
@@ -186,6 +189,7 @@ def parse(top):
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
     config.command_timeouts = _command_timeouts(top.section("commands", None))
+    config.health = _health(top.section("health", None))
     config.run_log = _run_log(top.section("run_log", None))
     return config
 
@@ -207,6 +211,21 @@ def _run_log(section):
         max_age_sec=float(section.number("max_age_sec", default.max_age_sec, minimum=0)),
         max_runs=max_runs,
     )
+
+
+def _health(section):
+    """
+    C{health: {failures_to_eject: 3, cooldown_sec: 30, max_cooldown_sec: 300}}.
+    """
+    section.unknown({"failures_to_eject", "cooldown_sec", "max_cooldown_sec"})
+    failures = section.get("failures_to_eject", int, 3)
+    if failures < 1:
+        raise section.error("failures_to_eject", "must be at least 1")
+    cooldown = section.number("cooldown_sec", 30.0, positive=True)
+    cap = section.number("max_cooldown_sec", max(300.0, cooldown), positive=True)
+    if cap < cooldown:
+        raise section.error("max_cooldown_sec", "must not be below cooldown_sec")
+    return HealthPolicy(failures_to_eject=failures, cooldown_sec=cooldown, max_cooldown_sec=cap)
 
 
 def _command_timeouts(section):
@@ -345,7 +364,7 @@ def _fill_capacity(node_id, declared, sections):
 
 
 def _group(section, config):
-    section.unknown({"name", "providers", "queue_timeout_sec", "max_queue", "long_threshold_chars"})
+    section.unknown({"name", "providers", "queue_timeout_sec", "max_queue", "long_threshold_chars", "retries"})
     members = []
     for member in section.sections("providers"):
         member.unknown({"node", "provider", "target"})
@@ -363,12 +382,16 @@ def _group(section, config):
     if max_queue is not None and max_queue < 0:
         raise section.error("max_queue", "must not be negative")
     threshold = section.get("long_threshold_chars", int, None)
+    retries = section.get("retries", int, 1)
+    if retries < 0:
+        raise section.error("retries", "must not be negative")
     return ModelGroupSpec(
         name=section.get("name", str),
         members=tuple(members),
         queue_timeout_sec=section.number("queue_timeout_sec", 30.0, positive=True),
         max_queue=max_queue,
         long_threshold_chars=threshold,
+        retries=retries,
     )
 
 

@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from twisted.logger import Logger
 from zope.interface import Interface
 
+from iop.edge.failover import provider_failed
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.run import (
     CANCELLED,
-    CAPACITY_EXCEEDED,
     COMPLETE,
     ERROR,
     NODE_DISCONNECTED,
+    PROVIDER_ERROR,
     SEND_FAILED,
     SHUTTING_DOWN,
     TERMINAL_TYPES,
-    TUNNEL_TYPES,
     ITunnelSink,
     RunEventData,
     RunFailure,
@@ -70,16 +70,31 @@ class Placement:
         return self.link.node_id
 
     @property
-    def tunnels(self):
+    def provider_id(self):
+        return self.lease.provider_id if self.lease is not None else self.adapter
+
+    @property
+    def key(self):
         """
-        Whether the provider takes raw OpenAI-compatible HTTP (decided by
-        the provider's adapter type, never by the caller).
+        The provider resource this work is on, C{(node_id, provider_id)}.
         """
-        return self.adapter_type in TUNNEL_TYPES
+        return (self.node_id, self.provider_id)
 
     def release(self):
         if self.lease is not None:
             self.lease.release()
+
+    def record_success(self):
+        if self.lease is not None:
+            self.lease.report()
+
+    def record_failure(self, failure):
+        """
+        Tell the provider's health about a failure before any output (only
+        the provider's own failures count: see L{provider_failed}).
+        """
+        if self.lease is not None and provider_failed(failure):
+            self.lease.report(failure.code, failure.message)
 
 
 class Dispatch:
@@ -87,35 +102,54 @@ class Dispatch:
     Base class: the bookkeeping shared by runs and tunnels.
 
     @ivar tracker: the L{iop.edge.inflight.Inflight} table this belongs to.
+    @ivar id: the id on the wire (this attempt's).
+    @ivar caller_id: the id the caller knows (the same for every attempt).
     @ivar record: the L{iop.edge.runs.RunRecord} the work reports to (the
-        run book's record of it), or C{None}.
-    @ivar on_refused: when set, C{on_refused(dispatch)} is called instead
-        of telling the listener if the Node refuses the work with
-        C{capacity_exceeded} before any output: the Edge places it again.
+        run book's record of it, under C{caller_id}), or C{None}.
+    @ivar on_early_failure: when set, called as C{on_early_failure(dispatch,
+        failure)} for a failure before any output reached the listener; it
+        returns a callable to take the work over (the dispatch ends
+        quietly, then calls it: the Edge places the work again), or
+        C{None} to let the listener get the failure.
     """
 
     log = Logger()
 
-    def __init__(self, tracker, dispatch_id, placement, listener, record=None):
+    def __init__(self, tracker, dispatch_id, placement, listener, caller_id=None, record=None):
         self.tracker = tracker
         self.id = dispatch_id
+        self.caller_id = caller_id or dispatch_id
         self.placement = placement
         self.listener = listener
         self.record = record
         self.done = False
         self.output = False
-        self.on_refused = None
+        self.on_early_failure = None
         self._grace = None
 
-    def _refused_before_output(self, failure):
+    def _first_output(self):
         """
-        Hand a C{capacity_exceeded} refusal to L{on_refused}, if that is
-        what this is. @return: whether it was handed over.
+        The provider answered: from now on nothing is retried, and its
+        health hears of a success.
         """
-        if self.output or self.on_refused is None or failure.code != CAPACITY_EXCEEDED:
+        self.output = True
+        self.placement.record_success()
+
+    def _taken_over(self, failure):
+        """
+        A failure before any output: record it against the provider's
+        health and offer it to L{on_early_failure}.
+
+        @return: whether the work was taken over (this dispatch has ended).
+        """
+        if self.output:
+            return False
+        self.placement.record_failure(failure)
+        then = self.on_early_failure(self, failure) if self.on_early_failure is not None else None
+        if then is None:
             return False
         if self.finish():
-            self.on_refused(self)
+            then()
         return True
 
     @property
@@ -189,8 +223,10 @@ class RunDispatch(Dispatch):
         """
         if self.done:
             return
-        if event.type == ERROR and self._refused_before_output(event.error):
+        if event.type == ERROR and self._taken_over(event.error):
             return
+        if not self.output and event.type != ERROR:
+            self._first_output()
         self.output = True
         if event.type in TERMINAL_TYPES:
             self.finish()
@@ -239,6 +275,13 @@ class TunnelDispatch(Dispatch):
         if which == "error":
             self.fail(frame.error.code, frame.error.message, frame.error.status)
             return
+        if which == "status" and not self.output and (frame.status >= 500 or frame.status == 429):
+            failure = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {frame.status}", frame.status)
+            if self._taken_over(failure):
+                self._stop_on_node()
+                return
+        elif not self.output:
+            self._first_output()
         self.output = True
         if which == "status":
             self.listener.status(frame.status)
@@ -262,9 +305,15 @@ class TunnelDispatch(Dispatch):
             self.tracker.tunnel_ended(self, COMPLETE, None)
             self.listener.end()
 
+    def _stop_on_node(self):
+        try:
+            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+        except Exception as e:
+            self.log.info("cancel of abandoned tunnel {id} not sent: {error}", id=self.id, error=e)
+
     def fail(self, code, message, status=0):
         failure = RunFailure(code=code, message=message, status=status)
-        if self._refused_before_output(failure) or not self.finish():
+        if self._taken_over(failure) or not self.finish():
             return
         (self.log.info if code in (CANCELLED, SHUTTING_DOWN) else self.log.warn)(
             "tunnel {tunnel_id} on node {node} ({adapter}) ended: {code}: {reason}",

@@ -21,6 +21,7 @@ class Inflight:
         self.clock = clock
         self.runs = runs
         self._work = {}
+        self._by_caller = {}
         self._by_link = {}
         self._requests = {}
         self._per_node = {}
@@ -34,11 +35,23 @@ class Inflight:
     def __contains__(self, work_id):
         return work_id in self._work
 
-    def get(self, work_id):
-        return self._work.get(work_id)
+    def get(self, wire_id):
+        """
+        The dispatch with this id on the wire (exactly: a late frame of an
+        abandoned attempt finds nothing).
+        """
+        return self._work.get(wire_id)
+
+    def for_caller(self, work_id):
+        """
+        The dispatch serving the work its caller knows as C{work_id} (its
+        latest attempt).
+        """
+        return self._by_caller.get(work_id)
 
     def add(self, dispatch):
         self._work[dispatch.id] = dispatch
+        self._by_caller[dispatch.caller_id] = dispatch
         self._by_link.setdefault(dispatch.link, {})[dispatch.id] = dispatch
         node_id = dispatch.link.node_id
         self._per_node[node_id] = self._per_node.get(node_id, 0) + 1
@@ -46,6 +59,8 @@ class Inflight:
     def forget(self, dispatch):
         if self._work.pop(dispatch.id, None) is None:
             return
+        if self._by_caller.get(dispatch.caller_id) is dispatch:
+            del self._by_caller[dispatch.caller_id]
         on_link = self._by_link.get(dispatch.link)
         if on_link is not None:
             on_link.pop(dispatch.id, None)

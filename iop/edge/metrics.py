@@ -12,7 +12,7 @@ they use against a live scrape).
 """
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from iop.metricspage import MetricsPage
 from iop.run import TERMINAL_TYPES
@@ -79,7 +79,22 @@ class _ServiceCollector:
             queued.add_metric([group["name"]], group["queued"])
         inflight = GaugeMetricFamily("iop_edge_in_flight", "Runs and tunnels in flight")
         inflight.add_metric([], len(self.service.inflight))
-        return [connected, node_work, in_use, capacity, up, queued, inflight]
+        return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health()]
+
+    def _health(self):
+        failures = CounterMetricFamily(
+            "iop_edge_provider_failures",
+            "Provider failures before answering (they feed its health), by reason code",
+            labels=["node", "provider", "code"],
+        )
+        ejections = CounterMetricFamily(
+            "iop_edge_provider_ejections", "Times the provider was ejected for failing", labels=["node", "provider"]
+        )
+        for node, provider, by_code, ejected in self.service.pool.health_counters():
+            for code, count in by_code.items():
+                failures.add_metric([node, provider, code], count)
+            ejections.add_metric([node, provider], ejected)
+        return [failures, ejections]
 
 
 class HTTPMetrics:
@@ -146,6 +161,12 @@ def build_metrics(service, bus, clock=None):
     disconnects = Counter(
         "iop_edge_node_disconnects", "Node connections lost, by cause", ["node", "cause"], registry=registry
     )
+    retries = Counter(
+        "iop_edge_retries",
+        "Work placed again after its provider failed before answering",
+        ["node", "provider"],
+        registry=registry,
+    )
 
     def count_usage(node, usage):
         for field, kind in TOKEN_KINDS:
@@ -161,6 +182,8 @@ def build_metrics(service, bus, clock=None):
                     failures.labels(payload.get("node") or "", kind, payload["error"].get("code") or "unknown").inc()
             if kind in TERMINAL_TYPES or kind == "usage":
                 count_usage(payload.get("node"), payload.get("usage") or {})
+        elif topic == "provider" and payload.get("event") == "retry":
+            retries.labels(payload["node"], payload["provider"]).inc()
         elif topic == "node":
             node_events.labels(payload["event"]).inc()
             if payload["event"] == "disconnected":

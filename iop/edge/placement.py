@@ -42,38 +42,57 @@ class Placer:
         self.registry = registry
         self.pool = pool
 
-    def place(self, spec):
+    def place(self, spec, avoid=()):
         """
         @param spec: a L{iop.edge.spec.RunSpec}.
+        @param avoid: provider resources (keys) not to place on (they
+            already failed this work).
         @return: a cancellable Deferred firing with a L{Placement}.
         """
         try:
-            d = self._lease(spec)
+            d = self._lease(spec, frozenset(avoid))
         except ServiceError as e:
             return defer.fail(e)
         d.addCallback(self._from_lease, spec)
         d.addErrback(self._pool_failure)
         return d
 
-    def _lease(self, spec):
+    def retries(self, spec):
+        """
+        How many times a provider failure of C{spec}'s work may be placed
+        again: its model group's C{retries}; none for work sent to an
+        adapter by name.
+        """
+        group = self.pool.group(spec.model) if spec.model else None
+        return group.retries if group is not None else 0
+
+    def _lease(self, spec, avoid):
         model, node_id = spec.model, spec.node
         group = self.pool.group(model) if model else None
         if node_id:
             if self._config().node(node_id) is None:
                 raise ServiceError("not_found", f"no node {node_id!r} is configured")
             if group is not None:
-                try:
-                    return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()), node_id)
-                except KeyError:
+                if not any(m.node_id == node_id for m in group.members):
                     raise ServiceError(
                         "not_found",
                         f"model group {model!r} has no provider on node {node_id!r}",
                         code="model_not_found",
-                    ) from None
-            return self._direct(node_id, spec.adapter or model or "")
+                    )
+                return self._pooled(spec, avoid, node_id)
+            return self._direct(node_id, spec.adapter or model or "", spec)
         if group is not None:
-            return self.pool.acquire(model, self.pool.classify(model, spec.input_chars()))
-        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "")
+            return self._pooled(spec, avoid)
+        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
+
+    def _pooled(self, spec, avoid, node_id=None):
+        def accept(provider):
+            return spec.serves(provider.adapter_type) and provider.key not in avoid
+
+        try:
+            return self.pool.acquire(spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, accept)
+        except KeyError:
+            raise _cannot_serve(f"model group {spec.model!r}", spec) from None
 
     def single_node(self, adapter):
         """
@@ -93,13 +112,16 @@ class Placer:
             )
         return links[0].node_id
 
-    def _direct(self, node_id, adapter):
+    def _direct(self, node_id, adapter, spec):
         if not adapter:
             raise ServiceError("invalid", "say which adapter (or model group) should run this")
-        if self._config().node(node_id).adapter(adapter) is None:
+        configured = self._config().node(node_id).adapter(adapter)
+        if configured is None:
             raise ServiceError(
                 "not_found", f"node {node_id} has no adapter or model group {adapter!r}", code="model_not_found"
             )
+        if not spec.serves(configured.type):
+            raise _cannot_serve(f"adapter {adapter!r} ({configured.type})", spec)
         return self.pool.acquire_direct(node_id, adapter)
 
     def _from_lease(self, lease, spec):
@@ -117,3 +139,11 @@ class Placer:
         if failure.check(QueueFull):
             raise ServiceError("busy", str(failure.value), code="queue_full")
         return failure
+
+
+def _cannot_serve(what, spec):
+    """
+    A 400 naming the endpoint that C{what} has no provider for.
+    """
+    endpoint = "/v1" + spec.tunnel.path if spec.tunnel is not None else "normalized runs"
+    return ServiceError("invalid", f"{what} has no provider that serves {endpoint}", code="unsupported_endpoint")

@@ -168,6 +168,22 @@ class ModelGroupSpec:
     queue_timeout_sec: float = 30.0
     max_queue: int | None = None
     long_threshold_chars: int | None = None
+    #: How many times work whose provider failed before answering may be
+    #: placed again on another provider of the group.
+    retries: int = 1
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """
+    When a provider is ejected: after C{failures_to_eject} consecutive
+    failures before answering, for C{cooldown_sec}, doubling (up to
+    C{max_cooldown_sec}) each time it fails again on its first try back.
+    """
+
+    failures_to_eject: int = 3
+    cooldown_sec: float = 30.0
+    max_cooldown_sec: float = 300.0
 
 
 class Lease:
@@ -203,6 +219,14 @@ class Lease:
         """
         return self._pool._release(self)
 
+    def report(self, code=None, message=""):
+        """
+        Tell the provider's health how its answer went: no C{code} for an
+        answer; the failure's C{code} and C{message} when it failed before
+        answering.
+        """
+        self._pool._report(self, code, message)
+
     def __repr__(self):
         return (
             f"<Lease {self.group}/{self.klass} on {self.node_id}/{self.provider_id}"
@@ -216,10 +240,17 @@ class _Resource:
     offline), its counters and the leases behind them.
     """
 
-    def __init__(self, spec):
+    def __init__(self, spec, cooldown):
         self.spec = spec
         self.generation = None
         self.draining = False
+        #: Health: consecutive failures, the last one, whether ejected.
+        self.failures = 0
+        self.last_error = None
+        self.ejected = None  # the cooldown's DelayedCall while ejected
+        self.cooldown = cooldown
+        self.failures_total = {}  # failure code -> count since start
+        self.ejections_total = 0
         self.in_use = {NORMAL: 0, LONG: 0}
         self.leases = {}  # Lease -> None, in grant order
 
@@ -228,10 +259,10 @@ class _Resource:
         return self.generation is not None
 
     def candidate(self, klass):
-        return self.live and not self.draining and self.spec.capacity(klass) > 0
+        return self.live and not self.draining and self.ejected is None and self.spec.capacity(klass) > 0
 
     def room(self, klass):
-        if not self.live or self.draining:
+        if not self.live or self.draining or self.ejected is not None:
             return 0
         return self.spec.capacity(klass) - self.in_use[klass]
 
@@ -311,9 +342,10 @@ class ProviderPool:
 
     log = Logger()
 
-    def __init__(self, clock, providers, groups, direct_timeout=30.0):
+    def __init__(self, clock, providers, groups, direct_timeout=30.0, health=None):
         self._clock = clock
         self._direct_timeout = direct_timeout
+        self._health = health or HealthPolicy()
         self._resources = {}
         self._by_node = {}
         for spec in providers:
@@ -325,7 +357,7 @@ class ProviderPool:
                         f"provider {spec.node_id}/{spec.provider_id}: {klass} capacity must be"
                         f" a non-negative integer, got {spec.capacity(klass)!r}"
                     )
-            resource = _Resource(spec)
+            resource = _Resource(spec, self._health.cooldown_sec)
             self._resources[spec.key] = resource
             self._by_node.setdefault(spec.node_id, []).append(resource)
         self._groups = {}
@@ -386,28 +418,99 @@ class ProviderPool:
                     "id": spec.provider_id,
                     "adapter": spec.adapter,
                     "status": ("draining" if resource.draining else "available") if live else "unavailable",
-                    "health": "ok" if live else "offline",
+                    "health": self._health_of(resource),
                     "capacity": {k: spec.capacity(k) if live else 0 for k in CLASSES},
                     "in_use": {k: resource.in_use[k] for k in CLASSES},
                 }
             )
             if spec.implicit:
                 providers[-1]["implicit"] = True
+            if resource.last_error is not None:
+                providers[-1]["last_error"] = resource.last_error
+            if resource.ejected is not None:
+                providers[-1]["ejected_for_sec"] = round(max(resource.ejected.getTime() - self._clock.seconds(), 0), 1)
         groups = [{"name": name, "queued": len(self._queues[name].waiters)} for name in self._groups]
         return {"providers": providers, "model_groups": groups}
 
+    def _health_of(self, resource):
+        if not resource.live:
+            return "offline"
+        return "ejected" if resource.ejected is not None else "ok"
+
+    def health_counters(self):
+        """
+        Per provider C{(node, provider, {failure code: count},
+        ejections)} since start, for metrics.
+        """
+        return [
+            (r.spec.node_id, r.spec.provider_id, dict(r.failures_total), r.ejections_total)
+            for r in self._resources.values()
+        ]
+
+    # -- health
+
+    def _report(self, lease, code, message):
+        resource = self._resources[(lease.node_id, lease.provider_id)]
+        if code is None:
+            if resource.failures or resource.last_error is not None:
+                self.log.info(
+                    "provider {node}/{provider} is healthy again", node=lease.node_id, provider=lease.provider_id
+                )
+            resource.failures = 0
+            resource.last_error = None
+            resource.cooldown = self._health.cooldown_sec
+            return
+        resource.failures += 1
+        resource.failures_total[code] = resource.failures_total.get(code, 0) + 1
+        resource.last_error = f"{code}: {message}"
+        if resource.failures >= self._health.failures_to_eject and resource.ejected is None:
+            self._eject(resource)
+
+    def _eject(self, resource):
+        """
+        Take a failing provider out of placement for its cooldown; the next
+        cooldown doubles (up to the cap) unless it answers first.
+        """
+        cooldown = resource.cooldown
+        resource.cooldown = min(cooldown * 2, self._health.max_cooldown_sec)
+        resource.ejections_total += 1
+        resource.ejected = self._clock.callLater(cooldown, self._cooled, resource)
+        self.log.warn(
+            "provider {node}/{provider} ejected for {cooldown:g}s after {failures} failures: {error}",
+            node=resource.spec.node_id,
+            provider=resource.spec.provider_id,
+            cooldown=cooldown,
+            failures=resource.failures,
+            error=resource.last_error,
+        )
+        self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+
+    def _cooled(self, resource):
+        """
+        The cooldown passed: the provider is tried again (one more failure
+        ejects it again at once; an answer makes it healthy).
+        """
+        resource.ejected = None
+        self.log.info(
+            "provider {node}/{provider} back on trial after its cooldown",
+            node=resource.spec.node_id,
+            provider=resource.spec.provider_id,
+        )
+        self._pump()
+
     # -- acquiring
 
-    def acquire(self, group_name, klass, node_id=None):
+    def acquire(self, group_name, klass, node_id=None, accept=None):
         """
         Lease a provider of C{group_name} for a request of class C{klass}
-        (only its providers on C{node_id}, when given).
+        (only its providers on C{node_id}, when given, and only those whose
+        L{ProviderSpec} C{accept} accepts, when given).
 
         @return: a cancellable Deferred firing with a L{Lease}, or failing
             with L{NoLiveProvider}, L{QueueFull} or L{QueueTimeout};
             cancelling it while it waits removes it from the queue.
         @raise KeyError: unknown model group, or no provider of it on
-            C{node_id}.
+            C{node_id} (or none that C{accept} accepts).
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
         queue = self._queues[self._group(group_name).name]
@@ -416,6 +519,10 @@ class ProviderPool:
             members = tuple(m for m in members if m.node_id == node_id)
             if not members:
                 raise KeyError(f"model group {group_name!r} has no provider on node {node_id!r}")
+        if accept is not None:
+            members = tuple(m for m in members if accept(self._resources[m.key].spec))
+            if not members:
+                raise KeyError(f"model group {group_name!r} has no provider that can serve this request")
         return self._acquire(queue, members, klass)
 
     def acquire_direct(self, node_id, adapter, klass=NORMAL):
@@ -561,7 +668,7 @@ class ProviderPool:
         """
         resource = self._resources.get(spec.key)
         if resource is None:
-            resource = _Resource(spec)
+            resource = _Resource(spec, self._health.cooldown_sec)
             siblings = self._by_node.setdefault(spec.node_id, [])
             if siblings:
                 resource.generation, resource.draining = siblings[0].generation, siblings[0].draining

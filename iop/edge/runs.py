@@ -104,6 +104,7 @@ class RunRecord:
         self.provider = fields.pop("provider", None)
         self.background = fields.pop("background", False)
         self.caller = fields.pop("caller", None)
+        self.wire_id = fields.pop("wire_id", None) or run_id
         if fields:
             raise TypeError(f"unknown run fields: {', '.join(fields)}")
         self.created_at = created_at
@@ -176,15 +177,17 @@ class RunRecord:
         }
 
 
-def stored_json(node_id, row):
+def stored_json(node_id, row, run_id=None):
     """
-    A Node store row (C{run_get}, C{run_list}) as a C{GET /v1/runs} object.
+    A Node store row (C{run_get}, C{run_list}) as a C{GET /v1/runs} object
+    (under C{run_id} when the caller knows the run by another id than its
+    attempt's on the wire).
     """
     error = None
     if row.get("error") or row.get("error_code"):
         error = {"code": row.get("error_code") or "", "message": row.get("error") or ""}
     answer = {
-        "id": row["run_id"],
+        "id": run_id or row["run_id"],
         "object": "run",
         "kind": row.get("kind", RUN),
         "status": row["status"],
@@ -323,12 +326,16 @@ class RunBook:
         every = list(self._live.values()) + list(self._finished.values())
         return sorted(every, key=lambda r: r.created_at, reverse=True)
 
-    def node_of(self, run_id):
+    def locate(self, run_id):
         """
-        The node a run ran on, while the book remembers it.
+        Where to ask about a run the book may no longer hold: C{(node_id,
+        wire_id)} — the node it ran on (C{None} when forgotten) and the id
+        its last attempt had there.
         """
         record = self.get(run_id)
-        return record.node if record is not None else self._where.get(run_id)
+        if record is not None:
+            return record.node, record.wire_id
+        return self._where.get(run_id, (None, run_id))
 
     # -- runs
 
@@ -428,7 +435,7 @@ class RunBook:
             return
         self._finished[record.id] = record
         if record.node:
-            self._where[record.id] = record.node
+            self._where[record.id] = (record.node, record.wire_id)
             while len(self._where) > WHERE_SIZE:
                 self._where.popitem(last=False)
         self._evict()
@@ -462,14 +469,14 @@ class RunBook:
         if record is not None and after + 1 >= record.first_seq:
             self._attach(record, follower)
             return defer.succeed(follower)
-        node_id = record.node if record is not None else self._where.get(run_id)
+        node_id, wire_id = self.locate(run_id)
         if record is None and self.fetch is None:
             return defer.fail(ServiceError("not_found", f"no run {run_id}", code="run_not_found"))
         if record is not None:
             # Hold live events while the Node's store fills the gap.
             follower.catching_up = True
             record.followers.append(follower)
-        d = self.fetch(run_id, node_id, after)
+        d = self.fetch(wire_id, node_id, after)
 
         def fetched(found):
             _, answer = found

@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from iop.edge.bus import EventBus
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
+from iop.edge.failover import Work
 from iop.edge.inflight import Inflight
 from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
@@ -46,6 +47,7 @@ from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
 from iop.run import (
     CANCELLED,
+    CAPACITY_EXCEEDED,
     FAILED,
     INVALID_ARGS,
     NOT_SUPPORTED,
@@ -53,7 +55,6 @@ from iop.run import (
     UNKNOWN_ADAPTER,
     UNKNOWN_COMMAND,
     UNKNOWN_RUN,
-    RunFailure,
 )
 
 #: Run kinds a surface's C{listener_for} is asked for.
@@ -99,7 +100,9 @@ class EdgeService(MultiService):
         self.clock = reactor
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
-        self.pool = ProviderPool(reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec)
+        self.pool = ProviderPool(
+            reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec, config.health
+        )
         run_log = config.run_log
         self.runs = RunBook(
             reactor, self.bus, self._fetch_run, run_log.max_bytes, run_log.max_age_sec, run_log.max_runs
@@ -139,11 +142,17 @@ class EdgeService(MultiService):
             return defer.fail(_shutting_down())
         record = None
         if spec.background:
+            if not spec.runs:
+                return defer.fail(
+                    ServiceError(
+                        "invalid", "only chat completions can run in the background", code="invalid_background"
+                    )
+                )
             spec.tunnel = None
             spec.run_id = spec.run_id or new_id("run")
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
-        d = self.placer.place(spec)
-        d.addCallback(self._start, spec, listener_for, spec.run_id or None)
+        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None)
+        d = self._place(work)
         if record is not None:
             self._queued[record.id] = d
             d.addErrback(self._not_started, record)
@@ -170,45 +179,56 @@ class EdgeService(MultiService):
         self._queued.pop(run_id, None)
         return result
 
-    def _start(self, placement, spec, listener_for, work_id=None, again=False):
+    def _place(self, work):
+        d = self.placer.place(work.spec, avoid=work.avoid)
+        d.addCallback(self._start, work)
+        return d
+
+    def _start(self, placement, work):
         """
         Start placed work in one guarded step: whatever fails before the
-        work is in flight returns the placement's lease. C{again} is set
-        when the work is placed a second time (see L{_place_again}), under
-        the same C{work_id}.
+        work is in flight returns the placement's lease. The work is on
+        record in the run book (under the id its caller knows) before the
+        surface's listener is made, so the listener may read it.
         """
+        spec = work.spec
+        work.attempts += 1
+        record = None
         try:
             if self.draining:
                 raise _shutting_down()
-            if placement.tunnels and spec.tunnel is not None:
-                kind, work_id = TUNNEL, work_id or new_id("tun")
-                message = _tunnel_request(work_id, placement, spec.tunnel)
-                dispatch_class = TunnelDispatch
-            else:
-                kind, work_id = RUN, work_id or new_id("run")
-                message = _run_request(work_id, placement, spec)
-                dispatch_class = RunDispatch
-            # On record before the surface's listener is made: it may read it.
+            tunnel = spec.tunnels_on(placement.adapter_type)
+            if work.id is None:
+                work.id = new_id("tun" if tunnel else "run")
+            wire_id = work.wire_id()
+            kind = TUNNEL if tunnel else RUN
             record = self.runs.open(
-                work_id,
+                work.id,
                 kind,
                 node=placement.node_id,
                 target=placement.target or spec.target,
-                provider=placement.lease.provider_id if placement.lease is not None else None,
+                provider=placement.provider_id,
+                wire_id=wire_id,
                 **dict(self._labels(spec), adapter=placement.adapter),
             )
-            dispatch = dispatch_class(self.inflight, work_id, placement, listener_for(kind, work_id), record)
-            if not again:
-                dispatch.on_refused = lambda refused: self._place_again(refused, spec, listener_for)
+            if tunnel:
+                message = _tunnel_request(wire_id, placement, spec.tunnel)
+                listener = work.listener_for(TUNNEL, work.id)
+                dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work.id, record)
+            else:
+                message = _run_request(wire_id, placement, spec)
+                listener = work.listener_for(RUN, work.id)
+                dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work.id, record)
+            dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
         except ServiceError as e:
             placement.release()
-            self._abandon(work_id, e)
+            self._abandon(record, work, e)
             raise
         except Exception:
             placement.release()
             self.log.failure("could not start work on node {node}", node=placement.node_id)
             error = ServiceError("failed", "internal error", code="internal_error")
-            self._abandon(work_id, error)
+            self._abandon(record, work, error)
             raise error from None
         self.inflight.add(dispatch)
         self.runs.started(record)
@@ -220,44 +240,62 @@ class EdgeService(MultiService):
             error = ServiceError("failed", f"could not send to node {dispatch.link.node_id}: {e}", code="send_failed")
             self.runs.not_started(record, error.code, error.message)
             raise error from None
-        return work_id
+        return work.id
 
-    def _abandon(self, work_id, error):
+    def _abandon(self, record, work, error):
         """
-        Work on record that could not start ends on record too.
+        Work on record that could not start ends on record too (a later
+        attempt's failure is the caller's, told by L{_place_again}).
         """
-        record = self.runs.get(work_id) if work_id else None
-        if record is not None:
+        if record is not None and work.attempts <= 1:
             self.runs.not_started(record, error.code, error.message)
 
-    def _place_again(self, refused, spec, listener_for):
+    def _failed_early(self, failed, failure, work):
         """
-        A Node refused work the Edge admitted (its gate was full: the
-        configured capacity and the node's disagree). Place it once more,
-        under the same id, and log the mismatch; if that fails too, the
-        caller gets the failure.
+        An attempt failed before its caller saw a byte. If the failure
+        qualifies and the work has retries left, @return: what places it
+        again (on another provider for a provider failure; anywhere for a
+        Node that refused admitted work); else C{None}.
         """
-        self.log.warn(
-            "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
-            " placing it again (check the node's max_concurrency against its providers' capacity)",
-            node=refused.link.node_id,
-            id=refused.id,
-        )
-        d = self.placer.place(spec)
-        self._placing_again[refused.id] = d
-        d.addCallback(self._start, spec, listener_for, refused.id, True)
-        d.addErrback(self._placed_again_failed, refused)
-        d.addBoth(lambda _: self._placing_again.pop(refused.id, None))
-
-    def _placed_again_failed(self, failure, refused):
-        if failure.check(CancelledError):
-            return
-        if failure.check(ServiceError):
-            error = failure.value
+        if self.draining or not work.may_retry(failure):
+            return None
+        if failure.code == CAPACITY_EXCEEDED:
+            self.log.warn(
+                "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
+                " placing it again (check the node's max_concurrency against its providers' capacity)",
+                node=failed.link.node_id,
+                id=work.id,
+            )
         else:
-            self.log.failure("placing {id} again failed", failure, id=refused.id)
-            error = ServiceError("failed", "internal error", code="internal_error")
-        refused.tell_failure(RunFailure(code=error.code, message=error.message, status=error.status or 0))
+            work.avoid.add(failed.placement.key)
+            self.log.info(
+                "{id}: provider {node}/{provider} failed before answering ({code}); placing it elsewhere",
+                id=work.id,
+                node=failed.link.node_id,
+                provider=failed.placement.provider_id,
+                code=failure.code,
+            )
+            self.bus.publish(
+                "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
+            )
+        return lambda: self._place_again(failed, failure, work)
+
+    def _place_again(self, failed, failure, work):
+        d = self._place(work)
+        self._placing_again[work.id] = d
+
+        def not_placed(outcome):
+            # Nowhere else to go (or the caller left): the caller gets the
+            # provider's own failure.
+            if not outcome.check(CancelledError):
+                if not outcome.check(ServiceError):
+                    self.log.failure("placing {id} again failed", outcome, id=work.id)
+                failed.tell_failure(failure)
+            elif failed.record is not None:
+                self.runs.not_started(failed.record, CANCELLED, "cancelled while placed again", CANCELLED)
+
+        d.addErrback(not_placed)
+        d.addBoth(lambda _: self._placing_again.pop(work.id, None))
 
     def cancel(self, work_id):
         """
@@ -267,7 +305,7 @@ class EdgeService(MultiService):
         if waiting is not None:
             waiting.cancel()
             return True
-        dispatch = self.inflight.get(work_id)
+        dispatch = self.inflight.for_caller(work_id)
         if dispatch is None:
             return False
         dispatch.cancel(self.config.run_grace_sec)
@@ -369,11 +407,12 @@ class EdgeService(MultiService):
         record = self.runs.get(run_id)
         if record is not None and (record.complete_log or record.kind == TUNNEL):
             return defer.succeed(record.as_json())
-        d = self._fetch_run(run_id, self.runs.node_of(run_id), 0)
+        node_id, wire_id = self.runs.locate(run_id)
+        d = self._fetch_run(wire_id, node_id, 0)
 
         def fetched(found):
             node_id, answer = found
-            stored = stored_json(node_id, answer["run"])
+            stored = stored_json(node_id, answer["run"], run_id)
             if record is None:
                 return stored
             # The Edge's view is the current one; the Node has the whole text.

@@ -12,6 +12,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
+from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
+
 
 def new_id(prefix):
     """
@@ -37,6 +39,13 @@ class TunnelSpec:
     headers: list
     body: dict
 
+    @property
+    def types(self):
+        """
+        The adapter types that carry this request as a tunnel.
+        """
+        return ENDPOINT_TYPES.get(self.path, TUNNEL_TYPES)
+
     def encoded_body(self, target):
         """
         The body to send to a provider that knows the model as C{target}.
@@ -52,6 +61,8 @@ class RunSpec:
 
     @ivar tunnel: how to carry the request if the chosen provider takes raw
         OpenAI-compatible HTTP; C{None} means "always a normalized run".
+    @ivar runs: whether a provider that cannot take the tunnel may serve
+        the request as a normalized run (only chat completions can).
     @ivar background: the run goes on when its caller leaves (never a
         tunnel: a background run is always a normalized run, so that its
         events can be kept and read back).
@@ -69,8 +80,28 @@ class RunSpec:
     background: bool = False
     options: dict = field(default_factory=dict)
     tunnel: TunnelSpec | None = None
+    runs: bool = True
+    size: int | None = None
     caller: str | None = None
     run_id: str = ""
 
+    def serves(self, adapter_type):
+        """
+        Whether a provider of C{adapter_type} can serve this request.
+        """
+        return self.runs or (self.tunnel is not None and adapter_type in self.tunnel.types)
+
+    def tunnels_on(self, adapter_type):
+        """
+        Whether this request travels as a tunnel to C{adapter_type}.
+        """
+        return self.tunnel is not None and adapter_type in self.tunnel.types
+
     def input_chars(self):
+        """
+        How long the input is, for a model group's long/normal threshold:
+        C{size} when the surface measured it, else the messages' text.
+        """
+        if self.size is not None:
+            return self.size
         return sum(len(m.get("content") or "") for m in self.messages)

@@ -17,6 +17,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported, TunnelInput
+from iop.adapters.streams import ProviderError
 from iop.node.store import NullStore
 from iop.node.work import Refused, Work, admit
 from iop.protocols import iop_pb2
@@ -143,9 +144,19 @@ class TunnelRelay(Work):
         elif failure.check(NotSupported):
             self._finish(error=iop_pb2.RunError(code=TUNNEL_NOT_SUPPORTED, message=str(failure.value)))
         else:
-            self.log.failure(
-                "tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name
-            )
+            if failure.check(ProviderError):
+                # The back end's own failure: expected, one line.
+                self.log.info(
+                    "tunnel {id}: adapter {adapter}: {code}: {message}",
+                    id=self.tunnel_id,
+                    adapter=self.hosted.name,
+                    code=failure.value.code,
+                    message=failure.value.message,
+                )
+            else:
+                self.log.failure(
+                    "tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name
+                )
             code = getattr(failure.value, "code", None)
             status = getattr(failure.value, "status", 0)
             self._finish(

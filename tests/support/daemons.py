@@ -172,7 +172,12 @@ class Edge(Daemon):
         return status, json.loads(data)
 
     def status(self):
-        return self.json("GET", "/v1/status")[1]
+        """
+        C{/v1/status}, with the first caller key when keys are configured.
+        """
+        keys = self.config.get("api_keys") or []
+        key = keys[0] if keys and isinstance(keys[0], str) else None
+        return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"} if key else None)[1]
 
     def status_with(self, key):
         return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"})[1]
@@ -314,10 +319,20 @@ class FakeProvider:
     running as a subprocess.
     """
 
-    def __init__(self, script, workdir, kind, delay_ms):
-        self.port_file = os.path.join(workdir, f"{kind}.port")
+    def __init__(self, script, workdir, kind, delay_ms, port=0):
+        self.port_file = os.path.join(workdir, f"{kind}-{port or 'any'}.port")
         self.process = subprocess.Popen(
-            [sys.executable, script, kind, "--port-file", self.port_file, "--delay-ms", str(delay_ms)],
+            [
+                sys.executable,
+                script,
+                kind,
+                "--port-file",
+                self.port_file,
+                "--delay-ms",
+                str(delay_ms),
+                "--port",
+                str(port),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -331,6 +346,14 @@ class FakeProvider:
 
     def stats(self):
         with urllib.request.urlopen(self.url("/_stats"), timeout=5) as response:
+            return json.loads(response.read())
+
+    def requests(self):
+        """
+        The last requests the provider received: method, path and headers
+        (as C{[name, value]} pairs, names as they arrived).
+        """
+        with urllib.request.urlopen(self.url("/_requests"), timeout=5) as response:
             return json.loads(response.read())
 
     def stop(self):

@@ -167,12 +167,28 @@ class Provider(Resource):
         self.kind = kind
         self.delay = delay
         self.stats = Stats()
+        #: The last requests (method, path, headers), for tests: /_requests.
+        self.seen = []
 
     def render(self, request):
         path = request.path.decode()
         method = request.method.decode()
         if path == "/_stats":
             return self.json(request, 200, self.stats.json())
+        if path == "/_requests":
+            return self.json(request, 200, self.seen)
+        self.seen = (
+            self.seen
+            + [
+                {
+                    "method": method,
+                    "path": path,
+                    "headers": [
+                        [k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs
+                    ],
+                }
+            ]
+        )[-20:]
         number = self.stats.begin(request)
         handler = self.routes().get((method, path))
         if handler is None:
@@ -202,7 +218,82 @@ class OpenAI(Provider):
     """
 
     def routes(self):
-        return {("POST", "/v1/chat/completions"): self.chat, ("GET", "/v1/models"): self.models}
+        return {
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/embeddings"): self.embeddings,
+            ("POST", "/v1/responses"): self.responses,
+            ("GET", "/v1/models"): self.models,
+        }
+
+    def completions(self, request, body, number):
+        """
+        Legacy completions: the prompt's words back, streamed as SSE
+        C{text_completion} chunks or as one document.
+        """
+        model = body.get("model") or "fake-model"
+        words = pieces(body.get("prompt") if isinstance(body.get("prompt"), str) else "")
+        if not body.get("stream"):
+            choice = {"index": 0, "text": "".join(words), "finish_reason": "stop", "logprobs": None}
+            document = {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "created": 0,
+                "model": model,
+                "choices": [choice],
+            }
+            return self.json(request, 200, document)
+        parts = [
+            b"data: "
+            + dumps(
+                {
+                    "id": "cmpl-fake",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{"index": 0, "text": w, "finish_reason": None}],
+                }
+            ).encode()
+            + b"\n\n"
+            for w in words
+        ]
+        parts.append(b"data: [DONE]\n\n")
+        return self.stream(request, b"text/event-stream", parts, model, number)
+
+    def embeddings(self, request, body, number):
+        """
+        One small vector per input, from the input's length.
+        """
+        inputs = body.get("input")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(len(str(text))), 0.5, -0.25]}
+            for i, text in enumerate(inputs)
+        ]
+        usage = {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}
+        return self.json(request, 200, {"object": "list", "data": data, "model": body.get("model"), "usage": usage})
+
+    def responses(self, request, body, number):
+        """
+        The Responses API: the input's words back, as typed SSE events
+        when streamed, or one C{response} document.
+        """
+        model = body.get("model") or "fake-model"
+        words = pieces(body.get("input") if isinstance(body.get("input"), str) else "")
+        output = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "".join(words)}]}
+        ]
+        document = {"id": "resp_fake", "object": "response", "model": model, "status": "completed", "output": output}
+        if not body.get("stream"):
+            return self.json(request, 200, document)
+
+        def event(kind, **data):
+            return f"event: {kind}\ndata: ".encode() + dumps(dict(type=kind, **data)).encode() + b"\n\n"
+
+        parts = [event("response.created", response=dict(document, status="in_progress", output=[]))]
+        parts += [event("response.output_text.delta", delta=w) for w in words]
+        parts.append(event("response.completed", response=document))
+        return self.stream(request, b"text/event-stream", parts, model, number)
 
     def models(self, request, body, number):
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in MODELS]
@@ -221,6 +312,14 @@ class OpenAI(Provider):
         if model == "error-model":
             error = {"message": "rate limited by fake", "type": "rate_limit_error", "param": None, "code": None}
             return self.json(request, 429, {"error": error})
+        if model == "cut-model" and body.get("stream"):
+            # The first chunk, then the connection drops: a failure after
+            # the first byte.
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n')
+            reactor.callLater(0.05, request.channel.transport.abortConnection)
+            return NOT_DONE_YET
         text = last_user_text(body.get("messages"))
         limit = body.get("max_tokens") if model.startswith("slow") else None
         words = pieces(text, limit if isinstance(limit, int) else None)
@@ -273,6 +372,7 @@ class Ollama(Provider):
             ("POST", "/api/show"): self.show,
             ("POST", "/api/pull"): self.pull,
             ("DELETE", "/api/delete"): self.delete,
+            ("POST", "/api/embed"): self.embed,
         }
 
     def details(self):
@@ -312,6 +412,20 @@ class Ollama(Provider):
                 "details": self.details(),
                 "model_info": {},
             },
+        )
+
+    def embed(self, request, body, number):
+        """
+        Ollama's /api/embed: one vector per input.
+        """
+        missing = self.known(request, body)
+        if missing:
+            return missing
+        inputs = body.get("input")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        vectors = [[float(len(str(text))), 0.5, -0.25] for text in inputs]
+        return self.json(
+            request, 200, {"model": body.get("model"), "embeddings": vectors, "prompt_eval_count": 2 * len(inputs)}
         )
 
     def pull(self, request, body, number):
@@ -377,12 +491,13 @@ def main(argv=None):
     parser.add_argument("kind", choices=["openai", "vllm", "ollama"])
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--delay-ms", type=int, default=50)
+    parser.add_argument("--port", type=int, default=0, help="listen here (default: a free port)")
     args = parser.parse_args(argv)
     delay = max(args.delay_ms, 0) / 1000.0
     resource = Ollama(args.kind, delay) if args.kind == "ollama" else OpenAI(args.kind, delay)
     site = Site(resource)
     site.noisy = False
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    port = reactor.listenTCP(args.port, site, interface="127.0.0.1")
     number = port.getHost().port
     partial = args.port_file + ".tmp"
     with open(partial, "w") as f:

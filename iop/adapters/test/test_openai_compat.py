@@ -3,6 +3,7 @@ Tests for L{iop.adapters.openai_compat} against scripted providers on
 loopback sockets.
 """
 
+import gzip
 import json
 
 from twisted.internet import defer, reactor
@@ -343,15 +344,27 @@ class TunnelTests(OpenAICompatTestCase):
         self.assertNotEqual(sent["host"], ["edge"])
 
     @defer.inlineCallbacks
-    def test_caller_authorization_kept(self):
+    def test_caller_authorization_replaced(self):
         """
-        A caller's own Authorization header is forwarded instead of the
-        configured API key.
+        A caller's Authorization (meant for the Edge) never reaches the
+        provider: the adapter's api_key replaces it, and without one it is
+        dropped. drop_headers removes more; the adapter's headers win.
         """
+        request = TunnelInput(
+            "t1",
+            "GET",
+            "/models",
+            headers=[("Authorization", "Bearer caller"), ("X-Secret", "s"), ("X-Team", "caller"), ("X-Trace", "t")],
+        )
         script = Script(chunks=[b"{}"])
-        request = TunnelInput("t1", "GET", "/models", headers=[("Authorization", "Bearer caller")])
-        yield self.adapter(script, api_key="k").tunnel(request, Sink())
-        self.assertEqual(script.requests[0][2]["authorization"], ["Bearer caller"])
+        adapter = self.adapter(script, api_key="k", drop_headers=["x-secret"], headers={"X-Team": "ops"})
+        yield adapter.tunnel(request, Sink())
+        sent = script.requests[0][2]
+        self.assertEqual((sent["authorization"], sent["x-team"], sent["x-trace"]), (["Bearer k"], ["ops"], ["t"]))
+        self.assertNotIn("x-secret", sent)
+        script = Script(chunks=[b"{}"])
+        yield self.adapter(script).tunnel(request, Sink())
+        self.assertNotIn("authorization", script.requests[0][2])
 
     @defer.inlineCallbacks
     def test_json_body(self):
@@ -423,3 +436,25 @@ class TunnelTests(OpenAICompatTestCase):
         d.cancel()
         yield self.assertFailure(d, defer.CancelledError)
         yield script.closed_early
+
+
+class GzipTunnelTests(OpenAICompatTestCase):
+    @defer.inlineCallbacks
+    def test_gzip_relayed_and_observed(self):
+        """
+        A gzip body (the caller asked for it) is relayed compressed, byte
+        for byte with its Content-Encoding, and its usage is still observed.
+        """
+        plain = b'{"model": "m", "choices": [{"finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}'
+        body = gzip.compress(plain)
+        script = Script(
+            chunks=[body[:10], body[10:]], headers=[("content-encoding", "gzip"), ("content-type", "application/json")]
+        )
+        sink = Sink()
+        request = TunnelInput("t1", "POST", "/chat/completions", headers=[("Accept-Encoding", "gzip")], body=b"{}")
+        yield self.adapter(script).tunnel(request, sink)
+        self.assertEqual(b"".join(sink.bodies), body)
+        headers = dict((k.lower(), v) for k, v in sink.calls[1][1])
+        self.assertEqual(headers["content-encoding"], "gzip")
+        self.assertEqual(sink.of("usage"), [Usage(3, 2)])
+        self.assertEqual(script.requests[0][2]["accept-encoding"], ["gzip"])

@@ -14,6 +14,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
+from iop.httpheaders import caller_request_headers
 
 log = Logger()
 
@@ -91,6 +92,19 @@ def read_json(request):
     if not isinstance(body, dict):
         raise HTTPError("invalid", "request body must be a JSON object", code="invalid_json")
     return body
+
+
+def caller_headers(request):
+    """
+    The caller's request headers that travel on to a provider through a
+    tunnel (see L{iop.httpheaders}).
+    """
+    pairs = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, values in request.requestHeaders.getAllRawHeaders()
+        for value in values
+    ]
+    return caller_request_headers(pairs)
 
 
 def bearer(request):

@@ -19,6 +19,7 @@ from iop.edge.http.common import (
     EventStream,
     HTTPError,
     JSONResource,
+    caller_headers,
     caller_name,
     read_json,
     write_error,
@@ -32,9 +33,9 @@ from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
 
-#: Framing headers the Edge's own HTTP server sets itself, besides the
-#: hop-by-hop ones: never copied from the provider's response.
-_OWN_HEADERS = ("content-length", "date", "server")
+#: Headers the Edge's own HTTP server sets on every response; a tunnelled
+#: response carries the provider's instead (or none).
+_OWN_HEADERS = ("date", "server")
 
 
 def text_of(content):
@@ -134,10 +135,7 @@ class ChatCompletions(JSONResource):
         stream = bool(body.get("stream"))
         stream_options = body.get("stream_options") or {}
         include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-        headers = [("content-type", "application/json")]
-        accept = request.getHeader(b"accept")
-        if accept:
-            headers.append(("accept", accept))
+        headers = caller_headers(request)
         background = background_requested(request)
         spec = RunSpec(
             messages=messages,
@@ -274,10 +272,18 @@ class TunnelPassthrough:
             self.request.setResponseCode(code)
 
     def headers(self, pairs):
+        """
+        Exactly the provider's headers, minus hop-by-hop ones: same-named
+        ones the Edge's server set (Server, Date) are replaced, or removed
+        when the provider sent none.
+        """
         if self.call.gone:
             return
-        for name, value in relay_headers(pairs, _OWN_HEADERS):
-            self.request.responseHeaders.addRawHeader(name, value)
+        response_headers = self.request.responseHeaders
+        for name in _OWN_HEADERS:
+            response_headers.removeHeader(name)
+        for name, value in relay_headers(pairs):
+            response_headers.addRawHeader(name, value)
             if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
                 self.event_stream = True
 

@@ -19,6 +19,7 @@ from twisted.web.resource import Resource
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, NodeCommands, Run, RunEvents, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Model, Models
+from iop.edge.http.tunnelled import TunnelledEndpoint
 from iop.edge.http.ui import add_ui_routes
 
 
@@ -97,6 +98,8 @@ def build_root(service, config, clock, metrics_resource=None):
     http_metrics = getattr(metrics_resource, "http", None)
     router = Router(http_metrics.observe if http_metrics is not None else None)
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
+    for path in ("/completions", "/embeddings", "/responses"):
+        router.route("/v1" + path, TunnelledEndpoint(service, keys, path))
     router.route("/v1/models", Models(service, keys))
     router.route("/v1/models/{model...}", Model(service, keys))
     router.route("/v1/runs", Runs(service, keys))

@@ -70,7 +70,7 @@ class RecentRuns:
 
     def _started(self, run_id, payload):
         run = {"id": run_id, "node": payload.get("node"), "status": "running", "started_at": self.clock.seconds()}
-        dispatch = self.inflight.get(run_id)
+        dispatch = self.inflight.for_caller(run_id)
         if dispatch is not None:
             run["adapter"] = dispatch.placement.adapter
             run["target"] = dispatch.placement.target

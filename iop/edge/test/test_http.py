@@ -156,8 +156,9 @@ class SurfaceTests(SynchronousTestCase):
     def test_capacity_exceeded_placed_again(self):
         """
         The first C{capacity_exceeded} of admitted work is not the caller's
-        problem: the Edge places it again under the same id, and the second
-        attempt's answer is what the caller gets.
+        problem: the Edge places it again (on the wire as a second attempt
+        of the same work), and the second attempt's answer is what the
+        caller gets.
         """
         d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
         self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
@@ -166,7 +167,7 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual(code, 200)
         self.assertEqual(json.loads(body)["choices"][0]["message"]["content"], "a")
         first, second = self.node.of("run_request")
-        self.assertEqual(first.run_id, second.run_id)
+        self.assertEqual(second.run_id, first.run_id + "-2")
         self.assertEqual(self.edge.service.pool.active_leases(), [])
 
     def test_bad_json(self):

@@ -129,7 +129,7 @@ class RunBookTests(SynchronousTestCase):
             done = self.book.open(run_id, RUN, node="n1")
             self.book.event(done, RunEventData(COMPLETE))
         self.assertIsNone(self.book.get("a"))
-        self.assertEqual(self.book.node_of("a"), "n1")
+        self.assertEqual(self.book.locate("a"), ("n1", "a"))
         self.assertIsNotNone(self.book.get("c"))
         self.clock.advance(61)
         self.assertIsNone(self.book.get("c"))

@@ -1,0 +1,60 @@
+"""
+The OpenAI endpoints that only a tunnel can carry: C{POST /v1/completions},
+C{POST /v1/embeddings} and C{POST /v1/responses}, streaming or not.
+
+Each is placed by C{model} through the same model groups, leases and
+queues as chat completions, on the providers whose adapter type carries
+that endpoint (L{iop.run.ENDPOINT_TYPES}), and relayed byte for byte with
+C{model} rewritten to the provider's target. A model group with no such
+provider answers 400 naming the endpoint.
+"""
+
+from iop.edge.http.common import Call, HTTPError, JSONResource, caller_headers, caller_name, read_json
+from iop.edge.http.openai import RUN_ID_HEADER, TunnelPassthrough
+from iop.edge.spec import RunSpec, TunnelSpec
+
+
+def _size(value):
+    """
+    How many characters a prompt or input holds (strings, or lists of
+    them), for the long/normal request class.
+    """
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_size(item) for item in value)
+    return 0
+
+
+class TunnelledEndpoint(JSONResource):
+    """
+    @param path: the endpoint under the provider's base URL, e.g.
+        C{/completions}.
+    """
+
+    def __init__(self, service, keys, path):
+        super().__init__(service, keys)
+        self.path = path
+
+    def handle_POST(self, request):
+        body = read_json(request)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise HTTPError("invalid", "model is required", code="missing_model")
+        spec = RunSpec(
+            messages=[],
+            model=model,
+            adapter=model,
+            tunnel=TunnelSpec("POST", self.path, caller_headers(request), body),
+            runs=False,
+            size=_size(body.get("prompt", body.get("input"))),
+            caller=caller_name(request),
+        )
+        call = Call(self.service, request)
+
+        def listener_for(kind, work_id):
+            if not call.gone:
+                request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
+            return TunnelPassthrough(call)
+
+        return call.submit(spec, listener_for)

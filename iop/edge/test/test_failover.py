@@ -1,0 +1,223 @@
+"""
+Failover and provider health on the in-memory Edge: work whose provider
+fails before answering is placed on another provider of its group (once by
+default); after that nothing is retried; a provider that keeps failing is
+ejected for a cooldown, and comes back on its first answer.
+"""
+
+import copy
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.spec import RunSpec, TunnelSpec
+from iop.protocols import iop_pb2
+from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
+
+
+class TunnelRecorder:
+    """
+    A tunnel listener that keeps what it is given.
+    """
+
+    def __init__(self):
+        self.calls = []
+
+    def for_tunnel(self, kind, work_id):
+        self.work_id = work_id
+        return self
+
+    def status(self, code):
+        self.calls.append(("status", code))
+
+    def headers(self, pairs):
+        self.calls.append(("headers", pairs))
+
+    def body(self, data):
+        self.calls.append(("body", data))
+
+    def usage(self, usage):
+        pass
+
+    def metadata(self, info):
+        pass
+
+    def end(self):
+        self.calls.append(("end",))
+
+    def error(self, failure):
+        self.calls.append(("error", failure.code, failure.status))
+
+
+def config(retries=None, tunnel=False):
+    data = copy.deepcopy(EDGE_YAML)
+    if tunnel:
+        for node in data["nodes"]:
+            node["adapters"] = [
+                {"name": "echo", "type": "openai_compat", "max_concurrency": 2, "base_url": "http://p.invalid"}
+            ]
+    if retries is not None:
+        data["model_groups"][0]["retries"] = retries
+    return data
+
+
+class FailoverTests(SynchronousTestCase):
+    def start(self, retries=None, tunnel=False):
+        self.edge = EdgeHarness(config(retries, tunnel))
+        self.service = self.edge.service
+        self.n1, self.pump1, _ = self.edge.register(token="tok-1")
+        self.n2, self.pump2, _ = self.edge.register(token="tok-2")
+        self.nodes = {"n1": (self.n1, self.pump1), "n2": (self.n2, self.pump2)}
+        self.seen = {}
+
+    def submit_run(self, **kwargs):
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", **kwargs)
+        self.successResultOf(self.service.submit(spec, recorder.for_run))
+        self.edge.flush()
+        return recorder
+
+    def last_request(self, kind="run_request"):
+        """
+        The node that got a request of C{kind} since the last call, and
+        that request.
+        """
+        for node_id, (node, _) in self.nodes.items():
+            requests = node.of(kind)
+            if len(requests) > self.seen.get((node_id, kind), 0):
+                self.seen[(node_id, kind)] = len(requests)
+                return node_id, requests[-1]
+        raise AssertionError(f"no new {kind}")
+
+    def answer(self, node_id, run_id, *events, error=None):
+        node, pump = self.nodes[node_id]
+        for seq, kind in enumerate(events, 1):
+            message = iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind)
+            if kind == "error" and error is not None:
+                message.error.CopyFrom(error)
+            node.wire.send(message)
+        pump.flush()
+        self.edge.flush()
+
+    def provider(self, node_id):
+        (provider,) = [p for n in self.service.status()["nodes"] if n["id"] == node_id for p in n["providers"]]
+        return provider
+
+    def test_unreachable_provider_fails_over(self):
+        """
+        A run whose provider cannot be reached is placed on the other
+        provider of its group; the caller sees only the second attempt, and
+        the first provider's failure is recorded.
+        """
+        self.start()
+        recorder = self.submit_run()
+        first_node, first = self.last_request()
+        self.answer(
+            first_node, first.run_id, "error", error=iop_pb2.RunError(code="provider_unreachable", message="refused")
+        )
+        other, second = self.last_request()
+        self.assertNotEqual(other, first_node)
+        self.assertEqual(second.run_id, first.run_id + "-2")
+        self.answer(other, second.run_id, "start", "complete")
+        self.assertEqual(recorder.types(), ["start", "complete"])
+        self.assertEqual(self.provider(first_node)["last_error"], "provider_unreachable: refused")
+        self.assertEqual(self.service.pool.active_leases(), [])
+
+    def test_tunnel_5xx_before_body_fails_over(self):
+        """
+        A tunnel whose provider answers 503 before its body is abandoned on
+        its node (cancelled) and placed on the other provider; the caller
+        gets the second provider's answer only.
+        """
+        self.start(tunnel=True)
+        listener = TunnelRecorder()
+        spec = RunSpec(
+            messages=[], model="grp", tunnel=TunnelSpec("POST", "/chat/completions", [], {"model": "grp"}), runs=False
+        )
+        self.successResultOf(self.service.submit(spec, listener.for_tunnel))
+        self.edge.flush()
+        first_node, first = self.last_request("provider_tunnel_request")
+        node, pump = self.nodes[first_node]
+        node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=first.tunnel_id, seq=1, status=503))
+        self.edge.flush()
+        self.assertEqual([c.run_id for c in node.of("cancel_request")], [first.tunnel_id])
+        other, second = self.last_request("provider_tunnel_request")
+        self.assertNotEqual(other, first_node)
+        other_node, other_pump = self.nodes[other]
+        for frame in (dict(status=200), dict(body=b"ok"), dict(end=iop_pb2.TunnelEnd())):
+            other_node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=second.tunnel_id, **frame))
+        other_pump.flush()
+        self.assertEqual(listener.calls, [("status", 200), ("body", b"ok"), ("end",)])
+        # A late frame of the abandoned attempt reaches nobody.
+        node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=first.tunnel_id, seq=2, body=b"stale"))
+        pump.flush()
+        self.assertEqual(len(listener.calls), 3)
+
+    def test_failure_after_first_byte_not_retried(self):
+        """
+        Once the caller saw output, a failure is the caller's answer: no
+        second attempt.
+        """
+        self.start()
+        recorder = self.submit_run()
+        node_id, request = self.last_request()
+        error = iop_pb2.RunError(code="provider_error", message="lost", status=502)
+        self.answer(node_id, request.run_id, "start", "error", error=error)
+        self.assertEqual(recorder.types(), ["start", "error"])
+        self.assertRaises(AssertionError, self.last_request)
+
+    def test_retries_bound(self):
+        """
+        With the default of one retry, a second provider failure reaches the
+        caller; with C{retries: 0} the first one does.
+        """
+        self.start()
+        recorder = self.submit_run()
+        error = iop_pb2.RunError(code="provider_error", message="down", status=500)
+        node_id, request = self.last_request()
+        self.answer(node_id, request.run_id, "error", error=error)
+        node_id, request = self.last_request()
+        self.answer(node_id, request.run_id, "error", error=error)
+        self.assertEqual(recorder.types(), ["error"])
+        self.assertEqual(recorder.events[0].error.status, 500)
+        self.start(retries=0)
+        recorder = self.submit_run()
+        node_id, request = self.last_request()
+        self.answer(node_id, request.run_id, "error", error=error)
+        self.assertEqual(recorder.types(), ["error"])
+
+    def test_client_error_not_retried(self):
+        """
+        A 4xx from the provider (other than 429) is the caller's answer.
+        """
+        self.start()
+        recorder = self.submit_run()
+        node_id, request = self.last_request()
+        self.answer(
+            node_id, request.run_id, "error", error=iop_pb2.RunError(code="provider_error", message="bad", status=400)
+        )
+        self.assertEqual(recorder.types(), ["error"])
+
+    def test_ejected_after_failures_then_back(self):
+        """
+        Three consecutive failures eject a provider for its cooldown: the
+        status shows it with its last error, work goes to the other one;
+        after the cooldown it is tried again and its first answer makes it
+        healthy.
+        """
+        self.start(retries=0)
+        error = iop_pb2.RunError(code="provider_unreachable", message="refused")
+        for _ in range(3):
+            self.submit_run(node="n1")
+            node_id, request = self.last_request()
+            self.assertEqual(node_id, "n1")
+            self.answer("n1", request.run_id, "error", error=error)
+        provider = self.provider("n1")
+        self.assertEqual((provider["health"], provider["last_error"]), ("ejected", "provider_unreachable: refused"))
+        self.submit_run()
+        self.assertEqual(self.last_request()[0], "n2")
+        self.edge.advance(30)
+        self.assertEqual(self.provider("n1")["health"], "ok")
+        self.submit_run(node="n1")
+        node_id, request = self.last_request()
+        self.answer("n1", request.run_id, "start", "complete")
+        self.assertNotIn("last_error", self.provider("n1"))
