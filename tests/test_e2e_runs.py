@@ -5,11 +5,15 @@ background run that survives its Node's link being cut, the events feed
 and the token metrics.
 """
 
+import http.client
 import json
 import os
 import signal
+import socket
 import sqlite3
+import threading
 
+from prometheus_client.parser import text_string_to_metric_families
 from support.daemons import echo_node, sse_events, wait_for
 
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -121,3 +125,111 @@ def test_resume_with_last_event_id(launch):
     assert seqs == list(range(1, len(seen) + 1)), seqs
     assert "".join(p.get("text", "") for _, p in seen) == text
     assert seen[-1][1]["type"] == "complete"
+
+
+class Feed:
+    """
+    `GET /v1/events` read on a thread, so the test can act meanwhile.
+    """
+
+    def __init__(self, edge, key, query=""):
+        self.events = []
+        self.conn = http.client.HTTPConnection("127.0.0.1", edge.http_port, timeout=30)
+        self.conn.request("GET", "/v1/events" + query, headers={"authorization": f"Bearer {key}"})
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        # read1, not readline: on a chunked body readline waits for the
+        # next chunk before it returns the line it has.
+        buffer, name = b"", None
+        try:
+            while data := self.response.read1(65536):
+                buffer += data
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    line = line.rstrip(b"\r")
+                    if line.startswith(b"event: "):
+                        name = line[7:].decode()
+                    elif line.startswith(b"data: "):
+                        self.events.append((name, json.loads(line[6:])))
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            # The test closed the connection under the reader.
+            return
+
+    def close(self):
+        # Shut the socket first: closing the response would wait for the
+        # reader thread's blocked read to return.
+        self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(5)
+        self.conn.close()
+
+
+def metric(edge, name, **labels):
+    _, _, body = edge.request("GET", "/metrics")
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+def test_tunnels_on_record_and_usage_always(launch, fake_provider):
+    """
+    A streamed chat completion tunnelled to an OpenAI-compatible provider
+    with `usage: always`, for a caller who did not ask for usage: the
+    caller's stream has no usage chunk, yet the usage is on the Edge's
+    events feed (tunnel start and end), in the terminal and token metrics
+    (by model group, provider, node and key), in the run history and in
+    the Node's store.
+    """
+    fake = fake_provider("openai", delay_ms=10)
+    node = {
+        "id": "gpu",
+        "token": "tok-gpu",
+        "adapters": [
+            {
+                "name": "openai",
+                "type": "openai_compat",
+                "max_concurrency": 2,
+                "base_url": fake.url("/v1"),
+                "usage": "always",
+            },
+        ],
+        "providers": [{"id": "openai", "adapter": "openai"}],
+    }
+    groups = [{"name": "gpt", "providers": [{"node": "gpu", "provider": "openai", "target": "fake-model"}]}]
+    edge = launch.edge({"nodes": [node], "model_groups": groups, "admin_keys": ["adm"]})
+    node_daemon = launch.node(edge.node_port, "tok-gpu")
+    edge.wait_connected("gpu")
+    feed = Feed(edge, "adm", "?type=tunnel&node=gpu")
+    try:
+        body = {"model": "gpt", "stream": True, "messages": [{"role": "user", "content": TEXT}]}
+        status, headers, raw = edge.request("POST", "/v1/chat/completions", body)
+        assert status == 200
+        tunnel_id = {k.lower(): v for k, v in headers.items()}["x-iop-run-id"]
+        assert tunnel_id.startswith("tun-")
+        assert b'"usage"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
+        chunks = [
+            json.loads(p)
+            for p in (line[6:] for line in raw.decode().split("\n") if line.startswith("data: "))
+            if p != "[DONE]"
+        ]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]).strip()
+        wait_for(lambda: [e for _, e in feed.events if e.get("type") == "end"], what="the tunnel's end on the feed")
+    finally:
+        feed.close()
+    kinds = [(name, e["type"]) for name, e in feed.events]
+    assert kinds == [("tunnel", "start"), ("tunnel", "end")], kinds
+    end = feed.events[-1][1]
+    assert end["run_id"] == tunnel_id and end["status"] == "complete" and end["usage"]["output_tokens"] > 0
+    labels = {"node": "gpu", "model_group": "gpt", "provider": "openai", "key": "anonymous"}
+    assert metric(edge, "iop_edge_tokens_total", kind="output", **labels) == end["usage"]["output_tokens"]
+    assert metric(edge, "iop_edge_run_terminals_total", type="complete", kind="tunnel") == 1
+    status, run = edge.json("GET", f"/v1/runs/{tunnel_id}")
+    assert (run["kind"], run["status"], run["usage"]) == ("tunnel", "complete", end["usage"])
+    [row] = wait_for(lambda: [r for r in store_rows(node_daemon) if r["status"] == "complete"], what="the row")
+    assert (row["run_id"], row["kind"], row["target"]) == (tunnel_id, "tunnel", "fake-model")
+    assert json.loads(row["usage"]) == end["usage"] and row["bytes"] == len(raw)

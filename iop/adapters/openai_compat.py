@@ -17,7 +17,7 @@ import zlib
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.adapters.interface import Capabilities, IAdapter
+from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
     HTTPAdapter,
@@ -223,14 +223,116 @@ class TunnelObserver:
                 self.metadata["finish_reason"] = choice["finish_reason"]
 
 
+#: The values of the C{usage} option.
+USAGE_ALWAYS = "always"
+USAGE_AS_ASKED = "as_asked"
+
+#: An SSE event larger than this is not looked at by L{UsageChunkFilter}:
+#: from then on the body is relayed as it comes.
+FILTER_EVENT_LIMIT = 1024 * 1024
+
+
+def with_usage(body):
+    """
+    The body of a streamed chat completion asking for usage
+    (C{stream_options.include_usage}) when the caller did not ask for it
+    itself, or C{None} when there is nothing to add (not streamed, already
+    asked for, not a JSON object).
+    """
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or payload.get("stream") is not True:
+        return None
+    options = payload.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return None
+    if options and options.get("include_usage"):
+        return None
+    payload["stream_options"] = dict(options or {}, include_usage=True)
+    return json.dumps(payload).encode("utf-8")
+
+
+class UsageChunkFilter:
+    """
+    Relays an SSE body event by event, leaving out the usage-only chunk
+    (C{"choices": []} with C{usage}) that the caller did not ask for: the
+    one case where a tunnel edits the provider's bytes (the C{usage:
+    always} option). Everything else passes unchanged, cut at event
+    boundaries.
+    """
+
+    def __init__(self):
+        self.buffer = b""
+        self.passing = False
+
+    def feed(self, data):
+        if self.passing:
+            return data
+        self.buffer += data
+        out = []
+        while True:
+            ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := self.buffer.find(sep)) >= 0]
+            if not ends:
+                break
+            index, size = min(ends)
+            event, self.buffer = self.buffer[: index + size], self.buffer[index + size :]
+            if not _usage_only(event):
+                out.append(event)
+        if len(self.buffer) > FILTER_EVENT_LIMIT:
+            self.passing = True
+            out.append(self.buffer)
+            self.buffer = b""
+        return b"".join(out)
+
+    def finish(self):
+        rest, self.buffer = self.buffer, b""
+        return b"" if _usage_only(rest) else rest
+
+
+def _usage_only(event):
+    data = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
+    if not data:
+        return False
+    try:
+        chunk = json.loads(b"\n".join(data))
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and bool(chunk.get("usage"))
+
+
+def _plain_event_stream(response):
+    """
+    Whether a response body is an uncompressed event stream of unknown
+    length (the only kind a usage chunk is taken out of).
+    """
+    headers = response.headers
+    content_type = b",".join(headers.getRawHeaders(b"content-type", [])).lower()
+    coding = b",".join(headers.getRawHeaders(b"content-encoding", [])).strip().lower()
+    return b"event-stream" in content_type and coding in (b"", b"identity") and not headers.hasHeader(b"content-length")
+
+
 @implementer(IAdapter)
 class OpenAICompatAdapter(HTTPAdapter):
     """
     Options: C{base_url} (for example C{http://127.0.0.1:8000/v1}),
-    C{api_key}, C{headers}, C{connect_timeout_sec}.
+    C{api_key}, C{headers}, C{connect_timeout_sec}, and C{usage}:
+    C{as_asked} (default: a tunnel carries the caller's request as it is)
+    or C{always} (a streamed chat completion tunnelled for a caller who
+    did not ask for usage asks the provider for it, so that its tokens are
+    counted, and the usage chunk is taken out of what the caller gets).
     """
 
     type = "openai_compat"
+
+    def __init__(self, name, max_concurrency, options, reactor):
+        super().__init__(name, max_concurrency, options, reactor)
+        self.usage_mode = self.option("usage", USAGE_AS_ASKED, str)
+        if self.usage_mode not in (USAGE_AS_ASKED, USAGE_ALWAYS):
+            raise AdapterConfigError(
+                f"adapters[{name}].usage must be {USAGE_AS_ASKED} or {USAGE_ALWAYS}, got {self.usage_mode!r}"
+            )
 
     def capabilities(self):
         return Capabilities(max_concurrency=self.max_concurrency, tunnel=True)
@@ -267,25 +369,35 @@ class OpenAICompatAdapter(HTTPAdapter):
             cancelling it closes the provider connection.
         """
         headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
+        body = request.body
+        added = None
+        if self.usage_mode == USAGE_ALWAYS and request.path.rstrip("/").endswith("/chat/completions"):
+            added = with_usage(body)
+            body = added or body
         observer = None
+        strip = None
 
         def on_response(response):
-            nonlocal observer
+            nonlocal observer, strip
             sink.status(response.code)
             sink.headers(response_headers(response))
             if 200 <= response.code < 300:
                 observer = TunnelObserver(sink, response)
+                if added is not None and _plain_event_stream(response):
+                    strip = UsageChunkFilter()
 
             def on_chunk(data):
-                sink.body(data)
+                sink.body(data if strip is None else strip.feed(data))
                 if observer is not None:
                     observer.feed(data)
 
             return on_chunk
 
         def ended(response):
+            if strip is not None:
+                sink.body(strip.finish())
             if observer is not None:
                 observer.finish()
 
-        d = self.read(self.raw_request(request.method, request.path, headers, request.body), on_response)
+        d = self.read(self.raw_request(request.method, request.path, headers, body), on_response)
         return d.addCallback(ended).addErrback(as_provider_error)

@@ -35,17 +35,18 @@ class Subscription:
     One subscriber's queue. C{cancel()} stops delivery.
     """
 
-    def __init__(self, bus, callback, topics, backlog):
+    def __init__(self, bus, callback, topics, backlog, opt_in=frozenset()):
         self.bus = bus
         self.callback = callback
         self.topics = topics
+        self.opt_in = opt_in
         self.pending = deque(maxlen=backlog)
         self.dropped = 0
         self._scheduled = None
 
     def accepts(self, topic):
         if self.topics is None:
-            return topic not in OPT_IN_TOPICS
+            return topic not in OPT_IN_TOPICS or topic in self.opt_in
         return topic in self.topics
 
     def offer(self, topic, event):
@@ -88,12 +89,15 @@ class EventBus:
         self.backlog = backlog
         self.subscriptions = set()
 
-    def subscribe(self, callback, topics=None):
+    def subscribe(self, callback, topics=None, opt_in=()):
         """
         Call C{callback(topic, payload)} for every event of C{topics}
-        (all topics but the opt-in ones when C{None}).
+        (when C{None}: every topic but the opt-in ones, plus those of them
+        named in C{opt_in}).
         """
-        subscription = Subscription(self, callback, None if topics is None else frozenset(topics), self.backlog)
+        subscription = Subscription(
+            self, callback, None if topics is None else frozenset(topics), self.backlog, frozenset(opt_in)
+        )
         self.subscriptions.add(subscription)
         return subscription
 

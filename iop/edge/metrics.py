@@ -149,14 +149,21 @@ def build_metrics(service, bus, clock=None):
     """
     registry = CollectorRegistry()
     registry.register(_ServiceCollector(service))
-    terminals = Counter("iop_edge_run_terminals", "Run terminal events", ["type"], registry=registry)
+    terminals = Counter(
+        "iop_edge_run_terminals", "How runs and tunnels ended, by terminal type", ["type", "kind"], registry=registry
+    )
     failures = Counter(
         "iop_edge_run_failures",
-        "Runs ended in error or cancelled, by reason code",
+        "Runs and tunnels ended in error or cancelled, by reason code",
         ["node", "type", "code"],
         registry=registry,
     )
-    tokens = Counter("iop_edge_tokens", "Tokens reported by providers, by kind", ["node", "kind"], registry=registry)
+    tokens = Counter(
+        "iop_edge_tokens",
+        "Tokens reported by providers, by kind, model group, provider, node and caller key name",
+        ["node", "kind", "model_group", "provider", "key"],
+        registry=registry,
+    )
     node_events = Counter("iop_edge_node_events", "Node lifecycle events", ["event"], registry=registry)
     disconnects = Counter(
         "iop_edge_node_disconnects", "Node connections lost, by cause", ["node", "cause"], registry=registry
@@ -168,20 +175,23 @@ def build_metrics(service, bus, clock=None):
         registry=registry,
     )
 
-    def count_usage(node, usage):
-        for field, kind in TOKEN_KINDS:
+    def ended(work, kind, payload):
+        terminals.labels(kind, work).inc()
+        if payload.get("error"):
+            failures.labels(payload.get("node") or "", kind, payload["error"].get("code") or "unknown").inc()
+        usage = payload.get("usage") or {}
+        for field, token_kind in TOKEN_KINDS:
             if usage.get(field):
-                tokens.labels(node or "", kind).inc(usage[field])
+                labels = (payload.get("model_group") or "", payload.get("provider") or "", payload.get("key") or "")
+                tokens.labels(payload.get("node") or "", token_kind, *labels).inc(usage[field])
 
     def observe(topic, payload):
         if topic == "run":
-            kind = payload["type"]
-            if kind in TERMINAL_TYPES:
-                terminals.labels(kind).inc()
-                if payload.get("error"):
-                    failures.labels(payload.get("node") or "", kind, payload["error"].get("code") or "unknown").inc()
-            if kind in TERMINAL_TYPES or kind == "usage":
-                count_usage(payload.get("node"), payload.get("usage") or {})
+            if payload["type"] in TERMINAL_TYPES:
+                ended("run", payload["type"], payload)
+        elif topic == "tunnel":
+            if payload.get("status") in TERMINAL_TYPES:
+                ended("tunnel", payload["status"], payload)
         elif topic == "provider" and payload.get("event") == "retry":
             retries.labels(payload["node"], payload["provider"]).inc()
         elif topic == "node":

@@ -8,8 +8,12 @@ answering once the Edge has forgotten a run.
 import copy
 import json
 
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.test.requesthelper import DummyRequest
 
+from iop.edge.bus import EventBus
+from iop.edge.http.native import EventFeed
 from iop.run import COMPLETE, DELTA, START, RunEventData, Usage
 from iop.testing.gateway import GATEWAY_YAML, Gateway
 
@@ -325,3 +329,100 @@ class TruncatedLogTests(GatewayRunsTestCase):
         self.assertEqual("".join(e.get("text", "") for _, e in events), "".join(words))
         _, answer = self.json(self.gateway.get(f"/v1/runs/{run.run_id}"))
         self.assertEqual(answer["output"], "".join(words))
+
+
+class FeedService:
+    def __init__(self, clock, bus):
+        self.clock = clock
+        self.bus = bus
+
+
+class EventsFeedTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.bus = EventBus(self.clock)
+        self.request = DummyRequest([b""])
+        # DummyRequest drives only pull producers; the feed is a push one.
+        self.request.registerProducer = lambda producer, streaming: None
+
+    def feed(self, types=frozenset(), node=None, deltas=False):
+        return EventFeed(FeedService(self.clock, self.bus), self.request, types, node, deltas)
+
+    def events(self):
+        return sse_named(b"".join(self.request.written))
+
+    def test_topics_filters_and_deltas(self):
+        """
+        Each event is one SSE event named by its topic; C{type} keeps
+        topics or event types, C{node} one node's; deltas only when asked.
+        """
+        self.feed(types=frozenset({"tunnel", "disconnected"}), node="n1")
+        self.bus.publish("run", {"run_id": "r1", "node": "n1", "type": "start"})
+        self.bus.publish("tunnel", {"run_id": "t1", "node": "n1", "type": "end", "status": "complete"})
+        self.bus.publish("tunnel", {"run_id": "t2", "node": "n2", "type": "start"})
+        self.bus.node_event("n1", "disconnected", reason="gone")
+        self.bus.publish("run_delta", {"run_id": "r1", "node": "n1", "type": "delta", "text": "x"})
+        self.clock.advance(0)
+        self.assertEqual(
+            [(name, data.get("run_id") or data.get("event")) for name, data in self.events()],
+            [("tunnel", "t1"), ("node", "disconnected")],
+        )
+
+    def test_deltas(self):
+        """
+        With deltas asked for, every delta of every run is in the feed.
+        """
+        self.feed(deltas=True)
+        self.bus.publish("run_delta", {"run_id": "r1", "node": "n1", "type": "delta", "text": "x"})
+        self.clock.advance(0)
+        self.assertEqual([name for name, _ in self.events()], ["run_delta"])
+
+    def test_slow_reader_drops_and_is_told(self):
+        """
+        While the reader's connection is paused, events are dropped and
+        counted; the next one is preceded by the count. The subscription
+        ends with the request.
+        """
+        feed = self.feed()
+        feed.pauseProducing()
+        for n in range(3):
+            self.bus.publish("run", {"run_id": f"r{n}", "type": "start"})
+        self.clock.advance(0)
+        feed.resumeProducing()
+        self.bus.publish("run", {"run_id": "r9", "type": "start"})
+        self.clock.advance(0)
+        self.assertEqual(
+            [(n, d.get("dropped") or d["run_id"]) for n, d in self.events()], [("dropped", 3), ("run", "r9")]
+        )
+        self.request.finish()
+        self.assertFalse(self.bus.wants("run"))
+
+    def test_keepalive(self):
+        """
+        An idle feed sends a comment every 15 s.
+        """
+        self.feed()
+        self.clock.advance(16)
+        self.assertIn(b": keepalive\n\n", b"".join(self.request.written))
+
+
+class EventsEndpointTests(GatewayRunsTestCase):
+    def test_admin_only(self):
+        """
+        The feed needs an admin key.
+        """
+        self.assertEqual(self.json(self.gateway.get("/v1/events"))[0], 403)
+
+
+def sse_named(body):
+    events = []
+    for block in body.decode().split("\n\n"):
+        name, data = None, None
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+        if data is not None:
+            events.append((name, data))
+    return events

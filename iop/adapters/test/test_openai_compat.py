@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
 from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
-from iop.adapters.openai_compat import OpenAICompatAdapter
+from iop.adapters.openai_compat import OpenAICompatAdapter, UsageChunkFilter
 from iop.adapters.streams import ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, Sink, chunk, closed_port, serve, sse
 from iop.run import RunFailure, Usage
@@ -458,3 +458,73 @@ class GzipTunnelTests(OpenAICompatTestCase):
         self.assertEqual(headers["content-encoding"], "gzip")
         self.assertEqual(sink.of("usage"), [Usage(3, 2)])
         self.assertEqual(script.requests[0][2]["accept-encoding"], ["gzip"])
+
+
+class UsageAlwaysTests(OpenAICompatTestCase):
+    def request(self, body):
+        return TunnelInput("t1", "POST", "/chat/completions", [("Content-Type", "application/json")], body)
+
+    @defer.inlineCallbacks
+    def test_asks_and_strips(self):
+        """
+        With C{usage: always}, a streamed chat completion whose caller did
+        not ask for usage asks the provider for it; the usage is observed
+        (counted), and the usage-only chunk is taken out of the bytes the
+        caller gets, which are otherwise the provider's own.
+        """
+        usage = chunk(usage={"prompt_tokens": 4, "completion_tokens": 2})
+        usage["choices"] = []
+        chunks = sse(chunk(content="Hi"), chunk(finish="stop"), usage)
+        script = Script(headers=SSE_HEADERS, chunks=chunks)
+        sink = Sink()
+        yield self.adapter(script, usage="always").tunnel(
+            self.request(b'{"model": "m", "stream": true, "stream_options": {"x": 1}}'), sink
+        )
+        sent = script.json_body()
+        self.assertEqual(sent["stream_options"], {"x": 1, "include_usage": True})
+        self.assertEqual(b"".join(sink.bodies), chunks[0] + chunks[1] + chunks[3])
+        self.assertEqual(sink.of("usage"), [Usage(4, 2)])
+
+    @defer.inlineCallbacks
+    def test_caller_asked(self):
+        """
+        A caller who asked for usage gets its request and the bytes as
+        they are; so does a request that is not streamed.
+        """
+        usage = chunk(usage={"prompt_tokens": 4, "completion_tokens": 2})
+        usage["choices"] = []
+        chunks = sse(chunk(content="Hi"), usage)
+        for body in (b'{"stream": true, "stream_options": {"include_usage": true}}', b'{"stream": false}'):
+            script = Script(headers=SSE_HEADERS, chunks=chunks)
+            sink = Sink()
+            yield self.adapter(script, usage="always").tunnel(self.request(body), sink)
+            self.assertEqual(script.requests[0][3], body)
+            self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
+
+    @defer.inlineCallbacks
+    def test_default_as_asked(self):
+        """
+        Without the option nothing is added or taken out.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="Hi")))
+        yield self.adapter(script).tunnel(self.request(b'{"stream": true}'), Sink())
+        self.assertEqual(script.requests[0][3], b'{"stream": true}')
+
+    def test_bad_value(self):
+        """
+        Any other value is a configuration error naming the key.
+        """
+        error = self.assertRaises(AdapterConfigError, self.adapter, base_url="http://x/v1", usage="sometimes")
+        self.assertIn("usage", str(error))
+
+    def test_filter_boundaries(self):
+        """
+        The filter cuts at event boundaries whatever the pieces it is fed,
+        with either line ending, and passes events that are not usage-only.
+        """
+        usage = b'data: {"choices": [], "usage": {"prompt_tokens": 1}}\r\n\r\n'
+        body = b'data: {"choices": [{"delta": {}}]}\n\n' + usage + b"data: [DONE]\n\n"
+        for size in (1, 3, 7, len(body)):
+            strip = UsageChunkFilter()
+            out = b"".join(strip.feed(body[i : i + size]) for i in range(0, len(body), size)) + strip.finish()
+            self.assertEqual(out, body.replace(usage, b""))

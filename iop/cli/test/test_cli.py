@@ -1,8 +1,8 @@
 """
 The command line's pieces that need no Edge: the event-stream reader, the
 error lines and exit statuses, the tables, the pull progress reader, and
-(against scripted answers, since today's Edge has neither) following a
-run with resumption and tailing the events feed.
+(against scripted answers, to cut streams at will) following a run with
+resumption and tailing the events feed.
 Commands against real daemons are in tests/test_cli.py.
 """
 

@@ -16,6 +16,7 @@ node commands, the events feed and the status snapshot.
   GET  /v1/status                   every configured node and model group
 """
 
+from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
@@ -253,6 +254,102 @@ class RunEvents(JSONResource):
 
         request.notifyFinish().addErrback(gone)
         return self.service.follow(run_id, after, write, end).addCallback(attached)
+
+
+#: How often an idle events feed sends a comment, so that proxies keep it.
+KEEPALIVE_SEC = 15.0
+
+
+@implementer(IPushProducer)
+class EventFeed:
+    """
+    One reader of C{GET /v1/events}: the bus's events that pass its
+    filter, as SSE (C{event: <topic>}, C{data: <payload>}).
+
+    A reader that does not keep up never holds the Edge up or makes it
+    buffer without bound: while its connection is paused (its socket is
+    full), events are dropped and counted, and the next one it gets is
+    preceded by an C{event: dropped} with the count.
+
+    @param types: topics or event types to pass (empty: all).
+    @param node: only events naming this node (C{None}: all).
+    """
+
+    def __init__(self, service, request, types, node, deltas):
+        self.request = request
+        self.stream = EventStream(request)
+        self.types = types
+        self.node = node
+        self.paused = False
+        self.dropped = 0
+        self.clock = service.clock
+        self.subscription = service.bus.subscribe(self.offer, opt_in=("run_delta",) if deltas else ())
+        self._keepalive = None
+        request.registerProducer(self, True)
+        request.notifyFinish().addBoth(lambda _: self.stopProducing())
+        self.stream.comment("iop events")
+        self._schedule()
+
+    def passes(self, topic, payload):
+        if self.node is not None and payload.get("node") != self.node:
+            return False
+        if not self.types:
+            return True
+        return bool(self.types & {topic, payload.get("type"), payload.get("event"), payload.get("status")})
+
+    def offer(self, topic, payload):
+        if self.request.finished or not self.passes(topic, payload):
+            return
+        if self.paused:
+            self.dropped += 1
+            return
+        if self.dropped:
+            self.stream.send_event({"dropped": self.dropped}, name="dropped")
+            self.dropped = 0
+        self.stream.send_event(payload, name=topic)
+        self._schedule()
+
+    def _schedule(self):
+        if self._keepalive is not None and self._keepalive.active():
+            self._keepalive.cancel()
+        self._keepalive = self.clock.callLater(KEEPALIVE_SEC, self._ping)
+
+    def _ping(self):
+        self._keepalive = None
+        if not self.request.finished:
+            self.stream.comment("keepalive")
+            self._schedule()
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+
+    def stopProducing(self):
+        self.subscription.cancel()
+        if self._keepalive is not None and self._keepalive.active():
+            self._keepalive.cancel()
+        self._keepalive = None
+
+
+class Events(JSONResource):
+    """
+    C{GET /v1/events} (admin): the Edge's event bus as SSE, for operators:
+    runs' starts and terminals, tunnels' starts, ends and errors, node
+    lifecycle, provider events. C{?type=} (comma-separated) keeps events of
+    those topics or types (C{run}, C{tunnel}, C{node}, C{complete},
+    C{error}, C{disconnected}, ...), C{?node=} those of one node,
+    C{?deltas=true} adds every run delta (topic C{run_delta}).
+    """
+
+    admin = True
+
+    def handle_GET(self, request):
+        types = frozenset(t for t in (query(request, "type") or "").split(",") if t)
+        deltas = (query(request, "deltas") or "").lower() in ("1", "true", "yes") or "run_delta" in types
+        EventFeed(self.service, request, types, query(request, "node") or None, deltas)
+        return NOT_DONE_YET
 
 
 class CancelRun(JSONResource):

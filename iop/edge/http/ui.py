@@ -14,8 +14,8 @@ needs: the Edge's clock (ages are computed against it, not the browser's),
 each connected node's generation, and the recent runs.
 
 Recent runs come from the event bus, like the metrics: a bounded list of
-the last L{RecentRuns.size} runs, which is what the page shows and not a
-history (run history is the Node's store).
+the last L{RecentRuns.size} runs and tunnels, which is what the page shows
+(the history is C{GET /v1/runs}).
 """
 
 from collections import OrderedDict
@@ -43,37 +43,42 @@ CONTENT_SECURITY_POLICY = (
 
 class RecentRuns:
     """
-    The last C{size} runs seen on the bus, newest first: id, node, adapter
-    and target (from the in-flight table when the run starts), status,
-    start and end times on the Edge's clock, usage and error code.
+    The last C{size} runs and tunnels seen on the bus, newest first: id,
+    kind, node, adapter and target, status, start and end times on the
+    Edge's clock, usage and error code.
     """
 
-    def __init__(self, bus, inflight, clock, size=30):
-        self.inflight = inflight
+    def __init__(self, bus, clock, size=30):
         self.clock = clock
         self.size = size
         self._runs = OrderedDict()
-        self.subscription = bus.subscribe(self._observe, topics=["run"])
+        self.subscription = bus.subscribe(self._observe, topics=["run", "tunnel"])
 
     def _observe(self, topic, payload):
-        run_id, kind = payload.get("run_id"), payload.get("type")
-        if kind == "start":
-            self._started(run_id, payload)
-        elif kind in TERMINAL_TYPES:
-            run = self._runs.get(run_id) or self._started(run_id, payload)
-            run["status"] = kind
+        run_id = payload.get("run_id")
+        status = payload.get("status") if topic == "tunnel" else payload.get("type")
+        if payload.get("type") == "start":
+            self._started(run_id, topic, payload)
+        elif status in TERMINAL_TYPES:
+            run = self._runs.get(run_id) or self._started(run_id, topic, payload)
+            run["status"] = status
             run["ended_at"] = self.clock.seconds()
             if payload.get("usage"):
                 run["usage"] = payload["usage"]
             if payload.get("error"):
                 run["error"] = payload["error"].get("code", "")
 
-    def _started(self, run_id, payload):
-        run = {"id": run_id, "node": payload.get("node"), "status": "running", "started_at": self.clock.seconds()}
-        dispatch = self.inflight.for_caller(run_id)
-        if dispatch is not None:
-            run["adapter"] = dispatch.placement.adapter
-            run["target"] = dispatch.placement.target
+    def _started(self, run_id, kind, payload):
+        run = {
+            "id": run_id,
+            "kind": kind,
+            "node": payload.get("node"),
+            "status": "running",
+            "started_at": self.clock.seconds(),
+        }
+        for field in ("adapter", "target"):
+            if payload.get(field) is not None:
+                run[field] = payload[field]
         self._runs[run_id] = run
         while len(self._runs) > self.size:
             self._runs.popitem(last=False)
@@ -162,7 +167,7 @@ def add_ui_routes(router, service, keys, clock):
     """
     Route C{/}, C{/ui} and C{/ui/...} on C{router} to the status page.
     """
-    recent = RecentRuns(service.bus, service.inflight, clock)
+    recent = RecentRuns(service.bus, clock)
     router.route("/", Redirect(b"ui/"))
     router.route("/ui", Redirect(b"ui/"))
     router.route("/ui/state", State(service, keys, clock, recent))

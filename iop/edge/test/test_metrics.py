@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.metrics import disconnect_cause
+from iop.run import Usage
 from iop.testing.gateway import Gateway
 
 TEXT = "one two three four"
@@ -46,8 +47,34 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/runs"), 1)
         ttfb = self.value("iop_edge_http_ttfb_seconds_sum", route="/v1/runs")
         self.assertTrue(0 <= ttfb < 0.1, ttfb)
-        self.assertEqual(self.value("iop_edge_tokens_total", node="n1", kind="output"), len(TEXT.split()))
+        self.assertEqual(
+            self.value(
+                "iop_edge_tokens_total", node="n1", kind="output", model_group="talk", provider="echo", key="anonymous"
+            ),
+            len(TEXT.split()),
+        )
+        self.assertEqual(self.value("iop_edge_run_terminals_total", type="complete", kind="run"), 1)
         self.assertEqual(self.value("iop_edge_provider_up", node="n1", provider="echo"), 1)
+
+    def test_tunnel_terminals_and_tokens(self):
+        """
+        A tunnel counts among the terminals (kind tunnel) and the usage
+        its body reported among the tokens, by model group and provider.
+        """
+        d = self.gateway.post("/v1/chat/completions", {"model": "big", "messages": [{"role": "user", "content": "x"}]})
+        (_, sink, done), *_ = self.node.adapter("llm").tunnels
+        sink.status(200)
+        sink.headers([("content-type", "application/json")])
+        sink.body(b"{}")
+        sink.usage(Usage(3, 5, cached_input_tokens=2))
+        done.callback(None)
+        self.gateway.flush()
+        self.successResultOf(self.gateway.read(d))
+        labels = {"node": "n1", "model_group": "big", "provider": "llm", "key": "anonymous"}
+        self.assertEqual(self.value("iop_edge_tokens_total", kind="input", **labels), 3)
+        self.assertEqual(self.value("iop_edge_tokens_total", kind="cached_input", **labels), 2)
+        self.assertIsNone(self.value("iop_edge_tokens_total", kind="reasoning", **labels))
+        self.assertEqual(self.value("iop_edge_run_terminals_total", type="complete", kind="tunnel"), 1)
 
     def test_errors_are_not_timed(self):
         """

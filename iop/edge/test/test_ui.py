@@ -13,7 +13,6 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.bus import EventBus
 from iop.edge.http.ui import RecentRuns
-from iop.edge.inflight import Inflight
 from iop.testing.gateway import BASE, GATEWAY_YAML, Gateway
 
 TEXT = "one two three four"
@@ -141,7 +140,7 @@ class RecentRunsTests(SynchronousTestCase):
         """
         clock = Clock()
         bus = EventBus(clock)
-        recent = RecentRuns(bus, Inflight(clock, bus), clock, size=2)
+        recent = RecentRuns(bus, clock, size=2)
         for n in range(3):
             bus.publish("run", {"run_id": f"r{n}", "node": "n", "type": "start"})
         bus.publish("run", {"run_id": "r9", "node": "n", "type": "error", "error": {"code": "boom", "message": "x"}})
