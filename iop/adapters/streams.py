@@ -510,7 +510,8 @@ class HTTPAdapter(AdapterBase):
 
         @param make_decoder: called with the 2xx response; returns an
             object with C{feed(bytes)} and C{finish() -> Usage | None},
-            both of which may raise L{ProviderError}.
+            both of which may raise L{ProviderError}, and optionally a
+            C{finish_reason} for the C{complete} terminal.
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
@@ -529,7 +530,8 @@ class HTTPAdapter(AdapterBase):
             if decoder is None:
                 message = error_message(bytes(error_body)) or f"HTTP {response.code}"
                 raise ProviderError(message, response.code)
-            emit(RunEventData(COMPLETE, usage=decoder.finish()))
+            usage = decoder.finish()
+            emit(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
         def failed(failure):
             failure.trap(ProviderError)

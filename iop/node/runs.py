@@ -52,11 +52,37 @@ def run_input(request):
     return RunInput(
         run_id=request.run_id,
         target=request.target,
-        messages=[{"role": m.role, "content": m.content} for m in request.messages],
+        messages=[_message(m) for m in request.messages],
         session_id=request.session_id,
         background=request.background,
         options=options,
     )
+
+
+def _message(wire):
+    """
+    A chat message as adapters see it: C{role} and C{content} always; the
+    OpenAI extras (C{name}, C{tool_call_id}, C{tool_calls}, C{images})
+    only when present.
+
+    @raise BadRequest: if C{tool_calls_json} is not a JSON list.
+    """
+    message = {"role": wire.role, "content": wire.content}
+    if wire.name:
+        message["name"] = wire.name
+    if wire.tool_call_id:
+        message["tool_call_id"] = wire.tool_call_id
+    if wire.tool_calls_json:
+        try:
+            calls = json.loads(wire.tool_calls_json)
+        except ValueError as e:
+            raise BadRequest(f"tool_calls_json is not valid JSON: {e}") from None
+        if not isinstance(calls, list):
+            raise BadRequest("tool_calls_json must be a JSON list")
+        message["tool_calls"] = calls
+    if wire.images:
+        message["images"] = list(wire.images)
+    return message
 
 
 def _failure_text(failure):
