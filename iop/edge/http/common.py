@@ -9,11 +9,12 @@ import json
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
+from iop.edge.http.validate import HTTPError, parse_body
 
 log = Logger()
 
@@ -35,19 +36,13 @@ ERRORS_BY_KIND = {
 }
 
 
-class HTTPError(ServiceError):
-    """
-    A request the surface itself refuses (bad JSON, bad key, ...).
-    """
-
-
-def error_body(kind, message, code=None):
+def error_body(kind, message, code=None, param=None):
     return {
         "error": {
             "message": message,
             "type": ERRORS_BY_KIND.get(kind, (500, "api_error"))[1],
             "code": code or kind,
-            "param": None,
+            "param": param,
         }
     }
 
@@ -62,9 +57,14 @@ def write_json(request, status, obj):
 
 
 def _as_service_error(failure):
+    """
+    The caller's view of a failure: a L{ServiceError} as it is; anything
+    else is a bug on our side, a 500 C{internal_error} that names nothing
+    internal (the traceback goes to the log).
+    """
     if failure.check(ServiceError):
         return failure.value
-    return ServiceError("failed", "internal error", code="internal_error")
+    return ServiceError("internal", "internal error", code="internal_error", status=500)
 
 
 def write_error(request, error):
@@ -72,25 +72,20 @@ def write_error(request, error):
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
     status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
-    write_json(request, status, error_body(error.kind, error.message, error.code))
+    write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
 def read_json(request):
     """
-    The request body as a JSON object.
+    The request body as a checked JSON object (L{parse_body}).
 
-    @raise HTTPError: for an oversize, non-JSON or non-object body.
+    @raise HTTPError: for an oversize, non-JSON or non-object body, or one
+        nested too deeply or carrying strings that are not UTF-8.
     """
     data = request.content.read(MAX_BODY_BYTES + 1)
     if len(data) > MAX_BODY_BYTES:
         raise HTTPError("too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
-    try:
-        body = json.loads(data or b"{}")
-    except ValueError as e:
-        raise HTTPError("invalid", f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise HTTPError("invalid", "request body must be a JSON object", code="invalid_json")
-    return body
+    return parse_body(data)
 
 
 def bearer(request):
@@ -164,7 +159,8 @@ class JSONResource(Resource):
 
     def _failed(self, failure, request):
         if not failure.check(ServiceError):
-            log.failure("request failed", failure)
+            # A bug on our side: logged with its traceback, answered 500.
+            log.failure("request failed", failure, level=LogLevel.error)
         if not (request.finished or request._disconnected):
             write_error(request, _as_service_error(failure))
 
@@ -229,7 +225,7 @@ class Call:
         (then just end it) or the caller is gone.
         """
         if not failure.check(ServiceError, CancelledError):
-            log.failure("call failed", failure)
+            log.failure("call failed", failure, level=LogLevel.error)
         if self.gone or self.request.finished:
             return None
         if self.request.startedWriting:
