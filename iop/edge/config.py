@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
+from iop.edge.limits import Limits, parse_limits
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
 from iop.run import ADAPTER_TYPES
 
@@ -65,6 +66,11 @@ class EdgeConfig:
     run_grace_sec: float = 10.0
     #: How long a stopping Edge lets work in flight finish before ending it.
     shutdown_grace_sec: float = 30.0
+    #: How long a Node connection may take to have its registration
+    #: accepted before it is closed.
+    register_timeout_sec: float = 10.0
+    #: What strangers can make the Edge spend (C{limits:}).
+    limits: Limits = field(default_factory=Limits)
 
     def node(self, node_id):
         for node in self.nodes:
@@ -105,6 +111,8 @@ def parse(top):
             "metrics",
             "run_grace_sec",
             "shutdown_grace_sec",
+            "register_timeout_sec",
+            "limits",
         }
     )
     listen = top.section("listen")
@@ -121,6 +129,8 @@ def parse(top):
         admin_keys=frozenset(_strings(top, "admin_keys")),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
+        register_timeout_sec=top.number("register_timeout_sec", 10.0, positive=True),
+        limits=parse_limits(top.section("limits", None)),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")

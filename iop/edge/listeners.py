@@ -7,21 +7,19 @@ listens until the tree is started.
 
 from twisted.application import strports
 
-from iop.edge.connection import EdgeNodeConnection
 from iop.edge.http.root import build_root
 from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
-from iop.protocols.wire import Heartbeat, WireFactory
+from iop.edge.nodeport import NodePortFactory
 
 
 def node_factory(edge, reactor):
     """
-    The factory of Node connections: one L{EdgeNodeConnection} each,
-    talking to C{edge.links}.
+    The factory of Node connections: one
+    L{iop.edge.connection.EdgeNodeConnection} each, talking to
+    C{edge.links}, under the pre-registration limits.
     """
-    config = edge.config
-    heartbeat = Heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
-    return WireFactory(lambda: EdgeNodeConnection(edge.links), reactor, heartbeat)
+    return NodePortFactory(edge.links, lambda: edge.config, reactor)
 
 
 def http_site(edge, reactor):
@@ -35,7 +33,8 @@ def add_listeners(edge, reactor):
     last C{None} unless configured.
     """
     config = edge.config
-    nodes = strports.service(config.listen_nodes, node_factory(edge, reactor), reactor=reactor)
+    edge.node_port = node_factory(edge, reactor)
+    nodes = strports.service(config.listen_nodes, edge.node_port, reactor=reactor)
     nodes.setServiceParent(edge)
     edge.site = http_site(edge, reactor)
     http = strports.service(config.listen_http, edge.site, reactor=reactor)

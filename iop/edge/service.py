@@ -68,6 +68,7 @@ class EdgeService(MultiService):
 
     @ivar draining: C{True} once a stop began: new work is refused.
     @ivar site: the HTTP L{iop.edge.http.site.EdgeSite} (with C{listen}).
+    @ivar node_port: the L{iop.edge.nodeport.NodePortFactory} (with C{listen}).
     """
 
     log = Logger()
@@ -84,6 +85,7 @@ class EdgeService(MultiService):
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
         self.draining = False
         self.site = None
+        self.node_port = None
         self._listeners = ()
         self._grace_timer = None
         self._drained = None
