@@ -7,20 +7,31 @@ on its terminal from the Node, on a send failure, on the owner's
 disconnect, or when a cancel got no answer within the grace period — and
 ending it returns its lease. Callers see it through a listener: an
 L{IRunListener} for runs, an L{ITunnelListener} for tunnels.
+
+What a Node says about one piece of work is checked here: a malformed
+message (an unknown event type, a tunnel status that is no HTTP status, a
+header that is no header) is a protocol violation of that work alone. It
+ends with C{protocol_error}, the Node is asked to cancel it, and the
+connection and every other piece of work on it go on. A listener that
+raises (a bug) ends only its own work too.
 """
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from zope.interface import Interface
 
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.run import (
+    ADAPTER_ERROR,
     CANCELLED,
     ERROR,
+    EVENT_TYPES,
     NODE_DISCONNECTED,
+    PROTOCOL_ERROR,
     SEND_FAILED,
     SHUTTING_DOWN,
     TERMINAL_TYPES,
@@ -29,6 +40,10 @@ from iop.run import (
     RunEventData,
     RunFailure,
 )
+
+#: An HTTP header name (RFC 9110 token) and a value without CR, LF or NUL.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class IRunListener(Interface):
@@ -139,6 +154,43 @@ class Dispatch:
     def node_lost(self, message):
         self.fail(NODE_DISCONNECTED, message)
 
+    def violation(self, reason):
+        """
+        The Node sent a malformed message for this work: end it with
+        C{protocol_error} and ask the Node to cancel it. The connection is
+        not affected.
+        """
+        if self.done:
+            return
+        self.log.warn(
+            "node {node} sent a malformed message for {kind} {id}: {reason}",
+            node=self.link.node_id,
+            kind=self.kind,
+            id=self.id,
+            reason=reason,
+        )
+        self._cancel_on_node()
+        self.fail(PROTOCOL_ERROR, f"the node sent a malformed message: {reason}")
+
+    def _cancel_on_node(self):
+        try:
+            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+        except Exception as e:
+            self.log.info("cancel of {id} not sent: {error}", id=self.id, error=e)
+
+    def _tell(self, method, *args):
+        """
+        Call the listener; if it raises (a bug), log it and end this work
+        alone: the lease returns and the Node is asked to cancel.
+        """
+        try:
+            method(*args)
+        except Exception:
+            self.log.failure("the listener of {kind} {id} failed", kind=self.kind, id=self.id, level=LogLevel.error)
+            if not self.done:
+                self._cancel_on_node()
+                self.finish()
+
     def finish(self):
         """
         Bookkeeping at the end: exactly once, returns the lease.
@@ -160,10 +212,17 @@ class RunDispatch(Dispatch):
     def deliver(self, event):
         if self.done:
             return
+        if event.type not in EVENT_TYPES:
+            self.violation(f"unknown event type {event.type[:40]!r}")
+            return
+        if event.type in (ERROR, CANCELLED) and event.error is None:
+            # A terminal without its reason: give it a generic one.
+            code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
+            event = replace(event, error=RunFailure(code=code, message=message))
         if event.type in TERMINAL_TYPES:
             self.finish()
         self.tracker.publish_run_event(self, event)
-        self.listener.event(event)
+        self._tell(self.listener.event, event)
 
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
@@ -183,31 +242,43 @@ class TunnelDispatch(Dispatch):
             return
         which = frame.WhichOneof("frame")
         if which == "status":
-            self.listener.status(frame.status)
+            if not 100 <= frame.status <= 599:
+                self.violation(f"tunnel status {frame.status} is not an HTTP status")
+                return
+            self._tell(self.listener.status, frame.status)
         elif which == "headers":
-            self.listener.headers([(h.name, h.value) for h in frame.headers.headers])
+            pairs = [(h.name, h.value) for h in frame.headers.headers]
+            for name, value in pairs:
+                if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
+                    self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
+                    return
+            self._tell(self.listener.headers, pairs)
         elif which == "body":
-            self.listener.body(frame.body)
+            self._tell(self.listener.body, frame.body)
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
             self.tracker.publish_tunnel_usage(self, usage_to_json(usage))
-            self.listener.usage(usage)
+            self._tell(self.listener.usage, usage)
         elif which == "metadata_json":
+            # An observation, never part of the body: a bad one is ignored.
             try:
                 info = json.loads(frame.metadata_json)
             except ValueError:
                 self.log.warn("tunnel {id}: metadata from the node is not JSON; ignored", id=self.id)
                 return
-            self.listener.metadata(info)
+            self._tell(self.listener.metadata, info)
         elif which == "end":
             self.finish()
-            self.listener.end()
+            self._tell(self.listener.end)
         elif which == "error":
-            self.fail(frame.error.code, frame.error.message, frame.error.status)
+            error = frame.error
+            self.fail(error.code or ADAPTER_ERROR, error.message or "no reason given", error.status)
+        else:
+            self.violation("empty tunnel frame")
 
     def fail(self, code, message, status=0):
         if self.finish():
-            self.listener.error(RunFailure(code=code, message=message, status=status))
+            self._tell(self.listener.error, RunFailure(code=code, message=message, status=status))
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)

@@ -170,7 +170,12 @@ class EdgeService(MultiService):
         def answered(response):
             if not response.ok:
                 raise ServiceError("failed", response.error or f"command {command} failed", code="command_failed")
-            return json.loads(response.result_json) if response.result_json else None
+            try:
+                return json.loads(response.result_json) if response.result_json else None
+            except ValueError:
+                raise ServiceError(
+                    "failed", f"node {node_id} answered {command} with a result that is not JSON", code="protocol_error"
+                ) from None
 
         return self._ask(node_id, message, request_id).addCallback(answered)
 
