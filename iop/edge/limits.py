@@ -14,6 +14,10 @@ from iop.protocols.wire import MAX_FRAME_BYTES
 #: Defaults, also documented in the README.
 PREAUTH_FRAME_BYTES = 64 * 1024
 MAX_UNREGISTERED_CONNECTIONS = 256
+HEADER_TIMEOUT_SEC = 10.0
+BODY_TIMEOUT_SEC = 60.0
+MAX_HTTP_CONNECTIONS = 10000
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -25,10 +29,23 @@ class Limits:
     @ivar max_unregistered_connections: how many Node connections may be
         open at once without an accepted registration; beyond it a new one
         is closed at once.
+    @ivar header_timeout_sec: an HTTP request's headers must be complete
+        this long after the connection opened or its previous response
+        ended, however slowly bytes trickle in.
+    @ivar body_timeout_sec: an HTTP request's body must be complete this
+        long after its headers.
+    @ivar max_http_connections: open HTTP connections at once; beyond it a
+        new one is closed at once.
+    @ivar max_body_bytes: the largest request body; a larger
+        C{Content-Length} is answered 413 before the body is read.
     """
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
     max_unregistered_connections: int = MAX_UNREGISTERED_CONNECTIONS
+    header_timeout_sec: float = HEADER_TIMEOUT_SEC
+    body_timeout_sec: float = BODY_TIMEOUT_SEC
+    max_http_connections: int = MAX_HTTP_CONNECTIONS
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 def parse_limits(section):
@@ -37,11 +54,25 @@ def parse_limits(section):
 
     @raise ConfigError: naming the key of a bad value.
     """
-    section.unknown({"preauth_frame_bytes", "max_unregistered_connections"})
+    section.unknown(
+        {
+            "preauth_frame_bytes",
+            "max_unregistered_connections",
+            "header_timeout_sec",
+            "body_timeout_sec",
+            "max_http_connections",
+            "max_body_bytes",
+        }
+    )
     preauth = _count(section, "preauth_frame_bytes", PREAUTH_FRAME_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES)
     return Limits(
         preauth_frame_bytes=preauth,
         max_unregistered_connections=_count(section, "max_unregistered_connections", MAX_UNREGISTERED_CONNECTIONS),
+        header_timeout_sec=section.number("header_timeout_sec", HEADER_TIMEOUT_SEC, positive=True),
+        body_timeout_sec=section.number("body_timeout_sec", BODY_TIMEOUT_SEC, positive=True),
+        max_http_connections=_count(section, "max_http_connections", MAX_HTTP_CONNECTIONS),
+        # A body must fit in one frame to the Node, with room for the rest.
+        max_body_bytes=_count(section, "max_body_bytes", MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES // 2),
     )
 
 

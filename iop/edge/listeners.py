@@ -24,7 +24,7 @@ def node_factory(edge, reactor):
 
 def http_site(edge, reactor):
     metrics = build_metrics(edge, edge.bus) if edge.config.metrics else None
-    return EdgeSite(build_root(edge, edge.config, reactor, metrics))
+    return EdgeSite(build_root(edge, edge.config, reactor, metrics), limits=edge.config.limits, reactor=reactor)
 
 
 def add_listeners(edge, reactor):

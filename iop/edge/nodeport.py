@@ -14,13 +14,10 @@ docs/wire.md, "Before registration".
 """
 
 from twisted.internet.protocol import Factory, Protocol
-from twisted.logger import Logger
 
 from iop.edge.connection import EdgeNodeConnection
+from iop.edge.throttle import LogThrottle
 from iop.protocols.wire import Heartbeat, WireProtocol
-
-#: At most one log line per this many seconds about refused connections.
-REFUSAL_LOG_INTERVAL = 10.0
 
 
 class _Refused(Protocol):
@@ -42,21 +39,22 @@ class NodePortFactory(Factory):
     @ivar unregistered: the connections without an accepted registration.
     """
 
-    log = Logger()
-
     def __init__(self, links, config, clock):
         self.links = links
         self.config = config
         self.clock = clock
         self.unregistered = set()
-        self.refused = 0
-        self._last_refusal_log = None
+        self.refusals = LogThrottle(
+            clock,
+            "node port: {count} connection(s) closed at once so far: {cap} unregistered connections are open"
+            " (limits.max_unregistered_connections)",
+        )
 
     def buildProtocol(self, addr):
         config = self.config()
         limits = config.limits
         if len(self.unregistered) >= limits.max_unregistered_connections:
-            self._note_refusal(limits.max_unregistered_connections)
+            self.refusals.note(cap=limits.max_unregistered_connections)
             return _Refused()
         connection = EdgeNodeConnection(self.links, port=self, register_timeout=config.register_timeout_sec)
         heartbeat = Heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
@@ -71,15 +69,3 @@ class NodePortFactory(Factory):
         accepted, or it is gone.
         """
         self.unregistered.discard(connection)
-
-    def _note_refusal(self, cap):
-        self.refused += 1
-        now = self.clock.seconds()
-        if self._last_refusal_log is None or now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL:
-            self._last_refusal_log = now
-            self.log.warn(
-                "node port: {count} connection(s) closed at once so far: {cap} unregistered connections are open"
-                " (limits.max_unregistered_connections)",
-                count=self.refused,
-                cap=cap,
-            )

@@ -18,7 +18,6 @@ from iop.edge.http.validate import HTTPError, parse_body
 
 log = Logger()
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
 
 #: The one table from a failure's kind (L{ServiceError.kind}) to its HTTP
 #: status and OpenAI error type. Anything else is a 500 C{api_error}.
@@ -75,16 +74,19 @@ def write_error(request, error):
     write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
-def read_json(request):
+def read_json(request, max_bytes):
     """
     The request body as a checked JSON object (L{parse_body}).
+
+    The HTTP channel already refused a larger C{Content-Length} before
+    reading (L{iop.edge.http.limits}); this is the last guard.
 
     @raise HTTPError: for an oversize, non-JSON or non-object body, or one
         nested too deeply or carrying strings that are not UTF-8.
     """
-    data = request.content.read(MAX_BODY_BYTES + 1)
-    if len(data) > MAX_BODY_BYTES:
-        raise HTTPError("too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+    data = request.content.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise HTTPError("too_large", f"request body exceeds {max_bytes} bytes (limits.max_body_bytes)")
     return parse_body(data)
 
 
@@ -152,6 +154,13 @@ class JSONResource(Resource):
     def _handle(self, handler, request):
         (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         return handler(request)
+
+    def read_json(self, request):
+        """
+        The request body as a checked JSON object, under
+        C{limits.max_body_bytes}.
+        """
+        return read_json(request, self.service.config.limits.max_body_bytes)
 
     def _respond(self, result, request):
         if result is not NOT_DONE_YET:

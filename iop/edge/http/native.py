@@ -12,7 +12,7 @@ commands and the status snapshot.
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener
-from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, read_json, write_json
+from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, write_json
 from iop.edge.http.openai import parse_messages
 from iop.edge.http.validate import boolean, invalid, mapping, string
 from iop.edge.spec import RunSpec
@@ -107,7 +107,7 @@ def parse_run(body):
 
 class Runs(JSONResource):
     def handle_POST(self, request):
-        body = read_json(request)
+        body = self.read_json(request)
         spec = parse_run(body)
         listener_class = EventStreamListener if boolean(body, "stream", True) else CollectingListener
         call = Call(self.service, request)
@@ -129,7 +129,7 @@ class Status(JSONResource):
 
 class TerminateSession(JSONResource):
     def handle_POST(self, request):
-        body = read_json(request)
+        body = self.read_json(request)
         adapter = string(body, "adapter", required=True)
         session_id = string(body, "session_id", required=True)
         node, target = string(body, "node") or None, string(body, "target")
@@ -142,7 +142,7 @@ class NodeCommands(JSONResource):
 
     def handle_POST(self, request):
         node_id = request.path_params["node"]
-        body = read_json(request)
+        body = self.read_json(request)
         command = string(body, "command", required=True)
         adapter = string(body, "adapter")
         args = mapping(body, "args")

@@ -14,7 +14,7 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import Call, EventStream, JSONResource, read_json, write_error, write_json
+from iop.edge.http.common import Call, EventStream, JSONResource, write_error, write_json
 from iop.edge.http.validate import boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
@@ -130,7 +130,7 @@ class ChatCompletions(JSONResource):
         self.clock = clock
 
     def handle_POST(self, request):
-        body = read_json(request)
+        body = self.read_json(request)
         model, messages, stream, include_usage = parse_chat(body)
         headers = [("content-type", "application/json")]
         accept = request.getHeader(b"accept")

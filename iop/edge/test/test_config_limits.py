@@ -25,6 +25,10 @@ class LimitsConfigTests(SynchronousTestCase):
         self.assertEqual(config.limits.preauth_frame_bytes, 65536)
         self.assertEqual(config.limits.max_unregistered_connections, 256)
         self.assertEqual(config.register_timeout_sec, 10)
+        self.assertEqual(config.limits.header_timeout_sec, 10)
+        self.assertEqual(config.limits.body_timeout_sec, 60)
+        self.assertEqual(config.limits.max_http_connections, 10000)
+        self.assertEqual(config.limits.max_body_bytes, 8 * 1024 * 1024)
 
     def test_values(self):
         """
@@ -53,3 +57,23 @@ class LimitsConfigTests(SynchronousTestCase):
         self.assert_refused(lambda d: d.update(limits={"preauth": 1}), "limits.preauth", "unknown key")
         self.assert_refused(lambda d: d.update(limits=[1]), "limits")
         self.assert_refused(lambda d: d.update(register_timeout_sec=0), "register_timeout_sec")
+        self.assert_refused(lambda d: d.update(limits={"header_timeout_sec": 0}), "limits.header_timeout_sec")
+        self.assert_refused(lambda d: d.update(limits={"body_timeout_sec": -1}), "limits.body_timeout_sec")
+        self.assert_refused(lambda d: d.update(limits={"max_http_connections": 0}), "limits.max_http_connections")
+        self.assert_refused(lambda d: d.update(limits={"max_body_bytes": 2**30}), "limits.max_body_bytes", "at most")
+
+    def test_http_values(self):
+        """
+        The HTTP limits are read from their keys.
+        """
+        limits = {"header_timeout_sec": 2.5, "body_timeout_sec": 30, "max_http_connections": 50, "max_body_bytes": 4096}
+        config = parsed(lambda d: d.update(limits=limits))
+        self.assertEqual(
+            (
+                config.limits.header_timeout_sec,
+                config.limits.body_timeout_sec,
+                config.limits.max_http_connections,
+                config.limits.max_body_bytes,
+            ),
+            (2.5, 30, 50, 4096),
+        )
