@@ -47,8 +47,15 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class ManholeSpec:
+    """
+    The operator console: where it listens (checked to be loopback), its
+    users with their authorized SSH public keys (C{{name: (key, ...)}},
+    OpenSSH form), and where its host key is kept.
+    """
+
     listen: str
     users: dict
+    host_key: str = ".iop-manhole/host_key"
 
 
 @dataclass
@@ -253,17 +260,42 @@ def _group(section, config):
 
 
 def _manhole(section):
-    section.unknown({"listen", "users"})
+    from iop.edge.endpoints import EndpointError, loopback_interface
+    from iop.edge.sshkeys import BadKey, parse_public_key, read_authorized_keys
+
+    section.unknown({"listen", "users", "host_key"})
+    listen = section.get("listen", str, "tcp:7122:interface=127.0.0.1")
+    try:
+        loopback_interface(listen)
+    except EndpointError as e:
+        raise section.error("listen", f"the console must be bound to a loopback address: {e}") from None
     users = section.section("users")
     if not users.data:
         raise section.error("users", "must define at least one user: the console is never open")
-    for name, password in users.data.items():
-        if not isinstance(password, str) or not password:
-            raise users.error(name, "password must be a non-empty string")
-    listen = section.get("listen", str, "tcp:7122:interface=127.0.0.1")
-    if "interface=" not in listen or not any(h in listen for h in ("127.0.0.1", "localhost", "::1")):
-        raise section.error("listen", "the console must be bound to loopback (interface=127.0.0.1)")
-    return ManholeSpec(listen=listen, users=dict(users.data))
+    keys = {}
+    for name, value in users.data.items():
+        if not isinstance(value, dict):
+            raise users.error(
+                name,
+                "plaintext passwords are not accepted: give the user authorized_keys"
+                " (a file in OpenSSH authorized_keys format, or a list of public keys)",
+            )
+        user = users.section(name)
+        user.unknown({"authorized_keys"})
+        given = user.get("authorized_keys", (str, list))
+        try:
+            if isinstance(given, str):
+                keys[name] = read_authorized_keys(given)
+            else:
+                if not given:
+                    raise user.error("authorized_keys", "must list at least one key")
+                for i, line in enumerate(given):
+                    if not isinstance(line, str):
+                        raise user.error(f"authorized_keys[{i}]", "must be a string")
+                keys[name] = tuple(parse_public_key(line) for line in given)
+        except BadKey as e:
+            raise user.error("authorized_keys", str(e)) from None
+    return ManholeSpec(listen=listen, users=keys, host_key=section.get("host_key", str, ManholeSpec.host_key))
 
 
 __all__ = ["ConfigError", "EdgeConfig", "NodeSpec", "AdapterSpec", "load", "parse", "token_digest"]
