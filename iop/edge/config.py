@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
+from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
 from iop.run import ADAPTER_TYPES
@@ -67,8 +68,13 @@ class EdgeConfig:
     heartbeat_timeout: float = 5.0
     nodes: list = field(default_factory=list)
     model_groups: list = field(default_factory=list)
-    api_keys: frozenset = frozenset()
-    admin_keys: frozenset = frozenset()
+    #: L{iop.edge.keys.KeySpec}s.
+    api_keys: tuple = ()
+    admin_keys: tuple = ()
+    #: The key C{/metrics} requires, if any.
+    metrics_key: KeySpec | None = None
+    #: A separate endpoint for C{/metrics} (then not on the HTTP port).
+    listen_metrics: str | None = None
     manhole: ManholeSpec | None = None
     run_grace_sec: float = 10.0
     #: How long a stopping Edge lets work in flight finish before ending it.
@@ -114,6 +120,7 @@ def parse(top):
             "model_groups",
             "api_keys",
             "admin_keys",
+            "metrics_key",
             "manhole",
             "metrics",
             "run_grace_sec",
@@ -123,17 +130,19 @@ def parse(top):
         }
     )
     listen = top.section("listen")
-    listen.unknown({"nodes", "http"})
+    listen.unknown({"nodes", "http", "metrics"})
     heartbeat = top.section("heartbeat", None)
     heartbeat.unknown({"interval_sec", "timeout_sec"})
     config = EdgeConfig(
         listen_nodes=listen.get("nodes", str),
         listen_http=listen.get("http", str),
+        listen_metrics=listen.get("metrics", str, None),
         metrics=top.get("metrics", bool, True),
         heartbeat_interval=heartbeat.number("interval_sec", 2.0, positive=True),
         heartbeat_timeout=heartbeat.number("timeout_sec", 5.0, positive=True),
-        api_keys=frozenset(_strings(top, "api_keys")),
-        admin_keys=frozenset(_strings(top, "admin_keys")),
+        api_keys=parse_keys(top, "api_keys"),
+        admin_keys=parse_keys(top, "admin_keys"),
+        metrics_key=parse_key(top, "metrics_key"),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
         register_timeout_sec=top.number("register_timeout_sec", 10.0, positive=True),
@@ -149,14 +158,6 @@ def parse(top):
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
     return config
-
-
-def _strings(section, name):
-    values = section.get(name, list, [])
-    for i, value in enumerate(values):
-        if not isinstance(value, str) or not value:
-            raise section.error(f"{name}[{i}]", "must be a non-empty string")
-    return values
 
 
 def _unique(section, name, values, what="id"):

@@ -1,13 +1,15 @@
 """
 The Edge's listening children: the Node port, the HTTP site (callers and
-C{/metrics}) and, when configured, the operator console. Each is a
+C{/metrics}), and when configured a separate metrics endpoint and the
+operator console. Each is a
 C{strports} service under the L{iop.edge.service.EdgeService} tree; none
 listens until the tree is started.
 """
 
 from twisted.application import strports
 
-from iop.edge.http.root import build_root
+from iop.edge.http.common import RequireKey
+from iop.edge.http.root import Router, build_root
 from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
@@ -22,21 +24,40 @@ def node_factory(edge, reactor):
     return NodePortFactory(edge.links, lambda: edge.config, reactor)
 
 
-def http_site(edge, reactor):
-    metrics = build_metrics(edge, edge.bus) if edge.config.metrics else None
+def metrics_resource(edge):
+    """
+    C{/metrics}, behind C{metrics_key} when one is configured; C{None} when
+    metrics are off.
+    """
+    config = edge.config
+    if not config.metrics:
+        return None
+    resource = build_metrics(edge, edge.bus)
+    return resource if config.metrics_key is None else RequireKey(resource, config.metrics_key)
+
+
+def http_site(edge, reactor, metrics=None):
     return EdgeSite(build_root(edge, edge.config, reactor, metrics), limits=edge.config.limits, reactor=reactor)
 
 
 def add_listeners(edge, reactor):
     """
-    Give C{edge} its children. @return: C{(nodes, http, manhole)}, the
-    last C{None} unless configured.
+    Give C{edge} its children. @return: C{(nodes, http, metrics, manhole)},
+    the last two C{None} unless configured (C{/metrics} is on the HTTP port
+    unless C{listen.metrics} gives it its own).
     """
     config = edge.config
+    metrics = metrics_resource(edge)
+    metrics_listener = None
+    if metrics is not None and config.listen_metrics is not None:
+        metrics_site = EdgeSite(Router.only("/metrics", metrics), limits=config.limits, reactor=reactor)
+        metrics_listener = strports.service(config.listen_metrics, metrics_site, reactor=reactor)
+        metrics_listener.setServiceParent(edge)
+        metrics = None
     edge.node_port = node_factory(edge, reactor)
     nodes = strports.service(config.listen_nodes, edge.node_port, reactor=reactor)
     nodes.setServiceParent(edge)
-    edge.site = http_site(edge, reactor)
+    edge.site = http_site(edge, reactor, metrics)
     http = strports.service(config.listen_http, edge.site, reactor=reactor)
     http.setServiceParent(edge)
     console = None
@@ -52,4 +73,4 @@ def add_listeners(edge, reactor):
         }
         console = manhole_service(config.manhole, namespace, reactor)
         console.setServiceParent(edge)
-    return nodes, http, console
+    return nodes, http, metrics_listener, console

@@ -15,6 +15,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
 from iop.edge.http.validate import HTTPError, parse_body
+from iop.edge.keys import KeyLimiter, KeySpec, find
 
 log = Logger()
 
@@ -71,6 +72,9 @@ def write_error(request, error):
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
     status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        request.setHeader(b"retry-after", str(retry_after).encode("ascii"))
     write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
@@ -99,31 +103,63 @@ def bearer(request):
 
 class Keys:
     """
-    Caller and admin API keys. With no caller keys configured the caller
-    API is open; admin operations always need an admin key.
+    Caller and admin API keys (L{iop.edge.keys}). With no caller keys
+    configured the caller API is open; admin operations always need an
+    admin key. A key with limits is held to them for each request it makes.
+
+    @param api_keys: caller keys, as L{KeySpec}s or plain strings.
+    @param admin_keys: admin keys, likewise.
+    @param seconds: the clock of the per-minute limits.
     """
 
-    def __init__(self, api_keys, admin_keys):
-        self.api_keys = frozenset(api_keys)
-        self.admin_keys = frozenset(admin_keys)
+    def __init__(self, api_keys, admin_keys, seconds=None):
+        self.api_keys = tuple(_spec(k) for k in api_keys)
+        self.admin_keys = tuple(_spec(k) for k in admin_keys)
+        self.limiter = KeyLimiter() if seconds is None else KeyLimiter(seconds)
 
     def check_caller(self, request):
+        """
+        @return: the caller's L{KeySpec}, or C{None} when the API is open.
+        @raise HTTPError: for a missing or unknown key.
+        """
         if not self.api_keys:
-            return
+            return None
         key = bearer(request)
         if key is None:
             raise HTTPError(
                 "unauthorized", "an API key is required (Authorization: Bearer ...)", code="missing_api_key"
             )
-        if key not in self.api_keys and key not in self.admin_keys:
+        spec = find(self.api_keys, key) or find(self.admin_keys, key)
+        if spec is None:
             raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
+        return spec
 
     def check_admin(self, request):
-        key = bearer(request)
+        """
+        @return: the admin key's L{KeySpec}.
+        @raise HTTPError: unless an admin key is presented.
+        """
         if not self.admin_keys:
             raise HTTPError("forbidden", "admin operations are disabled: configure admin_keys", code="admin_disabled")
-        if key not in self.admin_keys:
+        spec = find(self.admin_keys, bearer(request))
+        if spec is None:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
+        return spec
+
+    def admit(self, spec, request):
+        """
+        Hold C{request} to the limits of its key until it finishes.
+
+        @raise RateLimited: if the key is over a limit.
+        """
+        if spec.max_concurrent is None and spec.requests_per_minute is None:
+            return
+        release = self.limiter.admit(spec)
+        request.notifyFinish().addBoth(release)
+
+
+def _spec(key):
+    return key if isinstance(key, KeySpec) else KeySpec.plain(key)
 
 
 class JSONResource(Resource):
@@ -152,7 +188,9 @@ class JSONResource(Resource):
         return NOT_DONE_YET
 
     def _handle(self, handler, request):
-        (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        if spec is not None:
+            self.keys.admit(spec, request)
         return handler(request)
 
     def read_json(self, request):
@@ -172,6 +210,30 @@ class JSONResource(Resource):
             log.failure("request failed", failure, level=LogLevel.error)
         if not (request.finished or request._disconnected):
             write_error(request, _as_service_error(failure))
+
+
+class RequireKey(Resource):
+    """
+    A resource behind one key (C{metrics_key}): any other request is a
+    JSON 401.
+    """
+
+    isLeaf = True
+
+    def __init__(self, resource, spec):
+        super().__init__()
+        self.resource = resource
+        self.spec = spec
+
+    def render(self, request):
+        if find((self.spec,), bearer(request)) is None:
+            error = HTTPError(
+                "unauthorized", "this endpoint needs its key (Authorization: Bearer ...)", code="missing_key"
+            )
+            request.setHeader(b"www-authenticate", b"Bearer")
+            write_error(request, error)
+            return NOT_DONE_YET
+        return self.resource.render(request)
 
 
 class NotFound(Resource):

@@ -28,6 +28,15 @@ class Router(Resource):
         self._exact = {}
         self._patterns = []
 
+    @classmethod
+    def only(cls, pattern, resource):
+        """
+        A router with one route (and JSON 404s for everything else).
+        """
+        router = cls()
+        router.route(pattern, resource)
+        return router
+
     def route(self, pattern, resource):
         segments = tuple(pattern.strip("/").split("/"))
         if any(s.startswith("{") for s in segments):
@@ -68,7 +77,7 @@ def _match(pattern, segments):
 
 
 def build_root(service, config, clock, metrics_resource=None):
-    keys = Keys(config.api_keys, config.admin_keys)
+    keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
     router = Router()
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     router.route("/v1/models", Models(service, keys))
