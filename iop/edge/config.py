@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from iop.config import ConfigError, load_yaml
 from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
+from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, ModelGroupSpec, ProviderSpec
 from iop.run import ADAPTER_TYPES
 
@@ -84,6 +85,8 @@ class EdgeConfig:
     register_timeout_sec: float = 10.0
     #: What strangers can make the Edge spend (C{limits:}).
     limits: Limits = field(default_factory=Limits)
+    #: Mutual TLS on the Node port (C{node_tls:}), if configured.
+    node_tls: NodeTLSSpec | None = None
 
     def node(self, node_id):
         for node in self.nodes:
@@ -127,6 +130,7 @@ def parse(top):
             "shutdown_grace_sec",
             "register_timeout_sec",
             "limits",
+            "node_tls",
         }
     )
     listen = top.section("listen")
@@ -157,6 +161,8 @@ def parse(top):
     _unique(top, "model_groups", [group.name for group in config.model_groups], what="name")
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
+    if top.data.get("node_tls") is not None:
+        config.node_tls = parse_node_tls(top.section("node_tls"), listen)
     return config
 
 

@@ -18,6 +18,7 @@ much it pings. Acceptance lifts both.
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from iop.edge.nodetls import mismatch
 from iop.protocols.wire import MAX_FRAME_BYTES, IWireReceiver, ProtocolViolation, peer_wire_version
 
 _READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response", "node_draining"}
@@ -30,14 +31,18 @@ class EdgeNodeConnection:
         unregistered connections (told when this one settles), if any.
     @param register_timeout: seconds until an unregistered connection is
         closed (C{None}: no deadline).
+    @param check_identity: the Node port requires client certificates
+        (C{node_tls}): a registration is refused unless the certificate
+        names the token's node (L{iop.edge.nodetls}).
     """
 
     log = Logger()
 
-    def __init__(self, links, port=None, register_timeout=None):
+    def __init__(self, links, port=None, register_timeout=None, check_identity=False):
         self.links = links
         self.port = port
         self.register_timeout = register_timeout
+        self.check_identity = check_identity
         self.wire = None
         self.link = None
         self.state = "new"
@@ -72,7 +77,11 @@ class EdgeNodeConnection:
     def _register(self, message):
         if self.state != "new":
             raise ProtocolViolation("already registered on this connection")
-        self.link, response = self.links.register(message.token, peer_wire_version(message), self.wire)
+        wrong_certificate = self._certificate_mismatch(message.token)
+        if wrong_certificate is not None:
+            self.link, response = self.links.refuse_credentials(message.token, wrong_certificate)
+        else:
+            self.link, response = self.links.register(message.token, peer_wire_version(message), self.wire)
         self.wire.send(response)
         if self.link is None:
             # Still a stranger until it is gone: the deadline stays.
@@ -82,6 +91,19 @@ class EdgeNodeConnection:
             self.state = "pending"
             self.wire.set_frame_limit(MAX_FRAME_BYTES)
             self._settled()
+
+    def _certificate_mismatch(self, token):
+        """
+        With C{node_tls}: why this connection's client certificate does not
+        belong to the node C{token} names (C{None} if it does, or if the
+        token names no node: that refusal is the registry's).
+        """
+        if not self.check_identity:
+            return None
+        node = self.links.registry.find_node(token)
+        if node is None:
+            return None
+        return mismatch(self.wire.transport, node.id)
 
     def _ready(self, message):
         if self.state not in ("pending", "ready"):

@@ -7,12 +7,14 @@ listens until the tree is started.
 """
 
 from twisted.application import strports
+from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from iop.edge.http.common import RequireKey
 from iop.edge.http.root import Router, build_root
 from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
+from iop.edge.nodetls import context_factory
 
 
 def node_factory(edge, reactor):
@@ -55,7 +57,11 @@ def add_listeners(edge, reactor):
         metrics_listener.setServiceParent(edge)
         metrics = None
     edge.node_port = node_factory(edge, reactor)
-    nodes = strports.service(config.listen_nodes, edge.node_port, reactor=reactor)
+    factory = edge.node_port
+    if config.node_tls is not None:
+        # Mutual TLS over the plain endpoint: client certificates required.
+        factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
+    nodes = strports.service(config.listen_nodes, factory, reactor=reactor)
     nodes.setServiceParent(edge)
     edge.site = http_site(edge, reactor, metrics)
     http = strports.service(config.listen_http, edge.site, reactor=reactor)

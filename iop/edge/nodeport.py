@@ -56,7 +56,12 @@ class NodePortFactory(Factory):
         if len(self.unregistered) >= limits.max_unregistered_connections:
             self.refusals.note(cap=limits.max_unregistered_connections)
             return _Refused()
-        connection = EdgeNodeConnection(self.links, port=self, register_timeout=config.register_timeout_sec)
+        connection = EdgeNodeConnection(
+            self.links,
+            port=self,
+            register_timeout=config.register_timeout_sec,
+            check_identity=config.node_tls is not None,
+        )
         heartbeat = Heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
         wire = WireProtocol(connection, self.clock, heartbeat, frame_limit=limits.preauth_frame_bytes)
         wire.factory = self
