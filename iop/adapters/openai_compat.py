@@ -281,5 +281,6 @@ class OpenAICompatAdapter(HTTPAdapter):
         provider_request = self.request(
             request.method, request.path, headers=headers, data=request.body or None, allow_redirects=False
         )
-        d = self.read(provider_request, on_response)
+        # A sink that does flow control pauses the provider read with it.
+        d = self.read(provider_request, on_response, getattr(sink, "register_producer", None))
         return d.addCallback(ended).addErrback(as_provider_error)

@@ -23,15 +23,19 @@ from dataclasses import dataclass, replace
 from twisted.logger import Logger, LogLevel
 from zope.interface import Interface
 
+from iop.edge.flow import ReceiveWindow
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
+from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
+    DELTA,
     ERROR,
     EVENT_TYPES,
     NODE_DISCONNECTED,
     PROTOCOL_ERROR,
+    REASONING_DELTA,
     SEND_FAILED,
     SHUTTING_DOWN,
     TERMINAL_TYPES,
@@ -104,12 +108,16 @@ class Dispatch:
 
     log = Logger()
 
+    #: The request messages that start a stream (and carry its window).
+    _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
+
     def __init__(self, tracker, dispatch_id, placement, listener):
         self.tracker = tracker
         self.id = dispatch_id
         self.placement = placement
         self.listener = listener
         self.done = False
+        self.window = None
         self._grace = None
 
     @property
@@ -117,7 +125,28 @@ class Dispatch:
         return self.placement.link
 
     def send(self, message):
+        """
+        Send one message to the Node. The request that starts the work
+        opens its flow-control window on a link of wire version 3 or later
+        (L{iop.edge.flow}); a streaming listener registers the window as
+        the producer of its caller's response (C{use_producer}).
+        """
+        if isinstance(message, self._REQUESTS) and self.window is None:
+            if getattr(self.link, "wire_version", 1) >= FLOW_CONTROL_WIRE_VERSION:
+                message.window_bytes = STREAM_WINDOW_BYTES
+                self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES)
+                use_producer = getattr(self.listener, "use_producer", None)
+                if use_producer is not None:
+                    use_producer(self.window)
         self.link.wire.send(message)
+
+    def delivered(self, size):
+        """
+        C{size} body bytes were handed to the listener: count them against
+        the window.
+        """
+        if self.window is not None:
+            self.window.received(size)
 
     def cancel(self, grace):
         """
@@ -198,6 +227,8 @@ class Dispatch:
         if self.done:
             return False
         self.done = True
+        if self.window is not None:
+            self.window.close()
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
         self._grace = None
@@ -223,6 +254,8 @@ class RunDispatch(Dispatch):
             self.finish()
         self.tracker.publish_run_event(self, event)
         self._tell(self.listener.event, event)
+        if event.type in (DELTA, REASONING_DELTA) and event.text:
+            self.delivered(len(event.text.encode("utf-8")))
 
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
@@ -255,6 +288,7 @@ class TunnelDispatch(Dispatch):
             self._tell(self.listener.headers, pairs)
         elif which == "body":
             self._tell(self.listener.body, frame.body)
+            self.delivered(len(frame.body))
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
             self.tracker.publish_tunnel_usage(self, usage_to_json(usage))

@@ -36,9 +36,17 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # response is relayed as several frames and never starves heartbeats.
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
+#: The first wire version with per-stream flow control.
+FLOW_CONTROL_WIRE_VERSION = 3
+#: The credit window of one stream (docs/wire.md, "Flow control"): the
+#: most body or delta bytes a Node sends beyond what the Edge's caller has
+#: taken. Two tunnel chunks, so a stream keeps moving while the caller reads.
+STREAM_WINDOW_BYTES = 2 * TUNNEL_CHUNK_BYTES
+
 #: The wire-protocol version this code speaks. Version 2 added draining
-#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves.
-WIRE_VERSION = 2
+#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves;
+#: version 3 per-stream flow control (C{window_bytes}, C{WindowUpdate}).
+WIRE_VERSION = 3
 #: The oldest version an Edge still serves. A Node that sends no version
 #: predates versioning and is version 1. The rule (docs/wire.md): the Edge
 #: serves every version from L{OLDEST_WIRE_VERSION} to L{WIRE_VERSION} and

@@ -47,7 +47,17 @@ def error_body(kind, message, code=None, param=None):
     }
 
 
+def release_producer(request):
+    """
+    Unregister the response's producer (a stream's flow-control window),
+    which twisted.web wants gone before the request finishes.
+    """
+    if getattr(request, "producer", None) is not None:
+        request.unregisterProducer()
+
+
 def write_json(request, status, obj):
+    release_producer(request)
     data = json.dumps(obj).encode("utf-8")
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")
@@ -300,13 +310,22 @@ class Call:
         if self.gone or self.request.finished:
             return None
         if self.request.startedWriting:
-            self.request.finish()
+            self.finish()
             return None
         write_error(self.request, _as_service_error(failure))
         return None
 
+    def use_producer(self, producer):
+        """
+        Let C{producer} (a stream's L{iop.edge.flow.ReceiveWindow}) be
+        paused while the caller's connection does not drain.
+        """
+        if not self.gone and not self.request.finished and self.request.producer is None:
+            self.request.registerProducer(producer, True)
+
     def finish(self):
         if not self.gone and not self.request.finished:
+            release_producer(self.request)
             self.request.finish()
 
 

@@ -48,6 +48,9 @@ class EventStreamListener:
         self.run_id = run_id
         self.stream = EventStream(call.request)
 
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
+
     def event(self, event):
         if self.call.gone:
             return

@@ -176,6 +176,9 @@ class ChunkRenderer(_Renderer):
         super().__init__(*args)
         self.stream = EventStream(self.call.request)
 
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
+
     def chunk(self, delta, finish_reason=None):
         return {
             "id": self.id,
@@ -264,6 +267,9 @@ class TunnelPassthrough:
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def status(self, code):
         if not self.call.gone:
