@@ -134,7 +134,7 @@ class Dispatch:
         if isinstance(message, self._REQUESTS) and self.window is None:
             if getattr(self.link, "wire_version", 1) >= FLOW_CONTROL_WIRE_VERSION:
                 message.window_bytes = STREAM_WINDOW_BYTES
-                self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES)
+                self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES, self.tracker.clock)
                 use_producer = getattr(self.listener, "use_producer", None)
                 if use_producer is not None:
                     use_producer(self.window)

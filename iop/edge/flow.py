@@ -19,6 +19,9 @@ from zope.interface import implementer
 
 from iop.protocols import iop_pb2
 
+#: How long a caller may take nothing of a stream before it is cut off.
+STALL_TIMEOUT_SEC = 60.0
+
 
 @implementer(IPushProducer)
 class ReceiveWindow:
@@ -26,15 +29,22 @@ class ReceiveWindow:
     @param send: sends one message to the Node (the dispatch's link).
     @param stream_id: the run or tunnel id.
     @param window: the window the stream was started with, in bytes.
+    @param clock: for the stall timeout (C{None}: none).
+    @ivar on_stall: called when the window stayed paused for
+        C{stall_timeout} seconds.
     """
 
-    def __init__(self, send, stream_id, window):
+    def __init__(self, send, stream_id, window, clock=None, stall_timeout=STALL_TIMEOUT_SEC):
         self._send = send
         self.stream_id = stream_id
         self.window = window
+        self.clock = clock
+        self.stall_timeout = stall_timeout
+        self.on_stall = None
         self.unacked = 0
         self.paused = False
         self.closed = False
+        self._stall = None
 
     def received(self, size):
         """
@@ -62,15 +72,30 @@ class ReceiveWindow:
         The stream ended: nothing more is granted.
         """
         self.closed = True
+        self._unwatch()
+
+    def _unwatch(self):
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
+        self._stall = None
+
+    def _stalled(self):
+        self._stall = None
+        if not self.closed and self.on_stall is not None:
+            self.on_stall()
 
     # -- IPushProducer: the caller's connection
 
     def pauseProducing(self):
         self.paused = True
+        if self.clock is not None and self._stall is None and not self.closed:
+            self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
 
     def resumeProducing(self):
         self.paused = False
+        self._unwatch()
         self._grant()
 
     def stopProducing(self):
         self.closed = True
+        self._unwatch()

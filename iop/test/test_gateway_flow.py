@@ -12,6 +12,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
+from iop.edge.flow import STALL_TIMEOUT_SEC
 from iop.protocols.wire import STREAM_WINDOW_BYTES
 from iop.testing.gateway import Gateway
 
@@ -84,3 +85,25 @@ class BackpressureTests(SynchronousTestCase):
         self.assertEqual(provider.calls, ["pause", "resume"])
         self.assertEqual(self.gateway.service.pool.active_leases(), [])
         self.assertEqual(len(self.node.session.inflight), 0)
+
+    def test_caller_that_takes_nothing(self):
+        """
+        A caller whose connection stays paused for the stall timeout is cut
+        off: its tunnel is cancelled on the Node and the lease comes back.
+        """
+        d = self.gateway.post(
+            "/v1/chat/completions", {"model": "big", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        (_, sink, done), *_ = self.node.adapter("llm").tunnels
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream")])
+        sink.body(b"x" * PIECE)
+        self.gateway.flush()
+        (dispatch,) = self.gateway.service.inflight.all()
+        dispatch.listener.request.channel.pauseProducing()
+        self.gateway.advance(STALL_TIMEOUT_SEC - 1, step=1)
+        self.assertEqual(len(self.gateway.service.inflight), 1)
+        self.gateway.advance(2, step=1)
+        self.failureResultOf(self.successResultOf(d).content())
+        self.assertEqual(self.node.adapter("llm").cancelled, [dispatch.id])
+        self.assertEqual(self.gateway.service.pool.active_leases(), [])

@@ -318,10 +318,18 @@ class Call:
     def use_producer(self, producer):
         """
         Let C{producer} (a stream's L{iop.edge.flow.ReceiveWindow}) be
-        paused while the caller's connection does not drain.
+        paused while the caller's connection does not drain; a caller that
+        takes nothing for its stall timeout is cut off (which cancels the
+        work).
         """
         if not self.gone and not self.request.finished and self.request.producer is None:
             self.request.registerProducer(producer, True)
+            producer.on_stall = self._stalled
+
+    def _stalled(self):
+        if not self.gone and not self.request.finished:
+            log.info("caller of {id} took nothing for too long; closing its connection", id=self.work_id)
+            self.request.channel.transport.abortConnection()
 
     def finish(self):
         if not self.gone and not self.request.finished:
