@@ -91,7 +91,12 @@ def test_connections_beyond_the_cap(served):
     With C{max_http_connections} open, one more is closed at once; once
     the idle ones are gone, requests are served again.
     """
-    socks = [connect(served.http_port) for _ in range(CAP)]
+    socks = []
+    for _ in range(CAP):
+        try:
+            socks.append(connect(served.http_port))
+        except ConnectionResetError:
+            pass  # a connection the previous test left still counted: the cap is reached anyway
     try:
         time.sleep(0.2)
         with connect(served.http_port) as extra:
