@@ -178,6 +178,7 @@ NODE_DRAINING = "node_draining"
 NODE_DISCONNECTED = "node_disconnected"
 SEND_FAILED = "send_failed"
 SHUTTING_DOWN = "shutting_down"
+PROTOCOL_ERROR = "protocol_error"
 INVALID_REQUEST = "invalid_request"
 TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
 ADAPTER_ERROR = "adapter_error"
@@ -206,6 +207,7 @@ FAILURE_CODES = {
     NODE_DISCONNECTED: ("Edge", "the node's connection was lost mid-work"),
     SEND_FAILED: ("Edge", "the request could not be sent to the node"),
     SHUTTING_DOWN: ("Edge", "the Edge is draining: queued work refused, in-flight work past the grace cancelled"),
+    PROTOCOL_ERROR: ("Edge", "the node sent a malformed message for this work (the work ends, the connection stays)"),
     PROVIDER_ERROR: ("adapter", "the provider answered an error status or broke the stream"),
     PROVIDER_TIMEOUT: ("adapter", "the provider sent nothing for idle_timeout_sec"),
     PROVIDER_UNREACHABLE: ("adapter", "the provider could not be connected to"),

@@ -287,5 +287,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             if observer is not None:
                 observer.finish()
 
-        d = self.read(self.raw_request(request.method, request.path, headers, request.body), on_response)
+        # A sink that does flow control pauses the provider read with it.
+        raw = self.raw_request(request.method, request.path, headers, request.body)
+        d = self.read(raw, on_response, getattr(sink, "register_producer", None))
         return d.addCallback(ended).addErrback(as_provider_error)

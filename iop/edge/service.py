@@ -85,6 +85,7 @@ class EdgeService(MultiService):
 
     @ivar draining: C{True} once a stop began: new work is refused.
     @ivar site: the HTTP L{iop.edge.http.site.EdgeSite} (with C{listen}).
+    @ivar node_port: the L{iop.edge.nodeport.NodePortFactory} (with C{listen}).
     """
 
     log = Logger()
@@ -103,6 +104,7 @@ class EdgeService(MultiService):
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
         self.draining = False
         self.site = None
+        self.node_port = None
         self._listeners = ()
         self._grace_timer = None
         self._drained = None
@@ -264,7 +266,12 @@ class EdgeService(MultiService):
                 raise ServiceError(
                     kind, response.error or f"command {command} failed", code=response.code or "command_failed"
                 )
-            return json.loads(response.result_json) if response.result_json else None
+            try:
+                return json.loads(response.result_json) if response.result_json else None
+            except ValueError:
+                raise ServiceError(
+                    "failed", f"node {node_id} answered {command} with a result that is not JSON", code="protocol_error"
+                ) from None
 
         d = self._ask(node_id, message, request_id, self.config.command_timeout(command), on_progress, abort)
         return d.addCallback(answered)

@@ -20,9 +20,11 @@ from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
     COMPLETE,
+    DELTA,
     ERROR,
     EVENT_TYPES,
     INVALID_REQUEST,
+    REASONING_DELTA,
     TERMINAL_TYPES,
     RunEventData,
     RunFailure,
@@ -91,6 +93,23 @@ def _failure_text(failure):
     return f"{name}: {message}" if message else name
 
 
+class Emit:
+    """
+    The C{emit} an adapter is given: a callable relaying one event, which
+    also takes the adapter's source of output as a producer to pause while
+    the Edge's caller is not taking the stream (flow control).
+    """
+
+    def __init__(self, relay):
+        self._relay = relay
+
+    def __call__(self, event):
+        self._relay.emit(event)
+
+    def register_producer(self, producer):
+        self._relay.flow.register_producer(producer)
+
+
 class RunRelay(Work):
     """
     One run in flight: relays the adapter's events until exactly one
@@ -98,7 +117,7 @@ class RunRelay(Work):
     """
 
     def __init__(self, manager, request, hosted, slot):
-        super().__init__(manager, request.run_id, hosted, slot)
+        super().__init__(manager, request.run_id, hosted, slot, request.window_bytes)
         self.request = request
         self.run_id = request.run_id
         self.usage = None
@@ -112,7 +131,7 @@ class RunRelay(Work):
             self.request.session_id,
             self.request.background,
         )
-        self.begin(self.hosted.adapter.execute, run, self.emit)
+        self.begin(self.hosted.adapter.execute, run, Emit(self))
 
     def emit(self, event):
         """
@@ -160,7 +179,8 @@ class RunRelay(Work):
 
     def _send(self, event):
         self.seq += 1
-        self.manager.send(event_to_wire(self.run_id, self.seq, event))
+        size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
+        self.flow.send(event_to_wire(self.run_id, self.seq, event), size)
 
 
 class RunManager:

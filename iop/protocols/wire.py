@@ -9,6 +9,10 @@ or leases; the Edge and the Node each plug their own receiver in.
 Bad input (a frame that does not parse, an envelope with no message, an
 oversize frame, a receiver that raises L{ProtocolViolation}) closes this one
 connection with a logged reason and affects nothing else.
+
+Frames are reassembled in linear time (L{iop.protocols.framing}); the
+receive limit can start small and be raised once the peer is known
+(L{WireProtocol.set_frame_limit}): docs/wire.md, "Before registration".
 """
 
 from dataclasses import dataclass
@@ -17,11 +21,11 @@ from google.protobuf.message import DecodeError
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.protocols.basic import Int32StringReceiver
 from twisted.protocols.policies import TimeoutMixin
 from zope.interface import Interface
 
 from iop.protocols import iop_pb2
+from iop.protocols.framing import LinearInt32StringReceiver
 
 # 16 MiB per frame. Twisted's default (99,999 bytes) is far too small for a
 # chat request with a long context; anything larger is split by the sender
@@ -32,9 +36,17 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # response is relayed as several frames and never starves heartbeats.
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
+#: The first wire version with per-stream flow control.
+FLOW_CONTROL_WIRE_VERSION = 3
+#: The credit window of one stream (docs/wire.md, "Flow control"): the
+#: most body or delta bytes a Node sends beyond what the Edge's caller has
+#: taken. Two tunnel chunks, so a stream keeps moving while the caller reads.
+STREAM_WINDOW_BYTES = 2 * TUNNEL_CHUNK_BYTES
+
 #: The wire-protocol version this code speaks. Version 2 added draining
-#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves.
-WIRE_VERSION = 2
+#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves;
+#: version 3 per-stream flow control (C{window_bytes}, C{WindowUpdate}).
+WIRE_VERSION = 3
 #: The oldest version an Edge still serves. A Node that sends no version
 #: predates versioning and is version 1. The rule (docs/wire.md): the Edge
 #: serves every version from L{OLDEST_WIRE_VERSION} to L{WIRE_VERSION} and
@@ -116,18 +128,22 @@ class IWireReceiver(Interface):
         """
 
 
-class WireProtocol(Int32StringReceiver, TimeoutMixin):
+class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
     """
     One Edge <-> Node connection.
 
     @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
     @ivar close_reason: why this side closed the connection, if it did.
+    @ivar MAX_LENGTH: the largest frame accepted from the peer now (see
+        L{set_frame_limit}); what this side sends may always be up to
+        L{MAX_FRAME_BYTES}.
     """
 
     MAX_LENGTH = MAX_FRAME_BYTES
     log = Logger()
 
-    def __init__(self, receiver, clock, heartbeat=Heartbeat()):
+    def __init__(self, receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
+        self.MAX_LENGTH = frame_limit
         self.receiver = receiver
         self.clock = clock
         self.callLater = clock.callLater  # used by TimeoutMixin
@@ -161,7 +177,15 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         self._pinger.start(heartbeat.interval, now=False)
         self.setTimeout(heartbeat.timeout)
 
+    def set_frame_limit(self, limit):
+        """
+        Accept frames of up to C{limit} bytes from now on (checked on each
+        length prefix as it arrives).
+        """
+        self.MAX_LENGTH = limit
+
     def connectionLost(self, reason):
+        self.discarding = True
         self.setTimeout(None)
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
@@ -183,6 +207,7 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         """
         Close this connection at once, logging why.
         """
+        self.discarding = True
         if self.close_reason is None:
             self.close_reason = reason
             self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
@@ -235,8 +260,8 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
             C{sendString} does not check this).
         """
         data = envelope(message).SerializeToString()
-        if len(data) > self.MAX_LENGTH:
-            raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {self.MAX_LENGTH}")
+        if len(data) > MAX_FRAME_BYTES:
+            raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
         self.sendString(data)
 
     def _ping(self):
@@ -259,12 +284,13 @@ class WireFactory(Factory):
     C{make_receiver()}. Used for the Edge's listener and the Node's dialer.
     """
 
-    def __init__(self, make_receiver, clock, heartbeat=Heartbeat()):
+    def __init__(self, make_receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
         self.make_receiver = make_receiver
         self.clock = clock
         self.heartbeat = heartbeat
+        self.frame_limit = frame_limit
 
     def buildProtocol(self, addr):
-        protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat)
+        protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat, self.frame_limit)
         protocol.factory = self
         return protocol

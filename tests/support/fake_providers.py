@@ -24,10 +24,15 @@ Special models:
     cycling through the words, so a test can make a stream as long as it
     needs.
 
+  - C{big-model} (OpenAI): a streamed body of C{max_tokens} pieces of
+    64 KiB (SSE comment lines), written only as fast as the client reads
+    (a pull producer), for backpressure tests.
+
 C{GET /_stats} answers C{{"active", "max_active", "closed_early",
-"requests"}}: requests in flight now, the most seen at once, how many
-clients went away before their response finished, and the total (requests
-to C{/_stats} itself are not counted).
+"requests", "big_bytes"}}: requests in flight now, the most seen at once,
+how many clients went away before their response finished, the total
+(requests to C{/_stats} itself are not counted), and how many bytes of
+C{big-model} bodies the server has handed to its sockets so far.
 """
 
 import argparse
@@ -81,6 +86,7 @@ class Stats:
         self.max_active = 0
         self.closed_early = 0
         self.requests = 0
+        self.big_bytes = 0
 
     def begin(self, request):
         """
@@ -109,6 +115,7 @@ class Stats:
             "max_active": self.max_active,
             "closed_early": self.closed_early,
             "requests": self.requests,
+            "big_bytes": self.big_bytes,
         }
 
 
@@ -153,6 +160,44 @@ class Stream:
         # The last part ([DONE] or the done line) follows without a pause.
         delay = self.delay if len(self.parts) > 1 else 0
         self.call = reactor.callLater(delay, self.next)
+
+
+BIG_PIECE = b": " + b"x" * (64 * 1024 - 4) + b"\n\n"
+
+
+class BigStream:
+    """
+    C{count} 64 KiB pieces, each written when the transport asks for more
+    (an C{IPullProducer}): the server never runs ahead of its client.
+    """
+
+    def __init__(self, request, count, stats):
+        self.request = request
+        self.left = count
+        self.stats = stats
+        self.gone = False
+        request.notifyFinish().addErrback(self.lost)
+
+    def lost(self, _):
+        self.gone = True
+
+    def start(self):
+        self.request.registerProducer(self, False)
+
+    def resumeProducing(self):
+        if self.gone:
+            return
+        if self.left <= 0:
+            self.request.unregisterProducer()
+            self.request.write(b"data: [DONE]\n\n")
+            self.request.finish()
+            return
+        self.left -= 1
+        self.stats.big_bytes += len(BIG_PIECE)
+        self.request.write(BIG_PIECE)
+
+    def stopProducing(self):
+        self.gone = True
 
 
 class Provider(Resource):
@@ -319,6 +364,11 @@ class OpenAI(Provider):
             request.setHeader(b"content-type", b"text/event-stream")
             request.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n')
             reactor.callLater(0.05, request.channel.transport.abortConnection)
+            return NOT_DONE_YET
+        if model == "big-model" and body.get("stream"):
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            BigStream(request, int(body.get("max_tokens") or 16), self.stats).start()
             return NOT_DONE_YET
         text = last_user_text(body.get("messages"))
         limit = body.get("max_tokens") if model.startswith("slow") else None

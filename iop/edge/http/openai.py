@@ -14,16 +14,8 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import (
-    Call,
-    EventStream,
-    HTTPError,
-    JSONResource,
-    caller_headers,
-    read_json,
-    write_error,
-    write_json,
-)
+from iop.edge.http.common import Call, EventStream, JSONResource, caller_headers, write_error, write_json
+from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.httpheaders import relay_headers
@@ -37,29 +29,63 @@ _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
 _OWN_HEADERS = ("date", "server")
 
 
-def text_of(content):
+def text_of(content, param="content"):
     """
     The text of a message's C{content}: a string, or a list of parts of
-    which the C{text} parts are joined.
+    which the C{text} parts are joined (other part types are left to the
+    provider of a tunnel; a normalized run sees only text).
+
+    @raise HTTPError: for any other shape, naming C{param}.
     """
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise HTTPError("invalid", "message content must be a string or a list of parts", code="invalid_messages")
+    if not isinstance(content, list):
+        raise invalid(param, "must be a string or a list of parts", "invalid_messages")
+    texts = []
+    for i, part in enumerate(content):
+        where = f"{param}[{i}]"
+        if not isinstance(part, dict):
+            raise invalid(where, "must be an object with a type", "invalid_messages")
+        kind = string(part, "type", required=True, param=where + ".type")
+        if kind == "text":
+            texts.append(string(part, "text", param=where + ".text", max_chars=None))
+    return "".join(texts)
 
 
-def parse_messages(value):
+def parse_messages(value, param="messages"):
+    """
+    Chat messages as C{[{"role", "content"}]} with text content.
+
+    @raise HTTPError: unless C{value} is a non-empty list of objects with a
+        string C{role} and a C{content} L{text_of} accepts.
+    """
     if not isinstance(value, list) or not value:
-        raise HTTPError("invalid", "messages must be a non-empty list", code="invalid_messages")
+        raise invalid(param, "must be a non-empty list of messages", "invalid_messages")
     messages = []
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise HTTPError("invalid", f"messages[{i}] must be an object with a role", code="invalid_messages")
-        messages.append({"role": m["role"], "content": text_of(m.get("content"))})
+        where = f"{param}[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, "must be an object with a role", "invalid_messages")
+        role = string(m, "role", required=True, param=where + ".role")
+        messages.append({"role": role, "content": text_of(m.get("content"), where + ".content")})
     return messages
+
+
+def parse_chat(body):
+    """
+    Every field of a chat completion request the Edge uses, checked.
+
+    @return: C{(model, messages, stream, include_usage)}.
+    @raise HTTPError: naming the first bad field.
+    """
+    model = string(body, "model", required=True)
+    messages = parse_messages(body.get("messages"))
+    stream = boolean(body, "stream")
+    stream_options = mapping(body, "stream_options")
+    include_usage = boolean(stream_options, "include_usage", param="stream_options.include_usage")
+    return model, messages, stream, include_usage
 
 
 def openai_usage(usage):
@@ -109,14 +135,8 @@ class ChatCompletions(JSONResource):
         self.clock = clock
 
     def handle_POST(self, request):
-        body = read_json(request)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise HTTPError("invalid", "model is required", code="missing_model")
-        messages = parse_messages(body.get("messages"))
-        stream = bool(body.get("stream"))
-        stream_options = body.get("stream_options") or {}
-        include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        body = self.read_json(request)
+        model, messages, stream, include_usage = parse_chat(body)
         headers = caller_headers(request)
         spec = RunSpec(
             messages=messages,
@@ -154,6 +174,9 @@ class ChunkRenderer(_Renderer):
     def __init__(self, *args):
         super().__init__(*args)
         self.stream = EventStream(self.call.request)
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def chunk(self, delta, finish_reason=None):
         return {
@@ -243,6 +266,9 @@ class TunnelPassthrough:
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def status(self, code):
         if not self.call.gone:
