@@ -514,16 +514,31 @@ class ProviderPool:
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
         queue = self._queues[self._group(group_name).name]
+        return self._acquire(queue, self._members(queue, node_id, accept), klass)
+
+    def has_candidate(self, group_name, klass, node_id=None, accept=None):
+        """
+        Whether a live provider of C{group_name} (filtered as for
+        L{acquire}) could serve a request of class C{klass}, now or after
+        a wait.
+        """
+        queue = self._queues[self._group(group_name).name]
+        try:
+            return self._has_candidate(self._members(queue, node_id, accept), klass)
+        except KeyError:
+            return False
+
+    def _members(self, queue, node_id, accept):
         members = queue.members
         if node_id is not None:
             members = tuple(m for m in members if m.node_id == node_id)
             if not members:
-                raise KeyError(f"model group {group_name!r} has no provider on node {node_id!r}")
+                raise KeyError(f"{queue.label} has no provider on node {node_id!r}")
         if accept is not None:
             members = tuple(m for m in members if accept(self._resources[m.key].spec))
             if not members:
-                raise KeyError(f"model group {group_name!r} has no provider that can serve this request")
-        return self._acquire(queue, members, klass)
+                raise KeyError(f"{queue.label} has no provider that can serve this request")
+        return members
 
     def acquire_direct(self, node_id, adapter, klass=NORMAL):
         """

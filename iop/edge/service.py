@@ -186,7 +186,15 @@ class EdgeService(MultiService):
         again (on another provider for a provider failure; anywhere for a
         Node that refused admitted work); else C{None}.
         """
-        if self.draining or not work.may_retry(failure):
+        if self.draining:
+            return None
+        if failure.code != CAPACITY_EXCEEDED and not self.placer.elsewhere(
+            work.spec, work.avoid | {failed.placement.key}
+        ):
+            # No other provider could take it: the caller gets the
+            # provider's own answer, unchanged.
+            return None
+        if not work.may_retry(failure):
             return None
         if failure.code == CAPACITY_EXCEEDED:
             self.log.warn(
