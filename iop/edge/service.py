@@ -431,7 +431,14 @@ def _run_request(run_id, placement, spec):
         options_json=json.dumps(spec.options) if spec.options else "",
     )
     for m in spec.messages:
-        message.messages.add(role=m.get("role", "user"), content=m.get("content") or "")
+        message.messages.add(
+            role=m.get("role", "user"),
+            content=m.get("content") or "",
+            name=m.get("name", ""),
+            tool_call_id=m.get("tool_call_id", ""),
+            tool_calls_json=json.dumps(m["tool_calls"]) if m.get("tool_calls") else "",
+            images=m.get("images", ()),
+        )
     return message
 
 

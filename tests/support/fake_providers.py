@@ -222,18 +222,9 @@ class Provider(Resource):
             return self.json(request, 200, self.stats.json())
         if path == "/_requests":
             return self.json(request, 200, self.seen)
-        self.seen = (
-            self.seen
-            + [
-                {
-                    "method": method,
-                    "path": path,
-                    "headers": [
-                        [k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs
-                    ],
-                }
-            ]
-        )[-20:]
+        headers = [[k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs]
+        seen = {"method": method, "path": path, "headers": headers}
+        self.seen = (self.seen + [seen])[-20:]
         number = self.stats.begin(request)
         handler = self.routes().get((method, path))
         if handler is None:
@@ -242,6 +233,7 @@ class Provider(Resource):
             body = json.loads(request.content.read() or b"{}")
         except ValueError:
             return self.json(request, 400, {"error": "request body is not JSON"})
+        seen["body"] = body
         return handler(request, body, number)
 
     def json(self, request, status, data):
@@ -506,21 +498,36 @@ class Ollama(Provider):
         model = body.get("model") or "fake-model"
         if model == "error-model":
             return self.json(request, 404, {"error": 'model "error-model" not found, try pulling it first'})
-        text = last_user_text(body.get("messages"))
-        limit = (body.get("options") or {}).get("num_predict") if model.startswith("slow") else None
-        words = pieces(text, limit if isinstance(limit, int) else None)
+        messages = body.get("messages") or []
+        text = last_user_text(messages)
+        limit = (body.get("options") or {}).get("num_predict")
+        words = pieces(text)
+        reason = "stop"
+        if isinstance(limit, int) and limit < len(words):
+            words, reason = words[:limit], "length"
+        tools = body.get("tools") or []
+        if messages and messages[-1].get("role") == "tool":
+            # After a tool's result: the answer quotes it.
+            words = pieces(f"the tool said {messages[-1].get('content', '')}")
+        elif tools:
+            # With tools and a question: call the first tool with the question.
+            function = tools[0].get("function", {}).get("name", "tool")
+            call = {"function": {"name": function, "arguments": {"question": text}}}
+            words = []
 
-        def line(content="", thinking=None, done=False, **extra):
+        def line(content="", thinking=None, done=False, tool_calls=None, **extra):
             message = {"role": "assistant", "content": content}
             if thinking is not None:
                 message["thinking"] = thinking
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             data = {"model": model, "created_at": ZERO_TIME, "message": message, "done": done}
             data.update(extra)
             return dumps(data).encode() + b"\n"
 
         final = line(
             done=True,
-            done_reason="stop",
+            done_reason=reason,
             total_duration=0,
             load_duration=0,
             prompt_eval_count=len(text.split()),
@@ -532,7 +539,10 @@ class Ollama(Provider):
             data = json.loads(final)
             data["message"] = {"role": "assistant", "content": "".join(words), "thinking": "".join(REASONING)}
             return self.json(request, 200, data)
-        parts = [line(thinking=r) for r in REASONING] + [line(w) for w in words] + [final]
+        parts = [line(thinking=r) for r in REASONING] + [line(w) for w in words]
+        if tools and not words:
+            parts.append(line(tool_calls=[call]))
+        parts.append(final)
         return self.stream(request, b"application/x-ndjson", parts, model, number)
 
 

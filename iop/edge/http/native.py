@@ -24,12 +24,19 @@ from iop.run import TERMINAL_TYPES
 
 def run_event_json(run_id, event):
     """
-    One native event: C{run_id}, C{type}, C{text} for deltas, C{usage} and
-    C{error} on terminals (usage breakdown only when reported).
+    One native event: C{run_id}, C{type}, C{text} for deltas, C{tool_call}
+    (C{id}, C{name}, C{arguments}) for a tool call, C{usage},
+    C{finish_reason} and C{error} on terminals (usage breakdown only when
+    reported).
     """
     payload = {"run_id": run_id, "type": event.type}
     if event.text:
         payload["text"] = event.text
+    if event.tool_call is not None:
+        call = event.tool_call
+        payload["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if event.finish_reason:
+        payload["finish_reason"] = event.finish_reason
     if event.usage is not None:
         payload["usage"] = usage_to_json(event.usage)
     if event.error is not None:
