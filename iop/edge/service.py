@@ -42,6 +42,7 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
+from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     CANCELLED,
     CAPACITY_EXCEEDED,
@@ -171,6 +172,13 @@ class EdgeService(MultiService):
         self.inflight.add(dispatch)
         try:
             dispatch.send(message)
+        except FrameTooLarge as e:
+            # The request itself is too big for the wire: the caller's
+            # mistake, said before anything reached the Node.
+            dispatch.finish()
+            raise ServiceError(
+                "too_large", f"the request is too large to send to a node: {e}", code="request_too_large"
+            ) from None
         except Exception as e:
             self.log.warn("sending {kind} {id} failed: {error}", kind=dispatch.kind, id=dispatch.id, error=e)
             dispatch.finish()
