@@ -96,7 +96,9 @@ class Placer:
         return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
 
     def _pooled(self, spec, avoid, node_id=None):
-        accept = _acceptor(spec, avoid)
+        # Every provider will do (the common case): the pool's index then
+        # chooses without scanning the group.
+        accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
         try:
             return self.pool.acquire(spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, accept)
         except KeyError:
