@@ -16,6 +16,22 @@ from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
 
+#: The listen backlog of the Node port and the HTTP port unless their
+#: endpoint string says otherwise (Twisted's default, 50, overflows under a
+#: burst of connections: the extra ones are reset by the kernel).
+LISTEN_BACKLOG = 1024
+
+
+def with_backlog(description, backlog=LISTEN_BACKLOG):
+    """
+    C{description} (a server endpoint string) with C{backlog=} added for
+    the stream endpoints that take it, unless it names one already.
+    """
+    kind = description.split(":", 1)[0]
+    if kind in ("tcp", "tcp6", "ssl", "unix") and "backlog=" not in description:
+        return f"{description}:backlog={backlog}"
+    return description
+
 
 def node_factory(edge, reactor):
     """
@@ -61,10 +77,10 @@ def add_listeners(edge, reactor):
     if config.node_tls is not None:
         # Mutual TLS over the plain endpoint: client certificates required.
         factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
-    nodes = strports.service(config.listen_nodes, factory, reactor=reactor)
+    nodes = strports.service(with_backlog(config.listen_nodes), factory, reactor=reactor)
     nodes.setServiceParent(edge)
     edge.site = http_site(edge, reactor, metrics)
-    http = strports.service(config.listen_http, edge.site, reactor=reactor)
+    http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
     console = None
     if config.manhole is not None:
