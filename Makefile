@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint format unit integration proto bench clean
+.PHONY: install demo test check lint format unit integration fuzz proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,15 @@ unit: install
 
 integration: install
 	$(BIN)/pytest -q tests
+
+# The long fuzz mode (the short one runs in `make check`): per test, up to
+# FUZZ_FRAMES wire frames (or HTTP requests) or FUZZ_SECONDS, whichever
+# comes first.
+FUZZ_FRAMES ?= 1000000
+FUZZ_SECONDS ?= 600
+fuzz: install
+	IOP_FUZZ=long IOP_FUZZ_FRAMES=$(FUZZ_FRAMES) IOP_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+		$(BIN)/trial iop.test.test_fuzz_wire iop.test.test_fuzz_http
 
 proto: install
 	cd iop/protocols && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. iop.proto

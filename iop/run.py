@@ -23,15 +23,21 @@ from zope.interface import Interface
 # -- event types --------------------------------------------------------------
 
 #: Event types a run may emit, in this order: C{start}, any number of
-#: C{delta} / C{reasoning_delta}, then exactly one terminal.
+#: C{delta} / C{reasoning_delta} / C{tool_call}, then exactly one terminal.
 START = "start"
 DELTA = "delta"
 REASONING_DELTA = "reasoning_delta"
+TOOL_CALL = "tool_call"
 COMPLETE = "complete"
 ERROR = "error"
 CANCELLED = "cancelled"
 TERMINAL_TYPES = frozenset({COMPLETE, ERROR, CANCELLED})
-EVENT_TYPES = frozenset({START, DELTA, REASONING_DELTA}) | TERMINAL_TYPES
+EVENT_TYPES = frozenset({START, DELTA, REASONING_DELTA, TOOL_CALL}) | TERMINAL_TYPES
+
+#: Why a run completed, as OpenAI says it (on the C{complete} terminal;
+#: absent when the back end did not say). A cancelled run has no finish
+#: reason: it ends C{cancelled}.
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
 
 
 # -- the data of a run ----------------------------------------------------------
@@ -68,15 +74,34 @@ class RunFailure:
 
 
 @dataclass
+class ToolCall:
+    """
+    A function the model asks the caller to call (a C{tool_call} event).
+
+    @ivar arguments: the arguments as a JSON text, as OpenAI carries them.
+    """
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass
 class RunEventData:
     """
     One event of a normalized run, as an adapter emits it.
+
+    @ivar finish_reason: on C{complete}: one of L{FINISH_REASONS}, or
+        C{None} when the back end did not say.
+    @ivar tool_call: on C{tool_call}: the L{ToolCall}.
     """
 
     type: str
     text: str = ""
     usage: Usage | None = None
     error: RunFailure | None = None
+    finish_reason: str | None = None
+    tool_call: ToolCall | None = None
 
 
 class ITunnelSink(Interface):
@@ -154,6 +179,7 @@ NODE_DRAINING = "node_draining"
 NODE_DISCONNECTED = "node_disconnected"
 SEND_FAILED = "send_failed"
 SHUTTING_DOWN = "shutting_down"
+PROTOCOL_ERROR = "protocol_error"
 INVALID_REQUEST = "invalid_request"
 TUNNEL_NOT_SUPPORTED = "tunnel_not_supported"
 ADAPTER_ERROR = "adapter_error"
@@ -185,6 +211,7 @@ FAILURE_CODES = {
     NODE_DISCONNECTED: ("Edge", "the node's connection was lost mid-work"),
     SEND_FAILED: ("Edge", "the request could not be sent to the node"),
     SHUTTING_DOWN: ("Edge", "the Edge is draining: queued work refused, in-flight work past the grace cancelled"),
+    PROTOCOL_ERROR: ("Edge", "the node sent a malformed message for this work (the work ends, the connection stays)"),
     PROVIDER_ERROR: ("adapter", "the provider answered an error status or broke the stream"),
     PROVIDER_TIMEOUT: ("adapter", "the provider sent nothing for idle_timeout_sec"),
     PROVIDER_UNREACHABLE: ("adapter", "the provider could not be connected to"),

@@ -209,3 +209,73 @@ def test_failover_ejection_and_return(launch, fake_provider):
     assert payloads[-1] == "[DONE]"
     assert json.loads(payloads[-2])["error"]["code"] == "provider_error"
     assert healthy.stats()["requests"] == before + 1
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup", "description": "look it up", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+def test_tool_calls_through_ollama(surface):
+    """
+    A tool-calling exchange with an Ollama provider (a normalized run)
+    speaks OpenAI: the official SDK reads the model's tool call, streamed
+    and not, with finish_reason tool_calls; the tool's result goes back as
+    a tool message and the answer uses it; images reach Ollama as base64.
+    """
+    edge, _, ollama = surface
+    client = openai.OpenAI(base_url=edge.base_url + "/v1", api_key="edge-key", max_retries=0)
+    question = [{"role": "user", "content": "weather in Oslo"}]
+    reply = client.chat.completions.create(model="local", messages=question, tools=TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "lookup"
+    assert json.loads(call.function.arguments) == {"question": "weather in Oslo"}
+
+    stream = client.chat.completions.create(model="local", messages=question, tools=TOOLS, stream=True)
+    deltas, finish = [], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            deltas += choice.delta.tool_calls or []
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [d.function.name for d in deltas] == ["lookup"]
+
+    followup = question + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    answer = client.chat.completions.create(model="local", messages=followup, tools=TOOLS)
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.choices[0].message.content == "the tool said sunny"
+    sent = ollama.requests()[-1]["body"]["messages"]
+    assert sent[1]["tool_calls"] == [{"function": {"name": "lookup", "arguments": {"question": "weather in Oslo"}}}]
+    assert sent[2]["role"] == "tool" and sent[2]["content"] == "sunny"
+
+    image = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+    ]
+    client.chat.completions.create(model="local", messages=[{"role": "user", "content": image}])
+    assert ollama.requests()[-1]["body"]["messages"][0]["images"] == ["iVBORw0K"]
+
+
+def test_finish_reason_length_and_n(surface):
+    """
+    Ollama stopping at its token limit is OpenAI's finish_reason "length";
+    n > 1 on a normalized run is refused with 400, never silently one.
+    """
+    edge, _, _ = surface
+    client = openai.OpenAI(base_url=edge.base_url + "/v1", api_key="edge-key", max_retries=0)
+    messages = [{"role": "user", "content": "one two three four five"}]
+    reply = client.chat.completions.create(model="local", messages=messages, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.content == "one two "
+    status, _, body = post(
+        edge.http_port, "/v1/chat/completions", {"model": "local", "messages": messages, "n": 2}, EDGE
+    )
+    assert (status, json.loads(body)["error"]["code"]) == (400, "unsupported_n")

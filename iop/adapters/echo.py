@@ -50,4 +50,4 @@ class EchoAdapter(AdapterBase):
                 yield task.deferLater(self.reactor, self.delay, lambda: None)
             emit(RunEventData(DELTA, text=piece))
         usage = Usage(input_tokens=len(text.split()), output_tokens=len(pieces))
-        emit(RunEventData(COMPLETE, usage=usage))
+        emit(RunEventData(COMPLETE, usage=usage, finish_reason="stop"))

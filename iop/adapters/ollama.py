@@ -8,6 +8,7 @@ Ollama is not an OpenAI tunnel target: its runs are always normalized.
 """
 
 import json
+import secrets
 
 from twisted.internet import defer
 from zope.interface import implementer
@@ -22,13 +23,44 @@ from iop.adapters.streams import (
     capped_appender,
     error_message,
 )
-from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
 #: model options and go under C{options}.
 _TOP_LEVEL = frozenset({"format", "keep_alive", "think", "tools"})
 #: OpenAI option names callers commonly send, in Ollama's spelling.
 _RENAMED = {"max_tokens": "num_predict", "max_completion_tokens": "num_predict"}
+
+
+#: Ollama's done_reason, as OpenAI's finish_reason.
+_FINISH = {"stop": "stop", "length": "length", "load": "stop", "unload": "stop"}
+
+
+def _ollama_message(message):
+    """
+    An OpenAI-style chat message in Ollama's /api/chat form: images as
+    base64 (data: URLs stripped; other URLs are not fetched and dropped),
+    tool calls with their arguments as objects, a tool result as role
+    C{tool}.
+    """
+    result = {"role": message["role"], "content": message.get("content") or ""}
+    images = [url.split(",", 1)[1] for url in message.get("images", ()) if url.startswith("data:") and "," in url]
+    if images:
+        result["images"] = images
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = (call or {}).get("function") or {}
+        arguments = function.get("arguments")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            pass
+        calls.append({"function": {"name": function.get("name", ""), "arguments": arguments or {}}})
+    if calls:
+        result["tool_calls"] = calls
+    if message.get("name") and message["role"] == "tool":
+        result["tool_name"] = message["name"]
+    return result
 
 
 def _count(value):
@@ -38,14 +70,18 @@ def _count(value):
 class ChatLines:
     """
     Decoder for L{HTTPAdapter.stream_run}: NDJSON lines of /api/chat to
-    C{reasoning_delta} (C{message.thinking}) and C{delta}
-    (C{message.content}); the C{done} line gives the usage.
+    C{reasoning_delta} (C{message.thinking}), C{delta}
+    (C{message.content}) and C{tool_call} (C{message.tool_calls}); the
+    C{done} line gives the usage and, from C{done_reason}, OpenAI's
+    finish reason (C{tool_calls} when the model called tools).
     """
 
     def __init__(self, emit):
         self.emit = emit
         self.parser = NDJSONParser()
         self.usage = None
+        self.finish_reason = None
+        self.tool_calls = 0
 
     def feed(self, data):
         self._lines(self.parser.feed, data)
@@ -71,7 +107,18 @@ class ChatLines:
             text = message.get(key)
             if isinstance(text, str) and text:
                 self.emit(RunEventData(kind, text=text))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                self.tool_calls += 1
+                arguments = function.get("arguments")
+                text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+                self.emit(
+                    RunEventData(TOOL_CALL, tool_call=ToolCall(f"call_{secrets.token_hex(8)}", function["name"], text))
+                )
         if line.get("done"):
+            reason = line.get("done_reason")
+            self.finish_reason = "tool_calls" if self.tool_calls else _FINISH.get(reason, "stop" if reason else None)
             # Ollama reports no breakdown: reasoning and cached stay None.
             self.usage = Usage(
                 input_tokens=_count(line.get("prompt_eval_count")),
@@ -149,7 +196,7 @@ class OllamaAdapter(HTTPAdapter):
         return Capabilities(max_concurrency=self.max_concurrency, commands=tuple(self.COMMANDS))
 
     def chat_payload(self, run):
-        payload = {"model": run.target, "messages": run.messages, "stream": True}
+        payload = {"model": run.target, "messages": [_ollama_message(m) for m in run.messages], "stream": True}
         options = {}
         for key, value in run.options.items():
             if key in _TOP_LEVEL:

@@ -27,7 +27,7 @@ from iop.adapters.streams import (
     response_headers,
 )
 from iop.httpheaders import provider_request_headers
-from iop.run import DELTA, REASONING_DELTA, RunEventData, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
 
 
 def _count(value):
@@ -37,6 +37,23 @@ def _count(value):
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return None
+
+
+def openai_message(message):
+    """
+    A run's chat message back in OpenAI's form: images as C{image_url}
+    parts beside the text, and C{name}, C{tool_call_id}, C{tool_calls} as
+    they came.
+    """
+    result = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("images"):
+        parts = [{"type": "text", "text": result["content"]}] if result["content"] else []
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in message["images"]]
+        result["content"] = parts
+    for key in ("name", "tool_call_id", "tool_calls"):
+        if message.get(key):
+            result[key] = message[key]
+    return result
 
 
 def usage_from(data):
@@ -130,13 +147,23 @@ class ChatEvents:
     def __init__(self, emit, response):
         self.emit = emit
         self.usage = None
+        self.finish_reason = None
+        self.calls = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
 
     def feed(self, data):
         self.framing.feed(data)
 
     def finish(self):
+        """
+        The stream ended: the tool calls streamed in pieces are emitted
+        whole, in index order. @return: the usage reported, if any.
+        """
         self.framing.finish()
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            tool_call = ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"] or "{}")
+            self.emit(RunEventData(TOOL_CALL, tool_call=tool_call))
         return self.usage
 
     def chunk(self, chunk):
@@ -157,6 +184,27 @@ class ChatEvents:
             content = part.get("content")
             if isinstance(content, str) and content:
                 self.emit(RunEventData(DELTA, text=content))
+            for position, call in enumerate(part.get("tool_calls") or ()):
+                self._tool_call_piece(call, position)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _tool_call_piece(self, call, position):
+        """
+        One tool call, or a piece of one (a streamed delta carries its id
+        and name first, then its arguments in pieces, keyed by index).
+        """
+        if not isinstance(call, dict):
+            return
+        index = call.get("index", position)
+        entry = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        if isinstance(function.get("name"), str):
+            entry["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            entry["arguments"] += function["arguments"]
 
 
 class TunnelObserver:
@@ -344,10 +392,11 @@ class OpenAICompatAdapter(HTTPAdapter):
         streaming; usage reporting is always asked for.
         """
         payload = dict(run.options)
+        messages = [openai_message(m) for m in run.messages]
         stream_options = payload.get("stream_options")
         stream_options = dict(stream_options) if isinstance(stream_options, dict) else {}
         stream_options["include_usage"] = True
-        payload.update(model=run.target, messages=run.messages, stream=True, stream_options=stream_options)
+        payload.update(model=run.target, messages=messages, stream=True, stream_options=stream_options)
         return payload
 
     def execute(self, run, emit):
@@ -399,5 +448,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             if observer is not None:
                 observer.finish()
 
-        d = self.read(self.raw_request(request.method, request.path, headers, body), on_response)
+        # A sink that does flow control pauses the provider read with it.
+        raw = self.raw_request(request.method, request.path, headers, body)
+        d = self.read(raw, on_response, getattr(sink, "register_producer", None))
         return d.addCallback(ended).addErrback(as_provider_error)

@@ -244,7 +244,29 @@ class _BodyReader(Protocol):
             self.result.errback(reason)
 
 
-def read_body(request, on_response, idle_timeout=None, clock=None):
+class _BodyProducer:
+    """
+    The C{IPushProducer} of one response body, for flow control: pausing
+    stops reading the provider's connection (and the idle timeout with
+    it, since silence is then ours); resuming reads on.
+    """
+
+    def __init__(self, pause, resume, stop):
+        self._pause = pause
+        self._resume = resume
+        self._stop = stop
+
+    def pauseProducing(self):
+        self._pause()
+
+    def resumeProducing(self):
+        self._resume()
+
+    def stopProducing(self):
+        self._stop()
+
+
+def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=None):
     """
     Drive one unbuffered treq request to the end of its body.
 
@@ -257,6 +279,8 @@ def read_body(request, on_response, idle_timeout=None, clock=None):
         headers, or between body chunks) before the connection is closed
         and the result fails with L{ProviderStalled}; C{None} waits forever.
     @param clock: the C{IReactorTime} for C{idle_timeout}.
+    @param on_producer: called with an C{IPushProducer} of the body once
+        it starts: pausing it stops reading the provider (flow control).
     @return: a Deferred firing with the response once the body ended.
         Cancelling it at any point closes the provider connection: before
         the headers by cancelling C{request}, after them by stopping the
@@ -266,6 +290,7 @@ def read_body(request, on_response, idle_timeout=None, clock=None):
     cancelled = False
     stalled = None
     timer = None
+    paused = False
 
     def cancel(result):
         nonlocal cancelled
@@ -288,7 +313,7 @@ def read_body(request, on_response, idle_timeout=None, clock=None):
 
     def touch():
         nonlocal timer
-        if idle_timeout is None or result.called:
+        if idle_timeout is None or result.called or paused:
             return
         if timer is None:
             timer = clock.callLater(idle_timeout, expire)
@@ -319,6 +344,28 @@ def read_body(request, on_response, idle_timeout=None, clock=None):
         response.deliverBody(reader)
         if failure is not None:
             reader.abort()
+        elif on_producer is not None:
+            on_producer(_BodyProducer(pause, resume, reader.abort))
+
+    def pause():
+        nonlocal paused, timer
+        if paused or result.called:
+            return
+        paused = True
+        if timer is not None and timer.active():
+            timer.cancel()
+        timer = None
+        if reader.transport is not None:
+            reader.transport.pauseProducing()
+
+    def resume():
+        nonlocal paused
+        if not paused or result.called:
+            return
+        paused = False
+        touch()
+        if reader.transport is not None:
+            reader.transport.resumeProducing()
 
     def request_failed(failure):
         # A cancelled request fails with whatever the Agent says; the
@@ -476,11 +523,11 @@ class HTTPAdapter(AdapterBase):
         producer = FileBodyProducer(BytesIO(body)) if body else None
         return self.agent.request(method.encode("ascii"), self.url(path).encode("utf-8"), raw, producer)
 
-    def read(self, request, on_response):
+    def read(self, request, on_response, on_producer=None):
         """
         L{read_body} with this adapter's idle timeout.
         """
-        return read_body(request, on_response, self.idle_timeout, self.clock)
+        return read_body(request, on_response, self.idle_timeout, self.clock, on_producer)
 
     def fetch_json(self, method, path, payload=None):
         """
@@ -510,7 +557,8 @@ class HTTPAdapter(AdapterBase):
 
         @param make_decoder: called with the 2xx response; returns an
             object with C{feed(bytes)} and C{finish() -> Usage | None},
-            both of which may raise L{ProviderError}.
+            both of which may raise L{ProviderError}, and optionally a
+            C{finish_reason} for the C{complete} terminal.
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
@@ -529,7 +577,8 @@ class HTTPAdapter(AdapterBase):
             if decoder is None:
                 message = error_message(bytes(error_body)) or f"HTTP {response.code}"
                 raise ProviderError(message, response.code)
-            emit(RunEventData(COMPLETE, usage=decoder.finish()))
+            usage = decoder.finish()
+            emit(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
         def failed(failure):
             failure.trap(ProviderError)
@@ -542,7 +591,8 @@ class HTTPAdapter(AdapterBase):
             )
             emit(RunEventData(ERROR, error=error.failure()))
 
-        d = self.read(self.request("POST", path, json=payload), on_response)
+        # An emit that does flow control pauses the provider read with it.
+        d = self.read(self.request("POST", path, json=payload), on_response, getattr(emit, "register_producer", None))
         d.addCallback(ended)
         d.addErrback(as_provider_error)
         d.addErrback(failed)

@@ -11,6 +11,9 @@ import json
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
+from iop.edge.keys import KeySpec, parse_key, parse_keys
+from iop.edge.limits import Limits, parse_limits
+from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
 from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES
@@ -79,8 +82,15 @@ class RunLogSpec:
 
 @dataclass(frozen=True)
 class ManholeSpec:
+    """
+    The operator console: where it listens (checked to be loopback), its
+    users with their authorized SSH public keys (C{{name: (key, ...)}},
+    OpenSSH form), and where its host key is kept.
+    """
+
     listen: str
     users: dict
+    host_key: str = ".iop-manhole/host_key"
 
 
 @dataclass
@@ -92,8 +102,13 @@ class EdgeConfig:
     heartbeat_timeout: float = 5.0
     nodes: list = field(default_factory=list)
     model_groups: list = field(default_factory=list)
-    api_keys: frozenset = frozenset()
-    admin_keys: frozenset = frozenset()
+    #: L{iop.edge.keys.KeySpec}s.
+    api_keys: tuple = ()
+    admin_keys: tuple = ()
+    #: The key C{/metrics} requires, if any.
+    metrics_key: KeySpec | None = None
+    #: A separate endpoint for C{/metrics} (then not on the HTTP port).
+    listen_metrics: str | None = None
     manhole: ManholeSpec | None = None
     run_grace_sec: float = 10.0
     #: How long a stopping Edge lets work in flight finish before ending it.
@@ -113,6 +128,13 @@ class EdgeConfig:
     log_format: str = "text"
     #: What the Edge keeps of runs in memory.
     run_log: RunLogSpec = RunLogSpec()
+    #: How long a Node connection may take to have its registration
+    #: accepted before it is closed.
+    register_timeout_sec: float = 10.0
+    #: What strangers can make the Edge spend (C{limits:}).
+    limits: Limits = field(default_factory=Limits)
+    #: Mutual TLS on the Node port (C{node_tls:}), if configured.
+    node_tls: NodeTLSSpec | None = None
 
     def node(self, node_id):
         for node in self.nodes:
@@ -151,6 +173,7 @@ def parse(top):
             "model_groups",
             "api_keys",
             "admin_keys",
+            "metrics_key",
             "manhole",
             "metrics",
             "run_grace_sec",
@@ -160,24 +183,31 @@ def parse(top):
             "health",
             "log_format",
             "run_log",
+            "register_timeout_sec",
+            "limits",
+            "node_tls",
         }
     )
     listen = top.section("listen")
-    listen.unknown({"nodes", "http"})
+    listen.unknown({"nodes", "http", "metrics"})
     heartbeat = top.section("heartbeat", None)
     heartbeat.unknown({"interval_sec", "timeout_sec"})
     config = EdgeConfig(
         listen_nodes=listen.get("nodes", str),
         listen_http=listen.get("http", str),
+        listen_metrics=listen.get("metrics", str, None),
         metrics=top.get("metrics", bool, True),
         heartbeat_interval=heartbeat.number("interval_sec", 2.0, positive=True),
         heartbeat_timeout=heartbeat.number("timeout_sec", 5.0, positive=True),
-        api_keys=frozenset(_strings(top, "api_keys")),
-        admin_keys=frozenset(_strings(top, "admin_keys")),
+        api_keys=parse_keys(top, "api_keys"),
+        admin_keys=parse_keys(top, "admin_keys"),
+        metrics_key=parse_key(top, "metrics_key"),
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
         direct_queue_timeout_sec=top.number("direct_queue_timeout_sec", 30.0, positive=True),
         log_format=parse_log_format(top),
+        register_timeout_sec=top.number("register_timeout_sec", 10.0, positive=True),
+        limits=parse_limits(top.section("limits", None)),
     )
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise heartbeat.error("timeout_sec", "must be longer than interval_sec")
@@ -191,6 +221,8 @@ def parse(top):
     config.command_timeouts = _command_timeouts(top.section("commands", None))
     config.health = _health(top.section("health", None))
     config.run_log = _run_log(top.section("run_log", None))
+    if top.data.get("node_tls") is not None:
+        config.node_tls = parse_node_tls(top.section("node_tls"), listen)
     return config
 
 
@@ -239,14 +271,6 @@ def _command_timeouts(section):
     for name in per_command.data:
         timeouts[name] = per_command.number(name, positive=True)
     return timeouts
-
-
-def _strings(section, name):
-    values = section.get(name, list, [])
-    for i, value in enumerate(values):
-        if not isinstance(value, str) or not value:
-            raise section.error(f"{name}[{i}]", "must be a non-empty string")
-    return values
 
 
 def _unique(section, name, values, what="id"):
@@ -396,17 +420,42 @@ def _group(section, config):
 
 
 def _manhole(section):
-    section.unknown({"listen", "users"})
+    from iop.edge.endpoints import EndpointError, loopback_interface
+    from iop.edge.sshkeys import BadKey, parse_public_key, read_authorized_keys
+
+    section.unknown({"listen", "users", "host_key"})
+    listen = section.get("listen", str, "tcp:7122:interface=127.0.0.1")
+    try:
+        loopback_interface(listen)
+    except EndpointError as e:
+        raise section.error("listen", f"the console must be bound to a loopback address: {e}") from None
     users = section.section("users")
     if not users.data:
         raise section.error("users", "must define at least one user: the console is never open")
-    for name, password in users.data.items():
-        if not isinstance(password, str) or not password:
-            raise users.error(name, "password must be a non-empty string")
-    listen = section.get("listen", str, "tcp:7122:interface=127.0.0.1")
-    if "interface=" not in listen or not any(h in listen for h in ("127.0.0.1", "localhost", "::1")):
-        raise section.error("listen", "the console must be bound to loopback (interface=127.0.0.1)")
-    return ManholeSpec(listen=listen, users=dict(users.data))
+    keys = {}
+    for name, value in users.data.items():
+        if not isinstance(value, dict):
+            raise users.error(
+                name,
+                "plaintext passwords are not accepted: give the user authorized_keys"
+                " (a file in OpenSSH authorized_keys format, or a list of public keys)",
+            )
+        user = users.section(name)
+        user.unknown({"authorized_keys"})
+        given = user.get("authorized_keys", (str, list))
+        try:
+            if isinstance(given, str):
+                keys[name] = read_authorized_keys(given)
+            else:
+                if not given:
+                    raise user.error("authorized_keys", "must list at least one key")
+                for i, line in enumerate(given):
+                    if not isinstance(line, str):
+                        raise user.error(f"authorized_keys[{i}]", "must be a string")
+                keys[name] = tuple(parse_public_key(line) for line in given)
+        except BadKey as e:
+            raise user.error("authorized_keys", str(e)) from None
+    return ManholeSpec(listen=listen, users=keys, host_key=section.get("host_key", str, ManholeSpec.host_key))
 
 
 __all__ = ["ConfigError", "EdgeConfig", "NodeSpec", "AdapterSpec", "load", "parse", "token_digest"]

@@ -7,23 +7,38 @@ on its terminal from the Node, on a send failure, on the owner's
 disconnect, or when a cancel got no answer within the grace period — and
 ending it returns its lease. Callers see it through a listener: an
 L{IRunListener} for runs, an L{ITunnelListener} for tunnels.
+
+What a Node says about one piece of work is checked here: a malformed
+message (an unknown event type, a tunnel status that is no HTTP status, a
+header that is no header) is a protocol violation of that work alone. It
+ends with C{protocol_error}, the Node is asked to cancel it, and the
+connection and every other piece of work on it go on. A listener that
+raises (a bug) ends only its own work too.
 """
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from zope.interface import Interface
 
 from iop.edge.failover import provider_failed
+from iop.edge.flow import ReceiveWindow
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
+from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
+    ADAPTER_ERROR,
     CANCELLED,
     COMPLETE,
+    DELTA,
     ERROR,
+    EVENT_TYPES,
     NODE_DISCONNECTED,
+    PROTOCOL_ERROR,
     PROVIDER_ERROR,
+    REASONING_DELTA,
     SEND_FAILED,
     SHUTTING_DOWN,
     TERMINAL_TYPES,
@@ -31,6 +46,10 @@ from iop.run import (
     RunEventData,
     RunFailure,
 )
+
+#: An HTTP header name (RFC 9110 token) and a value without CR, LF or NUL.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class IRunListener(Interface):
@@ -111,9 +130,14 @@ class Dispatch:
         returns a callable to take the work over (the dispatch ends
         quietly, then calls it: the Edge places the work again), or
         C{None} to let the listener get the failure.
+    @ivar window: the stream's flow-control window (L{iop.edge.flow}), on
+        links of wire version 3 or later.
     """
 
     log = Logger()
+
+    #: The request messages that start a stream (and carry its window).
+    _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
 
     def __init__(self, tracker, dispatch_id, placement, listener, caller_id=None, record=None):
         self.tracker = tracker
@@ -125,6 +149,7 @@ class Dispatch:
         self.done = False
         self.output = False
         self.on_early_failure = None
+        self.window = None
         self._grace = None
 
     def _first_output(self):
@@ -157,7 +182,28 @@ class Dispatch:
         return self.placement.link
 
     def send(self, message):
+        """
+        Send one message to the Node. The request that starts the work
+        opens its flow-control window on a link of wire version 3 or later
+        (L{iop.edge.flow}); a streaming listener registers the window as
+        the producer of its caller's response (C{use_producer}).
+        """
+        if isinstance(message, self._REQUESTS) and self.window is None:
+            if getattr(self.link, "wire_version", 1) >= FLOW_CONTROL_WIRE_VERSION:
+                message.window_bytes = STREAM_WINDOW_BYTES
+                self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES, self.tracker.clock)
+                use_producer = getattr(self.listener, "use_producer", None)
+                if use_producer is not None:
+                    use_producer(self.window)
         self.link.wire.send(message)
+
+    def delivered(self, size):
+        """
+        C{size} body bytes were handed to the listener: count them against
+        the window.
+        """
+        if self.window is not None:
+            self.window.received(size)
 
     def cancel(self, grace):
         """
@@ -185,14 +231,49 @@ class Dispatch:
         """
         if self.done:
             return
-        try:
-            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
-        except Exception as e:
-            self.log.info("cancel of {id} not sent while shutting down: {error}", id=self.id, error=e)
+        self._cancel_on_node()
         self.end_cancelled(message, SHUTTING_DOWN)
 
     def node_lost(self, message):
         self.fail(NODE_DISCONNECTED, message)
+
+    def violation(self, reason):
+        """
+        The Node sent a malformed message for this work: end it with
+        C{protocol_error} and ask the Node to cancel it. The connection is
+        not affected.
+        """
+        if self.done:
+            return
+        self.log.warn(
+            "node {node} sent a malformed message for {kind} {id}: {reason}",
+            node=self.link.node_id,
+            kind=self.kind,
+            id=self.id,
+            reason=reason,
+        )
+        self._cancel_on_node()
+        self.fail(PROTOCOL_ERROR, f"the node sent a malformed message: {reason}")
+
+    def _cancel_on_node(self):
+        try:
+            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+        except Exception as e:
+            self.log.info("cancel of {id} not sent: {error}", id=self.id, error=e)
+
+    def _tell(self, method, *args):
+        """
+        Call the listener; if it raises (a bug), log it and end this work
+        alone: the lease returns and the Node is asked to cancel.
+        """
+        try:
+            method(*args)
+        except Exception:
+            self.log.failure("the listener of {kind} {id} failed", kind=self.kind, id=self.id, level=LogLevel.error)
+            if not self.done:
+                self._cancel_on_node()
+                self.finish()
+                self.tracker.abandoned(self, "internal_error", "the caller's listener failed")
 
     def finish(self):
         """
@@ -204,6 +285,8 @@ class Dispatch:
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
         self._grace = None
+        if self.window is not None:
+            self.window.close()
         self.placement.release()
         self.tracker.forget(self)
         return True
@@ -223,6 +306,13 @@ class RunDispatch(Dispatch):
         """
         if self.done:
             return
+        if event.type not in EVENT_TYPES:
+            self.violation(f"unknown event type {event.type[:40]!r}")
+            return
+        if event.type in (ERROR, CANCELLED) and event.error is None:
+            # A terminal without its reason: give it a generic one.
+            code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
+            event = replace(event, error=RunFailure(code=code, message=message))
         if event.type == ERROR and self._taken_over(event.error):
             return
         if not self.output and event.type != ERROR:
@@ -230,7 +320,7 @@ class RunDispatch(Dispatch):
         self.output = True
         if event.type in TERMINAL_TYPES:
             self.finish()
-            if event.type == ERROR and event.error is not None:
+            if event.type == ERROR:
                 self.log.warn(
                     "run {run_id} on node {node} ({adapter}) failed: {code}: {reason}",
                     run_id=self.id,
@@ -240,7 +330,9 @@ class RunDispatch(Dispatch):
                     reason=event.error.message,
                 )
         self.tracker.run_event(self, event, seq)
-        self.listener.event(event)
+        self._tell(self.listener.event, event)
+        if event.type in (DELTA, REASONING_DELTA) and event.text:
+            self.delivered(len(event.text.encode("utf-8")))
 
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
@@ -252,7 +344,7 @@ class RunDispatch(Dispatch):
         """
         event = RunEventData(ERROR, error=failure)
         self.tracker.run_event(self, event, None)
-        self.listener.event(event)
+        self._tell(self.listener.event, event)
 
     def end_cancelled(self, message, code=CANCELLED):
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
@@ -273,43 +365,51 @@ class TunnelDispatch(Dispatch):
             return
         which = frame.WhichOneof("frame")
         if which == "error":
-            self.fail(frame.error.code, frame.error.message, frame.error.status)
+            error = frame.error
+            self.fail(error.code or ADAPTER_ERROR, error.message or "no reason given", error.status)
             return
-        if which == "status" and not self.output and (frame.status >= 500 or frame.status == 429):
-            failure = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {frame.status}", frame.status)
-            if self._taken_over(failure):
-                self._stop_on_node()
-                return
-        elif not self.output:
-            self._first_output()
-        self.output = True
+        if which is None:
+            self.violation("empty tunnel frame")
+            return
         if which == "status":
-            self.listener.status(frame.status)
+            if not 100 <= frame.status <= 599:
+                self.violation(f"tunnel status {frame.status} is not an HTTP status")
+                return
+            if not self.output and (frame.status >= 500 or frame.status == 429):
+                failure = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {frame.status}", frame.status)
+                if self._taken_over(failure):
+                    self._cancel_on_node()
+                    return
+        if not self.output:
+            self._first_output()
+        if which == "status":
+            self._tell(self.listener.status, frame.status)
         elif which == "headers":
-            self.listener.headers([(h.name, h.value) for h in frame.headers.headers])
+            pairs = [(h.name, h.value) for h in frame.headers.headers]
+            for name, value in pairs:
+                if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
+                    self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
+                    return
+            self._tell(self.listener.headers, pairs)
         elif which == "body":
-            self.listener.body(frame.body)
+            self._tell(self.listener.body, frame.body)
+            self.delivered(len(frame.body))
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
             self.usage = usage_to_json(usage)
-            self.listener.usage(usage)
+            self._tell(self.listener.usage, usage)
         elif which == "metadata_json":
+            # An observation, never part of the body: a bad one is ignored.
             try:
                 info = json.loads(frame.metadata_json)
             except ValueError:
                 self.log.warn("tunnel {id}: metadata from the node is not JSON; ignored", id=self.id)
                 return
-            self.listener.metadata(info)
+            self._tell(self.listener.metadata, info)
         elif which == "end":
             self.finish()
             self.tracker.tunnel_ended(self, COMPLETE, None)
-            self.listener.end()
-
-    def _stop_on_node(self):
-        try:
-            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
-        except Exception as e:
-            self.log.info("cancel of abandoned tunnel {id} not sent: {error}", id=self.id, error=e)
+            self._tell(self.listener.end)
 
     def fail(self, code, message, status=0):
         failure = RunFailure(code=code, message=message, status=status)
@@ -324,11 +424,11 @@ class TunnelDispatch(Dispatch):
             reason=message,
         )
         self.tracker.tunnel_ended(self, CANCELLED if code in (CANCELLED, SHUTTING_DOWN) else ERROR, failure)
-        self.listener.error(failure)
+        self._tell(self.listener.error, failure)
 
     def tell_failure(self, failure):
         self.tracker.tunnel_ended(self, ERROR, failure)
-        self.listener.error(failure)
+        self._tell(self.listener.error, failure)
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)

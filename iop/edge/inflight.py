@@ -170,6 +170,14 @@ class Inflight:
         if dispatch.record is not None:
             self.runs.event(dispatch.record, event, seq)
 
+    def abandoned(self, dispatch, code, message):
+        """
+        Work that ended here without a terminal to report (its listener
+        failed): its record ends too.
+        """
+        if dispatch.record is not None:
+            self.runs.not_started(dispatch.record, code, message)
+
     def tunnel_ended(self, dispatch, status, failure):
         if dispatch.record is not None:
             error = None if failure is None else {"code": failure.code, "message": failure.message}

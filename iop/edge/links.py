@@ -84,6 +84,16 @@ class NodeLinks:
         )
         return link, iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
 
+    def refuse_credentials(self, token, reason):
+        """
+        Refuse a registration whose credentials do not hold together (a
+        client certificate that does not name the token's node): fatal for
+        the Node, like an unknown token.
+
+        @return: C{(None, response)}.
+        """
+        return self._refused(self.registry.find_node(token), iop_pb2.UNKNOWN_TOKEN, reason)
+
     def _refused(self, node, code, reason):
         self.bus.node_event(node.id if node else None, lifecycle.REJECTED, reason=reason)
         self.log.warn("registration refused: {reason}", reason=reason)

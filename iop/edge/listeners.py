@@ -1,44 +1,86 @@
 """
 The Edge's listening children: the Node port, the HTTP site (callers and
-C{/metrics}) and, when configured, the operator console. Each is a
+C{/metrics}), and when configured a separate metrics endpoint and the
+operator console. Each is a
 C{strports} service under the L{iop.edge.service.EdgeService} tree; none
 listens until the tree is started.
 """
 
 from twisted.application import strports
+from twisted.protocols.tls import TLSMemoryBIOFactory
 
-from iop.edge.connection import EdgeNodeConnection
-from iop.edge.http.root import build_root
+from iop.edge.http.common import RequireKey
+from iop.edge.http.root import Router, build_root
 from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
-from iop.protocols.wire import Heartbeat, WireFactory
+from iop.edge.nodeport import NodePortFactory
+from iop.edge.nodetls import context_factory
+
+#: The listen backlog of the Node port and the HTTP port unless their
+#: endpoint string says otherwise (Twisted's default, 50, overflows under a
+#: burst of connections: the extra ones are reset by the kernel).
+LISTEN_BACKLOG = 1024
+
+
+def with_backlog(description, backlog=LISTEN_BACKLOG):
+    """
+    C{description} (a server endpoint string) with C{backlog=} added for
+    the stream endpoints that take it, unless it names one already.
+    """
+    kind = description.split(":", 1)[0]
+    if kind in ("tcp", "tcp6", "ssl", "unix") and "backlog=" not in description:
+        return f"{description}:backlog={backlog}"
+    return description
 
 
 def node_factory(edge, reactor):
     """
-    The factory of Node connections: one L{EdgeNodeConnection} each,
-    talking to C{edge.links}.
+    The factory of Node connections: one
+    L{iop.edge.connection.EdgeNodeConnection} each, talking to
+    C{edge.links}, under the pre-registration limits.
+    """
+    return NodePortFactory(edge.links, lambda: edge.config, reactor)
+
+
+def metrics_resource(edge):
+    """
+    C{/metrics}, behind C{metrics_key} when one is configured; C{None} when
+    metrics are off.
     """
     config = edge.config
-    heartbeat = Heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
-    return WireFactory(lambda: EdgeNodeConnection(edge.links), reactor, heartbeat)
+    if not config.metrics:
+        return None
+    resource = build_metrics(edge, edge.bus)
+    return resource if config.metrics_key is None else RequireKey(resource, config.metrics_key)
 
 
-def http_site(edge, reactor):
-    metrics = build_metrics(edge, edge.bus) if edge.config.metrics else None
-    return EdgeSite(build_root(edge, edge.config, reactor, metrics))
+def http_site(edge, reactor, metrics=None):
+    return EdgeSite(build_root(edge, edge.config, reactor, metrics), limits=edge.config.limits, reactor=reactor)
 
 
 def add_listeners(edge, reactor):
     """
-    Give C{edge} its children. @return: C{(nodes, http, manhole)}, the
-    last C{None} unless configured.
+    Give C{edge} its children. @return: C{(nodes, http, metrics, manhole)},
+    the last two C{None} unless configured (C{/metrics} is on the HTTP port
+    unless C{listen.metrics} gives it its own).
     """
     config = edge.config
-    nodes = strports.service(config.listen_nodes, node_factory(edge, reactor), reactor=reactor)
+    metrics = metrics_resource(edge)
+    metrics_listener = None
+    if metrics is not None and config.listen_metrics is not None:
+        metrics_site = EdgeSite(Router.only("/metrics", metrics), limits=config.limits, reactor=reactor)
+        metrics_listener = strports.service(config.listen_metrics, metrics_site, reactor=reactor)
+        metrics_listener.setServiceParent(edge)
+        metrics = None
+    edge.node_port = node_factory(edge, reactor)
+    factory = edge.node_port
+    if config.node_tls is not None:
+        # Mutual TLS over the plain endpoint: client certificates required.
+        factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
+    nodes = strports.service(with_backlog(config.listen_nodes), factory, reactor=reactor)
     nodes.setServiceParent(edge)
-    edge.site = http_site(edge, reactor)
-    http = strports.service(config.listen_http, edge.site, reactor=reactor)
+    edge.site = http_site(edge, reactor, metrics)
+    http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
     console = None
     if config.manhole is not None:
@@ -53,4 +95,4 @@ def add_listeners(edge, reactor):
         }
         console = manhole_service(config.manhole, namespace, reactor)
         console.setServiceParent(edge)
-    return nodes, http, console
+    return nodes, http, metrics_listener, console

@@ -1,35 +1,39 @@
 """
 The operator console: a Twisted conch manhole over SSH, bound to loopback
-and protected by the users in C{edge.yaml}'s C{manhole.users}.
+(checked on the parsed endpoint, L{iop.edge.endpoints}) and open only to
+the users of C{edge.yaml}'s C{manhole.users}, each by their authorized SSH
+public keys. There are no passwords.
 
 Its namespace holds the live objects (C{edge}, C{registry}, C{pool},
 C{bus}, C{inflight}), so an operator can look at leases and waiters as
 they are, e.g. C{pool.snapshot()} or C{[l.node_id for l in
-pool.active_leases()]}.
+pool.active_leases()]}. The host key is generated on first start, mode
+0600 (L{iop.edge.sshkeys}).
 """
 
 from twisted.application import strports
 from twisted.conch import manhole, manhole_ssh
+from twisted.conch.checkers import InMemorySSHKeyDB, SSHPublicKeyChecker
 from twisted.conch.insults import insults
 from twisted.conch.ssh import keys
-from twisted.cred import checkers, portal
-from twisted.python import filepath
+from twisted.cred import portal
 
-#: Where the console's SSH host key is kept (relative to the working
-#: directory), generated on first start.
-HOST_KEY = ".iop-manhole/host_rsa_key"
+from iop.edge.sshkeys import host_key
 
 
-def manhole_factory(users, namespace, host_key_path=HOST_KEY):
+def manhole_factory(users, namespace, host_key_path):
+    """
+    @param users: C{{name: (public key bytes, ...)}}.
+    """
     realm = manhole_ssh.TerminalRealm()
     realm.chainedProtocolFactory = lambda: insults.ServerProtocol(manhole.ColoredManhole, namespace)
-    checker = checkers.InMemoryUsernamePasswordDatabaseDontUse(
-        **{name: password.encode("utf-8") for name, password in users.items()}
+    database = InMemorySSHKeyDB(
+        {name.encode("utf-8"): [keys.Key.fromString(key) for key in user_keys] for name, user_keys in users.items()}
     )
-    factory = manhole_ssh.ConchFactory(portal.Portal(realm, [checker]))
-    key = keys._getPersistentRSAKey(filepath.FilePath(host_key_path), keySize=2048)
-    factory.publicKeys[b"ssh-rsa"] = key
-    factory.privateKeys[b"ssh-rsa"] = key
+    factory = manhole_ssh.ConchFactory(portal.Portal(realm, [SSHPublicKeyChecker(database)]))
+    key = host_key(host_key_path)
+    factory.publicKeys = {key.sshType(): key.public()}
+    factory.privateKeys = {key.sshType(): key}
     return factory
 
 
@@ -37,4 +41,4 @@ def manhole_service(spec, namespace, reactor):
     """
     @param spec: the L{iop.edge.config.ManholeSpec}.
     """
-    return strports.service(spec.listen, manhole_factory(spec.users, namespace), reactor=reactor)
+    return strports.service(spec.listen, manhole_factory(spec.users, namespace, spec.host_key), reactor=reactor)

@@ -66,6 +66,16 @@ class Placer:
         group = self.pool.group(spec.model) if spec.model else None
         return group.retries if group is not None else 0
 
+    def elsewhere(self, spec, avoid):
+        """
+        Whether C{spec}'s model group has a live provider outside C{avoid}
+        that could serve it (so that placing it again can succeed).
+        """
+        if not spec.model or self.pool.group(spec.model) is None:
+            return False
+        klass = self.pool.classify(spec.model, spec.input_chars())
+        return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid))
+
     def _lease(self, spec, avoid):
         model, node_id = spec.model, spec.node
         group = self.pool.group(model) if model else None
@@ -86,9 +96,9 @@ class Placer:
         return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
 
     def _pooled(self, spec, avoid, node_id=None):
-        def accept(provider):
-            return spec.serves(provider.adapter_type) and provider.key not in avoid
-
+        # Every provider will do (the common case): the pool's index then
+        # chooses without scanning the group.
+        accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
         try:
             return self.pool.acquire(spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, accept)
         except KeyError:
@@ -139,6 +149,18 @@ class Placer:
         if failure.check(QueueFull):
             raise ServiceError("busy", str(failure.value), code="queue_full")
         return failure
+
+
+def _acceptor(spec, avoid):
+    """
+    The providers C{spec} may go to: of a type that serves it, and not one
+    that already failed it.
+    """
+
+    def accept(provider):
+        return spec.serves(provider.adapter_type) and provider.key not in avoid
+
+    return accept
 
 
 def _cannot_serve(what, spec):

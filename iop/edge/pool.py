@@ -59,8 +59,8 @@ raise C{KeyError} synchronously (a caller error, "model not found", not
 an outage); use L{ProviderPool.group} to check first.
 """
 
+import heapq
 from dataclasses import dataclass
-from fractions import Fraction
 from heapq import merge
 from itertools import count
 from operator import attrgetter
@@ -251,8 +251,17 @@ class _Resource:
         self.cooldown = cooldown
         self.failures_total = {}  # failure code -> count since start
         self.ejections_total = 0
+        #: Bumped on every change of room or load; the L{_LoadIndex}es that
+        #: hold this resource are told (stale entries are dropped lazily).
+        self.version = 0
+        self.indexes = []
         self.in_use = {NORMAL: 0, LONG: 0}
         self.leases = {}  # Lease -> None, in grant order
+
+    def changed(self):
+        self.version += 1
+        for index in self.indexes:
+            index.push(self)
 
     @property
     def live(self):
@@ -267,17 +276,19 @@ class _Resource:
         return self.spec.capacity(klass) - self.in_use[klass]
 
     def load(self, klass):
-        return Fraction(self.in_use[klass], self.spec.capacity(klass))
+        return self.in_use[klass] / self.spec.capacity(klass)
 
     def take(self, lease):
         self.in_use[lease.klass] += 1
         self.leases[lease] = None
+        self.changed()
 
     def give(self, lease):
         if lease not in self.leases:
             return False
         del self.leases[lease]
         self.in_use[lease.klass] -= 1
+        self.changed()
         return True
 
     def set_generation(self, generation):
@@ -291,7 +302,58 @@ class _Resource:
         self.in_use = {NORMAL: 0, LONG: 0}
         self.generation = generation
         self.draining = False
+        self.changed()
         return returned
+
+
+class _LoadIndex:
+    """
+    The members of one queue that have room for one request class, least
+    loaded first (ties: the order the queue lists them): a heap whose
+    entries go stale when a resource changes (it pushes a fresh one), and
+    are dropped when they reach the top. Choosing is O(log n) amortized,
+    not a scan of every member.
+    """
+
+    def __init__(self, klass, members, resources):
+        self.klass = klass
+        self.members = {m.key: m for m in members}
+        self.order = {m.key: i for i, m in enumerate(members)}
+        self.heap = []
+        for member in members:
+            resource = resources[member.key]
+            resource.indexes.append(self)
+            self.push(resource)
+
+    def push(self, resource):
+        if resource.room(self.klass) <= 0:
+            return
+        key = resource.spec.key
+        heapq.heappush(self.heap, (resource.load(self.klass), self.order[key], resource.version, resource))
+        if len(self.heap) > 4 * len(self.members) + 16:
+            self._compact()
+
+    def best(self):
+        """
+        The least loaded member with room, as C{(resource, member)}, or
+        C{None}.
+        """
+        heap = self.heap
+        while heap:
+            _, order, version, resource = heap[0]
+            if version == resource.version and resource.room(self.klass) > 0:
+                return resource, self.members[resource.spec.key]
+            heapq.heappop(heap)
+        return None
+
+    def _compact(self):
+        fresh = {}
+        for entry in self.heap:
+            resource = entry[3]
+            if entry[2] == resource.version and resource.room(self.klass) > 0:
+                fresh[resource.spec.key] = entry
+        self.heap = list(fresh.values())
+        heapq.heapify(self.heap)
 
 
 class _Queue:
@@ -308,6 +370,13 @@ class _Queue:
         self.timeout = timeout
         self.max_queue = max_queue
         self.waiters = {}  # _Waiter -> None, oldest first
+        self.indexes = {}  # request class -> _LoadIndex, built on first use
+
+    def index(self, klass, resources):
+        index = self.indexes.get(klass)
+        if index is None:
+            index = self.indexes[klass] = _LoadIndex(klass, self.members, resources)
+        return index
 
 
 class _Waiter:
@@ -345,6 +414,7 @@ class ProviderPool:
     def __init__(self, clock, providers, groups, direct_timeout=30.0, health=None):
         self._clock = clock
         self._direct_timeout = direct_timeout
+        self._waiting = 0
         self._health = health or HealthPolicy()
         self._resources = {}
         self._by_node = {}
@@ -475,6 +545,7 @@ class ProviderPool:
         resource.cooldown = min(cooldown * 2, self._health.max_cooldown_sec)
         resource.ejections_total += 1
         resource.ejected = self._clock.callLater(cooldown, self._cooled, resource)
+        resource.changed()
         self.log.warn(
             "provider {node}/{provider} ejected for {cooldown:g}s after {failures} failures: {error}",
             node=resource.spec.node_id,
@@ -491,6 +562,7 @@ class ProviderPool:
         ejects it again at once; an answer makes it healthy).
         """
         resource.ejected = None
+        resource.changed()
         self.log.info(
             "provider {node}/{provider} back on trial after its cooldown",
             node=resource.spec.node_id,
@@ -514,16 +586,37 @@ class ProviderPool:
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
         queue = self._queues[self._group(group_name).name]
+        return self._acquire(queue, self._members(queue, node_id, accept), klass)
+
+    def waiting(self):
+        """
+        How many requests wait in all queues together.
+        """
+        return self._waiting
+
+    def has_candidate(self, group_name, klass, node_id=None, accept=None):
+        """
+        Whether a live provider of C{group_name} (filtered as for
+        L{acquire}) could serve a request of class C{klass}, now or after
+        a wait.
+        """
+        queue = self._queues[self._group(group_name).name]
+        try:
+            return self._has_candidate(self._members(queue, node_id, accept), klass)
+        except KeyError:
+            return False
+
+    def _members(self, queue, node_id, accept):
         members = queue.members
         if node_id is not None:
             members = tuple(m for m in members if m.node_id == node_id)
             if not members:
-                raise KeyError(f"model group {group_name!r} has no provider on node {node_id!r}")
+                raise KeyError(f"{queue.label} has no provider on node {node_id!r}")
         if accept is not None:
             members = tuple(m for m in members if accept(self._resources[m.key].spec))
             if not members:
-                raise KeyError(f"model group {group_name!r} has no provider that can serve this request")
-        return self._acquire(queue, members, klass)
+                raise KeyError(f"{queue.label} has no provider that can serve this request")
+        return members
 
     def acquire_direct(self, node_id, adapter, klass=NORMAL):
         """
@@ -564,6 +657,7 @@ class ProviderPool:
         waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters[waiter] = None
+        self._waiting += 1
         return waiter.deferred
 
     def _group(self, name):
@@ -582,12 +676,17 @@ class ProviderPool:
         """
         Take a slot on the least loaded member with room, or return C{None}.
         """
-        best = None
-        for member in members:
-            resource = self._resources[member.key]
-            if resource.room(klass) > 0:
-                if best is None or resource.load(klass) < best[0].load(klass):
-                    best = (resource, member)
+        if members is queue.members:
+            best = queue.index(klass, self._resources).best()
+        else:
+            # A filtered choice (a named node, a type or a failed provider
+            # left out): few members, scanned.
+            best = None
+            for member in members:
+                resource = self._resources[member.key]
+                if resource.room(klass) > 0:
+                    if best is None or resource.load(klass) < best[0].load(klass):
+                        best = (resource, member)
         if best is None:
             return None
         resource, member = best
@@ -597,6 +696,7 @@ class ProviderPool:
 
     def _dequeue(self, waiter):
         del waiter.queue.waiters[waiter]
+        self._waiting -= 1
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
@@ -633,11 +733,17 @@ class ProviderPool:
         One pass is enough: serving only ever takes room away.
         """
         served = []
+        full = set()  # (queue, class) found without room in this pass
         for waiter in self._waiters():
+            unrestricted = waiter.members is waiter.queue.members
+            if unrestricted and (waiter.queue.name, waiter.klass) in full:
+                continue
             lease = self._try_lease(waiter.queue, waiter.members, waiter.klass)
             if lease is not None:
                 self._dequeue(waiter)
                 served.append((waiter, lease))
+            elif unrestricted:
+                full.add((waiter.queue.name, waiter.klass))
         for waiter, lease in served:
             if waiter.deferred.called:
                 # Cancelled by an earlier callback of this same batch.
@@ -677,6 +783,7 @@ class ProviderPool:
         elif resource.spec == spec:
             return
         resource.spec = spec
+        resource.changed()
         self._pump()
 
     # -- Node lifecycle (told by the Edge service)
@@ -712,6 +819,7 @@ class ProviderPool:
             return
         for resource in resources:
             resource.draining = True
+            resource.changed()
         self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
 
     def fail_waiters(self, error):

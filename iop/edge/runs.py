@@ -68,12 +68,18 @@ TUNNEL_TOPIC = "tunnel"
 def event_json(run_id, seq, event):
     """
     One native run event: C{run_id}, C{seq}, C{type}, C{text} for deltas,
-    C{usage} and C{error} on terminals (usage breakdown only when
+    C{tool_call} (C{id}, C{name}, C{arguments}) for a tool call, C{usage},
+    C{finish_reason} and C{error} on terminals (usage breakdown only when
     reported).
     """
     payload = {"run_id": run_id, "seq": seq, "type": event.type}
     if event.text:
         payload["text"] = event.text
+    if event.tool_call is not None:
+        call = event.tool_call
+        payload["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if event.finish_reason:
+        payload["finish_reason"] = event.finish_reason
     if event.usage is not None:
         payload["usage"] = usage_to_json(event.usage)
     if event.error is not None:

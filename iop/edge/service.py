@@ -30,6 +30,7 @@ from twisted.internet import defer
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 
+from iop.edge.admission import Admission
 from iop.edge.bus import EventBus
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
@@ -45,6 +46,7 @@ from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
+from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     CANCELLED,
     CAPACITY_EXCEEDED,
@@ -90,6 +92,7 @@ class EdgeService(MultiService):
 
     @ivar draining: C{True} once a stop began: new work is refused.
     @ivar site: the HTTP L{iop.edge.http.site.EdgeSite} (with C{listen}).
+    @ivar node_port: the L{iop.edge.nodeport.NodePortFactory} (with C{listen}).
     """
 
     log = Logger()
@@ -110,8 +113,10 @@ class EdgeService(MultiService):
         self.inflight = Inflight(reactor, self.runs)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
+        self.admission = Admission(reactor, self._place)
         self.draining = False
         self.site = None
+        self.node_port = None
         self._listeners = ()
         self._grace_timer = None
         self._drained = None
@@ -140,6 +145,10 @@ class EdgeService(MultiService):
         """
         if self.draining:
             return defer.fail(_shutting_down())
+        if len(self.admission) + self.pool.waiting() >= self.config.limits.max_waiting:
+            return defer.fail(
+                ServiceError("unavailable", "the Edge is overloaded: too much work is waiting", code="overloaded")
+            )
         record = None
         if spec.background:
             if not spec.runs:
@@ -152,7 +161,7 @@ class EdgeService(MultiService):
             spec.run_id = spec.run_id or new_id("run")
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
         work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None)
-        d = self._place(work)
+        d = self.admission.submit(work)
         if record is not None:
             self._queued[record.id] = d
             d.addErrback(self._not_started, record)
@@ -180,6 +189,8 @@ class EdgeService(MultiService):
         return result
 
     def _place(self, work):
+        if self.draining:
+            return defer.fail(_shutting_down())
         d = self.placer.place(work.spec, avoid=work.avoid)
         d.addCallback(self._start, work)
         return d
@@ -234,6 +245,13 @@ class EdgeService(MultiService):
         self.runs.started(record)
         try:
             dispatch.send(message)
+        except FrameTooLarge as e:
+            # The request itself is too big for the wire: the caller's
+            # mistake, said before anything reached the Node.
+            dispatch.finish()
+            raise ServiceError(
+                "too_large", f"the request is too large to send to a node: {e}", code="request_too_large"
+            ) from None
         except Exception as e:
             self.log.warn("sending {kind} {id} failed: {error}", kind=dispatch.kind, id=dispatch.id, error=e)
             dispatch.finish()
@@ -257,7 +275,15 @@ class EdgeService(MultiService):
         again (on another provider for a provider failure; anywhere for a
         Node that refused admitted work); else C{None}.
         """
-        if self.draining or not work.may_retry(failure):
+        if self.draining:
+            return None
+        if failure.code != CAPACITY_EXCEEDED and not self.placer.elsewhere(
+            work.spec, work.avoid | {failed.placement.key}
+        ):
+            # No other provider could take it: the caller gets the
+            # provider's own answer, unchanged.
+            return None
+        if not work.may_retry(failure):
             return None
         if failure.code == CAPACITY_EXCEEDED:
             self.log.warn(
@@ -339,7 +365,12 @@ class EdgeService(MultiService):
                 raise ServiceError(
                     kind, response.error or f"command {command} failed", code=response.code or "command_failed"
                 )
-            return json.loads(response.result_json) if response.result_json else None
+            try:
+                return json.loads(response.result_json) if response.result_json else None
+            except ValueError:
+                raise ServiceError(
+                    "failed", f"node {node_id} answered {command} with a result that is not JSON", code="protocol_error"
+                ) from None
 
         d = self._ask(node_id, message, request_id, self.config.command_timeout(command), on_progress, abort)
         return d.addCallback(answered)
@@ -615,7 +646,14 @@ def _run_request(run_id, placement, spec):
         options_json=json.dumps(spec.options) if spec.options else "",
     )
     for m in spec.messages:
-        message.messages.add(role=m.get("role", "user"), content=m.get("content") or "")
+        message.messages.add(
+            role=m.get("role", "user"),
+            content=m.get("content") or "",
+            name=m.get("name", ""),
+            tool_call_id=m.get("tool_call_id", ""),
+            tool_calls_json=json.dumps(m["tool_calls"]) if m.get("tool_calls") else "",
+            images=m.get("images", ()),
+        )
     return message
 
 

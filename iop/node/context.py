@@ -26,6 +26,7 @@ class TransportState:
     @ivar attempts: connect attempts made since the process started.
     @ivar sessions: how many sessions became ready since the process started.
     @ivar connected_since: wall-clock time the current session became ready.
+    @ivar store: the run store, whose health is reported too.
     """
 
     edge: str = ""
@@ -36,9 +37,12 @@ class TransportState:
     attempts: int = 0
     sessions: int = 0
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    store: object = None
 
     def snapshot(self):
+        health = getattr(self.store, "health", None)
         return {
+            "store": health() if health is not None else {"status": "none"},
             "node_id": self.node_id,
             "edge": self.edge,
             "connected": self.connected,

@@ -40,6 +40,17 @@ class NodeMetrics:
             "Provider response body bytes relayed through raw tunnels.",
             registry=self.registry,
         )
+        self.store_ok_gauge = Gauge(
+            "iop_node_store_ok",
+            "1 while the run store records runs, 0 once a write failed (see transport_status).",
+            registry=self.registry,
+        )
+        self.store_ok_gauge.set(1)
+        self.store_failures = Counter(
+            "iop_node_store_failures_total",
+            "Run store writes that failed.",
+            registry=self.registry,
+        )
 
     def run_ended(self, adapter, status):
         self.runs.labels(adapter=adapter, status=status).inc()
@@ -49,6 +60,12 @@ class NodeMetrics:
 
     def tunnel_body(self, size):
         self.tunnel_bytes.inc(size)
+
+    def store_ok(self, ok):
+        self.store_ok_gauge.set(1 if ok else 0)
+
+    def store_failed(self):
+        self.store_failures.inc()
 
     def value(self, name, labels=None):
         """

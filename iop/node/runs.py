@@ -20,9 +20,11 @@ from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
     COMPLETE,
+    DELTA,
     ERROR,
     EVENT_TYPES,
     INVALID_REQUEST,
+    REASONING_DELTA,
     TERMINAL_TYPES,
     RunEventData,
     RunFailure,
@@ -52,17 +54,60 @@ def run_input(request):
     return RunInput(
         run_id=request.run_id,
         target=request.target,
-        messages=[{"role": m.role, "content": m.content} for m in request.messages],
+        messages=[_message(m) for m in request.messages],
         session_id=request.session_id,
         background=request.background,
         options=options,
     )
 
 
+def _message(wire):
+    """
+    A chat message as adapters see it: C{role} and C{content} always; the
+    OpenAI extras (C{name}, C{tool_call_id}, C{tool_calls}, C{images})
+    only when present.
+
+    @raise BadRequest: if C{tool_calls_json} is not a JSON list.
+    """
+    message = {"role": wire.role, "content": wire.content}
+    if wire.name:
+        message["name"] = wire.name
+    if wire.tool_call_id:
+        message["tool_call_id"] = wire.tool_call_id
+    if wire.tool_calls_json:
+        try:
+            calls = json.loads(wire.tool_calls_json)
+        except ValueError as e:
+            raise BadRequest(f"tool_calls_json is not valid JSON: {e}") from None
+        if not isinstance(calls, list):
+            raise BadRequest("tool_calls_json must be a JSON list")
+        message["tool_calls"] = calls
+    if wire.images:
+        message["images"] = list(wire.images)
+    return message
+
+
 def _failure_text(failure):
     message = str(failure.value)
     name = type(failure.value).__name__
     return f"{name}: {message}" if message else name
+
+
+class Emit:
+    """
+    The C{emit} an adapter is given: a callable relaying one event, which
+    also takes the adapter's source of output as a producer to pause while
+    the Edge's caller is not taking the stream (flow control).
+    """
+
+    def __init__(self, relay):
+        self._relay = relay
+
+    def __call__(self, event):
+        self._relay.emit(event)
+
+    def register_producer(self, producer):
+        self._relay.flow.register_producer(producer)
 
 
 class RunRelay(Work):
@@ -72,7 +117,7 @@ class RunRelay(Work):
     """
 
     def __init__(self, manager, request, hosted, slot):
-        super().__init__(manager, request.run_id, hosted, slot)
+        super().__init__(manager, request.run_id, hosted, slot, request.window_bytes)
         self.request = request
         self.run_id = request.run_id
         self.usage = None
@@ -86,7 +131,7 @@ class RunRelay(Work):
             self.request.session_id,
             self.request.background,
         )
-        self.begin(self.hosted.adapter.execute, run, self.emit)
+        self.begin(self.hosted.adapter.execute, run, Emit(self))
 
     def emit(self, event):
         """
@@ -137,7 +182,8 @@ class RunRelay(Work):
     def _send(self, event):
         self.seq += 1
         self.manager.record_event(self.run_id, self.seq, event)
-        self.manager.send(event_to_wire(self.run_id, self.seq, event))
+        size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
+        self.flow.send(event_to_wire(self.run_id, self.seq, event), size)
 
 
 class RunManager:

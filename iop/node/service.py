@@ -53,7 +53,9 @@ class NodeService(MultiService):
         except Exception as e:
             raise ConfigError(f"{source}: edge: not a valid client endpoint string ({e})") from None
         self.metrics = NodeMetrics()
-        self.store = RunStore(reactor, config.store, retention=config.retention) if store is None else store
+        if store is None:
+            store = RunStore(reactor, config.store, retention=config.retention, metrics=self.metrics)
+        self.store = store
         self.host = AdapterHost(reactor, build, self.metrics)
         self.context = NodeContext(
             token=config.token,
@@ -65,6 +67,7 @@ class NodeService(MultiService):
             node_version=_version(),
         )
         self.context.transport.edge = config.edge
+        self.context.transport.store = self.store
         self.shutdown_grace_sec = config.shutdown_grace_sec
         self.store.setServiceParent(self)
         self.supervisor = Supervisor(endpoint, self.context, config.reconnect, reactor, exit)

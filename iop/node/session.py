@@ -128,6 +128,7 @@ class NodeSession:
             "node_command_request": self.commands.handle,
             "config_refresh": self._refresh,
             "edge_draining": self._on_edge_draining,
+            "window_update": lambda message: self.inflight.grant(message.id, message.bytes),
         }
 
     # -- IWireReceiver -------------------------------------------------------

@@ -9,9 +9,18 @@ one-connection C{adbapi} pool, started and closed with the service. The
 database runs in WAL mode, and writes are batched: they queue in memory
 and go to the database together, in one transaction, every
 L{FLUSH_INTERVAL_SEC} (sooner once L{BATCH_MAX} are waiting). A relay never
-waits for a write and never sees one fail: a failing statement is logged
-and the others of its batch still commit. Reads flush first, so they see
+waits for a write and never sees one fail. Reads flush first, so they see
 everything recorded before them.
+
+But a store that fails is never silent. Whether the database is corrupted,
+unwritable, or deleted or replaced under the running Node (SQLite would
+go on writing to the unlinked file, so each batch first checks that the
+path still names the file opened at start), the first failure is logged
+loudly, once, as an error; the store's L{RunStore.health} then says
+C{failed} with the reason, which the C{transport_status} node command and
+the Node's metrics (C{iop_node_store_ok}, C{iop_node_store_failures_total})
+report. A later successful write is logged as a recovery. A statement that
+fails alone does not keep the rest of its batch from committing.
 
 At start, rows a previous process left C{running} (it was killed, or the
 machine lost power) are ended as C{error} with the code
@@ -20,14 +29,16 @@ the background by L{Retention} (C{store.retention} in node.yaml).
 """
 
 import json
+import os
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from twisted.application.service import Service
 from twisted.enterprise import adbapi
 from twisted.internet import defer
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from iop.protocols.convert import usage_to_json
@@ -138,6 +149,27 @@ def _usage(usage):
     return _json(usage if isinstance(usage, dict) else usage_to_json(usage))
 
 
+class StoreGone(Exception):
+    """
+    The database file was deleted or replaced under the running store.
+    """
+
+
+def database_file(path):
+    """
+    The file an SQLite path or C{file:} URI names, or C{None} for an
+    in-memory database.
+    """
+    if path.startswith("file:"):
+        parts = urlsplit(path)
+        if "mode=memory" in parts.query:
+            return None
+        path = unquote(parts.path)
+    if path in ("", ":memory:"):
+        return None
+    return path
+
+
 class RunStore(Service):
     """
     @param path: an SQLite path, or a C{file:} URI (C{file:iop.db?mode=rwc}).
@@ -146,6 +178,7 @@ class RunStore(Service):
 
     @ivar restarted: how many rows the start marked C{node_restarted}
         (once the start's work is done).
+    @param metrics: the L{iop.node.metrics.NodeMetrics} told about failures.
     """
 
     log = Logger()
@@ -159,6 +192,7 @@ class RunStore(Service):
         flush_interval=FLUSH_INTERVAL_SEC,
         batch_max=BATCH_MAX,
         prune_interval=PRUNE_INTERVAL_SEC,
+        metrics=None,
     ):
         self.reactor = reactor
         self.path = path
@@ -167,6 +201,7 @@ class RunStore(Service):
         self.flush_interval = flush_interval
         self.batch_max = batch_max
         self.prune_interval = prune_interval
+        self.metrics = metrics
         self.pool = None
         self.restarted = None
         self._ready = None
@@ -174,6 +209,11 @@ class RunStore(Service):
         self._waiters = []
         self._timer = None
         self._pruner = None
+        self._file = database_file(path)
+        self._identity = None
+        self.error = None
+        self.failed_since = None
+        self.failures = 0
 
     # -- service --------------------------------------------------------------
 
@@ -190,11 +230,11 @@ class RunStore(Service):
         )
         self.pool.start()
         self._ready = self.pool.runInteraction(self._open, self.now())
-        self._ready.addCallbacks(self._opened, self._logged, errbackArgs=("opening the run store",))
+        self._ready.addCallbacks(self._opened, self._failed, errbackArgs=("creating the runs table",))
         if self.prune_interval:
             self._pruner = LoopingCall(self.prune)
             self._pruner.clock = self.reactor
-            self._pruner.start(self.prune_interval, now=True).addErrback(self._logged, "pruning")
+            self._pruner.start(self.prune_interval, now=True).addErrback(self._failed, "pruning")
 
     def stopService(self):
         """
@@ -233,6 +273,9 @@ class RunStore(Service):
         for statement in _INDEXES:
             txn.execute(statement)
         txn.execute(_RESTARTED, (NODE_RESTARTED, now))
+        if self._file is not None:
+            st = os.stat(self._file)
+            self._identity = (st.st_dev, st.st_ino)
         return txn.rowcount
 
     def _opened(self, restarted):
@@ -307,6 +350,20 @@ class RunStore(Service):
             "recording the end of tunnel " + tunnel_id,
         )
 
+    def health(self):
+        """
+        C{{"status": "ok" | "failed" | "stopped", "path", "error",
+        "failed_since", "failed_writes"}}: what C{transport_status} reports.
+        """
+        status = "failed" if self.error is not None else ("ok" if self.pool is not None else "stopped")
+        return {
+            "status": status,
+            "path": self.path,
+            "error": self.error,
+            "failed_since": self.failed_since,
+            "failed_writes": self.failures,
+        }
+
     def _write(self, sql, params, what, wait=True):
         """
         Queue one statement for the next batch.
@@ -342,8 +399,11 @@ class RunStore(Service):
             return defer.succeed(None)
         batch, self._pending = self._pending, []
         waiters, self._waiters = self._waiters, []
-        d = self.pool.runInteraction(self._write_batch, batch)
-        d.addCallbacks(self._written, self._logged, errbackArgs=("writing a batch",))
+        if not batch:
+            d = self.pool.runInteraction(lambda txn: None)
+        else:
+            d = self.pool.runInteraction(self._write_batch, batch)
+            d.addCallbacks(self._written, self._failed, errbackArgs=(f"writing {len(batch)} record(s)", len(batch)))
 
         def settle(result):
             for waiter in waiters:
@@ -352,26 +412,67 @@ class RunStore(Service):
 
         return d.addBoth(settle)
 
-    @staticmethod
-    def _write_batch(txn, batch):
+    def _write_batch(self, txn, batch):
         """
-        In the pool's thread: every statement of the batch; one that fails
+        In the pool's thread: check that the path still names the file
+        opened at start, then every statement of the batch; one that fails
         is reported, the others still commit.
+
+        @return: C{(written, [(failure, what)])}.
         """
+        if self._identity is not None:
+            try:
+                st = os.stat(self._file)
+            except FileNotFoundError:
+                raise StoreGone(f"the database file {self._file} was deleted") from None
+            if (st.st_dev, st.st_ino) != self._identity:
+                raise StoreGone(f"the database file {self._file} was replaced")
         failures = []
         for sql, params, what in batch:
             try:
                 txn.execute(sql, params)
             except Exception:
                 failures.append((Failure(), what))
-        return failures
+        return len(batch) - len(failures), failures
 
-    def _written(self, failures):
+    def _written(self, outcome):
+        written, failures = outcome
         for failure, what in failures:
-            self._logged(failure, what)
+            self._failed(failure, what)
+        if written:
+            self._succeeded(None)
 
-    def _logged(self, failure, what):
-        self.log.failure("run store failed {what}", failure, what=what)
+    def _succeeded(self, result):
+        if self.error is not None:
+            self.log.info(
+                "run store recovered after {count} failed write(s): {path}", count=self.failures, path=self.path
+            )
+            self.error = None
+            self.failed_since = None
+            if self.metrics is not None:
+                self.metrics.store_ok(True)
+        return result
+
+    def _failed(self, failure, what, count=1):
+        self.failures += count
+        if self.metrics is not None:
+            for _ in range(count):
+                self.metrics.store_failed()
+        if self.error is None:
+            self.error = f"{what}: {failure.getErrorMessage() or failure.type.__name__}"
+            self.failed_since = self.now()
+            if self.metrics is not None:
+                self.metrics.store_ok(False)
+            # Loud, once: every later failure is counted, not logged.
+            self.log.failure(
+                "RUN STORE FAILED ({path}) {what}: runs go on but are no longer recorded until it is fixed;"
+                " transport_status and iop_node_store_ok report it",
+                failure,
+                path=self.path,
+                what=what,
+                level=LogLevel.error,
+            )
+        return None
 
     # -- reading ----------------------------------------------------------------
 
@@ -427,7 +528,7 @@ class RunStore(Service):
                 self.log.info("run store: pruned {count} finished run(s) past the retention", count=count)
             return count
 
-        return d.addCallback(pruned)
+        return d.addCallbacks(pruned, self._failed, errbackArgs=("pruning old runs",))
 
 
 def _row(row):
@@ -533,3 +634,6 @@ class NullStore:
 
     def recent(self, limit=50):
         return defer.succeed([])
+
+    def health(self):
+        return {"status": "none"}

@@ -50,6 +50,13 @@ class WireTunnelSink:
     def __init__(self, relay):
         self._relay = relay
 
+    def register_producer(self, producer):
+        """
+        The adapter's source of body bytes (an C{IPushProducer}): paused
+        while the Edge's caller is not taking the stream (flow control).
+        """
+        self._relay.flow.register_producer(producer)
+
     def status(self, code):
         self._relay.frame(status=int(code))
 
@@ -100,7 +107,7 @@ class TunnelRelay(Work):
     """
 
     def __init__(self, manager, request, hosted, slot):
-        super().__init__(manager, request.tunnel_id, hosted, slot)
+        super().__init__(manager, request.tunnel_id, hosted, slot, request.window_bytes)
         self.tunnel_id = request.tunnel_id
         self.usage = None
         self.size = 0
@@ -118,7 +125,8 @@ class TunnelRelay(Work):
 
     def _frame(self, **field):
         self.seq += 1
-        self.manager.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field))
+        size = len(field.get("body", b""))
+        self.flow.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field), size)
 
     def body_relayed(self, size):
         if not self.finished:

@@ -15,6 +15,7 @@ empty.
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from iop.node.flow import SendWindow
 from iop.run import CAPACITY_EXCEEDED, NODE_DRAINING, UNKNOWN_ADAPTER
 
 
@@ -72,6 +73,15 @@ class Inflight:
         for work in list(self._work.values()):
             work.cancel(reason)
 
+    def grant(self, work_id, size):
+        """
+        A C{WindowUpdate}: the Edge lets C{work_id} send C{size} more bytes
+        (ignored for work no longer here).
+        """
+        work = self._work.get(work_id)
+        if work is not None:
+            work.flow.grant(size)
+
 
 class Refused(Exception):
     """
@@ -113,15 +123,19 @@ class Work:
     One run or tunnel in flight: its gate slot, the adapter's Deferred and
     why it was cancelled. Subclasses turn the outcome (C{_ended},
     C{_failed}) into their own terminal and send it through L{end}.
+
+    @ivar flow: the L{SendWindow} every frame of this work goes through
+        (unlimited unless the Edge gave a window).
     """
 
     log = Logger()
 
-    def __init__(self, manager, work_id, hosted, slot):
+    def __init__(self, manager, work_id, hosted, slot, window=0):
         self.manager = manager
         self.work_id = work_id
         self.hosted = hosted
         self.slot = slot
+        self.flow = SendWindow(manager.send, window)
         self.seq = 0
         self.finished = False
         self.deferred = None
@@ -140,6 +154,8 @@ class Work:
         """
         Cancel the adapter's work; the terminal will say it was cancelled.
         """
+        # What waits for credit is not wanted any more; the terminal is.
+        self.flow.abandon()
         if self.finished or self.deferred is None:
             return
         self.cancel_reason = reason or "cancelled by the Edge"
@@ -151,9 +167,10 @@ class Work:
         send (and record) the terminal, then leave the in-flight registry.
 
         The slot goes first so that the Edge never sees the end of work
-        whose capacity is still held; the registry goes last so that a
-        drain waiting for it to empty knows every terminal is out before
-        it closes the connection and the store.
+        whose capacity is still held; the registry goes last — once the
+        terminal is really out, after any frames still waiting for credit —
+        so that a drain waiting for it to empty knows every terminal is out
+        before it closes the connection and the store.
         """
         if self.finished:
             return
@@ -162,4 +179,4 @@ class Work:
         try:
             send_terminal(*args)
         finally:
-            self.manager.inflight.discard(self.work_id, self)
+            self.flow.when_idle(lambda: self.manager.inflight.discard(self.work_id, self))

@@ -5,7 +5,7 @@ that "absent is not zero" for the usage breakdown holds everywhere.
 """
 
 from iop.protocols import iop_pb2
-from iop.run import RunEventData, RunFailure, Usage
+from iop.run import RunEventData, RunFailure, ToolCall, Usage
 
 _BREAKDOWN = ("reasoning_tokens", "cached_input_tokens")
 
@@ -48,11 +48,16 @@ def failure_from_wire(message):
 
 
 def event_to_wire(run_id, seq, event):
-    message = iop_pb2.RunEvent(run_id=run_id, seq=seq, type=event.type, text=event.text)
+    message = iop_pb2.RunEvent(
+        run_id=run_id, seq=seq, type=event.type, text=event.text, finish_reason=event.finish_reason or ""
+    )
     if event.usage is not None:
         message.usage.CopyFrom(usage_to_wire(event.usage))
     if event.error is not None:
         message.error.CopyFrom(failure_to_wire(event.error))
+    if event.tool_call is not None:
+        call = event.tool_call
+        message.tool_call.CopyFrom(iop_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments))
     return message
 
 
@@ -62,4 +67,10 @@ def event_from_wire(message):
         text=message.text,
         usage=usage_from_wire(message.usage) if message.HasField("usage") else None,
         error=failure_from_wire(message.error) if message.HasField("error") else None,
+        finish_reason=message.finish_reason or None,
+        tool_call=(
+            ToolCall(message.tool_call.id, message.tool_call.name, message.tool_call.arguments)
+            if message.HasField("tool_call")
+            else None
+        ),
     )

@@ -9,6 +9,10 @@ or leases; the Edge and the Node each plug their own receiver in.
 Bad input (a frame that does not parse, an envelope with no message, an
 oversize frame, a receiver that raises L{ProtocolViolation}) closes this one
 connection with a logged reason and affects nothing else.
+
+Frames are reassembled in linear time (L{iop.protocols.framing}); the
+receive limit can start small and be raised once the peer is known
+(L{WireProtocol.set_frame_limit}): docs/wire.md, "Before registration".
 """
 
 from dataclasses import dataclass
@@ -17,11 +21,10 @@ from google.protobuf.message import DecodeError
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.protocols.basic import Int32StringReceiver
-from twisted.protocols.policies import TimeoutMixin
 from zope.interface import Interface
 
 from iop.protocols import iop_pb2
+from iop.protocols.framing import LinearInt32StringReceiver
 
 # 16 MiB per frame. Twisted's default (99,999 bytes) is far too small for a
 # chat request with a long context; anything larger is split by the sender
@@ -32,9 +35,21 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # response is relayed as several frames and never starves heartbeats.
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
+#: The first wire version with per-stream flow control.
+FLOW_CONTROL_WIRE_VERSION = 3
+#: The credit window of one stream (docs/wire.md, "Flow control"): the
+#: most body or delta bytes a Node sends beyond what the Edge's caller has
+#: taken. Two tunnel chunks, so a stream keeps moving while the caller reads.
+STREAM_WINDOW_BYTES = 2 * TUNNEL_CHUNK_BYTES
+
+#: After a local stall, how long a silent peer is given once the reactor
+#: reads again before it is declared dead.
+STALL_GRACE_SEC = 1.0
+
 #: The wire-protocol version this code speaks. Version 2 added draining
-#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves.
-WIRE_VERSION = 2
+#: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves;
+#: version 3 per-stream flow control (C{window_bytes}, C{WindowUpdate}).
+WIRE_VERSION = 3
 #: The oldest version an Edge still serves. A Node that sends no version
 #: predates versioning and is version 1. The rule (docs/wire.md): the Edge
 #: serves every version from L{OLDEST_WIRE_VERSION} to L{WIRE_VERSION} and
@@ -116,25 +131,38 @@ class IWireReceiver(Interface):
         """
 
 
-class WireProtocol(Int32StringReceiver, TimeoutMixin):
+class WireProtocol(LinearInt32StringReceiver):
     """
     One Edge <-> Node connection.
 
+    Silence detection costs one clock read per frame: each frame notes when
+    it arrived, and a single timer, due C{heartbeat.timeout} after the last
+    frame it knows of, looks again when it fires. A timer that fires much
+    later than due means this side's reactor was stalled (a burst of work,
+    a pause): the peer's bytes may be waiting unread in the socket, so the
+    peer gets one more short look (L{STALL_GRACE_SEC}) after the reactor
+    has read again, instead of being declared dead for this side's delay.
+
     @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
     @ivar close_reason: why this side closed the connection, if it did.
+    @ivar MAX_LENGTH: the largest frame accepted from the peer now (see
+        L{set_frame_limit}); what this side sends may always be up to
+        L{MAX_FRAME_BYTES}.
     """
 
     MAX_LENGTH = MAX_FRAME_BYTES
     log = Logger()
 
-    def __init__(self, receiver, clock, heartbeat=Heartbeat()):
+    def __init__(self, receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
+        self.MAX_LENGTH = frame_limit
         self.receiver = receiver
         self.clock = clock
-        self.callLater = clock.callLater  # used by TimeoutMixin
         self.heartbeat = heartbeat
         self.close_reason = None
         self._pinger = None
         self._ping_seq = 0
+        self._last_heard = clock.seconds()
+        self._silence = None
 
     # -- connection lifecycle ----------------------------------------------
 
@@ -159,16 +187,44 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         self._pinger = LoopingCall(self._ping)
         self._pinger.clock = self.clock
         self._pinger.start(heartbeat.interval, now=False)
-        self.setTimeout(heartbeat.timeout)
+        self._watch(self._last_heard + heartbeat.timeout)
+
+    def set_frame_limit(self, limit):
+        """
+        Accept frames of up to C{limit} bytes from now on (checked on each
+        length prefix as it arrives).
+        """
+        self.MAX_LENGTH = limit
 
     def connectionLost(self, reason):
-        self.setTimeout(None)
+        self.discarding = True
+        if self._silence is not None and self._silence.active():
+            self._silence.cancel()
+        self._silence = None
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         self.receiver.wire_lost(reason)
 
-    def timeoutConnection(self):
-        self.drop(f"heartbeat timeout: nothing received for {self.heartbeat.timeout:g}s")
+    def _watch(self, due):
+        """
+        Look for silence at time C{due}.
+        """
+        if self._silence is not None and self._silence.active():
+            self._silence.cancel()
+        self._due = due
+        self._silence = self.clock.callLater(max(due - self.clock.seconds(), 0), self._look)
+
+    def _look(self):
+        self._silence = None
+        now = self.clock.seconds()
+        timeout = self.heartbeat.timeout
+        if now - self._last_heard < timeout:
+            self._watch(self._last_heard + timeout)
+        elif now - self._due > self.heartbeat.interval:
+            # Fired long after it was due: this side was not reading.
+            self._watch(now + STALL_GRACE_SEC)
+        else:
+            self.drop(f"heartbeat timeout: nothing received for {timeout:g}s")
 
     def close(self, reason):
         """
@@ -183,6 +239,7 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
         """
         Close this connection at once, logging why.
         """
+        self.discarding = True
         if self.close_reason is None:
             self.close_reason = reason
             self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
@@ -199,8 +256,12 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
     def lengthLimitExceeded(self, length):
         self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit")
 
+    def dataReceived(self, data):
+        # Any bytes are a sign of life, a frame still arriving included.
+        self._last_heard = self.clock.seconds()
+        super().dataReceived(data)
+
     def stringReceived(self, data):
-        self.resetTimeout()
         env = iop_pb2.Envelope()
         try:
             env.ParseFromString(data)
@@ -235,8 +296,8 @@ class WireProtocol(Int32StringReceiver, TimeoutMixin):
             C{sendString} does not check this).
         """
         data = envelope(message).SerializeToString()
-        if len(data) > self.MAX_LENGTH:
-            raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {self.MAX_LENGTH}")
+        if len(data) > MAX_FRAME_BYTES:
+            raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
         self.sendString(data)
 
     def _ping(self):
@@ -259,12 +320,13 @@ class WireFactory(Factory):
     C{make_receiver()}. Used for the Edge's listener and the Node's dialer.
     """
 
-    def __init__(self, make_receiver, clock, heartbeat=Heartbeat()):
+    def __init__(self, make_receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
         self.make_receiver = make_receiver
         self.clock = clock
         self.heartbeat = heartbeat
+        self.frame_limit = frame_limit
 
     def buildProtocol(self, addr):
-        protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat)
+        protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat, self.frame_limit)
         protocol.factory = self
         return protocol

@@ -1,6 +1,6 @@
 """
 An in-memory Edge and scripted Nodes: the real L{EdgeService} (its tree
-built, never started), L{EdgeNodeConnection} and L{WireProtocol} on both
+built, never started), its Node port factory and L{WireProtocol} on both
 ends, wired together by L{twisted.test.iosim} on a L{Clock}. No process,
 thread or socket.
 """
@@ -12,7 +12,6 @@ from zope.interface import implementer
 from iop.config import Section
 from iop.edge.bus import EventBus
 from iop.edge.config import parse
-from iop.edge.connection import EdgeNodeConnection
 from iop.edge.service import EdgeService
 from iop.protocols import iop_pb2
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
@@ -96,7 +95,8 @@ class EdgeHarness:
         L{ScriptedNode} by default). @return: C{(node, pump, edge_protocol)}.
         """
         node = node if node is not None else ScriptedNode()
-        edge_protocol = WireProtocol(EdgeNodeConnection(self.service.links), self.clock, Heartbeat(2, 5))
+        # The Edge's own factory: the same limits as on a real Node port.
+        edge_protocol = self.service.node_port.buildProtocol(None)
         node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
         pump = iosim.connect(
             edge_protocol,

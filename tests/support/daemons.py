@@ -350,8 +350,8 @@ class FakeProvider:
 
     def requests(self):
         """
-        The last requests the provider received: method, path and headers
-        (as C{[name, value]} pairs, names as they arrived).
+        The last requests the provider received: method, path, headers (as
+        C{[name, value]} pairs, names as they arrived) and JSON body.
         """
         with urllib.request.urlopen(self.url("/_requests"), timeout=5) as response:
             return json.loads(response.read())

@@ -24,10 +24,15 @@ Special models:
     cycling through the words, so a test can make a stream as long as it
     needs.
 
+  - C{big-model} (OpenAI): a streamed body of C{max_tokens} pieces of
+    64 KiB (SSE comment lines), written only as fast as the client reads
+    (a pull producer), for backpressure tests.
+
 C{GET /_stats} answers C{{"active", "max_active", "closed_early",
-"requests"}}: requests in flight now, the most seen at once, how many
-clients went away before their response finished, and the total (requests
-to C{/_stats} itself are not counted).
+"requests", "big_bytes"}}: requests in flight now, the most seen at once,
+how many clients went away before their response finished, the total
+(requests to C{/_stats} itself are not counted), and how many bytes of
+C{big-model} bodies the server has handed to its sockets so far.
 """
 
 import argparse
@@ -81,6 +86,7 @@ class Stats:
         self.max_active = 0
         self.closed_early = 0
         self.requests = 0
+        self.big_bytes = 0
 
     def begin(self, request):
         """
@@ -109,6 +115,7 @@ class Stats:
             "max_active": self.max_active,
             "closed_early": self.closed_early,
             "requests": self.requests,
+            "big_bytes": self.big_bytes,
         }
 
 
@@ -155,6 +162,44 @@ class Stream:
         self.call = reactor.callLater(delay, self.next)
 
 
+BIG_PIECE = b": " + b"x" * (64 * 1024 - 4) + b"\n\n"
+
+
+class BigStream:
+    """
+    C{count} 64 KiB pieces, each written when the transport asks for more
+    (an C{IPullProducer}): the server never runs ahead of its client.
+    """
+
+    def __init__(self, request, count, stats):
+        self.request = request
+        self.left = count
+        self.stats = stats
+        self.gone = False
+        request.notifyFinish().addErrback(self.lost)
+
+    def lost(self, _):
+        self.gone = True
+
+    def start(self):
+        self.request.registerProducer(self, False)
+
+    def resumeProducing(self):
+        if self.gone:
+            return
+        if self.left <= 0:
+            self.request.unregisterProducer()
+            self.request.write(b"data: [DONE]\n\n")
+            self.request.finish()
+            return
+        self.left -= 1
+        self.stats.big_bytes += len(BIG_PIECE)
+        self.request.write(BIG_PIECE)
+
+    def stopProducing(self):
+        self.gone = True
+
+
 class Provider(Resource):
     """
     Routes by exact path; subclasses fill C{routes}.
@@ -177,18 +222,9 @@ class Provider(Resource):
             return self.json(request, 200, self.stats.json())
         if path == "/_requests":
             return self.json(request, 200, self.seen)
-        self.seen = (
-            self.seen
-            + [
-                {
-                    "method": method,
-                    "path": path,
-                    "headers": [
-                        [k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs
-                    ],
-                }
-            ]
-        )[-20:]
+        headers = [[k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs]
+        seen = {"method": method, "path": path, "headers": headers}
+        self.seen = (self.seen + [seen])[-20:]
         number = self.stats.begin(request)
         handler = self.routes().get((method, path))
         if handler is None:
@@ -197,6 +233,7 @@ class Provider(Resource):
             body = json.loads(request.content.read() or b"{}")
         except ValueError:
             return self.json(request, 400, {"error": "request body is not JSON"})
+        seen["body"] = body
         return handler(request, body, number)
 
     def json(self, request, status, data):
@@ -319,6 +356,11 @@ class OpenAI(Provider):
             request.setHeader(b"content-type", b"text/event-stream")
             request.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n')
             reactor.callLater(0.05, request.channel.transport.abortConnection)
+            return NOT_DONE_YET
+        if model == "big-model" and body.get("stream"):
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            BigStream(request, int(body.get("max_tokens") or 16), self.stats).start()
             return NOT_DONE_YET
         text = last_user_text(body.get("messages"))
         limit = body.get("max_tokens") if model.startswith("slow") else None
@@ -456,21 +498,36 @@ class Ollama(Provider):
         model = body.get("model") or "fake-model"
         if model == "error-model":
             return self.json(request, 404, {"error": 'model "error-model" not found, try pulling it first'})
-        text = last_user_text(body.get("messages"))
-        limit = (body.get("options") or {}).get("num_predict") if model.startswith("slow") else None
-        words = pieces(text, limit if isinstance(limit, int) else None)
+        messages = body.get("messages") or []
+        text = last_user_text(messages)
+        limit = (body.get("options") or {}).get("num_predict")
+        words = pieces(text)
+        reason = "stop"
+        if isinstance(limit, int) and limit < len(words):
+            words, reason = words[:limit], "length"
+        tools = body.get("tools") or []
+        if messages and messages[-1].get("role") == "tool":
+            # After a tool's result: the answer quotes it.
+            words = pieces(f"the tool said {messages[-1].get('content', '')}")
+        elif tools:
+            # With tools and a question: call the first tool with the question.
+            function = tools[0].get("function", {}).get("name", "tool")
+            call = {"function": {"name": function, "arguments": {"question": text}}}
+            words = []
 
-        def line(content="", thinking=None, done=False, **extra):
+        def line(content="", thinking=None, done=False, tool_calls=None, **extra):
             message = {"role": "assistant", "content": content}
             if thinking is not None:
                 message["thinking"] = thinking
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             data = {"model": model, "created_at": ZERO_TIME, "message": message, "done": done}
             data.update(extra)
             return dumps(data).encode() + b"\n"
 
         final = line(
             done=True,
-            done_reason="stop",
+            done_reason=reason,
             total_duration=0,
             load_duration=0,
             prompt_eval_count=len(text.split()),
@@ -482,7 +539,10 @@ class Ollama(Provider):
             data = json.loads(final)
             data["message"] = {"role": "assistant", "content": "".join(words), "thinking": "".join(REASONING)}
             return self.json(request, 200, data)
-        parts = [line(thinking=r) for r in REASONING] + [line(w) for w in words] + [final]
+        parts = [line(thinking=r) for r in REASONING] + [line(w) for w in words]
+        if tools and not words:
+            parts.append(line(tool_calls=[call]))
+        parts.append(final)
         return self.stream(request, b"application/x-ndjson", parts, model, number)
 
 

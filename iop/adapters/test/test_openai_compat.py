@@ -46,6 +46,49 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertEqual(adapter.capabilities().max_concurrency, 2)
 
     @defer.inlineCallbacks
+    def test_tool_calls_and_finish_reason(self):
+        """
+        Tool calls streamed in pieces (id and name first, arguments in
+        parts) become one C{tool_call} event each, whole; the provider's
+        finish reason rides on C{complete}. The request carries the run's
+        tool messages and images in OpenAI's form.
+        """
+        pieces = [
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]
+                        },
+                    }
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=[b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in pieces) + b"data: [DONE]\n\n"],
+        )
+        messages = [
+            {"role": "user", "content": "look", "images": ["data:image/png;base64,AA"]},
+            {"role": "tool", "content": "42", "tool_call_id": "c0"},
+        ]
+        events = Events()
+        yield self.adapter(script).execute(RunInput(run_id="r1", target="m", messages=messages), events)
+        self.assertEqual(events.types(), ["start", "tool_call", "complete"])
+        call = events.events[1].tool_call
+        self.assertEqual((call.id, call.name, call.arguments), ("c1", "f", '{"a": 1}'))
+        self.assertEqual(events.events[-1].finish_reason, "tool_calls")
+        sent = script.json_body()["messages"]
+        self.assertEqual(
+            sent[0]["content"],
+            [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}],
+        )
+        self.assertEqual(sent[1], {"role": "tool", "content": "42", "tool_call_id": "c0"})
+
+    @defer.inlineCallbacks
     def test_streaming_text(self):
         """
         A streamed completion becomes start, one delta per non-empty

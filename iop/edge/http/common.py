@@ -9,16 +9,17 @@ import json
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
+from iop.edge.http.validate import HTTPError, parse_body
+from iop.edge.keys import KeyLimiter, KeySpec, find
 from iop.httpheaders import caller_request_headers
 
 log = Logger()
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
 
 #: The one table from a failure's kind (L{ServiceError.kind}) to its HTTP
 #: status and OpenAI error type. Anything else is a 500 C{api_error}.
@@ -36,24 +37,28 @@ ERRORS_BY_KIND = {
 }
 
 
-class HTTPError(ServiceError):
-    """
-    A request the surface itself refuses (bad JSON, bad key, ...).
-    """
-
-
-def error_body(kind, message, code=None):
+def error_body(kind, message, code=None, param=None):
     return {
         "error": {
             "message": message,
             "type": ERRORS_BY_KIND.get(kind, (500, "api_error"))[1],
             "code": code or kind,
-            "param": None,
+            "param": param,
         }
     }
 
 
+def release_producer(request):
+    """
+    Unregister the response's producer (a stream's flow-control window),
+    which twisted.web wants gone before the request finishes.
+    """
+    if getattr(request, "producer", None) is not None:
+        request.unregisterProducer()
+
+
 def write_json(request, status, obj):
+    release_producer(request)
     data = json.dumps(obj).encode("utf-8")
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")
@@ -63,9 +68,14 @@ def write_json(request, status, obj):
 
 
 def _as_service_error(failure):
+    """
+    The caller's view of a failure: a L{ServiceError} as it is; anything
+    else is a bug on our side, a 500 C{internal_error} that names nothing
+    internal (the traceback goes to the log).
+    """
     if failure.check(ServiceError):
         return failure.value
-    return ServiceError("failed", "internal error", code="internal_error")
+    return ServiceError("internal", "internal error", code="internal_error", status=500)
 
 
 def write_error(request, error):
@@ -73,25 +83,26 @@ def write_error(request, error):
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
     status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
-    write_json(request, status, error_body(error.kind, error.message, error.code))
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        request.setHeader(b"retry-after", str(retry_after).encode("ascii"))
+    write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
-def read_json(request):
+def read_json(request, max_bytes):
     """
-    The request body as a JSON object.
+    The request body as a checked JSON object (L{parse_body}).
 
-    @raise HTTPError: for an oversize, non-JSON or non-object body.
+    The HTTP channel already refused a larger C{Content-Length} before
+    reading (L{iop.edge.http.limits}); this is the last guard.
+
+    @raise HTTPError: for an oversize, non-JSON or non-object body, or one
+        nested too deeply or carrying strings that are not UTF-8.
     """
-    data = request.content.read(MAX_BODY_BYTES + 1)
-    if len(data) > MAX_BODY_BYTES:
-        raise HTTPError("too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
-    try:
-        body = json.loads(data or b"{}")
-    except ValueError as e:
-        raise HTTPError("invalid", f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise HTTPError("invalid", "request body must be a JSON object", code="invalid_json")
-    return body
+    data = request.content.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise HTTPError("too_large", f"request body exceeds {max_bytes} bytes (limits.max_body_bytes)")
+    return parse_body(data)
 
 
 def caller_headers(request):
@@ -116,31 +127,63 @@ def bearer(request):
 
 class Keys:
     """
-    Caller and admin API keys. With no caller keys configured the caller
-    API is open; admin operations always need an admin key.
+    Caller and admin API keys (L{iop.edge.keys}). With no caller keys
+    configured the caller API is open; admin operations always need an
+    admin key. A key with limits is held to them for each request it makes.
+
+    @param api_keys: caller keys, as L{KeySpec}s or plain strings.
+    @param admin_keys: admin keys, likewise.
+    @param seconds: the clock of the per-minute limits.
     """
 
-    def __init__(self, api_keys, admin_keys):
-        self.api_keys = frozenset(api_keys)
-        self.admin_keys = frozenset(admin_keys)
+    def __init__(self, api_keys, admin_keys, seconds=None):
+        self.api_keys = tuple(_spec(k) for k in api_keys)
+        self.admin_keys = tuple(_spec(k) for k in admin_keys)
+        self.limiter = KeyLimiter() if seconds is None else KeyLimiter(seconds)
 
     def check_caller(self, request):
+        """
+        @return: the caller's L{KeySpec}, or C{None} when the API is open.
+        @raise HTTPError: for a missing or unknown key.
+        """
         if not self.api_keys:
-            return
+            return None
         key = bearer(request)
         if key is None:
             raise HTTPError(
                 "unauthorized", "an API key is required (Authorization: Bearer ...)", code="missing_api_key"
             )
-        if key not in self.api_keys and key not in self.admin_keys:
+        spec = find(self.api_keys, key) or find(self.admin_keys, key)
+        if spec is None:
             raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
+        return spec
 
     def check_admin(self, request):
-        key = bearer(request)
+        """
+        @return: the admin key's L{KeySpec}.
+        @raise HTTPError: unless an admin key is presented.
+        """
         if not self.admin_keys:
             raise HTTPError("forbidden", "admin operations are disabled: configure admin_keys", code="admin_disabled")
-        if key not in self.admin_keys:
+        spec = find(self.admin_keys, bearer(request))
+        if spec is None:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
+        return spec
+
+    def admit(self, spec, request):
+        """
+        Hold C{request} to the limits of its key until it finishes.
+
+        @raise RateLimited: if the key is over a limit.
+        """
+        if spec.max_concurrent is None and spec.requests_per_minute is None:
+            return
+        release = self.limiter.admit(spec)
+        request.notifyFinish().addBoth(release)
+
+
+def _spec(key):
+    return key if isinstance(key, KeySpec) else KeySpec.plain(key)
 
 
 def caller_name(request):
@@ -206,8 +249,18 @@ class JSONResource(Resource):
         return NOT_DONE_YET
 
     def _handle(self, handler, request):
-        request.caller_key = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
+        request.caller_key = spec
+        if spec is not None:
+            self.keys.admit(spec, request)
         return handler(request)
+
+    def read_json(self, request):
+        """
+        The request body as a checked JSON object, under
+        C{limits.max_body_bytes}.
+        """
+        return read_json(request, self.service.config.limits.max_body_bytes)
 
     def _respond(self, result, request):
         if result is NOT_DONE_YET or request.finished or request._disconnected:
@@ -220,9 +273,34 @@ class JSONResource(Resource):
 
     def _failed(self, failure, request):
         if not failure.check(ServiceError):
-            log.failure("request failed", failure)
+            # A bug on our side: logged with its traceback, answered 500.
+            log.failure("request failed", failure, level=LogLevel.error)
         if not (request.finished or request._disconnected):
             write_error(request, _as_service_error(failure))
+
+
+class RequireKey(Resource):
+    """
+    A resource behind one key (C{metrics_key}): any other request is a
+    JSON 401.
+    """
+
+    isLeaf = True
+
+    def __init__(self, resource, spec):
+        super().__init__()
+        self.resource = resource
+        self.spec = spec
+
+    def render(self, request):
+        if find((self.spec,), bearer(request)) is None:
+            error = HTTPError(
+                "unauthorized", "this endpoint needs its key (Authorization: Bearer ...)", code="missing_key"
+            )
+            request.setHeader(b"www-authenticate", b"Bearer")
+            write_error(request, error)
+            return NOT_DONE_YET
+        return self.resource.render(request)
 
 
 class NotFound(Resource):
@@ -289,17 +367,34 @@ class Call:
         (then just end it) or the caller is gone.
         """
         if not failure.check(ServiceError, CancelledError):
-            log.failure("call failed", failure)
+            log.failure("call failed", failure, level=LogLevel.error)
         if self.gone or self.request.finished:
             return None
         if self.request.startedWriting:
-            self.request.finish()
+            self.finish()
             return None
         write_error(self.request, _as_service_error(failure))
         return None
 
+    def use_producer(self, producer):
+        """
+        Let C{producer} (a stream's L{iop.edge.flow.ReceiveWindow}) be
+        paused while the caller's connection does not drain; a caller that
+        takes nothing for its stall timeout is cut off (which cancels the
+        work).
+        """
+        if not self.gone and not self.request.finished and self.request.producer is None:
+            self.request.registerProducer(producer, True)
+            producer.on_stall = self._stalled
+
+    def _stalled(self):
+        if not self.gone and not self.request.finished:
+            log.info("caller of {id} took nothing for too long; closing its connection", id=self.work_id)
+            self.request.channel.transport.abortConnection()
+
     def finish(self):
         if not self.gone and not self.request.finished:
+            release_producer(self.request)
             self.request.finish()
 
 

@@ -26,16 +26,15 @@ from iop.edge.errors import ServiceError
 from iop.edge.http.common import (
     Call,
     EventStream,
-    HTTPError,
     JSONResource,
     caller_name,
     error_body,
     query,
     query_int,
-    read_json,
     write_json,
 )
 from iop.edge.http.openai import parse_messages
+from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
 from iop.edge.spec import RunSpec
 from iop.run import TERMINAL_TYPES
@@ -46,15 +45,6 @@ RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
 RUN_LIST_MAX = 1000
 
 RUN_ID_HEADER = b"x-iop-run-id"
-
-
-def _string(body, key, default=""):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise HTTPError("invalid", f"{key} must be a string", code="invalid_" + key)
-    return value
 
 
 class _Listener:
@@ -85,6 +75,9 @@ class EventStreamListener(_Listener):
     def __init__(self, call, run_id):
         super().__init__(call, run_id)
         self.stream = EventStream(call.request)
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def event(self, event):
         if self.call.gone:
@@ -126,40 +119,40 @@ class Unheard:
 
 def parse_run(body):
     """
-    The native run request: C{adapter} (or C{model}), C{target}, C{input}
-    as text or chat messages, C{node}, C{session_id}, C{background}.
+    The native run request, every field checked: C{adapter} (or C{model}),
+    C{target}, C{input} as text or chat messages, C{node}, C{session_id},
+    C{background}, C{options}.
+
+    @raise HTTPError: naming the first bad field.
     """
     value = body.get("input")
     if isinstance(value, str):
         messages = [{"role": "user", "content": value}]
     elif isinstance(value, list):
-        messages = parse_messages(value)
+        messages = parse_messages(value, "input")
     else:
-        raise HTTPError("invalid", "input must be text or a list of messages", code="invalid_input")
-    adapter, model = _string(body, "adapter"), _string(body, "model") or None
+        raise invalid("input", "must be text or a list of messages", "invalid_input")
+    adapter, model = string(body, "adapter"), string(body, "model") or None
     if not adapter and not model:
-        raise HTTPError("invalid", "adapter (or model) is required", code="missing_adapter")
-    options = body.get("options") or {}
-    if not isinstance(options, dict):
-        raise HTTPError("invalid", "options must be an object", code="invalid_options")
+        raise invalid("adapter", "adapter (or model) is required", "missing_adapter")
     return RunSpec(
         messages=messages,
         adapter=adapter,
         model=model,
-        target=_string(body, "target"),
-        node=_string(body, "node") or None,
-        session_id=_string(body, "session_id"),
-        background=bool(body.get("background", False)),
-        options=options,
+        target=string(body, "target"),
+        node=string(body, "node") or None,
+        session_id=string(body, "session_id"),
+        background=boolean(body, "background"),
+        options=mapping(body, "options"),
     )
 
 
 class Runs(JSONResource):
     def handle_POST(self, request):
-        body = read_json(request)
+        body = self.read_json(request)
         spec = parse_run(body)
         spec.caller = caller_name(request)
-        stream = body.get("stream", True)
+        stream = boolean(body, "stream", True)
         if spec.background and not stream:
             return self._background(request, spec)
         call = Call(self.service, request, background=spec.background)
@@ -375,12 +368,11 @@ _TERMINATE_FAILURES = {
 
 class TerminateSession(JSONResource):
     def handle_POST(self, request):
-        body = read_json(request)
-        session_id = _string(body, "session_id")
-        adapter = _string(body, "adapter")
-        if not session_id or not adapter:
-            raise HTTPError("invalid", "adapter and session_id are required", code="missing_session")
-        d = self.service.terminate_session(_string(body, "node") or None, adapter, _string(body, "target"), session_id)
+        body = self.read_json(request)
+        adapter = string(body, "adapter", required=True)
+        session_id = string(body, "session_id", required=True)
+        node, target = string(body, "node") or None, string(body, "target")
+        d = self.service.terminate_session(node, adapter, target, session_id)
         return d.addCallback(self._answer, session_id)
 
     def _answer(self, result, session_id):
@@ -411,14 +403,10 @@ class NodeCommands(JSONResource):
 
     def handle_POST(self, request):
         node_id = request.path_params["node"]
-        body = read_json(request)
-        command = _string(body, "command")
-        if not command:
-            raise HTTPError("invalid", "command is required", code="missing_command")
-        args = body.get("args") or {}
-        if not isinstance(args, dict):
-            raise HTTPError("invalid", "args must be an object", code="invalid_args")
-        adapter = _string(body, "adapter")
+        body = self.read_json(request)
+        command = string(body, "command", required=True)
+        adapter = string(body, "adapter")
+        args = mapping(body, "args")
         if body.get("stream"):
             return self._stream(request, node_id, command, adapter, args)
         d = self.service.command(node_id, command, adapter, args)

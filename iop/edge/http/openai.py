@@ -14,21 +14,12 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import (
-    Call,
-    EventStream,
-    HTTPError,
-    JSONResource,
-    caller_headers,
-    caller_name,
-    read_json,
-    write_error,
-    write_json,
-)
+from iop.edge.http.common import Call, EventStream, JSONResource, caller_headers, caller_name, write_error, write_json
+from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.httpheaders import relay_headers
-from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START
+from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START, TOOL_CALL
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
@@ -38,29 +29,126 @@ _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
 _OWN_HEADERS = ("date", "server")
 
 
-def text_of(content):
+def content_of(content, param="content"):
     """
-    The text of a message's C{content}: a string, or a list of parts of
-    which the C{text} parts are joined.
+    The text and images of a message's C{content}: a string, or a list of
+    parts whose C{text} parts are joined and whose C{image_url} parts give
+    image URLs (other part types are left to the provider of a tunnel).
+
+    @return: C{(text, [image url])}.
+    @raise HTTPError: for any other shape, naming C{param}.
     """
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise HTTPError("invalid", "message content must be a string or a list of parts", code="invalid_messages")
+        return content, []
+    if not isinstance(content, list):
+        raise invalid(param, "must be a string or a list of parts", "invalid_messages")
+    texts, images = [], []
+    for i, part in enumerate(content):
+        where = f"{param}[{i}]"
+        if not isinstance(part, dict):
+            raise invalid(where, "must be an object with a type", "invalid_messages")
+        kind = string(part, "type", required=True, param=where + ".type")
+        if kind == "text":
+            texts.append(string(part, "text", param=where + ".text", max_chars=None))
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = (
+                image
+                if isinstance(image, str)
+                else string(
+                    mapping(part, "image_url", where + ".image_url"),
+                    "url",
+                    required=True,
+                    max_chars=None,
+                    param=where + ".image_url.url",
+                )
+            )
+            images.append(url)
+    return "".join(texts), images
 
 
-def parse_messages(value):
+def text_of(content, param="content"):
+    """
+    The text of a message's C{content} (see L{content_of}).
+    """
+    return content_of(content, param)[0]
+
+
+def _tool_calls(value, param):
+    """
+    An assistant message's C{tool_calls}, checked: each with an C{id} and a
+    C{function} with a C{name} and C{arguments} (a JSON text).
+    """
+    if not isinstance(value, list):
+        raise invalid(param, "must be a list of tool calls", "invalid_messages")
+    calls = []
+    for i, call in enumerate(value):
+        where = f"{param}[{i}]"
+        if not isinstance(call, dict):
+            raise invalid(where, "must be an object", "invalid_messages")
+        function = mapping(call, "function", where + ".function")
+        calls.append(
+            {
+                "id": string(call, "id", param=where + ".id"),
+                "type": "function",
+                "function": {
+                    "name": string(function, "name", required=True, param=where + ".function.name"),
+                    "arguments": string(
+                        function, "arguments", "{}", max_chars=None, param=where + ".function.arguments"
+                    ),
+                },
+            }
+        )
+    return calls
+
+
+def parse_messages(value, param="messages"):
+    """
+    Chat messages as C{{"role", "content"}} with text content, plus the
+    OpenAI extras a normalized run carries when present: C{name},
+    C{tool_call_id} (a tool result), C{tool_calls} (an assistant's) and
+    C{images} (the URLs of image parts).
+
+    @raise HTTPError: unless C{value} is a non-empty list of objects with a
+        string C{role} and a C{content} L{content_of} accepts.
+    """
     if not isinstance(value, list) or not value:
-        raise HTTPError("invalid", "messages must be a non-empty list", code="invalid_messages")
+        raise invalid(param, "must be a non-empty list of messages", "invalid_messages")
     messages = []
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise HTTPError("invalid", f"messages[{i}] must be an object with a role", code="invalid_messages")
-        messages.append({"role": m["role"], "content": text_of(m.get("content"))})
+        where = f"{param}[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, "must be an object with a role", "invalid_messages")
+        role = string(m, "role", required=True, param=where + ".role")
+        text, images = content_of(m.get("content"), where + ".content")
+        message = {"role": role, "content": text}
+        for key in ("name", "tool_call_id"):
+            value_of = string(m, key, param=f"{where}.{key}")
+            if value_of:
+                message[key] = value_of
+        if m.get("tool_calls") is not None:
+            message["tool_calls"] = _tool_calls(m["tool_calls"], where + ".tool_calls")
+        if images:
+            message["images"] = images
+        messages.append(message)
     return messages
+
+
+def parse_chat(body):
+    """
+    Every field of a chat completion request the Edge uses, checked.
+
+    @return: C{(model, messages, stream, include_usage)}.
+    @raise HTTPError: naming the first bad field.
+    """
+    model = string(body, "model", required=True)
+    messages = parse_messages(body.get("messages"))
+    stream = boolean(body, "stream")
+    stream_options = mapping(body, "stream_options")
+    include_usage = boolean(stream_options, "include_usage", param="stream_options.include_usage")
+    return model, messages, stream, include_usage
 
 
 def openai_usage(usage):
@@ -127,14 +215,8 @@ class ChatCompletions(JSONResource):
         self.clock = clock
 
     def handle_POST(self, request):
-        body = read_json(request)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise HTTPError("invalid", "model is required", code="missing_model")
-        messages = parse_messages(body.get("messages"))
-        stream = bool(body.get("stream"))
-        stream_options = body.get("stream_options") or {}
-        include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        body = self.read_json(request)
+        model, messages, stream, include_usage = parse_chat(body)
         headers = caller_headers(request)
         background = background_requested(request)
         spec = RunSpec(
@@ -146,6 +228,7 @@ class ChatCompletions(JSONResource):
             background=background,
             caller=caller_name(request),
         )
+        choices = body.get("n", 1)
         call = Call(self.service, request, background=background)
         created = int(self.clock.seconds())
 
@@ -154,6 +237,9 @@ class ChatCompletions(JSONResource):
                 request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
             if kind == TUNNEL:
                 return TunnelPassthrough(call)
+            if choices not in (None, 1):
+                # A normalized run produces one answer: never silently one of n.
+                raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
 
         return call.submit(spec, listener_for)
@@ -166,6 +252,25 @@ class _Renderer:
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.tool_calls = []
+
+    def finish_reason(self, event):
+        """
+        OpenAI's finish reason for the C{complete} terminal: the back end's
+        when it said one, else C{tool_calls} after tool calls, else C{stop}.
+        """
+        return event.finish_reason or ("tool_calls" if self.tool_calls else "stop")
+
+
+def tool_call_json(call, index=None):
+    """
+    A L{iop.run.ToolCall} as an OpenAI tool call (with its C{index} in a
+    streamed delta).
+    """
+    result = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    if index is not None:
+        result["index"] = index
+    return result
 
 
 @implementer(IRunListener)
@@ -177,6 +282,9 @@ class ChunkRenderer(_Renderer):
     def __init__(self, *args):
         super().__init__(*args)
         self.stream = EventStream(self.call.request)
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def chunk(self, delta, finish_reason=None):
         return {
@@ -200,8 +308,11 @@ class ChunkRenderer(_Renderer):
             self.stream.send(self.chunk({"content": event.text}))
         elif event.type == REASONING_DELTA:
             self.stream.send(self.chunk({"reasoning_content": event.text}))
+        elif event.type == TOOL_CALL:
+            self.stream.send(self.chunk({"tool_calls": [tool_call_json(event.tool_call, len(self.tool_calls))]}))
+            self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
-            self.stream.send(self.chunk({}, "stop"))
+            self.stream.send(self.chunk({}, self.finish_reason(event)))
             if self.include_usage and event.usage is not None:
                 final = self.chunk({})
                 final["choices"] = []
@@ -236,8 +347,13 @@ class ResponseRenderer(_Renderer):
             self.text.append(event.text)
         elif event.type == REASONING_DELTA:
             self.reasoning.append(event.text)
+        elif event.type == TOOL_CALL:
+            self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
-            message = {"role": "assistant", "content": "".join(self.text)}
+            text = "".join(self.text)
+            message = {"role": "assistant", "content": text if text or not self.tool_calls else None}
+            if self.tool_calls:
+                message["tool_calls"] = [tool_call_json(call) for call in self.tool_calls]
             if self.reasoning:
                 message["reasoning_content"] = "".join(self.reasoning)
             response = {
@@ -245,7 +361,7 @@ class ResponseRenderer(_Renderer):
                 "object": "chat.completion",
                 "created": self.created,
                 "model": self.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(event)}],
             }
             if event.usage is not None:
                 response["usage"] = openai_usage(event.usage)
@@ -266,6 +382,9 @@ class TunnelPassthrough:
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+
+    def use_producer(self, producer):
+        self.call.use_producer(producer)
 
     def status(self, code):
         if not self.call.gone:

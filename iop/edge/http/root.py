@@ -39,6 +39,15 @@ class Router(Resource):
         self._exact = {}
         self._patterns = []
 
+    @classmethod
+    def only(cls, pattern, resource):
+        """
+        A router with one route (and JSON 404s for everything else).
+        """
+        router = cls()
+        router.route(pattern, resource)
+        return router
+
     def route(self, pattern, resource):
         segments = tuple(pattern.strip("/").split("/"))
         if any(s.startswith("{") for s in segments):
@@ -94,7 +103,7 @@ def _match(pattern, segments):
 
 
 def build_root(service, config, clock, metrics_resource=None):
-    keys = Keys(config.api_keys, config.admin_keys)
+    keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
     http_metrics = getattr(metrics_resource, "http", None)
     router = Router(http_metrics.observe if http_metrics is not None else None)
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))

@@ -9,8 +9,9 @@ C{model} rewritten to the provider's target. A model group with no such
 provider answers 400 naming the endpoint.
 """
 
-from iop.edge.http.common import Call, HTTPError, JSONResource, caller_headers, caller_name, read_json
+from iop.edge.http.common import Call, JSONResource, caller_headers, caller_name
 from iop.edge.http.openai import RUN_ID_HEADER, TunnelPassthrough
+from iop.edge.http.validate import string
 from iop.edge.spec import RunSpec, TunnelSpec
 
 
@@ -37,10 +38,8 @@ class TunnelledEndpoint(JSONResource):
         self.path = path
 
     def handle_POST(self, request):
-        body = read_json(request)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise HTTPError("invalid", "model is required", code="missing_model")
+        body = self.read_json(request)
+        model = string(body, "model", required=True)
         spec = RunSpec(
             messages=[],
             model=model,

@@ -10,6 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
 from iop.protocols import iop_pb2
+from iop.protocols.wire import WIRE_VERSION
 from iop.run import CANCELLED, SHUTTING_DOWN
 from iop.testing.edge import EdgeHarness, Recorder
 
@@ -229,5 +230,5 @@ class WireVersionTests(SynchronousTestCase):
         node, _, _ = edge.register(ready=False, wire_version=0)
         (response,) = node.of("register_response")
         self.assertTrue(response.accepted)
-        self.assertEqual(response.wire_version, 2)
+        self.assertEqual(response.wire_version, WIRE_VERSION)
         self.assertEqual(edge.service.registry.owner("n1").wire_version, 1)

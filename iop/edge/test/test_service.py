@@ -293,12 +293,12 @@ class RunTests(SynchronousTestCase):
 
     def test_send_failure_returns_lease(self):
         """
-        A RunRequest that cannot be sent returns the lease and fails the
-        submit.
+        A RunRequest too large for one frame returns the lease and fails
+        the submit as the caller's mistake (413 C{request_too_large}).
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x" * (17 * 1024 * 1024)}], model="grp")
         f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
-        self.assertEqual(f.value.code, "send_failed")
+        self.assertEqual((f.value.kind, f.value.code), ("too_large", "request_too_large"))
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(len(self.edge.service.inflight), 0)
 

@@ -1,0 +1,74 @@
+"""
+Flow control reaching the provider: an adapter hands the Node a producer
+of its response body (through C{register_producer} on its sink or emit);
+pausing it stops reading the provider, and the idle timeout with it, since
+the silence is then the Node's own; resuming reads on.
+"""
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+
+from iop.adapters.interface import TunnelInput
+from iop.adapters.test.providers import Events, Script, Sink, chunk, sse
+from iop.adapters.test.test_openai_compat import SSE_HEADERS, OpenAICompatTestCase, run_input
+
+
+class FlowEvents(Events):
+    def __init__(self):
+        super().__init__()
+        self.producers = []
+
+    def register_producer(self, producer):
+        self.producers.append(producer)
+
+
+class FlowSink(Sink):
+    def __init__(self):
+        super().__init__()
+        self.producers = []
+
+    def register_producer(self, producer):
+        self.producers.append(producer)
+
+
+class PauseTests(OpenAICompatTestCase):
+    @defer.inlineCallbacks
+    def test_paused_run_does_not_time_out(self):
+        """
+        A normalized run hands over its body's producer; while it is
+        paused, a provider silent for longer than idle_timeout_sec is not
+        timed out; resumed, the idle timer runs again.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
+        adapter = self.adapter(script, idle_timeout_sec=30)
+        adapter.clock = Clock()
+        events = FlowEvents()
+        first = events.first("delta")
+        d = adapter.execute(run_input(), events)
+        yield first
+        (producer,) = events.producers
+        producer.pauseProducing()
+        adapter.clock.advance(300)
+        self.assertEqual(events.types(), ["start", "delta"])
+        producer.resumeProducing()
+        adapter.clock.advance(30)
+        yield d
+        self.assertEqual(events.events[-1].error.code, "provider_timeout")
+
+    @defer.inlineCallbacks
+    def test_tunnel_hands_over_its_producer(self):
+        """
+        A tunnel registers its body's producer with the sink; pausing and
+        resuming it leaves the relayed bytes whole.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="a"), chunk(content="b")))
+        adapter = self.adapter(script)
+        sink = FlowSink()
+        request = TunnelInput(tunnel_id="t1", method="POST", path="/chat/completions", headers=[], body=b"{}")
+        d = adapter.tunnel(request, sink)
+        yield sink.first_body
+        (producer,) = sink.producers
+        producer.pauseProducing()
+        producer.resumeProducing()
+        yield d
+        self.assertEqual(b"".join(sink.bodies), b"".join(sse(chunk(content="a"), chunk(content="b"))))

@@ -1,0 +1,101 @@
+"""
+The Edge's side of per-stream flow control (wire version 3; docs/wire.md,
+"Flow control").
+
+A L{ReceiveWindow} is the credit of one run or tunnel. The Node may send
+C{window} body bytes (tunnel body, delta text) beyond what the Edge has
+granted back; the Edge grants them back with C{WindowUpdate} as it hands
+them to its caller — but only while the caller's connection is draining.
+The window is the C{IPushProducer} a streaming surface registers with its
+HTTP request: when the caller stops reading and the socket's buffer
+fills, twisted.web pauses it, grants stop, and the Node (after at most one
+more window) stops sending and pauses its provider. So the Edge holds at
+most about one window per stream, whatever the caller does, and the other
+streams of the same Node link flow on.
+"""
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from iop.protocols import iop_pb2
+
+#: How long a caller may take nothing of a stream before it is cut off.
+STALL_TIMEOUT_SEC = 60.0
+
+
+@implementer(IPushProducer)
+class ReceiveWindow:
+    """
+    @param send: sends one message to the Node (the dispatch's link).
+    @param stream_id: the run or tunnel id.
+    @param window: the window the stream was started with, in bytes.
+    @param clock: for the stall timeout (C{None}: none).
+    @ivar on_stall: called when the window stayed paused for
+        C{stall_timeout} seconds.
+    """
+
+    def __init__(self, send, stream_id, window, clock=None, stall_timeout=STALL_TIMEOUT_SEC):
+        self._send = send
+        self.stream_id = stream_id
+        self.window = window
+        self.clock = clock
+        self.stall_timeout = stall_timeout
+        self.on_stall = None
+        self.unacked = 0
+        self.paused = False
+        self.closed = False
+        self._stall = None
+
+    def received(self, size):
+        """
+        C{size} body bytes of the stream were handed to the caller.
+        """
+        if self.closed or size <= 0:
+            return
+        self.unacked += size
+        # Granting in halves of the window keeps updates few and the
+        # stream moving.
+        if not self.paused and self.unacked >= self.window // 2:
+            self._grant()
+
+    def _grant(self):
+        if self.unacked and not self.closed:
+            size, self.unacked = self.unacked, 0
+            try:
+                self._send(iop_pb2.WindowUpdate(id=self.stream_id, bytes=size))
+            except Exception:
+                # The link is going away; its loss ends the stream.
+                self.closed = True
+
+    def close(self):
+        """
+        The stream ended: nothing more is granted.
+        """
+        self.closed = True
+        self._unwatch()
+
+    def _unwatch(self):
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
+        self._stall = None
+
+    def _stalled(self):
+        self._stall = None
+        if not self.closed and self.on_stall is not None:
+            self.on_stall()
+
+    # -- IPushProducer: the caller's connection
+
+    def pauseProducing(self):
+        self.paused = True
+        if self.clock is not None and self._stall is None and not self.closed:
+            self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
+
+    def resumeProducing(self):
+        self.paused = False
+        self._unwatch()
+        self._grant()
+
+    def stopProducing(self):
+        self.closed = True
+        self._unwatch()

@@ -1,0 +1,122 @@
+"""
+What one HTTP connection may cost the Edge (C{limits:} in C{edge.yaml};
+README, "Security").
+
+L{LimitedChannel} is the Edge's C{HTTPChannel} with three deadlines and a
+body cap that twisted.web does not have (its idle timeout restarts on
+every byte, so a peer trickling one header line every few seconds stays
+forever):
+
+  - C{header_timeout_sec}: a request's headers must be complete this long
+    after the connection opened, or after the previous response ended
+    (so an idle keep-alive connection is closed then too);
+  - C{body_timeout_sec}: its body must be complete this long after its
+    headers;
+  - C{max_body_bytes}: a C{Content-Length} above it is answered 413 and the
+    connection closed before any of the body is read; a chunked body is cut
+    the same way once it passes the limit.
+
+While a request is being answered (a stream may last long) no deadline
+runs. L{EdgeSite} adds C{max_http_connections}: beyond it, a new connection
+is closed at once.
+"""
+
+import json
+
+from twisted.internet.protocol import Protocol
+from twisted.web.http import HTTPChannel
+
+from iop.edge.http.common import error_body
+from iop.edge.http.validate import HTTPError
+
+
+class Refused(Protocol):
+    """
+    A connection over the cap: aborted as soon as it exists.
+    """
+
+    def connectionMade(self):
+        self.transport.abortConnection()
+
+
+class LimitedChannel(HTTPChannel):
+    """
+    An C{HTTPChannel} under the site's L{iop.edge.limits.Limits}
+    (C{self.site.limits}); slow peers are counted in
+    C{self.site.slow_peers}.
+    """
+
+    _deadline = None
+    _refused_body = False
+    _body_bytes = 0
+
+    def connectionMade(self):
+        super().connectionMade()
+        self._expect("headers", self.site.limits.header_timeout_sec)
+
+    def _expect(self, what, seconds):
+        self._disarm()
+        self._deadline = self.callLater(seconds, self._too_slow, what, seconds)
+
+    def _disarm(self):
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _too_slow(self, what, seconds):
+        self._deadline = None
+        key = "header_timeout_sec" if what == "headers" else "body_timeout_sec"
+        self.site.slow_peers.note(what=what, seconds=seconds, key=key)
+        self.transport.abortConnection()
+
+    def allHeadersReceived(self):
+        limit = self.site.limits.max_body_bytes
+        if self.length is not None and self.length > limit:
+            self._refuse_body(f"request body of {self.length} bytes exceeds {limit} bytes (limits.max_body_bytes)")
+            return
+        super().allHeadersReceived()
+        self._body_bytes = 0
+        self._expect("body", self.site.limits.body_timeout_sec)
+
+    def rawDataReceived(self, data):
+        if self._refused_body:
+            return
+        if not self._handlingRequest and self.length is None:
+            # A chunked body: count it as it comes.
+            self._body_bytes += len(data)
+            limit = self.site.limits.max_body_bytes
+            if self._body_bytes > limit:
+                self._refuse_body(f"request body exceeds {limit} bytes (limits.max_body_bytes)")
+                return
+        super().rawDataReceived(data)
+
+    def allContentReceived(self):
+        self._disarm()
+        super().allContentReceived()
+
+    def requestDone(self, request):
+        # Armed first: a pipelined request handled within requestDone moves
+        # on to its own deadline or to none.
+        if self.persistent:
+            self._expect("headers", self.site.limits.header_timeout_sec)
+        super().requestDone(request)
+
+    def connectionLost(self, reason):
+        self._disarm()
+        super().connectionLost(reason)
+
+    def _refuse_body(self, message):
+        """
+        Answer 413 without reading the body, and close.
+        """
+        self._refused_body = True
+        self._disarm()
+        error = HTTPError("too_large", message)
+        data = json.dumps(error_body(error.kind, error.message, error.code)).encode()
+        self.transport.write(
+            b"HTTP/1.1 413 Content Too Large\r\n"
+            b"content-type: application/json\r\n"
+            b"content-length: %d\r\n"
+            b"connection: close\r\n\r\n" % len(data) + data
+        )
+        self.transport.loseConnection()

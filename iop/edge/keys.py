@@ -1,0 +1,200 @@
+"""
+Caller, admin and metrics keys (C{api_keys}, C{admin_keys}, C{metrics_key}
+in C{edge.yaml}), and what each caller key may spend.
+
+A key is configured as itself (C{"sk-..."}) or as its SHA-256 (C{{sha256:
+<64 hex digits>}}, e.g. C{printf %s "$KEY" | sha256sum}), like node tokens,
+so C{edge.yaml} need not hold it. Presented keys are hashed and compared
+in constant time against every configured digest; keys are never logged
+(a key is named by its C{name}, or by the first 8 hex digits of its
+digest).
+
+A key entry may carry its own limits: C{max_concurrent} requests in
+progress at once and C{requests_per_minute} (a token bucket: that many at
+once, refilled evenly over a minute). Over either, a request is refused
+with 429 and C{Retry-After} (L{RateLimited}). README, "Security".
+"""
+
+import hashlib
+import hmac
+import math
+from dataclasses import dataclass
+
+from twisted.python.runtime import seconds as wall_seconds
+
+from iop.config import Section
+from iop.edge.errors import ServiceError
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """
+    One configured key: its SHA-256 digest, a name to show for it, and its
+    limits (C{None}: unlimited).
+    """
+
+    digest: bytes
+    name: str
+    max_concurrent: int | None = None
+    requests_per_minute: int | None = None
+
+    @classmethod
+    def plain(cls, key):
+        digest = key_digest(key)
+        return cls(digest=digest, name=_default_name(digest))
+
+
+def key_digest(key):
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def _default_name(digest):
+    return "key-" + digest.hex()[:8]
+
+
+def find(specs, presented):
+    """
+    The spec among C{specs} whose digest matches the presented key,
+    compared in constant time against every one.
+    """
+    if presented is None:
+        return None
+    digest = key_digest(presented)
+    found = None
+    for spec in specs:
+        if hmac.compare_digest(digest, spec.digest):
+            found = spec
+    return found
+
+
+# -- edge.yaml
+
+
+def _entry(section, where, value):
+    if isinstance(value, str):
+        if not value:
+            raise section.error(where, "must be a non-empty string")
+        return KeySpec.plain(value)
+    if not isinstance(value, dict):
+        raise section.error(where, "must be a key string or a mapping with key or sha256")
+    entry = Section(value, section.key(where), section.source)
+    entry.unknown({"key", "sha256", "name", "max_concurrent", "requests_per_minute"})
+    has_plain, has_hash = "key" in value, "sha256" in value
+    if has_plain == has_hash:
+        raise entry.error("key", "exactly one of key or sha256 is required")
+    if has_plain:
+        plain = entry.get("key", str)
+        if not plain:
+            raise entry.error("key", "must be a non-empty string")
+        digest = key_digest(plain)
+    else:
+        try:
+            digest = bytes.fromhex(entry.get("sha256", str))
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise entry.error("sha256", "must be 64 hexadecimal digits")
+    limits = {}
+    for name in ("max_concurrent", "requests_per_minute"):
+        limit = entry.get(name, int, None)
+        if limit is not None and limit < 1:
+            raise entry.error(name, f"must be at least 1, got {limit!r}")
+        limits[name] = limit
+    return KeySpec(digest=digest, name=entry.get("name", str, _default_name(digest)), **limits)
+
+
+def parse_keys(section, name):
+    """
+    A list of keys (C{api_keys}, C{admin_keys}); absent is empty.
+
+    @return: a tuple of L{KeySpec}.
+    @raise ConfigError: naming the entry of a bad or duplicate key.
+    """
+    values = section.get(name, list, [])
+    specs = tuple(_entry(section, f"{name}[{i}]", value) for i, value in enumerate(values))
+    seen = set()
+    for i, spec in enumerate(specs):
+        if spec.digest in seen:
+            raise section.error(f"{name}[{i}]", "duplicate key (not shown)")
+        seen.add(spec.digest)
+    return specs
+
+
+def parse_key(section, name):
+    """
+    One optional key (C{metrics_key}). @return: a L{KeySpec} or C{None}.
+    """
+    value = section.data.get(name)
+    return None if value is None else _entry(section, name, value)
+
+
+# -- limits
+
+
+class RateLimited(ServiceError):
+    """
+    A key over one of its limits: HTTP 429 with C{Retry-After}.
+
+    @ivar retry_after: seconds until a retry may succeed.
+    """
+
+    def __init__(self, message, retry_after):
+        super().__init__("busy", message, code="key_rate_limited")
+        self.retry_after = retry_after
+
+
+class KeyLimiter:
+    """
+    What each key is spending: requests in progress and a per-minute token
+    bucket, by digest.
+
+    @param seconds: a clock, C{seconds() -> float}.
+    """
+
+    def __init__(self, seconds=wall_seconds):
+        self.seconds = seconds
+        self.in_progress = {}
+        self._buckets = {}
+
+    def admit(self, spec):
+        """
+        Count one request of C{spec}.
+
+        @return: a callable that ends it (idempotent).
+        @raise RateLimited: if the key is over a limit (nothing counted).
+        """
+        busy = self.in_progress.get(spec.digest, 0)
+        if spec.max_concurrent is not None and busy >= spec.max_concurrent:
+            raise RateLimited(
+                f"API key {spec.name} already has {busy} requests in progress (max_concurrent {spec.max_concurrent})",
+                retry_after=1,
+            )
+        if spec.requests_per_minute is not None:
+            self._take_token(spec)
+        self.in_progress[spec.digest] = busy + 1
+        done = []
+
+        def release(_=None):
+            if not done:
+                done.append(True)
+                left = self.in_progress[spec.digest] - 1
+                if left:
+                    self.in_progress[spec.digest] = left
+                else:
+                    del self.in_progress[spec.digest]
+            return _
+
+        return release
+
+    def _take_token(self, spec):
+        rate = spec.requests_per_minute / 60.0
+        now = self.seconds()
+        tokens, last = self._buckets.get(spec.digest, (float(spec.requests_per_minute), now))
+        tokens = min(float(spec.requests_per_minute), tokens + (now - last) * rate)
+        if tokens < 1:
+            self._buckets[spec.digest] = (tokens, now)
+            raise RateLimited(
+                f"API key {spec.name} is over {spec.requests_per_minute} requests per minute",
+                retry_after=max(1, math.ceil((1 - tokens) / rate)),
+            )
+        self._buckets[spec.digest] = (tokens - 1, now)

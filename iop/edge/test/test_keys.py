@@ -1,0 +1,213 @@
+"""
+Caller, admin and metrics keys (issue 12, finding 10 and "Keys"): SHA-256
+forms like node tokens, per-key limits on requests in progress and per
+minute (429 with C{Retry-After}), and C{/metrics} behind its own key or on
+its own endpoint.
+"""
+
+import copy
+import hashlib
+import json
+
+from treq.testing import StubTreq
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config import ConfigError
+from iop.edge.http.site import EdgeSite
+from iop.edge.keys import KeyLimiter, KeySpec, RateLimited, key_digest
+from iop.edge.test.test_config import parsed
+from iop.protocols import iop_pb2
+from iop.testing.edge import EDGE_YAML, EdgeHarness
+
+BASE = "http://edge.invalid"
+
+
+def sha(key):
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyConfigTests(SynchronousTestCase):
+    def refused(self, mutate, *fragments):
+        error = self.assertRaises(ConfigError, parsed, mutate)
+        for fragment in fragments:
+            self.assertIn(fragment, str(error))
+        return error
+
+    def test_forms(self):
+        """
+        A key may be given as itself, as C{{key: ...}} or as its SHA-256;
+        entries may carry a name and limits.
+        """
+        config = parsed(
+            lambda d: d.update(
+                api_keys=[
+                    "plain",
+                    {"sha256": sha("hashed"), "name": "team-a", "max_concurrent": 2, "requests_per_minute": 60},
+                    {"key": "mapped"},
+                ],
+                admin_keys=[{"sha256": sha("root").upper()}],
+                metrics_key={"sha256": sha("scrape")},
+            )
+        )
+        plain, hashed, mapped = config.api_keys
+        self.assertEqual(plain, KeySpec(key_digest("plain"), "key-" + sha("plain")[:8]))
+        self.assertEqual((hashed.digest, hashed.name, hashed.max_concurrent, hashed.requests_per_minute),
+                         (key_digest("hashed"), "team-a", 2, 60))  # fmt: skip
+        self.assertEqual(mapped.digest, key_digest("mapped"))
+        self.assertEqual(config.admin_keys[0].digest, key_digest("root"))
+        self.assertEqual(config.metrics_key.digest, key_digest("scrape"))
+
+    def test_bad_entries(self):
+        """
+        Bad digests, both or neither form, unknown keys, limits below 1,
+        empty keys and duplicates are refused naming the entry; a duplicate
+        is not shown.
+        """
+        self.refused(lambda d: d.update(api_keys=[{"sha256": "abc"}]), "api_keys[0].sha256", "64 hexadecimal")
+        self.refused(lambda d: d.update(api_keys=[{"sha256": sha("a"), "key": "a"}]), "api_keys[0].key")
+        self.refused(lambda d: d.update(api_keys=[{"name": "x"}]), "api_keys[0].key", "exactly one")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "rpm": 1}]), "api_keys[0].rpm", "unknown key")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "max_concurrent": 0}]), "api_keys[0].max_concurrent")
+        self.refused(lambda d: d.update(api_keys=[""]), "api_keys[0]")
+        self.refused(lambda d: d.update(api_keys=[5]), "api_keys[0]")
+        error = self.refused(lambda d: d.update(admin_keys=["secret", {"sha256": sha("secret")}]), "admin_keys[1]")
+        self.assertNotIn("secret", str(error).replace("admin_keys", ""))
+        self.refused(lambda d: d.update(metrics_key={"sha256": "zz"}), "metrics_key.sha256")
+
+
+class LimiterTests(SynchronousTestCase):
+    def test_concurrent(self):
+        """
+        C{max_concurrent} counts requests in progress; a finished one
+        frees its place (once, however often it is released).
+        """
+        limiter = KeyLimiter(lambda: 0.0)
+        spec = KeySpec(key_digest("k"), "k", max_concurrent=2)
+        first, _ = limiter.admit(spec), limiter.admit(spec)
+        e = self.assertRaises(RateLimited, limiter.admit, spec)
+        self.assertEqual((e.kind, e.retry_after), ("busy", 1))
+        first()
+        first()
+        limiter.admit(spec)
+        self.assertRaises(RateLimited, limiter.admit, spec)
+
+    def test_per_minute(self):
+        """
+        C{requests_per_minute} allows that many at once, then one per
+        1/rate of a minute; C{Retry-After} says how long to wait.
+        """
+        now = [0.0]
+        limiter = KeyLimiter(lambda: now[0])
+        spec = KeySpec(key_digest("k"), "k", requests_per_minute=6)
+        for _ in range(6):
+            limiter.admit(spec)()
+        e = self.assertRaises(RateLimited, limiter.admit, spec)
+        self.assertEqual(e.retry_after, 10)
+        now[0] = 9.0
+        self.assertRaises(RateLimited, limiter.admit, spec)
+        now[0] = 10.0
+        limiter.admit(spec)
+
+
+class KeyedHTTPTests(SynchronousTestCase):
+    def setUp(self):
+        data = copy.deepcopy(EDGE_YAML)
+        data["api_keys"] = [
+            {"sha256": sha("caller")},
+            {"key": "one-at-a-time", "max_concurrent": 1},
+            {"key": "slow", "requests_per_minute": 2},
+        ]
+        data["admin_keys"] = [{"sha256": sha("root")}]
+        data["metrics_key"] = {"sha256": sha("scrape")}
+        self.edge = EdgeHarness(data)
+        self.node, self.pump, _ = self.edge.register()
+        self.http = StubTreq(self.edge.site.resource)
+
+    def request(self, method, path, key=None, body=None):
+        headers = {b"authorization": [b"Bearer " + key.encode()]} if key else {}
+        data = json.dumps(body).encode() if body is not None else None
+        d = self.http.request(method, BASE + path, headers=headers, data=data)
+        self.http.flush()
+        self.pump.flush()
+        return d
+
+    def result(self, d):
+        self.http.flush()
+        response = self.successResultOf(d)
+        return response.code, response.headers, self.successResultOf(response.content())
+
+    def test_sha256_keys(self):
+        """
+        Keys configured as SHA-256 digests are accepted when presented in
+        full; anything else is refused.
+        """
+        self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
+        self.assertEqual(self.result(self.request("GET", "/v1/status", sha("caller")))[0], 401)
+        self.assertEqual(self.result(self.request("GET", "/v1/status"))[0], 401)
+        d = self.request("POST", "/v1/nodes/n1/commands", "root", {"command": "capabilities"})
+        self.assertEqual(len(self.node.of("node_command_request")), 1)
+        self.assertNoResult(d)
+
+    def test_max_concurrent(self):
+        """
+        A key at C{max_concurrent} gets 429 with C{Retry-After} for one
+        more; when its request ends, it may make another.
+        """
+        body = {"adapter": "echo", "node": "n1", "input": "x", "stream": True}
+        running = self.request("POST", "/v1/runs", "one-at-a-time", body)
+        code, headers, answer = self.result(self.request("POST", "/v1/runs", "one-at-a-time", body))
+        self.assertEqual(code, 429)
+        self.assertEqual(headers.getRawHeaders(b"retry-after"), [b"1"])
+        self.assertEqual(json.loads(answer)["error"]["code"], "key_rate_limited")
+        self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
+        run_id = self.node.of("run_request")[-1].run_id
+        self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        self.pump.flush()
+        self.assertEqual(self.result(running)[0], 200)
+        self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)
+
+    def test_requests_per_minute(self):
+        """
+        Over C{requests_per_minute}, 429 with C{Retry-After} until the
+        bucket refills.
+        """
+        for _ in range(2):
+            self.assertEqual(self.result(self.request("GET", "/v1/status", "slow"))[0], 200)
+        code, headers, _ = self.result(self.request("GET", "/v1/status", "slow"))
+        self.assertEqual((code, headers.getRawHeaders(b"retry-after")), (429, [b"30"]))
+        self.edge.clock.advance(30)
+        self.assertEqual(self.result(self.request("GET", "/v1/status", "slow"))[0], 200)
+
+    def test_metrics_key(self):
+        """
+        With C{metrics_key}, C{/metrics} needs it; a caller key is not it.
+        """
+        self.assertEqual(self.result(self.request("GET", "/metrics"))[0], 401)
+        self.assertEqual(self.result(self.request("GET", "/metrics", "caller"))[0], 401)
+        code, _, body = self.result(self.request("GET", "/metrics", "scrape"))
+        self.assertEqual(code, 200)
+        self.assertIn(b"iop_edge_node_connected", body)
+
+
+class MetricsEndpointTests(SynchronousTestCase):
+    def test_separate_endpoint(self):
+        """
+        With C{listen.metrics}, C{/metrics} is served there and not on the
+        HTTP port.
+        """
+        data = copy.deepcopy(EDGE_YAML)
+        data["listen"]["metrics"] = "tcp:0:interface=127.0.0.1"
+        edge = EdgeHarness(data)
+        http = StubTreq(edge.site.resource)
+        d = http.get(BASE + "/metrics")
+        http.flush()
+        self.assertEqual(self.successResultOf(d).code, 404)
+        (metrics_site,) = [
+            child.factory
+            for child in edge.service
+            if isinstance(child.factory, EdgeSite) and child.factory is not edge.site
+        ]
+        separate = StubTreq(metrics_site.resource)
+        d = separate.get(BASE + "/metrics")
+        separate.flush()
+        self.assertEqual(self.successResultOf(d).code, 200)

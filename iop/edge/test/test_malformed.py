@@ -1,0 +1,184 @@
+"""
+Malformed messages from a ready Node (issue 12, finding 7): each is a
+protocol violation of the one piece of work it names, which ends with
+C{protocol_error} (its lease back, the Node asked to cancel it); the
+connection and the other work on it go on. A listener that raises ends
+only its own work.
+"""
+
+import copy
+
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+
+from iop.edge.dispatch import ITunnelListener
+from iop.edge.errors import ServiceError
+from iop.edge.spec import RunSpec, TunnelSpec
+from iop.protocols import iop_pb2
+from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
+
+YAML: dict = copy.deepcopy(EDGE_YAML)
+# Room for two runs at once on n1's echo provider (direct work leases too).
+YAML["nodes"][0]["providers"][0]["capacity"]["normal"] = 2
+YAML["nodes"][0]["adapters"].append(
+    {"name": "llm", "type": "openai_compat", "max_concurrency": 2, "base_url": "http://x.invalid/v1"}
+)
+YAML["nodes"][0]["providers"].append({"id": "llm", "adapter": "llm", "capacity": {"normal": 2, "long": 0}})
+YAML["model_groups"].append({"name": "big", "providers": [{"node": "n1", "provider": "llm"}]})
+
+
+@implementer(ITunnelListener)
+class TunnelRecorder:
+    def __init__(self):
+        self.calls = []
+        self.work_id = None
+
+    def for_work(self, kind, work_id):
+        self.work_id = work_id
+        return self
+
+    def __getattr__(self, name):
+        if name in ("status", "headers", "body", "usage", "metadata", "end", "error"):
+            return lambda *args: self.calls.append((name, *args))
+        raise AttributeError(name)
+
+
+class MalformedTests(SynchronousTestCase):
+    def setUp(self):
+        self.edge = EdgeHarness(YAML)
+        self.node, self.pump, self.edge_protocol = self.edge.register()
+        self.service = self.edge.service
+
+    def start_run(self, **kwargs):
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "hi"}], **kwargs)
+        self.successResultOf(self.service.submit(spec, recorder.for_run))
+        self.pump.flush()
+        return recorder
+
+    def tunnel(self):
+        recorder = TunnelRecorder()
+        spec = RunSpec(
+            messages=[{"role": "user", "content": "hi"}],
+            model="big",
+            tunnel=TunnelSpec("POST", "/chat/completions", [], {"model": "big"}),
+        )
+        self.successResultOf(self.service.submit(spec, recorder.for_work))
+        self.pump.flush()
+        return recorder
+
+    def send(self, *messages):
+        for message in messages:
+            self.node.wire.send(message)
+        self.pump.flush()
+
+    def cancels(self):
+        return [m.run_id for m in self.node.of("cancel_request")]
+
+    def assert_connection_alive(self):
+        self.assertFalse(self.node.lost)
+        self.assertIsNone(self.edge_protocol.close_reason)
+        self.assertIsNotNone(self.service.registry.ready_link("n1"))
+
+    def test_unknown_event_type(self):
+        """
+        A run event of an unknown type ends that run with
+        C{protocol_error} and returns its lease; the Node is asked to
+        cancel it; another run on the same connection completes.
+        """
+        bad = self.start_run(model="grp")
+        good = self.start_run(adapter="echo", node="n1")
+        self.send(iop_pb2.RunEvent(run_id=bad.work_id, seq=1, type="bogus"))
+        self.assertEqual(bad.types(), ["error"])
+        self.assertEqual(bad.events[0].error.code, "protocol_error")
+        self.assertIn(bad.work_id, self.cancels())
+        self.assertEqual([lease.group for lease in self.service.pool.active_leases()], ["n1/echo"])
+        self.assert_connection_alive()
+        self.send(iop_pb2.RunEvent(run_id=good.work_id, seq=1, type="complete"))
+        self.assertEqual(good.types(), ["complete"])
+        self.assertEqual(self.service.pool.active_leases(), [])
+
+    def test_terminal_without_reason(self):
+        """
+        An C{error} or C{cancelled} terminal without its error gets a
+        generic one: the caller gets a proper ending, nothing raises.
+        """
+        errored, cancelled = self.start_run(model="grp"), self.start_run(adapter="echo", node="n1")
+        self.send(
+            iop_pb2.RunEvent(run_id=errored.work_id, seq=1, type="error"),
+            iop_pb2.RunEvent(run_id=cancelled.work_id, seq=1, type="cancelled"),
+        )
+        self.assertEqual(errored.events[0].error.code, "adapter_error")
+        self.assertEqual(cancelled.events[0].error.code, "cancelled")
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assert_connection_alive()
+
+    def test_bad_tunnel_frames(self):
+        """
+        A tunnel status that is no HTTP status, a header that is no header
+        and an empty frame each end their tunnel with C{protocol_error}.
+        """
+        frames = [
+            iop_pb2.ProviderTunnelFrame(status=42),
+            iop_pb2.ProviderTunnelFrame(status=99999),
+            iop_pb2.ProviderTunnelFrame(headers=iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name="a b", value="x")])),
+            iop_pb2.ProviderTunnelFrame(
+                headers=iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name="x-a", value="1\r\nset-cookie: y")])
+            ),
+            iop_pb2.ProviderTunnelFrame(),
+        ]
+        for frame in frames:
+            recorder = self.tunnel()
+            frame.tunnel_id = recorder.work_id
+            self.send(frame)
+            self.assertEqual([c[0] for c in recorder.calls], ["error"], frame)
+            self.assertEqual(recorder.calls[0][1].code, "protocol_error")
+            self.assertIn(recorder.work_id, self.cancels())
+            self.assertEqual(self.service.pool.active_leases(), [])
+        self.assert_connection_alive()
+
+    def test_bad_metadata_ignored(self):
+        """
+        Metadata that is not JSON is an observation lost, not a failure:
+        the tunnel goes on.
+        """
+        recorder = self.tunnel()
+        self.send(
+            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, status=200),
+            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, metadata_json="{nope"),
+            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, end=iop_pb2.TunnelEnd()),
+        )
+        self.assertEqual([c[0] for c in recorder.calls], ["status", "end"])
+        self.assert_connection_alive()
+
+    def test_listener_failure_ends_only_its_work(self):
+        """
+        A listener that raises (a bug) is logged as an error; its work ends
+        with its lease back and a cancel to the Node, and the connection
+        stays.
+        """
+        recorder = self.start_run(model="grp")
+
+        def broken(event):
+            raise ZeroDivisionError("bug")
+
+        recorder.event = broken
+        self.send(iop_pb2.RunEvent(run_id=recorder.work_id, seq=1, type="start"))
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertNotIn(recorder.work_id, self.service.inflight)
+        self.assertIn(recorder.work_id, self.cancels())
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assert_connection_alive()
+
+    def test_command_result_not_json(self):
+        """
+        A command answer whose result is not JSON is a 502
+        C{protocol_error} for that command, not an internal error.
+        """
+        d = self.service.command("n1", "capabilities")
+        self.pump.flush()
+        request_id = self.node.of("node_command_request")[0].request_id
+        self.send(iop_pb2.NodeCommandResponse(request_id=request_id, ok=True, result_json="{nope"))
+        f = self.failureResultOf(d, ServiceError)
+        self.assertEqual((f.value.kind, f.value.code), ("failed", "protocol_error"))
+        self.assert_connection_alive()

@@ -1,0 +1,140 @@
+"""
+The Node port against strangers, on real sockets (issue 12, findings 2
+and 4): oversize frames before registration cost the Edge neither memory
+nor CPU, a connection that only pings is closed at the registration
+deadline, and strangers beyond the cap are closed at once. The registered
+Node keeps serving throughout. Every loop is bounded.
+"""
+
+import os
+import socket
+import struct
+import time
+
+import pytest
+from support.daemons import Launcher, echo_node, wait_for
+from test_e2e_bad_input import closed_by_peer, frame, still_serving
+
+from iop.protocols import iop_pb2
+
+REGISTER_TIMEOUT = 1.5
+CAP = 4
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    launcher = Launcher(str(tmp_path_factory.mktemp("node-port")))
+    try:
+        edge = launcher.edge(
+            {
+                "nodes": [echo_node("node-1", "tok-1")],
+                "register_timeout_sec": REGISTER_TIMEOUT,
+                "limits": {"max_unregistered_connections": CAP},
+            }
+        )
+        launcher.node(edge.node_port, "tok-1")
+        edge.wait_connected("node-1")
+        yield edge
+    finally:
+        launcher.stop_all()
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def send_oversize(port, size):
+    """
+    A stranger announcing a C{size}-byte frame and pushing its body until
+    the Edge closes the connection. @return: how many body bytes went out.
+    """
+    sent = 0
+    chunk = b"\x00" * 65536
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        try:
+            sock.sendall(struct.pack("!I", size))
+            while sent < size:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        assert closed_by_peer(sock)
+    return sent
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_oversize_frames_before_registration_cost_nothing(served):
+    """
+    Twelve strangers each announcing a 15 MiB frame are closed on the
+    length prefix: the Edge's RSS grows by less than 16 MiB and it spends
+    less than a second of CPU on all of them (before the limit: +230 MiB
+    and seconds of blocked reactor).
+    """
+    pid = served.pid
+    rss_before, cpu_before = rss_bytes(pid), cpu_seconds(pid)
+    for _ in range(12):
+        sent = send_oversize(served.node_port, 15 * 1024 * 1024)
+        assert sent < 15 * 1024 * 1024
+    rss_after, cpu_after = rss_bytes(pid), cpu_seconds(pid)
+    assert rss_after - rss_before < 16 * 1024 * 1024, (rss_before, rss_after)
+    assert cpu_after - cpu_before < 1.0, (cpu_before, cpu_after)
+    assert "exceeds the 65536-byte limit" in served.output()
+    assert served.node_connected("node-1")
+    assert still_serving(served)
+
+
+def test_pinging_stranger_closed_at_deadline(served):
+    """
+    A connection that sends a Ping every 0.2 s but never registers is
+    closed at C{register_timeout_sec}.
+    """
+    with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as sock:
+        started = time.monotonic()
+        closed = False
+        for _ in range(int(REGISTER_TIMEOUT * 10)):
+            try:
+                sock.sendall(frame(iop_pb2.Ping(seq=1)))
+            except OSError:
+                closed = True
+                break
+            if closed_by_peer(sock, timeout=0.2):
+                closed = True
+                break
+        elapsed = time.monotonic() - started
+    assert closed, "the Edge kept a pinging, unregistered connection open"
+    assert REGISTER_TIMEOUT - 0.3 < elapsed < REGISTER_TIMEOUT + 2, elapsed
+    assert "register_timeout_sec" in served.output()
+    assert still_serving(served)
+
+
+def test_strangers_beyond_the_cap_closed_at_once(served):
+    """
+    With C{limits.max_unregistered_connections} strangers open, one more
+    is closed at once; the registered Node is not disturbed, and once the
+    deadline closes the strangers new connections are accepted again.
+    """
+    idle = [socket.create_connection(("127.0.0.1", served.node_port), timeout=5) for _ in range(CAP)]
+    try:
+        time.sleep(0.2)  # let the Edge accept them all
+        with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as extra:
+            assert closed_by_peer(extra, timeout=1.0)
+        assert served.node_connected("node-1")
+        assert still_serving(served)
+        for sock in idle:
+            assert closed_by_peer(sock, timeout=REGISTER_TIMEOUT + 2)
+    finally:
+        for sock in idle:
+            sock.close()
+    with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as late:
+        assert not closed_by_peer(late, timeout=0.3)
+    wait_for(lambda: "unregistered connections are open" in served.output(), what="the cap logged")
