@@ -14,6 +14,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
+from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
 from iop.httpheaders import caller_request_headers
@@ -310,6 +311,7 @@ class Call:
 
         @return: C{NOT_DONE_YET}.
         """
+        note(self.request, model=spec.model or spec.adapter)
         self.submitting = self.service.submit(spec, listener_for)
         self.submitting.addCallback(self._started)
         self.submitting.addErrback(self.fail)
@@ -317,6 +319,9 @@ class Call:
 
     def _started(self, work_id):
         self.work_id = work_id
+        dispatch = self.service.inflight.for_caller(work_id)
+        if dispatch is not None:
+            note(self.request, id=work_id, node=dispatch.placement.node_id, provider=dispatch.placement.provider_id)
         if self.gone:
             self.service.cancel(work_id)
 

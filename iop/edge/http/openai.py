@@ -15,6 +15,7 @@ from zope.interface import implementer
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import Call, EventStream, JSONResource, caller_headers, write_error, write_json
+from iop.edge.http.notes import note_usage
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
@@ -290,6 +291,7 @@ class ChunkRenderer(_Renderer):
             self.stream.send(self.chunk({"tool_calls": [tool_call_json(event.tool_call, len(self.tool_calls))]}))
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
+            note_usage(self.call.request, event.usage)
             self.stream.send(self.chunk({}, self.finish_reason(event)))
             if self.include_usage and event.usage is not None:
                 final = self.chunk({})
@@ -328,6 +330,7 @@ class ResponseRenderer(_Renderer):
         elif event.type == TOOL_CALL:
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
+            note_usage(self.call.request, event.usage)
             text = "".join(self.text)
             message = {"role": "assistant", "content": text if text or not self.tool_calls else None}
             if self.tool_calls:
@@ -390,7 +393,7 @@ class TunnelPassthrough:
             self.tail = (self.tail + data)[-2:]
 
     def usage(self, usage):
-        pass
+        note_usage(self.request, usage)
 
     def metadata(self, info):
         pass
