@@ -103,7 +103,10 @@ def read_json(request, max_bytes):
     data = request.content.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise HTTPError("too_large", f"request body exceeds {max_bytes} bytes (limits.max_body_bytes)")
-    return parse_body(data)
+    body = parse_body(data)
+    # Kept for a tunnel that can forward the caller's bytes unchanged.
+    request.raw_body = data
+    return body
 
 
 def caller_headers(request):
@@ -392,3 +395,10 @@ class EventStream:
         OpenAI's end-of-stream marker, C{data: [DONE]}.
         """
         self.send_raw("[DONE]")
+
+    def send_bytes(self, event):
+        """
+        One event already rendered as bytes (C{data: ...\n\n}).
+        """
+        self.start()
+        self.request.write(event)

@@ -10,6 +10,8 @@ provider runs a normalized run rendered here as OpenAI chunks or one JSON
 response.
 """
 
+import json
+
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
@@ -207,7 +209,7 @@ class ChatCompletions(JSONResource):
             model=model,
             adapter=model,
             options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
-            tunnel=TunnelSpec("POST", "/chat/completions", headers, body),
+            tunnel=TunnelSpec("POST", "/chat/completions", headers, body, getattr(request, "raw_body", None)),
         )
         choices = body.get("n", 1)
         call = Call(self.service, request)
@@ -222,6 +224,10 @@ class ChatCompletions(JSONResource):
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
 
         return call.submit(spec, listener_for)
+
+
+#: What follows a delta's text in its chunk (see L{ChunkRenderer}).
+_DELTA_END = b'}, "finish_reason": null}]}\n\n'
 
 
 class _Renderer:
@@ -261,6 +267,20 @@ class ChunkRenderer(_Renderer):
     def __init__(self, *args):
         super().__init__(*args)
         self.stream = EventStream(self.call.request)
+        # Text deltas are the bulk of a stream: their chunk is rendered
+        # from a template, only the text encoded per event (the bytes are
+        # those json.dumps would give for the whole chunk).
+        head = json.dumps(
+            {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
+        )
+        self.templates = {
+            key: (f'data: {head[:-1]}, "choices": [{{"index": 0, "delta": {{"{key}": '.encode(), _DELTA_END)
+            for key in ("content", "reasoning_content")
+        }
+
+    def _delta(self, key, text):
+        prefix, suffix = self.templates[key]
+        self.stream.send_bytes(prefix + json.dumps(text).encode() + suffix)
 
     def use_producer(self, producer):
         self.call.use_producer(producer)
@@ -284,9 +304,9 @@ class ChunkRenderer(_Renderer):
         if event.type == START:
             self.stream.send(self.chunk({"role": "assistant", "content": ""}))
         elif event.type == DELTA:
-            self.stream.send(self.chunk({"content": event.text}))
+            self._delta("content", event.text)
         elif event.type == REASONING_DELTA:
-            self.stream.send(self.chunk({"reasoning_content": event.text}))
+            self._delta("reasoning_content", event.text)
         elif event.type == TOOL_CALL:
             self.stream.send(self.chunk({"tool_calls": [tool_call_json(event.tool_call, len(self.tool_calls))]}))
             self.tool_calls.append(event.tool_call)
