@@ -55,7 +55,9 @@ def metrics_resource(edge):
 
 
 def http_site(edge, reactor, metrics=None):
-    return EdgeSite(build_root(edge, edge.config, reactor, metrics), limits=edge.config.limits, reactor=reactor)
+    config = edge.config
+    root = build_root(edge, config, reactor, metrics)
+    return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
 def add_listeners(edge, reactor):

@@ -33,6 +33,7 @@ from iop.edge.http.common import (
     query_int,
     write_json,
 )
+from iop.edge.http.notes import note_usage
 from iop.edge.http.openai import parse_messages
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
@@ -85,6 +86,7 @@ class EventStreamListener(_Listener):
         payload = self.payload(event)
         self.stream.send_event(payload, payload["seq"])
         if event.type in TERMINAL_TYPES:
+            note_usage(self.call.request, event.usage)
             self.call.finish()
 
 
@@ -101,6 +103,7 @@ class CollectingListener(_Listener):
     def event(self, event):
         self.events.append(self.payload(event))
         if event.type in TERMINAL_TYPES and not self.call.gone:
+            note_usage(self.call.request, event.usage)
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
             result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             write_json(self.call.request, 200, result)
