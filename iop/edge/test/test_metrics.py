@@ -4,12 +4,14 @@ to first byte from the router, tokens and failure reasons from the bus,
 disconnect causes, and the gauges read from the live service.
 """
 
+import copy
+
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.metrics import disconnect_cause
 from iop.run import Usage
-from iop.testing.gateway import Gateway
+from iop.testing.gateway import GATEWAY_YAML, Gateway
 
 TEXT = "one two three four"
 
@@ -113,3 +115,26 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(disconnect_cause("undecodable frame (3 bytes): x"), "protocol_error")
         self.assertEqual(disconnect_cause("Connection was closed cleanly."), "closed")
         self.assertEqual(disconnect_cause(None), "lost")
+
+
+class KeyLabelTests(SynchronousTestCase):
+    def test_tokens_by_key_name(self):
+        """
+        The C{key} label of the tokens is the configured name of the
+        caller's key, never the key itself.
+        """
+        config = copy.deepcopy(GATEWAY_YAML)
+        config["api_keys"] = [{"key": "sk-secret-1", "name": "alice"}]
+        gateway = Gateway(config)
+        gateway.node()
+        d = gateway.http.post(
+            "http://edge.invalid/v1/runs",
+            json={"model": "talk", "input": TEXT},
+            headers={"authorization": "Bearer sk-secret-1"},
+        )
+        gateway.advance(1)
+        self.successResultOf(gateway.read(d))
+        _, _, body = self.successResultOf(gateway.read(gateway.http.get("http://edge.invalid/metrics")))
+        text = body.decode()
+        self.assertIn('key="alice"', text)
+        self.assertNotIn("sk-secret-1", text)
