@@ -15,6 +15,7 @@ import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 from support.daemons import echo_node, sse_events, wait_for
+from support.proxy import FreezableProxy
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -233,3 +234,74 @@ def test_tunnels_on_record_and_usage_always(launch, fake_provider):
     [row] = wait_for(lambda: [r for r in store_rows(node_daemon) if r["status"] == "complete"], what="the row")
     assert (row["run_id"], row["kind"], row["target"]) == (tunnel_id, "tunnel", "fake-model")
     assert json.loads(row["usage"]) == end["usage"] and row["bytes"] == len(raw)
+
+
+class RunReader:
+    """
+    `GET /v1/runs/{id}/events` read on a thread: every `(id, payload)`
+    until the stream ends.
+    """
+
+    def __init__(self, edge, run_id):
+        self.events = []
+        self.ended = threading.Event()
+        self.conn = http.client.HTTPConnection("127.0.0.1", edge.http_port, timeout=60)
+        self.conn.request("GET", f"/v1/runs/{run_id}/events")
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            buffer, event_id = b"", None
+            while data := self.response.read1(65536):
+                buffer += data
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"id: "):
+                        event_id = int(line[4:])
+                    elif line.startswith(b"data: "):
+                        self.events.append((event_id, json.loads(line[6:])))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        finally:
+            self.ended.set()
+            self.conn.close()
+
+
+def test_background_run_survives_a_cut_link(launch):
+    """
+    A background run whose Node's link is cut for a few seconds (a frozen
+    proxy: no FIN, no RST) goes on on the Node; when the Node is back it
+    reports the run, the Edge takes it back, and a reader that followed it
+    all along gets the whole stream: every seq once, in order, the text
+    equal to the input.
+    """
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1", delay_ms=150)]})
+    proxy = FreezableProxy(edge.node_port)
+    try:
+        launch.node(proxy.port, "tok-1", reconnect={"max_attempts": 0, "interval_sec": 0.5})
+        edge.wait_connected("node-1")
+        text = " ".join(f"w{i}" for i in range(70))
+        status, run = edge.json(
+            "POST", "/v1/runs", {"adapter": "echo", "input": text, "stream": False, "background": True}
+        )
+        assert status == 202, run
+        reader = RunReader(edge, run["id"])
+        wait_for(lambda: len(reader.events) >= 3, what="the first events")
+        proxy.freeze()
+        edge.wait_connected("node-1", connected=False, timeout=10)
+        assert run_state(edge, run["id"])["status"] == "running"
+        proxy.heal()
+        edge.wait_connected("node-1", timeout=30)
+        assert reader.ended.wait(30), reader.events[-3:]
+    finally:
+        proxy.close()
+    seqs = [seq for seq, _ in reader.events]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    assert "".join(p.get("text", "") for _, p in reader.events) == text
+    assert reader.events[-1][1]["type"] == "complete"
+    final = run_state(edge, run["id"])
+    assert (final["status"], final["output"]) == ("complete", text)
+    assert "taken back" in edge.output()

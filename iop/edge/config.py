@@ -130,6 +130,9 @@ class EdgeConfig:
     log_format: str = "text"
     #: What the Edge keeps of runs in memory.
     run_log: RunLogSpec = RunLogSpec()
+    #: How long a background run whose Node's link was lost waits for the
+    #: Node to come back and report it.
+    reattach_timeout_sec: float = 120.0
     #: How long a Node connection may take to have its registration
     #: accepted before it is closed.
     register_timeout_sec: float = 10.0
@@ -186,6 +189,7 @@ def parse(top):
             "access_log",
             "log_format",
             "run_log",
+            "reattach_timeout_sec",
             "register_timeout_sec",
             "limits",
             "node_tls",
@@ -225,6 +229,7 @@ def parse(top):
     config.command_timeouts = _command_timeouts(top.section("commands", None))
     config.health = _health(top.section("health", None))
     config.run_log = _run_log(top.section("run_log", None))
+    config.reattach_timeout_sec = float(top.number("reattach_timeout_sec", 120.0, positive=True))
     if top.data.get("node_tls") is not None:
         config.node_tls = parse_node_tls(top.section("node_tls"), listen)
     return config

@@ -4,9 +4,9 @@ messages into L{iop.edge.links.NodeLinks} calls, enforcing what each
 connection state may send.
 
 States: C{new} (only C{RegisterRequest}), C{pending} (registered; only
-C{NodeReadyRequest}), C{ready} (results of work: run events, tunnel frames,
-command and cancel answers, the Node's draining notice; a repeated ready is
-acknowledged). Anything else closes the connection as a protocol
+C{NodeReadyRequest}, after a C{RunReconcile} from a Node of version 4),
+C{ready} (results of work: run events, tunnel frames, command and cancel
+answers, the Node's draining notice; a repeated ready is acknowledged). Anything else closes the connection as a protocol
 violation.
 
 Until its registration is accepted a connection is a stranger's: it has
@@ -69,6 +69,10 @@ class EdgeNodeConnection:
             self._register(message)
         elif kind == "node_ready_request":
             self._ready(message)
+        elif kind == "run_reconcile" and self.state == "pending":
+            # Before the ready (wire version 4): the background runs the
+            # Node kept from a lost link.
+            self.links.reconciled(self.link, message)
         elif kind in _READY_MESSAGES and self.state == "ready":
             self._result(kind, message)
         else:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 
 from twisted.logger import Logger, LogLevel
-from zope.interface import Interface
+from zope.interface import Interface, implementer
 
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
@@ -116,6 +116,18 @@ class Placement:
             self.lease.report(failure.code, failure.message)
 
 
+@implementer(IRunListener)
+class Unheard:
+    """
+    The listener of a run nobody is waiting for (a background run answered
+    202, or one taken back from a Node after a lost link): the run book
+    keeps what it says.
+    """
+
+    def event(self, event):
+        pass
+
+
 class Dispatch:
     """
     Base class: the bookkeeping shared by runs and tunnels.
@@ -135,6 +147,7 @@ class Dispatch:
     """
 
     log = Logger()
+    background = False
 
     #: The request messages that start a stream (and carry its window).
     _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
@@ -192,6 +205,7 @@ class Dispatch:
             if getattr(self.link, "wire_version", 1) >= FLOW_CONTROL_WIRE_VERSION:
                 message.window_bytes = STREAM_WINDOW_BYTES
                 self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES, self.tracker.clock)
+                self.window.keep_flowing = self.background
                 use_producer = getattr(self.listener, "use_producer", None)
                 if use_producer is not None:
                     use_producer(self.window)
@@ -298,6 +312,15 @@ class RunDispatch(Dispatch):
     @property
     def background(self):
         return self.record is not None and self.record.background
+
+    def reattach(self, placement):
+        """
+        The run's Node came back and reported it (it ran on without a
+        link): it goes on here, on the new connection and lease, without a
+        flow-control window (the Node resumes it without one).
+        """
+        self.placement = placement
+        self.window = None
 
     def deliver(self, event, seq=None):
         """

@@ -21,6 +21,8 @@ from iop.protocols import iop_pb2
 
 #: How long a caller may take nothing of a stream before it is cut off.
 STALL_TIMEOUT_SEC = 60.0
+#: What a window that opened wide grants at a time.
+WIDE_GRANT_BYTES = 1 << 30
 
 
 @implementer(IPushProducer)
@@ -45,6 +47,10 @@ class ReceiveWindow:
         self.paused = False
         self.closed = False
         self._stall = None
+        #: The work goes on when its reader leaves (a background run):
+        #: then the window opens wide instead of closing.
+        self.keep_flowing = False
+        self.wide = False
 
     def received(self, size):
         """
@@ -53,6 +59,10 @@ class ReceiveWindow:
         if self.closed or size <= 0:
             return
         self.unacked += size
+        if self.wide:
+            if self.unacked >= WIDE_GRANT_BYTES // 2:
+                self._grant()
+            return
         # Granting in halves of the window keeps updates few and the
         # stream moving.
         if not self.paused and self.unacked >= self.window // 2:
@@ -87,6 +97,8 @@ class ReceiveWindow:
     # -- IPushProducer: the caller's connection
 
     def pauseProducing(self):
+        if self.wide:
+            return
         self.paused = True
         if self.clock is not None and self._stall is None and not self.closed:
             self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
@@ -97,5 +109,20 @@ class ReceiveWindow:
         self._grant()
 
     def stopProducing(self):
+        if self.keep_flowing and not self.closed:
+            self.open_wide()
+            return
         self.closed = True
         self._unwatch()
+
+    def open_wide(self):
+        """
+        Nobody reads the stream any more, but the work must go on (a
+        background run whose caller left): grant without waiting for a
+        reader from now on, so the Node never holds it back.
+        """
+        self.wide = True
+        self.paused = False
+        self._unwatch()
+        self.unacked += WIDE_GRANT_BYTES
+        self._grant()

@@ -20,6 +20,7 @@ class Inflight:
     def __init__(self, clock, runs):
         self.clock = clock
         self.runs = runs
+        self._detached = {}  # node id -> {wire id: (dispatch, timer)}
         self._work = {}
         self._by_caller = {}
         self._by_link = {}
@@ -86,6 +87,58 @@ class Inflight:
 
     def all(self):
         return list(self._work.values())
+
+    # -- background runs whose node's link was lost
+
+    def detach(self, dispatch, timeout, expired):
+        """
+        C{dispatch}'s link is gone but its Node keeps it running (a
+        background run, wire version 4): it leaves the table (its lease
+        went with the link) and waits for its Node to come back and report
+        it, at most C{timeout} seconds; then C{expired(dispatch)} is
+        called.
+        """
+        self.forget(dispatch)
+        node_id = dispatch.link.node_id
+        timer = self.clock.callLater(timeout, self._expired, node_id, dispatch, expired)
+        self._detached.setdefault(node_id, {})[dispatch.id] = (dispatch, timer)
+
+    def _expired(self, node_id, dispatch, expired):
+        if self.take_detached(node_id, dispatch.id) is dispatch:
+            expired(dispatch)
+
+    def detached_on(self, node_id):
+        """
+        The ids on the wire of the runs waiting for C{node_id}.
+        """
+        return list(self._detached.get(node_id, {}))
+
+    def take_detached(self, node_id, wire_id):
+        """
+        @return: the run C{wire_id} waiting for C{node_id}, no longer
+            waiting (or C{None}).
+        """
+        waiting = self._detached.get(node_id, {})
+        found = waiting.pop(wire_id, None)
+        if not waiting:
+            self._detached.pop(node_id, None)
+        if found is None:
+            return None
+        dispatch, timer = found
+        if timer.active():
+            timer.cancel()
+        return dispatch
+
+    def detached_for_caller(self, work_id):
+        """
+        The waiting run its caller knows as C{work_id}, if any (as
+        C{(node_id, wire_id)}).
+        """
+        for node_id, waiting in self._detached.items():
+            for wire_id, (dispatch, _) in waiting.items():
+                if dispatch.caller_id == work_id:
+                    return node_id, wire_id
+        return None
 
     # -- node commands waiting for an answer
 

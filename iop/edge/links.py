@@ -21,14 +21,17 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.edge import bus as lifecycle
-from iop.edge.dispatch import RunDispatch, TunnelDispatch
+from iop.edge.dispatch import Placement, RunDispatch, TunnelDispatch, Unheard
 from iop.edge.errors import ServiceError
+from iop.edge.pool import NORMAL
 from iop.edge.registry import RegistrationRefused
 from iop.edge.reload import changed_nodes
+from iop.edge.runs import RUN, RUNNING
 from iop.edge.spec import new_id
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire
-from iop.protocols.wire import OLDEST_WIRE_VERSION, WIRE_VERSION
+from iop.protocols.wire import OLDEST_WIRE_VERSION, RECONCILE_WIRE_VERSION, WIRE_VERSION
+from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
 
 #: The first wire version that knows C{EdgeDraining}/C{NodeDraining}.
 DRAINING_WIRE_VERSION = 2
@@ -131,14 +134,120 @@ class NodeLinks:
             return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
         return iop_pb2.NodeReadyResponse(ready=True), first
 
+    def reconciled(self, link, message):
+        """
+        Handle a C{RunReconcile} (wire version 4, before the Node's ready):
+        the background runs it kept from a lost link, taken back when the
+        node is activated.
+        """
+        link.reconcile = list(message.runs)
+
     def activate(self, link):
         """
         The node is dispatch-ready: its providers go live and waiting
-        requests are served at once.
+        requests are served at once — after the background runs it kept
+        from a lost link have their leases back (L{_take_back}).
         """
         self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
         self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
-        self.pool.node_ready(link.node_id, link.generation)
+        plan = self._reconcile_plan(link)
+        leases = self.pool.node_ready(link.node_id, link.generation, [adopt for _, _, adopt in plan])
+        for (run, dispatch, _), lease in zip(plan, leases, strict=True):
+            self._take_back(link, run, dispatch, lease)
+        for wire_id in self.inflight.detached_on(link.node_id):
+            # The node came back without it (it restarted): it is over.
+            dispatch = self.inflight.take_detached(link.node_id, wire_id)
+            dispatch.fail(NODE_RESTARTED, f"node {link.node_id} came back without run {dispatch.caller_id}")
+
+    # -- background runs across a lost link (wire version 4)
+
+    def _reconcile_plan(self, link):
+        """
+        What becomes of each run the Node reported: C{(run, dispatch,
+        adopt)} — the Edge's waiting dispatch (or C{None}), and the lease
+        to take for it (C{(provider_id, klass, group, target)}, or C{None}
+        when it needs none: it ended, or the Edge does not want it back).
+        """
+        plan = []
+        for run in link.reconcile or ():
+            dispatch = self.inflight.take_detached(link.node_id, run.run_id)
+            adopt = None
+            if run.status == RUNNING:
+                if dispatch is not None:
+                    placement, lease = dispatch.placement, dispatch.placement.lease
+                    klass, group = (lease.klass, lease.group) if lease is not None else (NORMAL, None)
+                    adopt = (placement.provider_id, klass, group, placement.target)
+                elif self.inflight.runs.get(run.run_id) is None:
+                    provider_id = self.pool.resource_of(link.node_id, run.adapter)
+                    if provider_id is not None:
+                        adopt = (provider_id, NORMAL, f"{link.node_id}/{run.adapter}", run.target)
+            plan.append((run, dispatch, adopt))
+        link.reconcile = None
+        return plan
+
+    def _take_back(self, link, run, dispatch, lease):
+        """
+        Re-attach one reported run: a run the Edge was waiting for goes on
+        where it was; one the Edge never heard of (it restarted since) is
+        taken on record; one the Edge ended meanwhile (a cancel, or it
+        gave up waiting) is cancelled on the Node. The Node is asked for
+        the events after the Edge's last one (C{RunResume}).
+        """
+        if dispatch is None:
+            record = self.inflight.runs.get(run.run_id)
+            if record is not None:
+                self._send(link, iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=run.run_id))
+                return
+            dispatch = self._adopted(link, run)
+        adapter_type = self._adapter_type(link.node_id, run.adapter)
+        placement = Placement(link, run.adapter, adapter_type, run.target, lease)
+        dispatch.reattach(placement)
+        self.inflight.add(dispatch)
+        after = dispatch.record.last_seq if dispatch.record is not None else 0
+        self.log.info(
+            "background run {run_id} taken back from node {node} ({status}; resuming after event {seq})",
+            run_id=dispatch.caller_id,
+            node=link.node_id,
+            status=run.status,
+            seq=after,
+        )
+        self._send(link, iop_pb2.RunResume(run_id=run.run_id, after_seq=after))
+
+    def _adopted(self, link, run):
+        """
+        A run the Edge never heard of: on record from now on.
+        """
+        record = self.inflight.runs.open(
+            run.run_id,
+            RUN,
+            node=link.node_id,
+            adapter=run.adapter,
+            target=run.target,
+            provider=self.pool.resource_of(link.node_id, run.adapter),
+            background=True,
+        )
+        self.inflight.runs.started(record)
+        placement = Placement(link, run.adapter, self._adapter_type(link.node_id, run.adapter), run.target)
+        return RunDispatch(self.inflight, run.run_id, placement, Unheard(), run.run_id, record)
+
+    def _adapter_type(self, node_id, adapter):
+        node = self._config().node(node_id)
+        spec = node.adapter(adapter) if node is not None else None
+        return spec.type if spec is not None else ""
+
+    def _send(self, link, message):
+        try:
+            link.wire.send(message)
+        except Exception as e:
+            self.log.info(
+                "{kind} to node {node} not sent: {error}", kind=message.DESCRIPTOR.name, node=link.node_id, error=e
+            )
+
+    def _not_back(self, dispatch):
+        dispatch.fail(
+            NODE_DISCONNECTED,
+            f"node {dispatch.link.node_id} did not come back within {self._config().reattach_timeout_sec:g}s",
+        )
 
     def node_draining(self, link, message):
         """
@@ -166,8 +275,21 @@ class NodeLinks:
             return
         self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
         self.pool.node_disconnected(link.node_id, link.generation)
+        waiting = 0
         for dispatch in self.inflight.on_link(link):
-            dispatch.node_lost(f"node {link.node_id} disconnected: {reason}")
+            if dispatch.background and link.wire_version >= RECONCILE_WIRE_VERSION:
+                # The Node keeps it running and reports it when it is back.
+                self.inflight.detach(dispatch, self._config().reattach_timeout_sec, self._not_back)
+                waiting += 1
+            else:
+                dispatch.node_lost(f"node {link.node_id} disconnected: {reason}")
+        if waiting:
+            self.log.info(
+                "{count} background run(s) on node {node} wait up to {timeout:g}s for it to come back",
+                count=waiting,
+                node=link.node_id,
+                timeout=self._config().reattach_timeout_sec,
+            )
         self.inflight.fail_requests(ServiceError("unavailable", f"node {link.node_id} disconnected"), link)
         self.bus.node_event(link.node_id, lifecycle.DISCONNECTED, generation=link.generation, reason=reason)
 

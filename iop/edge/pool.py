@@ -788,12 +788,20 @@ class ProviderPool:
 
     # -- Node lifecycle (told by the Edge service)
 
-    def node_ready(self, node_id, generation):
+    def node_ready(self, node_id, generation, adopt=()):
         """
         The Node's C{generation} is ready: its resources go live with their
         configured capacity and waiters are served at once. A new
         generation first returns the leases of the one it replaces; the
         same generation again changes nothing.
+
+        @param adopt: work already running on the Node that the new
+            generation takes back (background runs that outlived a lost
+            link): C{(provider_id, klass, group, target)} each, or C{None}.
+            Their leases are taken before any waiter is served, even beyond
+            capacity (the work holds the Node's slots already).
+        @return: the adopted L{Lease}s, in the order of C{adopt} (C{None}
+            for an entry with no such live resource).
         """
         returned = 0
         for resource in self._by_node.get(node_id, ()):
@@ -806,7 +814,27 @@ class ProviderPool:
                 generation=generation,
                 count=returned,
             )
+        leases = [None if held is None else self._adopt(node_id, generation, *held) for held in adopt]
         self._pump()
+        return leases
+
+    def _adopt(self, node_id, generation, provider_id, klass, group, target):
+        resource = self._resources.get((node_id, provider_id))
+        if resource is None or resource.generation != generation or klass not in CLASSES:
+            return None
+        lease = Lease(self, GroupMember(node_id, provider_id, target), resource.spec, klass, generation, group)
+        resource.take(lease)
+        return lease
+
+    def resource_of(self, node_id, adapter):
+        """
+        The id of the first provider resource of C{adapter} on C{node_id}
+        (where work found running there is counted), or C{None}.
+        """
+        for resource in self._by_node.get(node_id, ()):
+            if resource.spec.adapter == adapter:
+                return resource.spec.provider_id
+        return None
 
     def node_draining(self, node_id, generation):
         """

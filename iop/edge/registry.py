@@ -48,6 +48,9 @@ class NodeLink:
     @ivar draining: the Node said it is shutting down.
     @ivar adapters: what the Node runs: C{[{name, type, max_concurrency}]}
         from its registration, updated when it applies a refresh.
+    @ivar reconcile: the background runs the Node reported before its
+        ready (C{ReconciledRun}s, wire version 4), until they are taken
+        back at activation.
     @ivar refresh: the outcome of the last config refresh pushed on this
         connection (C{state}: pending, applied, refused or unacknowledged,
         and C{reason}), or C{None}.
@@ -63,6 +66,7 @@ class NodeLink:
     draining: bool = False
     adapters: list = field(default_factory=list)
     refresh: dict | None = None
+    reconcile: list | None = None
 
 
 class NodeRegistry:

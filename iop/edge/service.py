@@ -46,7 +46,7 @@ from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
-from iop.protocols.wire import FrameTooLarge
+from iop.protocols.wire import RECONCILE_WIRE_VERSION, FrameTooLarge
 from iop.run import (
     CANCELLED,
     CAPACITY_EXCEEDED,
@@ -333,8 +333,20 @@ class EdgeService(MultiService):
             return True
         dispatch = self.inflight.for_caller(work_id)
         if dispatch is None:
-            return False
+            return self._cancel_detached(work_id)
         dispatch.cancel(self.config.run_grace_sec)
+        return True
+
+    def _cancel_detached(self, work_id):
+        """
+        A background run waiting for its Node to come back ends here; the
+        Node is told when it reports the run.
+        """
+        where = self.inflight.detached_for_caller(work_id)
+        if where is None:
+            return False
+        dispatch = self.inflight.take_detached(*where)
+        dispatch.end_cancelled("cancelled while its node was away")
         return True
 
     def command(self, node_id, command, adapter="", args=None, progress=None):
@@ -601,12 +613,28 @@ class EdgeService(MultiService):
         stopping = [defer.maybeDeferred(child.stopService) for child in self._listeners if child.running]
         self.pool.fail_waiters(_shutting_down())
         self.links.say_draining(grace, "the Edge is shutting down")
+        self._hand_back_background_runs()
         idle = self.inflight.when_idle()
         self._grace_timer = self.clock.callLater(grace, self.hurry)
         idle.addCallback(self._drain_done)
         self._drained = defer.gatherResults(stopping + [idle], consumeErrors=True)
         self._drained.addErrback(lambda f: self.log.failure("draining failed", f))
         return self._drained
+
+    def _hand_back_background_runs(self):
+        """
+        A stopping Edge neither waits for nor cancels the background runs
+        of Nodes that keep runs across a lost link (wire version 4): they
+        go on there, and the next Edge takes them back when the Node
+        reconnects (docs/wire.md, "Background runs across a lost link").
+        """
+        handed = 0
+        for dispatch in self.inflight.all():
+            if dispatch.background and dispatch.link.wire_version >= RECONCILE_WIRE_VERSION:
+                dispatch.finish()
+                handed += 1
+        if handed:
+            self.log.info("{count} background run(s) go on on their nodes for the next Edge", count=handed)
 
     def hurry(self):
         """

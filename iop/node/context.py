@@ -10,6 +10,7 @@ build a context with fakes for just the parts they care about.
 import time
 from dataclasses import dataclass, field
 
+from iop.node.detached import DetachedRuns
 from iop.node.metrics import NodeMetrics
 from iop.node.stats import UsageBook
 from iop.node.store import NullStore
@@ -73,3 +74,9 @@ class NodeContext:
     register_timeout: float = 10.0
     now: object = time.time
     node_version: str = ""
+    #: Background runs kept across a lost link (L{iop.node.detached}).
+    detached: DetachedRuns | None = None
+
+    def __post_init__(self):
+        if self.detached is None:
+            self.detached = DetachedRuns(self.clock)

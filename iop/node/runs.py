@@ -14,6 +14,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from iop.adapters.interface import RunInput
+from iop.node.flow import SendWindow
 from iop.node.work import Refused, Work, admit
 from iop.protocols.convert import event_to_wire
 from iop.run import (
@@ -121,6 +122,59 @@ class RunRelay(Work):
         self.request = request
         self.run_id = request.run_id
         self.usage = None
+        self.terminal = None
+        self.on_end = None
+
+    @property
+    def background(self):
+        return self.request.background
+
+    @property
+    def status(self):
+        """
+        C{running}, or the type of the terminal it ended with.
+        """
+        return self.terminal or "running"
+
+    def detach(self, on_end):
+        """
+        The connection is gone but this background run goes on: its
+        events now go only to the store (what a resumed stream is replayed
+        from), nothing waits for credit, and C{on_end(self)} is called
+        when it ends.
+        """
+        self.manager.inflight.discard(self.work_id, self)
+        self.on_end = on_end
+        self._rewire(lambda message: None)
+
+    def attach(self, manager, after_seq):
+        """
+        A new session takes this run back (its Edge asked with
+        C{RunResume}): from now on it is that session's work, and its events
+        go on that connection — those after C{after_seq} first, once
+        L{Resumed.replay} has the history, then the live ones.
+
+        @return: the L{Resumed} sender.
+        """
+        self.manager = manager
+        self.on_end = None
+        if not self.finished:
+            manager.inflight.add(self.work_id, self)
+        resumed = Resumed(manager.send, after_seq)
+        self._rewire(resumed)
+        return resumed
+
+    def _rewire(self, send):
+        """
+        Send through C{send} from now on, without a credit window; the
+        adapter's paused source (if any) goes on.
+        """
+        old = self.flow
+        self.flow = SendWindow(send)
+        if old.producer is not None:
+            self.flow.register_producer(old.producer)
+            if old.paused:
+                old.producer.resumeProducing()
 
     def start(self, run):
         self.manager.record(
@@ -171,6 +225,7 @@ class RunRelay(Work):
         self.end(self._send_terminal, event)
 
     def _send_terminal(self, event):
+        self.terminal = event.type
         self._send(event)
         error = event.error.message if event.error is not None else None
         code = event.error.code if event.error is not None else None
@@ -178,12 +233,47 @@ class RunRelay(Work):
             error = self.cancel_reason
             code = code or CANCELLED
         self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage, code)
+        if self.on_end is not None:
+            self.on_end(self)
 
     def _send(self, event):
         self.seq += 1
         self.manager.record_event(self.run_id, self.seq, event)
         size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
         self.flow.send(event_to_wire(self.run_id, self.seq, event), size)
+
+
+class Resumed:
+    """
+    The sender of a re-attached run: its live events are held until the
+    history the Edge missed (from the store) went out, then each event
+    goes out once, in seq order, and only if the Edge has not had it.
+
+    @param after: the seq of the Edge's last event of the run.
+    """
+
+    def __init__(self, send, after):
+        self._send = send
+        self.after = after
+        self.replaying = True
+        self._held = []
+
+    def __call__(self, message):
+        if self.replaying:
+            self._held.append(message)
+        elif message.seq > self.after:
+            self.after = message.seq
+            self._send(message)
+
+    def replay(self, history):
+        """
+        C{history}: the run's stored events after L{after} as wire
+        messages; then what was held.
+        """
+        self.replaying = False
+        held, self._held = self._held, []
+        for message in sorted(history, key=lambda m: m.seq) + held:
+            self(message)
 
 
 class RunManager:

@@ -19,11 +19,14 @@ from iop.adapters.interface import NotSupported
 from iop.node.commands import CommandHandler
 from iop.node.drain import Drain
 from iop.node.host import AdapterSetupError
-from iop.node.runs import RunManager
+from iop.node.runs import RunManager, RunRelay
+from iop.node.store import stored_event
 from iop.node.tunnels import TunnelManager
 from iop.node.work import Inflight
 from iop.protocols import iop_pb2
+from iop.protocols.convert import event_to_wire
 from iop.protocols.wire import (
+    RECONCILE_WIRE_VERSION,
     WIRE_VERSION,
     FrameTooLarge,
     Heartbeat,
@@ -31,7 +34,17 @@ from iop.protocols.wire import (
     ProtocolViolation,
     peer_wire_version,
 )
-from iop.run import FAILED, NOT_SUPPORTED, REFRESH_REFUSED, UNKNOWN_ADAPTER, UNKNOWN_SESSION
+from iop.run import (
+    ERROR,
+    FAILED,
+    NOT_SUPPORTED,
+    REFRESH_REFUSED,
+    UNKNOWN_ADAPTER,
+    UNKNOWN_RUN,
+    UNKNOWN_SESSION,
+    RunEventData,
+    RunFailure,
+)
 
 
 class RetryableRefusal(Exception):
@@ -129,6 +142,7 @@ class NodeSession:
             "config_refresh": self._refresh,
             "edge_draining": self._on_edge_draining,
             "window_update": lambda message: self.inflight.grant(message.id, message.bytes),
+            "run_resume": self._resume,
         }
 
     # -- IWireReceiver -------------------------------------------------------
@@ -166,11 +180,29 @@ class NodeSession:
             if self._closing:
                 self.log.info("connection to the Edge closed: {why}", why=why)
             self.context.transport.connected = False
+            self._keep_background_runs()
             self.inflight.cancel_all("connection to the Edge lost")
             self.commands.cancel_all()
         elif previous != REFUSED:
             self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
         self.lost.callback(why)
+
+    def _keep_background_runs(self):
+        """
+        The connection was lost (not closed by a local shutdown): the
+        background runs go on without it, for the next Edge connection to
+        take back (L{iop.node.detached}) — if this Edge could ever ask for
+        them (wire version 4).
+        """
+        if self._closing or self._drain is not None or (self.edge_wire_version or 1) < RECONCILE_WIRE_VERSION:
+            return
+        kept = 0
+        for work in self.inflight.works():
+            if isinstance(work, RunRelay) and work.background and not work.finished:
+                self.context.detached.keep(work)
+                kept += 1
+        if kept:
+            self.log.info("{count} background run(s) go on without the Edge", count=kept)
 
     # -- sending -------------------------------------------------------------
 
@@ -264,6 +296,10 @@ class NodeSession:
         if self.state != CONFIGURING:
             return
         self.state = READYING
+        if self.edge_wire_version >= RECONCILE_WIRE_VERSION:
+            # Before the ready: the Edge takes their leases back before it
+            # gives this node new work.
+            self.send(self.context.detached.report())
         self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
         self._expect("NodeReadyResponse")
 
@@ -331,8 +367,40 @@ class NodeSession:
             self._terminate_session(request)
         elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
             self.commands.cancel(request.request_id)
-        elif not self.inflight.cancel(request.run_id):
+        elif not self.inflight.cancel(request.run_id) and not self.context.detached.cancel(
+            request.run_id, "the Edge did not take it back"
+        ):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
+
+    def _resume(self, message):
+        """
+        The Edge takes a background run back (L{iop.node.detached}): it
+        becomes this session's, and its events after the Edge's last one
+        are sent from the store, then the live ones.
+        """
+        relay = self.context.detached.take(message.run_id)
+        if relay is None:
+            failure = RunFailure(UNKNOWN_RUN, f"this node no longer has run {message.run_id}")
+            self.send(event_to_wire(message.run_id, message.after_seq + 1, RunEventData(ERROR, error=failure)))
+            return
+        self.log.info(
+            "background run {run_id} taken back by the Edge after event {seq}",
+            run_id=relay.run_id,
+            seq=message.after_seq,
+        )
+        resumed = relay.attach(self.runs, message.after_seq)
+        d = defer.maybeDeferred(self.context.store.get, message.run_id, message.after_seq)
+
+        def history(found):
+            return [event_to_wire(message.run_id, e["seq"], stored_event(e)) for e in (found or {}).get("events", [])]
+
+        def unreadable(failure):
+            self.log.failure("run {run_id}: its events could not be read back", failure, run_id=message.run_id)
+            return []
+
+        d.addCallbacks(history, unreadable)
+        d.addCallback(resumed.replay)
+        d.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
 
     def _terminate_session(self, request):
         """

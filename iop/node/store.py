@@ -42,7 +42,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from iop.protocols.convert import usage_to_json
-from iop.run import NODE_RESTARTED
+from iop.run import NODE_RESTARTED, RunEventData, RunFailure, ToolCall, Usage
 
 #: How long a write may wait in memory before its batch goes to the database.
 FLUSH_INTERVAL_SEC = 0.2
@@ -78,6 +78,8 @@ _SCHEMA = (
         text TEXT NOT NULL DEFAULT '',
         usage TEXT,
         error TEXT,
+        finish_reason TEXT,
+        tool_call TEXT,
         PRIMARY KEY (run_id, seq)
     ) WITHOUT ROWID
     """,
@@ -306,12 +308,16 @@ class RunStore(Service):
         wire C{seq}. Called for every event, so it allocates nothing to
         wait on.
         """
-        error = None
+        error = tool_call = None
         if event.error is not None:
-            error = _json({"code": event.error.code, "message": event.error.message})
+            error = _json({"code": event.error.code, "message": event.error.message, "status": event.error.status})
+        if event.tool_call is not None:
+            call = event.tool_call
+            tool_call = _json({"id": call.id, "name": call.name, "arguments": call.arguments})
         self._write(
-            "INSERT OR REPLACE INTO events (run_id, seq, type, text, usage, error) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, seq, event.type, event.text or "", _usage(event.usage), error),
+            "INSERT OR REPLACE INTO events (run_id, seq, type, text, usage, error, finish_reason, tool_call)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, seq, event.type, event.text or "", _usage(event.usage), error, event.finish_reason, tool_call),
             "recording an event of run " + run_id,
             wait=False,
         )
@@ -539,15 +545,40 @@ def _row(row):
 
 
 def _event(row):
-    seq, kind, text, usage, error = row
+    seq, kind, text, usage, error, finish_reason, tool_call = row
     event = {"seq": seq, "type": kind}
     if text:
         event["text"] = text
+    if tool_call:
+        event["tool_call"] = json.loads(tool_call)
+    if finish_reason:
+        event["finish_reason"] = finish_reason
     if usage:
         event["usage"] = json.loads(usage)
     if error:
-        event["error"] = json.loads(error)
+        error = json.loads(error)
+        if not error.get("status"):
+            error.pop("status", None)
+        event["error"] = error
     return event
+
+
+def stored_event(payload):
+    """
+    A stored event (as L{RunStore.get} gives it) as the L{RunEventData}
+    it was, to send it again.
+    """
+    usage = payload.get("usage")
+    error = payload.get("error")
+    call = payload.get("tool_call")
+    return RunEventData(
+        type=payload["type"],
+        text=payload.get("text", ""),
+        usage=Usage(**usage) if usage else None,
+        error=RunFailure(error.get("code", ""), error.get("message", ""), error.get("status", 0)) if error else None,
+        finish_reason=payload.get("finish_reason"),
+        tool_call=ToolCall(call["id"], call["name"], call.get("arguments", "{}")) if call else None,
+    )
 
 
 def _get(txn, run_id, after):
@@ -559,7 +590,9 @@ def _get(txn, run_id, after):
     txn.execute("SELECT text FROM events WHERE run_id = ? AND type = 'delta' ORDER BY seq", (run_id,))
     run["output"] = "".join(text for (text,) in txn.fetchall())
     txn.execute(
-        "SELECT seq, type, text, usage, error FROM events WHERE run_id = ? AND seq > ? ORDER BY seq", (run_id, after)
+        "SELECT seq, type, text, usage, error, finish_reason, tool_call FROM events WHERE run_id = ? AND seq > ?"
+        " ORDER BY seq",
+        (run_id, after),
     )
     return {"run": run, "events": [_event(r) for r in txn.fetchall()]}
 

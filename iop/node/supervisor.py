@@ -150,6 +150,8 @@ class Supervisor(Service):
         session = self.session
         if session is not None:
             session.shutdown("the node is shutting down")
+        # Background runs kept from a lost link end with the Node.
+        self.context.detached.cancel_all("the node is shutting down")
         d = self.client.stopService()
         if session is not None:
             # A peer that stopped reading must not hold the shutdown up.

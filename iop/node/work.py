@@ -73,6 +73,13 @@ class Inflight:
         for work in list(self._work.values()):
             work.cancel(reason)
 
+    def works(self):
+        """
+        The work in flight (a list: safe to change the registry while
+        walking it).
+        """
+        return list(self._work.values())
+
     def grant(self, work_id, size):
         """
         A C{WindowUpdate}: the Edge lets C{work_id} send C{size} more bytes

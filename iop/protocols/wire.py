@@ -46,10 +46,16 @@ STREAM_WINDOW_BYTES = 2 * TUNNEL_CHUNK_BYTES
 #: reads again before it is declared dead.
 STALL_GRACE_SEC = 1.0
 
+#: The first wire version whose Nodes keep background runs across a lost
+#: link and reconcile them (C{RunReconcile}, C{RunResume}).
+RECONCILE_WIRE_VERSION = 4
+
 #: The wire-protocol version this code speaks. Version 2 added draining
 #: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves;
-#: version 3 per-stream flow control (C{window_bytes}, C{WindowUpdate}).
-WIRE_VERSION = 3
+#: version 3 per-stream flow control (C{window_bytes}, C{WindowUpdate});
+#: version 4 background runs that survive a lost link (C{RunReconcile},
+#: C{RunResume}).
+WIRE_VERSION = 4
 #: The oldest version an Edge still serves. A Node that sends no version
 #: predates versioning and is version 1. The rule (docs/wire.md): the Edge
 #: serves every version from L{OLDEST_WIRE_VERSION} to L{WIRE_VERSION} and

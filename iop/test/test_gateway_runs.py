@@ -426,3 +426,152 @@ def sse_named(body):
         if data is not None:
             events.append((name, data))
     return events
+
+
+class LostLinkTests(GatewayRunsTestCase):
+    """
+    A background run survives its Node's link being lost: the Node keeps
+    it running, reports it when it is back, the Edge takes it back with a
+    lease of the new generation, and the run's events are whole.
+    """
+
+    def start(self, background=True):
+        self.gateway.post("/v1/runs", {"model": "big", "input": "hi", "stream": False, "background": background})
+        run, emit, done = self.manual_run()
+        emit(RunEventData(START))
+        emit(RunEventData(DELTA, text="one "))
+        self.gateway.flush()
+        return run.run_id, emit, done
+
+    def cut(self):
+        self.node.session.close()
+        self.gateway.flush()
+
+    def test_taken_back(self):
+        """
+        Events the run produced while its link was down are replayed when
+        the Node is back; a reader from the start gets every event once,
+        in order; the lease is held again while it runs and back after.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        self.assertEqual(self.in_use("llm"), 0)
+        self.assertEqual(self.json(self.gateway.get(f"/v1/runs/{run_id}"))[1]["status"], "running")
+        emit(RunEventData(DELTA, text="two "))
+        emit(RunEventData(DELTA, text="three "))
+        self.assertEqual(self.node.adapter("llm").cancelled, [])
+        self.gateway.advance(1)
+        self.node.reconnect(self.gateway)
+        self.assertTrue(self.gateway.service.status()["nodes"][0]["connected"])
+        self.assertEqual(self.in_use("llm"), 1)
+        reader = self.gateway.get(f"/v1/runs/{run_id}/events")
+        emit(RunEventData(DELTA, text="four"))
+        emit(RunEventData(COMPLETE, usage=Usage(1, 4)))
+        done.callback(None)
+        self.gateway.flush()
+        events = sse(self.result(reader)[2])
+        self.assertEqual([i for i, _ in events], [1, 2, 3, 4, 5, 6])
+        self.assertEqual("".join(e.get("text", "") for _, e in events), "one two three four")
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual((run["status"], run["output"]), ("complete", "one two three four"))
+        self.assertEqual(self.in_use("llm"), 0)
+
+    def test_ended_while_away(self):
+        """
+        A run that ended while its link was down is reported ended: the
+        Edge gets the rest of its events, terminal included, and takes no
+        lease for it.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        emit(RunEventData(DELTA, text="two"))
+        emit(RunEventData(COMPLETE))
+        done.callback(None)
+        self.node.reconnect(self.gateway)
+        self.assertEqual(self.in_use("llm"), 0)
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual((run["status"], run["output"]), ("complete", "one two"))
+
+    def test_foreground_ends(self):
+        """
+        A run that is not in the background still ends with its link, on
+        both sides.
+        """
+        run_id, emit, done = self.start(background=False)
+        self.cut()
+        self.assertEqual(self.node.adapter("llm").cancelled, [run_id])
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual((run["status"], run["error"]["code"]), ("error", "node_disconnected"))
+
+    def test_not_back_in_time(self):
+        """
+        A Node that does not come back within reattach_timeout_sec: the run
+        ends node_disconnected on the Edge; when the Node does come back
+        and reports it, the Edge has it cancelled there.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        self.gateway.clock.advance(121)
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual((run["status"], run["error"]["code"]), ("error", "node_disconnected"))
+        self.node.reconnect(self.gateway)
+        self.assertEqual(self.node.adapter("llm").cancelled, [run_id])
+        self.assertEqual(self.in_use("llm"), 0)
+
+    def test_cancelled_while_away(self):
+        """
+        Cancelling a run whose Node is away ends it at once; the Node is
+        told when it is back.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        self.assertEqual(self.json(self.gateway.post(f"/v1/runs/{run_id}/cancel", {}))[0], 200)
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual(run["status"], "cancelled")
+        self.node.reconnect(self.gateway)
+        self.assertEqual(self.node.adapter("llm").cancelled, [run_id])
+
+    def test_node_restarted(self):
+        """
+        A Node that comes back without the run (it restarted) ends it
+        node_restarted.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        self.node.context.detached.take(run_id)
+        self.node.reconnect(self.gateway)
+        _, run = self.json(self.gateway.get(f"/v1/runs/{run_id}"))
+        self.assertEqual((run["status"], run["error"]["code"]), ("error", "node_restarted"))
+
+    def test_new_edge_adopts(self):
+        """
+        A Node that reconnects to an Edge that never heard of its
+        background run (the Edge restarted): the run is taken on record
+        there, with a lease, and its whole text comes back from the
+        Node's store.
+        """
+        run_id, emit, done = self.start()
+        self.cut()
+        other = Gateway(config(**self.run_log))
+        self.node.reconnect(other)
+        providers = other.service.status()["nodes"][0]["providers"]
+        self.assertEqual({p["id"]: p["in_use"]["normal"] for p in providers}["llm"], 1)
+        emit(RunEventData(DELTA, text="two"))
+        emit(RunEventData(COMPLETE))
+        done.callback(None)
+        other.flush()
+        _, _, body = self.successResultOf(other.read(other.get(f"/v1/runs/{run_id}")))
+        run = json.loads(body)
+        self.assertEqual((run["status"], run["output"], run["background"]), ("complete", "one two", True))
+
+    def test_edge_drain_hands_runs_back(self):
+        """
+        A stopping Edge does not cancel or wait for background runs: it
+        hands them back to their Node, which keeps them for the next Edge.
+        """
+        run_id, emit, done = self.start()
+        stopped = self.gateway.service.stopService()
+        self.gateway.flush()
+        self.successResultOf(stopped)
+        self.assertEqual(self.node.adapter("llm").cancelled, [])
+        self.assertIn(run_id, self.node.context.detached)

@@ -77,6 +77,16 @@ class GatewayNode:
     def adapter(self, name):
         return self.host.get(name).adapter
 
+    def reconnect(self, gateway):
+        """
+        The same Node process dials C{gateway}'s Edge again (after its
+        link was lost): a new session on the same context — adapters,
+        store and the background runs it kept.
+        """
+        self.session = NodeSession(self.context)
+        _, self.pump, _ = gateway.edge.connect(self.session)
+        gateway.flush()
+
 
 class Gateway:
     """

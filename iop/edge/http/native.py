@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.edge.dispatch import IRunListener
+from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import (
     Call,
@@ -107,17 +107,6 @@ class CollectingListener(_Listener):
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
             result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             write_json(self.call.request, 200, result)
-
-
-@implementer(IRunListener)
-class Unheard:
-    """
-    The listener of a background run nobody waits for (answered 202): the
-    run book keeps what it says.
-    """
-
-    def event(self, event):
-        pass
 
 
 def parse_run(body):

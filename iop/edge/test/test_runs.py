@@ -15,7 +15,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.bus import EventBus
 from iop.edge.errors import ServiceError
 from iop.edge.runs import RUN, TUNNEL, RunBook
+from iop.edge.spec import RunSpec
 from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.testing.edge import EdgeHarness, Recorder
 
 
 def event(seq, last):
@@ -237,3 +239,23 @@ class ReplayThenFollowProperties(SynchronousTestCase):
             for seq, text in zip(reader.seqs, reader.texts, strict=True):
                 want = event(seq, last).text
                 self.assertTrue(text.startswith(want) if want else text == "")
+
+
+class OlderNodeTests(SynchronousTestCase):
+    def test_background_run_ends_with_a_version_3_link(self):
+        """
+        A Node of wire version 3 cannot keep runs across a lost link: its
+        background runs end node_disconnected with the link, and it is
+        never sent a RunResume.
+        """
+        harness = EdgeHarness()
+        node, pump, _ = harness.register("tok-1", wire_version=3)
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", background=True)
+        run_id = self.successResultOf(harness.service.submit(spec, recorder.for_run))
+        node.wire.transport.loseConnection()
+        pump.flush()
+        record = harness.service.runs.get(run_id)
+        self.assertEqual((record.status, record.error["code"]), ("error", "node_disconnected"))
+        self.assertEqual(harness.service.inflight.detached_on("n1"), [])
+        self.assertEqual(node.of("run_resume"), [])

@@ -261,7 +261,9 @@ class ServiceStopTests(SynchronousTestCase):
         With nothing in flight the stop completes without the clock moving.
         """
         self.assert_stopped(self.service.stopService())
-        self.assertEqual(self.edge.kinds(), ["register_request", "node_ready_request", "node_draining"])
+        self.assertEqual(
+            self.edge.kinds(), ["register_request", "run_reconcile", "node_ready_request", "node_draining"]
+        )
 
     def test_connection_lost_during_drain(self):
         """

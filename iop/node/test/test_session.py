@@ -47,7 +47,7 @@ class HandshakeTests(SynchronousTestCase):
         session, pump = connect(context, edge)
         pump.flush()
 
-        self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
+        self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
         self.assertEqual(edge.of("register_request")[0].token, TOKEN)
         self.assertEqual(edge.of("node_ready_request")[0].node_id, "node-1")
         self.assertIs(self.successResultOf(session.ready), session)
@@ -82,7 +82,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertNoResult(session.ready)
         pending.callback(None)
         pump.flush()
-        self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
+        self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
         self.successResultOf(session.ready)
 
     def test_unknown_token_is_fatal(self):
@@ -264,7 +264,7 @@ class HandshakeTests(SynchronousTestCase):
         pump.flush()
         self.assertIsNone(edge.lost_reason)
         self.assertIsNone(session.edge_draining)
-        self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
+        self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
 
     def test_heartbeat_timings_from_the_edge(self):
         """

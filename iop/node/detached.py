@@ -1,0 +1,110 @@
+"""
+Background runs that outlive the Node's link to its Edge (wire version 4;
+docs/wire.md, "Background runs across a lost link").
+
+When a ready session's connection is lost (not a local shutdown), its
+background runs are not cancelled: they move here and go on, their events
+still recorded in the run store (which is where a resumed stream is
+replayed from). The next session tells its Edge about them
+(C{RunReconcile}, before its ready) and the Edge asks for each run it
+wants back (C{RunResume}): the run is attached to the new session, its
+events after the Edge's last one are sent from the store, then the live
+ones. A run the Edge does not want back is cancelled.
+
+Foreground runs and tunnels still end with their connection, as before,
+and so does everything when the Edge speaks an older wire version (it
+could never ask for them back).
+
+A run that ends while detached is kept (for its reconcile) for
+L{KEEP_ENDED_SEC}; a local shutdown cancels the ones still running.
+"""
+
+from twisted.logger import Logger
+
+from iop.protocols import iop_pb2
+
+#: How long a run that ended while detached waits to be reported.
+KEEP_ENDED_SEC = 3600.0
+
+
+class DetachedRuns:
+    """
+    The background runs no session holds, by id (process-wide: sessions
+    come and go, these stay).
+    """
+
+    log = Logger()
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._runs = {}
+        self._expiry = {}
+
+    def __len__(self):
+        return len(self._runs)
+
+    def __contains__(self, run_id):
+        return run_id in self._runs
+
+    def keep(self, relay):
+        """
+        Keep C{relay} (a background L{iop.node.runs.RunRelay} whose
+        connection was lost) going without a session.
+        """
+        relay.detach(self._ended)
+        self._runs[relay.run_id] = relay
+        if relay.finished:
+            self._ended(relay)
+
+    def _ended(self, relay):
+        if self._runs.get(relay.run_id) is relay and relay.run_id not in self._expiry:
+            self._expiry[relay.run_id] = self.clock.callLater(KEEP_ENDED_SEC, self._forget, relay.run_id)
+
+    def _forget(self, run_id):
+        self._expiry.pop(run_id, None)
+        self._runs.pop(run_id, None)
+
+    def take(self, run_id):
+        """
+        @return: the detached run C{run_id}, no longer kept here, or
+            C{None}.
+        """
+        relay = self._runs.pop(run_id, None)
+        timer = self._expiry.pop(run_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        return relay
+
+    def report(self):
+        """
+        @return: the C{RunReconcile} a new session sends its Edge.
+        """
+        runs = [
+            iop_pb2.ReconciledRun(
+                run_id=relay.run_id,
+                adapter=relay.hosted.name,
+                target=relay.request.target,
+                status=relay.status,
+                last_seq=relay.seq,
+            )
+            for relay in self._runs.values()
+        ]
+        return iop_pb2.RunReconcile(runs=runs)
+
+    def cancel(self, run_id, reason):
+        """
+        The Edge does not want C{run_id} back: cancel it (if it still runs)
+        and forget it. @return: whether it was kept here.
+        """
+        relay = self.take(run_id)
+        if relay is None:
+            return False
+        relay.cancel(reason)
+        return True
+
+    def cancel_all(self, reason):
+        """
+        The Node is stopping: cancel every detached run still going.
+        """
+        for run_id in list(self._runs):
+            self.cancel(run_id, reason)

@@ -1,0 +1,166 @@
+"""
+Background runs across a lost link, on the Node's side (wire version 4):
+kept running, reported before the next ready, resumed from the store
+without a gap or a repeat, cancelled when the Edge does not want them or
+the Node stops; an older Edge gets the old behaviour.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.node.runs import Resumed
+from iop.protocols import iop_pb2
+from iop.run import COMPLETE, DELTA, START, RunEventData
+from iop.testing.node import (
+    FakeEdge,
+    RecordingStore,
+    accepted,
+    adapter_config,
+    connect,
+    node_config,
+    ready_node,
+    run_request,
+)
+
+READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+
+
+class DetachTests(SynchronousTestCase):
+    def setUp(self):
+        self.store = RecordingStore()
+        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
+        self.adapter = self.context.host.get("manual").adapter
+
+    def start(self, run_id, background=True):
+        self.edge.wire.send(run_request(run_id, background=background))
+        self.pump.flush()
+        run, emit, d = self.adapter.runs[-1]
+        emit(RunEventData(START))
+        emit(RunEventData(DELTA, text="a"))
+        self.pump.flush()
+        return emit, d
+
+    def lose(self):
+        self.edge.wire.transport.loseConnection()
+        self.pump.flush()
+
+    def reconnect(self):
+        edge = FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
+        session, pump = connect(self.context, edge)
+        pump.flush()
+        return session, edge, pump
+
+    def test_kept_and_reported(self):
+        """
+        A lost link cancels foreground runs but keeps background ones
+        running (their slot held); the next session reports them, with
+        their status and last seq, before its ready.
+        """
+        emit, _ = self.start("bg")
+        self.start("fg", background=False)
+        self.lose()
+        self.assertEqual(self.adapter.cancelled, ["fg"])
+        self.assertIn("bg", self.context.detached)
+        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
+        emit(RunEventData(DELTA, text="b"))
+        session, edge, pump = self.reconnect()
+        self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
+        [reported] = edge.of("run_reconcile")[0].runs
+        self.assertEqual(
+            (reported.run_id, reported.adapter, reported.status, reported.last_seq), ("bg", "manual", "running", 3)
+        )
+
+    def test_resumed_from_the_store(self):
+        """
+        C{RunResume} attaches the run to the new session: the events after
+        the Edge's last come from the store, the live ones after them, each
+        once; the run is the new session's (cancellable there).
+        """
+        emit, d = self.start("bg")
+        self.lose()
+        emit(RunEventData(DELTA, text="b"))
+        emit(RunEventData(DELTA, text="c"))
+        session, edge, pump = self.reconnect()
+        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=2))
+        emit(RunEventData(DELTA, text="d"))
+        pump.flush()
+        emit(RunEventData(COMPLETE))
+        d.callback(None)
+        pump.flush()
+        got = [(e.seq, e.type, e.text) for e in edge.of("run_event")]
+        self.assertEqual(got, [(3, "delta", "b"), (4, "delta", "c"), (5, "delta", "d"), (6, "complete", "")])
+        self.assertNotIn("bg", self.context.detached)
+        self.assertEqual(len(session.inflight), 0)
+        self.assertEqual(self.store.ends[-1], ("bg", "complete", None))
+
+    def test_ended_while_away(self):
+        """
+        A run that ends while detached is reported ended, and resumed its
+        rest (terminal included) comes from the store.
+        """
+        emit, d = self.start("bg")
+        self.lose()
+        emit(RunEventData(COMPLETE))
+        d.callback(None)
+        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
+        session, edge, pump = self.reconnect()
+        self.assertEqual(edge.of("run_reconcile")[0].runs[0].status, "complete")
+        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=1))
+        pump.flush()
+        self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(2, "delta"), (3, "complete")])
+
+    def test_not_wanted_back(self):
+        """
+        A kept run the Edge cancels is cancelled and forgotten; a resume of
+        a run the Node no longer has ends it with unknown_run.
+        """
+        self.start("bg")
+        self.lose()
+        session, edge, pump = self.reconnect()
+        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="bg"))
+        edge.wire.send(iop_pb2.RunResume(run_id="gone", after_seq=4))
+        pump.flush()
+        self.assertEqual(self.adapter.cancelled, ["bg"])
+        self.assertEqual(len(self.context.detached), 0)
+        [event] = edge.of("run_event")
+        self.assertEqual((event.run_id, event.seq, event.error.code), ("gone", 5, "unknown_run"))
+
+    def test_older_edge_cancels(self):
+        """
+        With an Edge of wire version 3 (it could never ask for them back)
+        background runs end with the link, as before, and no reconcile is
+        sent.
+        """
+        session, edge, pump, context = ready_node(wire_version=3)
+        edge.wire.send(run_request("bg", background=True))
+        pump.flush()
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(context.host.get("manual").adapter.cancelled, ["bg"])
+        self.assertEqual(len(context.detached), 0)
+
+    def test_local_shutdown(self):
+        """
+        A local shutdown does not keep background runs: the session's are
+        cancelled as before, and kept ones are cancelled too.
+        """
+        self.start("kept")
+        self.lose()
+        session, edge, pump = self.reconnect()
+        self.context.detached.cancel_all("the node is shutting down")
+        self.assertEqual(self.adapter.cancelled, ["kept"])
+        self.assertEqual(self.store.ends[-1], ("kept", "cancelled", "the node is shutting down"))
+
+
+class ResumedTests(SynchronousTestCase):
+    def test_order_without_repeats(self):
+        """
+        Live events held while the history is read go out after it; an
+        event the history already had, or the Edge had, is not sent again.
+        """
+        sent = []
+        resumed = Resumed(sent.append, 2)
+        for seq in (4, 5):
+            resumed(iop_pb2.RunEvent(run_id="r", seq=seq))
+        resumed.replay([iop_pb2.RunEvent(run_id="r", seq=s) for s in (4, 2, 3)])
+        resumed(iop_pb2.RunEvent(run_id="r", seq=6))
+        self.assertEqual([m.seq for m in sent], [3, 4, 5, 6])
