@@ -92,6 +92,26 @@ class BackgroundTests(GatewayRunsTestCase):
         self.assertIsNotNone(run["ended_at"])
         self.assertIsNone(run["error"])
 
+    def test_window_opens_wide_when_the_caller_leaves(self):
+        """
+        A streamed background run whose caller left is not held back by
+        flow control: its window opens wide, so the Node sends on however
+        much the run says.
+        """
+        self.gateway.post("/v1/runs", {"model": "big", "input": "hi", "stream": True, "background": True})
+        run, emit, done = self.manual_run()
+        emit(RunEventData(START))
+        self.gateway.flush()
+        self.gateway.hang_up(self.gateway.requests[0])
+        big = "x" * 300_000
+        for _ in range(4):
+            emit(RunEventData(DELTA, text=big))
+        emit(RunEventData(COMPLETE))
+        done.callback(None)
+        self.gateway.flush()
+        record = self.gateway.service.runs.get(run.run_id)
+        self.assertEqual((record.status, record.last_seq), ("complete", 6))
+
     def test_foreground_still_cancelled(self):
         """
         A run that is not in the background still ends when its caller

@@ -143,7 +143,11 @@ class Gateway:
         connection is lost, as when a client disconnects mid-stream.
         """
         request = request if request is not None else self.requests[-1]
+        producer = request.producer
         request.connectionLost(Failure(ConnectionDone("the caller hung up")))
+        if producer is not None:
+            # What the transport does with the producer of a closed connection.
+            producer.stopProducing()
         self.flush()
 
     def post(self, path, body):
