@@ -520,7 +520,7 @@ class UsageAlwaysTests(OpenAICompatTestCase):
         usage["choices"] = []
         chunks = sse(chunk(content="Hi"), chunk(finish="stop"), usage)
         script = Script(headers=SSE_HEADERS, chunks=chunks)
-        sink = Sink()
+        sink = TunnelRecorder()
         yield self.adapter(script, usage="always").tunnel(
             self.request(b'{"model": "m", "stream": true, "stream_options": {"x": 1}}'), sink
         )
@@ -540,7 +540,7 @@ class UsageAlwaysTests(OpenAICompatTestCase):
         chunks = sse(chunk(content="Hi"), usage)
         for body in (b'{"stream": true, "stream_options": {"include_usage": true}}', b'{"stream": false}'):
             script = Script(headers=SSE_HEADERS, chunks=chunks)
-            sink = Sink()
+            sink = TunnelRecorder()
             yield self.adapter(script, usage="always").tunnel(self.request(body), sink)
             self.assertEqual(script.requests[0][3], body)
             self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
@@ -551,7 +551,7 @@ class UsageAlwaysTests(OpenAICompatTestCase):
         Without the option nothing is added or taken out.
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="Hi")))
-        yield self.adapter(script).tunnel(self.request(b'{"stream": true}'), Sink())
+        yield self.adapter(script).tunnel(self.request(b'{"stream": true}'), TunnelRecorder())
         self.assertEqual(script.requests[0][3], b'{"stream": true}')
 
     def test_bad_value(self):
