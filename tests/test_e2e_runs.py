@@ -210,8 +210,7 @@ def test_tunnels_on_record_and_usage_always(launch, fake_provider):
         body = {"model": "gpt", "stream": True, "messages": [{"role": "user", "content": TEXT}]}
         status, headers, raw = edge.request("POST", "/v1/chat/completions", body)
         assert status == 200
-        tunnel_id = {k.lower(): v for k, v in headers.items()}["x-iop-run-id"]
-        assert tunnel_id.startswith("tun-")
+        assert "x-iop-run-id" not in {k.lower() for k in headers}  # a tunnel's headers are the provider's
         assert b'"usage"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
         chunks = [
             json.loads(p)
@@ -225,6 +224,8 @@ def test_tunnels_on_record_and_usage_always(launch, fake_provider):
     kinds = [(name, e["type"]) for name, e in feed.events]
     assert kinds == [("tunnel", "start"), ("tunnel", "end")], kinds
     end = feed.events[-1][1]
+    tunnel_id = end["run_id"]
+    assert tunnel_id.startswith("tun-") and feed.events[0][1]["run_id"] == tunnel_id
     assert end["run_id"] == tunnel_id and end["status"] == "complete" and end["usage"]["output_tokens"] > 0
     labels = {"node": "gpu", "model_group": "gpt", "provider": "openai", "key": "anonymous"}
     assert metric(edge, "iop_edge_tokens_total", kind="output", **labels) == end["usage"]["output_tokens"]

@@ -198,7 +198,8 @@ def run_failure_error(failure):
 #: The request header that asks for a background run (C{true}, C{1} or
 #: C{yes}): the run goes on when the caller disconnects, and can be read
 #: back with C{GET /v1/runs/{id}} (the id is in the C{x-iop-run-id}
-#: response header). A background run is always a normalized run.
+#: response header of every normalized run; a tunnel answers with the
+#: provider's headers only). A background run is always a normalized run.
 BACKGROUND_HEADER = b"x-iop-background"
 RUN_ID_HEADER = b"x-iop-run-id"
 
@@ -236,10 +237,11 @@ class ChatCompletions(JSONResource):
         created = int(self.clock.seconds())
 
         def listener_for(kind, work_id):
+            if kind == TUNNEL:
+                # A tunnel answers with exactly the provider's headers.
+                return TunnelPassthrough(call)
             if not call.gone:
                 request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
-            if kind == TUNNEL:
-                return TunnelPassthrough(call)
             if choices not in (None, 1):
                 # A normalized run produces one answer: never silently one of n.
                 raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")

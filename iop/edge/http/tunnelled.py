@@ -10,7 +10,7 @@ provider answers 400 naming the endpoint.
 """
 
 from iop.edge.http.common import Call, JSONResource, caller_headers, caller_name
-from iop.edge.http.openai import RUN_ID_HEADER, TunnelPassthrough
+from iop.edge.http.openai import TunnelPassthrough
 from iop.edge.http.validate import string
 from iop.edge.spec import RunSpec, TunnelSpec
 
@@ -50,10 +50,4 @@ class TunnelledEndpoint(JSONResource):
             caller=caller_name(request),
         )
         call = Call(self.service, request)
-
-        def listener_for(kind, work_id):
-            if not call.gone:
-                request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
-            return TunnelPassthrough(call)
-
-        return call.submit(spec, listener_for)
+        return call.submit(spec, lambda kind, work_id: TunnelPassthrough(call))
