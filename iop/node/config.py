@@ -59,7 +59,8 @@ class NodeConfig:
     """
     A validated C{node.yaml}.
 
-    @ivar edge: a Twisted client endpoint string for the Edge.
+    @ivar edge: a Twisted client endpoint string for the Edge (the first,
+        when C{node.yaml} lists several).
     @ivar token: the Node's credential. Never logged.
     @ivar shutdown_grace_sec: how long a local shutdown lets work in flight
         finish before cancelling it (0: cancel at once).
@@ -71,6 +72,9 @@ class NodeConfig:
 
     edge: str
     token: str = field(repr=False)
+    #: Every Edge endpoint, in the order they are tried (an Edge cluster);
+    #: C{edge} is the first.
+    edges: tuple = ()
     store: str = DEFAULT_STORE
     reconnect: ReconnectPolicy = ReconnectPolicy()
     register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
@@ -106,7 +110,7 @@ def parse_config(top):
     @raise ConfigError: naming the offending key.
     """
     top.unknown(_TOP_KEYS)
-    edge = _nonempty(top, "edge")
+    edges = _edges(top)
     token = _secret(top, "token")
     store = _nonempty(top, "store", DEFAULT_STORE)
     reconnect = parse_reconnect(top.section("reconnect", None))
@@ -116,7 +120,8 @@ def parse_config(top):
     if metrics is not None and not metrics.strip():
         raise top.error("metrics", "must be a server endpoint string (or null to disable)")
     return NodeConfig(
-        edge=edge,
+        edge=edges[0],
+        edges=edges,
         token=token,
         store=store,
         reconnect=reconnect,
@@ -134,6 +139,24 @@ def load_config(path):
     @raise ConfigError: if the file is unreadable or any key is wrong.
     """
     return parse_config(load_yaml(path))
+
+
+def _edges(section):
+    """
+    C{edge}: one endpoint string, or a list of them (the Edges of a
+    cluster, tried in turn).
+    """
+    value = section.get("edge", (str, list))
+    if isinstance(value, str):
+        return (_nonempty(section, "edge"),)
+    if not value:
+        raise section.error("edge", "must list at least one Edge endpoint")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise section.error(f"edge[{i}]", "must be a non-empty client endpoint string")
+    if len(set(value)) != len(value):
+        raise section.error("edge", "lists the same endpoint twice")
+    return tuple(value)
 
 
 def _nonempty(section, name, default=None):
