@@ -115,6 +115,9 @@ class EdgeService(MultiService):
         self._placing_again = {}
         #: In an Edge cluster (C{cluster:}), this Edge's membership.
         self.cluster = None
+        #: In an Edge cluster, what the surfaces proxy forwarded requests
+        #: with (L{iop.edge.cluster.forward.Forwarder}).
+        self.forwarder = None
         if config.cluster is not None:
             from iop.edge.cluster.membership import join_cluster
 

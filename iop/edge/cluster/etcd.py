@@ -198,9 +198,9 @@ class EtcdClient:
             pool = HTTPConnectionPool(reactor, persistent=True)
             pool.maxPersistentPerHost = 4
             agent = Agent(reactor, pool=pool)
-        import treq
+        from treq.client import HTTPClient
 
-        self._http = treq.HTTPClient(agent)
+        self._http = HTTPClient(agent)
         self._current = 0
 
     # -- plumbing

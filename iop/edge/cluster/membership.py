@@ -521,4 +521,8 @@ def join_cluster(edge, reactor, etcd=None):
     )
     membership.setServiceParent(edge)
     edge.links.cluster = membership
+    from iop.edge.cluster.forward import Forwarder
+
+    # The surfaces proxy what the service says goes elsewhere.
+    edge.forwarder = Forwarder(spec.secret, reactor)
     return membership
