@@ -47,11 +47,13 @@ def config(delay_ms=50):
 
 
 @pytest.fixture
-def etcd(tmp_path):
+def etcd(tmp_path, launch):
     server = Etcd(str(tmp_path / "etcd")).start()
     try:
         yield server
     finally:
+        # The Edges first, so they leave the cluster while etcd is there.
+        launch.stop_all()
         server.stop()
 
 
@@ -160,6 +162,8 @@ def test_tunnel_through_b_is_byte_identical(launch, etcd, fake_provider):
     direct = llm_post(llm.port, dict(body, model="fake-model"))
     assert status == direct[0] == 200
     assert data == direct[2]
+    seen = [name.lower() for name, _ in llm.requests()[-1]["headers"]]
+    assert "x-iop-peer-secret" not in seen
     drop = {"date", "transfer-encoding", "connection"}
     assert sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in drop) == sorted(
         (k.lower(), v) for k, v in direct[1] if k.lower() not in drop
@@ -178,6 +182,34 @@ def llm_post(port, body):
         return response.status, response.getheaders(), response.read()
     finally:
         conn.close()
+
+
+def test_caller_leaving_b_cancels_at_a(launch, etcd):
+    """
+    A caller who goes away from a stream forwarded by B cancels the run
+    at A: A's lease returns long before the run would have ended.
+    """
+    a, b = two_edges(launch, etcd, config(delay_ms=400))
+    node_on(launch, [a, b], "tok-1")
+    a.wait_connected("node-1")
+    wait_for(lambda: owner_seen(b, "node-1") == "edge-a", what="B to see node-1 owned by A")
+    wait_for(lambda: in_use(a, "node-1") == 0 and "one" in b_load_groups(b), what="A to publish its room")
+    conn, response = chat(b)
+    assert response.status == 200
+    next(sse_events(response))
+    assert in_use(a, "node-1") == 1
+    started = time.monotonic()
+    conn.close()
+    wait_for(lambda: in_use(a, "node-1") == 0, timeout=10, what="A's lease to return")
+    assert time.monotonic() - started < 12 * 0.4
+
+
+def b_load_groups(b):
+    """
+    The model groups B knows another Edge has live providers for (B's
+    status does not show loads; a forwarded request's success does).
+    """
+    return ["one"] if serves(b) else []
 
 
 def test_peer_listener_needs_the_secret(launch, etcd):

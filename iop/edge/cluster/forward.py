@@ -75,6 +75,9 @@ class PeerGate(Resource):
         if not hmac.compare_digest(presented, self.secret):
             write_error(request, HTTPError("unauthorized", "not a peer of this Edge cluster", code="not_a_peer"))
             return NOT_DONE_YET
+        # The secret is for this hop only: it must never travel on (a
+        # tunnel passes the caller's headers to the provider).
+        request.requestHeaders.removeHeader(PEER_HEADER)
         request.iop_forwarded = True
         return self.root.render(request)
 
