@@ -190,3 +190,25 @@ def test_bad_config_names_the_key(launch, tmp_path):
     node.start()
     assert node.wait(timeout=20) == 1
     assert "reconnect.interval_sec" in node.output()
+
+
+def test_access_log_line(launch):
+    """
+    Each HTTP request is one structured access-log line (method, path,
+    status, duration, model, node, provider, tokens); `access_log: false`
+    turns them off.
+    """
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1")]})
+    launch.node(edge.node_port, "tok-1")
+    edge.wait_connected("node-1")
+    body = {"model": "echo", "messages": [{"role": "user", "content": "one two"}]}
+    assert edge.request("POST", "/v1/chat/completions", body)[0] == 200
+    line = wait_for(
+        lambda: next((x for x in edge.output().splitlines() if "POST /v1/chat/completions 200" in x), None),
+        what="the access log line",
+    )
+    assert "model=echo" in line and "node=node-1" in line and "tokens_out=" in line
+
+    quiet = launch.edge({"nodes": [echo_node("node-2", "tok-2")], "access_log": False})
+    assert quiet.request("GET", "/v1/status")[0] == 200
+    assert "GET /v1/status" not in quiet.output()

@@ -67,7 +67,35 @@ def _count(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-class ChatLines:
+class Lines:
+    """
+    The NDJSON lines of an Ollama stream, each object handed to C{line};
+    a line that is not JSON fails the stream as the provider's error.
+    """
+
+    def __init__(self):
+        self.parser = NDJSONParser()
+
+    def feed(self, data):
+        self._lines(self.parser.feed, data)
+
+    def flush(self):
+        self._lines(self.parser.finish)
+
+    def _lines(self, parse, *args):
+        try:
+            lines = parse(*args)
+        except ValueError as e:
+            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
+        for line in lines:
+            if isinstance(line, dict):
+                self.line(line)
+
+    def line(self, line):
+        raise NotImplementedError
+
+
+class ChatLines(Lines):
     """
     Decoder for L{HTTPAdapter.stream_run}: NDJSON lines of /api/chat to
     C{reasoning_delta} (C{message.thinking}), C{delta}
@@ -77,29 +105,17 @@ class ChatLines:
     """
 
     def __init__(self, emit):
+        super().__init__()
         self.emit = emit
-        self.parser = NDJSONParser()
         self.usage = None
         self.finish_reason = None
         self.tool_calls = 0
 
-    def feed(self, data):
-        self._lines(self.parser.feed, data)
-
     def finish(self):
-        self._lines(self.parser.finish)
+        self.flush()
         return self.usage
 
-    def _lines(self, parse, *args):
-        try:
-            lines = parse(*args)
-        except ValueError as e:
-            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
-        for line in lines:
-            if isinstance(line, dict):
-                self._line(line)
-
-    def _line(self, line):
+    def line(self, line):
         if line.get("error"):
             raise ProviderError(str(line["error"]))
         message = line.get("message") or {}
@@ -130,37 +146,27 @@ class ChatLines:
 _PROGRESS_FIELDS = ("status", "digest", "total", "completed")
 
 
-class PullLines:
+class PullLines(Lines):
     """
     Decoder for a streamed /api/pull: NDJSON status lines, each handed to
     C{progress} (when given); an C{error} line fails the pull.
     """
 
     def __init__(self, progress):
+        super().__init__()
         self.progress = progress
-        self.parser = NDJSONParser()
         self.last = {}
 
-    def feed(self, data):
-        self._lines(self.parser.feed, data)
-
     def finish(self):
-        self._lines(self.parser.finish)
+        self.flush()
         return self.last
 
-    def _lines(self, parse, *args):
-        try:
-            lines = parse(*args)
-        except ValueError as e:
-            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
-        for line in lines:
-            if not isinstance(line, dict):
-                continue
-            if line.get("error"):
-                raise ProviderError(str(line["error"]))
-            self.last = line
-            if self.progress is not None:
-                self.progress({k: line[k] for k in _PROGRESS_FIELDS if k in line})
+    def line(self, line):
+        if line.get("error"):
+            raise ProviderError(str(line["error"]))
+        self.last = line
+        if self.progress is not None:
+            self.progress({k: line[k] for k in _PROGRESS_FIELDS if k in line})
 
 
 def _openai_error(message, kind):

@@ -12,6 +12,7 @@ Two paths, on purpose:
 """
 
 import json
+import re
 import zlib
 
 from twisted.logger import Logger
@@ -56,6 +57,10 @@ def openai_message(message):
     return result
 
 
+#: A streamed chunk that says "not finished yet".
+_NULL_FINISH = re.compile(r'"finish_reason"\s*:\s*null')
+
+
 def usage_from(data):
     """
     An OpenAI C{usage} object as a L{Usage}, or C{None}.
@@ -96,16 +101,22 @@ class ChatResponse:
     @raise ProviderError: for data that is not JSON.
     """
 
-    def __init__(self, on_chunk, content_type):
+    def __init__(self, on_chunk, content_type, wanted=None):
         self.on_chunk = on_chunk
+        self.wanted = wanted
         self.sse = SSEParser() if "event-stream" in content_type else None
         self.body = bytearray()
         self.done = False
 
     @classmethod
-    def for_response(cls, on_chunk, response):
+    def for_response(cls, on_chunk, response, wanted=None):
+        """
+        @param wanted: when given, C{wanted(payload)} says whether a
+            streamed event's text needs parsing at all (a cheap check that
+            spares a JSON parse of every event).
+        """
         content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).decode("latin-1")
-        return cls(on_chunk, content_type.lower())
+        return cls(on_chunk, content_type.lower(), wanted)
 
     def feed(self, data):
         if self.sse is None:
@@ -113,8 +124,10 @@ class ChatResponse:
                 raise ProviderError(f"response body larger than {JSON_BODY_LIMIT} bytes")
             self.body.extend(data)
             return
+        wanted = self.wanted
         for payload in self.sse.feed(data):
-            self._payload(payload)
+            if wanted is None or wanted(payload):
+                self._payload(payload)
 
     def finish(self):
         if self.sse is None:
@@ -222,7 +235,8 @@ class TunnelObserver:
         self.usage = None
         self.metadata = {}
         self.broken = False
-        self.framing = ChatResponse.for_response(self.chunk, response)
+        self.parsed_any = False
+        self.framing = ChatResponse.for_response(self.chunk, response, self.wanted)
         self.inflate = None
         coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
         if coding == b"gzip":
@@ -230,6 +244,16 @@ class TunnelObserver:
         elif coding not in (b"", b"identity"):
             self.broken = True
             self.log.info("tunnel body encoded as {coding}: usage not observed", coding=coding.decode("latin-1"))
+
+    def wanted(self, payload):
+        """
+        Whether a streamed event can tell anything not yet known: the model
+        (the first event says it), usage, or a finish reason that is not
+        null. Text deltas, the bulk of a stream, are passed over unparsed.
+        """
+        if "usage" in payload or not self.parsed_any:
+            return True
+        return '"finish_reason"' in payload and _NULL_FINISH.search(payload) is None
 
     def feed(self, data):
         if self.inflate is not None and not self.broken:
@@ -261,6 +285,7 @@ class TunnelObserver:
             self.log.info("tunnel body not observable, usage not reported: {why}", why=e.message)
 
     def chunk(self, chunk):
+        self.parsed_any = True
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
             self.usage = usage

@@ -290,6 +290,7 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
     cancelled = False
     stalled = None
     timer = None
+    heard = None
     paused = False
 
     def cancel(result):
@@ -305,6 +306,12 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
     def expire():
         nonlocal timer, stalled
         timer = None
+        quiet = clock.seconds() - heard
+        if quiet < idle_timeout:
+            # Data came since the timer was set: look again when the
+            # provider would have been silent for the whole timeout.
+            timer = clock.callLater(idle_timeout - quiet, expire)
+            return
         stalled = Failure(ProviderStalled(f"provider sent nothing for {idle_timeout:g}s; connection closed"))
         if reader is None:
             request.cancel()
@@ -312,13 +319,13 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
             reader.abort(stalled)
 
     def touch():
-        nonlocal timer
+        # A clock read per chunk; the timer is not moved on every chunk.
+        nonlocal timer, heard
         if idle_timeout is None or result.called or paused:
             return
+        heard = clock.seconds()
         if timer is None:
             timer = clock.callLater(idle_timeout, expire)
-        else:
-            timer.reset(idle_timeout)
 
     def settled(outcome):
         if timer is not None and timer.active():

@@ -105,6 +105,8 @@ class EdgeConfig:
     command_timeouts: dict = field(default_factory=lambda: dict(DEFAULT_COMMAND_TIMEOUTS))
     #: When a failing provider is ejected, and for how long.
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    #: One structured log line per HTTP request (off: none).
+    access_log: bool = True
 
     def command_timeout(self, command):
         return self.command_timeouts.get(command, self.command_timeouts[None])
@@ -168,6 +170,7 @@ def parse(top):
             "direct_queue_timeout_sec",
             "commands",
             "health",
+            "access_log",
             "log_format",
             "register_timeout_sec",
             "limits",
@@ -192,6 +195,7 @@ def parse(top):
         run_grace_sec=top.number("run_grace_sec", 10.0, positive=True),
         shutdown_grace_sec=top.number("shutdown_grace_sec", 30.0, minimum=0),
         direct_queue_timeout_sec=top.number("direct_queue_timeout_sec", 30.0, positive=True),
+        access_log=top.get("access_log", bool, True),
         log_format=parse_log_format(top),
         register_timeout_sec=top.number("register_timeout_sec", 10.0, positive=True),
         limits=parse_limits(top.section("limits", None)),

@@ -18,6 +18,7 @@ HEADER_TIMEOUT_SEC = 10.0
 BODY_TIMEOUT_SEC = 60.0
 MAX_HTTP_CONNECTIONS = 10000
 MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_WAITING = 10000
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Limits:
         new one is closed at once.
     @ivar max_body_bytes: the largest request body; a larger
         C{Content-Length} is answered 413 before the body is read.
+    @ivar max_waiting: requests waiting for capacity at once (in all
+        queues together); beyond it a new one is answered 503
+        C{overloaded} at once, so a flood costs the Edge a bounded amount.
     """
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
@@ -46,6 +50,7 @@ class Limits:
     body_timeout_sec: float = BODY_TIMEOUT_SEC
     max_http_connections: int = MAX_HTTP_CONNECTIONS
     max_body_bytes: int = MAX_BODY_BYTES
+    max_waiting: int = MAX_WAITING
 
 
 def parse_limits(section):
@@ -62,6 +67,7 @@ def parse_limits(section):
             "body_timeout_sec",
             "max_http_connections",
             "max_body_bytes",
+            "max_waiting",
         }
     )
     preauth = _count(section, "preauth_frame_bytes", PREAUTH_FRAME_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES)
@@ -73,6 +79,7 @@ def parse_limits(section):
         max_http_connections=_count(section, "max_http_connections", MAX_HTTP_CONNECTIONS),
         # A body must fit in one frame to the Node, with room for the rest.
         max_body_bytes=_count(section, "max_body_bytes", MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES // 2),
+        max_waiting=_count(section, "max_waiting", MAX_WAITING),
     )
 
 

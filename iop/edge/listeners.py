@@ -16,6 +16,22 @@ from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
 
+#: The listen backlog of the Node port and the HTTP port unless their
+#: endpoint string says otherwise (Twisted's default, 50, overflows under a
+#: burst of connections: the extra ones are reset by the kernel).
+LISTEN_BACKLOG = 1024
+
+
+def with_backlog(description, backlog=LISTEN_BACKLOG):
+    """
+    C{description} (a server endpoint string) with C{backlog=} added for
+    the stream endpoints that take it, unless it names one already.
+    """
+    kind = description.split(":", 1)[0]
+    if kind in ("tcp", "tcp6", "ssl", "unix") and "backlog=" not in description:
+        return f"{description}:backlog={backlog}"
+    return description
+
 
 def node_factory(edge, reactor):
     """
@@ -39,7 +55,9 @@ def metrics_resource(edge):
 
 
 def http_site(edge, reactor, metrics=None):
-    return EdgeSite(build_root(edge, edge.config, reactor, metrics), limits=edge.config.limits, reactor=reactor)
+    config = edge.config
+    root = build_root(edge, config, reactor, metrics)
+    return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
 def peer_site(edge, reactor):
@@ -49,8 +67,9 @@ def peer_site(edge, reactor):
     """
     from iop.edge.cluster.forward import PeerGate
 
-    root = PeerGate(build_root(edge, edge.config, reactor), edge.config.cluster.secret)
-    return EdgeSite(root, limits=edge.config.limits, reactor=reactor)
+    config = edge.config
+    root = PeerGate(build_root(edge, config, reactor), config.cluster.secret)
+    return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
 def add_listeners(edge, reactor):
@@ -72,14 +91,14 @@ def add_listeners(edge, reactor):
     if config.node_tls is not None:
         # Mutual TLS over the plain endpoint: client certificates required.
         factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
-    nodes = strports.service(config.listen_nodes, factory, reactor=reactor)
+    nodes = strports.service(with_backlog(config.listen_nodes), factory, reactor=reactor)
     nodes.setServiceParent(edge)
     edge.site = http_site(edge, reactor, metrics)
-    http = strports.service(config.listen_http, edge.site, reactor=reactor)
+    http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
     peer = None
     if config.listen_peer is not None:
-        peer = strports.service(config.listen_peer, peer_site(edge, reactor), reactor=reactor)
+        peer = strports.service(with_backlog(config.listen_peer), peer_site(edge, reactor), reactor=reactor)
         peer.setServiceParent(edge)
     console = None
     if config.manhole is not None:

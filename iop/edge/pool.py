@@ -414,6 +414,7 @@ class ProviderPool:
     def __init__(self, clock, providers, groups, direct_timeout=30.0, health=None):
         self._clock = clock
         self._direct_timeout = direct_timeout
+        self._waiting = 0
         self._health = health or HealthPolicy()
         self._resources = {}
         self._by_node = {}
@@ -587,6 +588,12 @@ class ProviderPool:
         queue = self._queues[self._group(group_name).name]
         return self._acquire(queue, self._members(queue, node_id, accept), klass)
 
+    def waiting(self):
+        """
+        How many requests wait in all queues together.
+        """
+        return self._waiting
+
     def has_candidate(self, group_name, klass, node_id=None, accept=None):
         """
         Whether a live provider of C{group_name} (filtered as for
@@ -665,6 +672,7 @@ class ProviderPool:
         waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters[waiter] = None
+        self._waiting += 1
         return waiter.deferred
 
     def _group(self, name):
@@ -703,6 +711,7 @@ class ProviderPool:
 
     def _dequeue(self, waiter):
         del waiter.queue.waiters[waiter]
+        self._waiting -= 1
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None

@@ -30,6 +30,7 @@ from twisted.internet import defer
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 
+from iop.edge.admission import Admission
 from iop.edge.bus import EventBus
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
@@ -106,6 +107,7 @@ class EdgeService(MultiService):
         self.inflight = Inflight(reactor, self.bus)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
+        self.admission = Admission(reactor, self._place)
         self.draining = False
         self.site = None
         self.node_port = None
@@ -152,10 +154,16 @@ class EdgeService(MultiService):
             forward = forward_target(self.cluster, self.registry, self.pool, spec)
             if forward is not None:
                 return defer.fail(forward)
+        if len(self.admission) + self.pool.waiting() >= self.config.limits.max_waiting:
+            return defer.fail(
+                ServiceError("unavailable", "the Edge is overloaded: too much work is waiting", code="overloaded")
+            )
         work = Work(spec, listener_for, retries=self.placer.retries(spec))
-        return self._place(work)
+        return self.admission.submit(work)
 
     def _place(self, work):
+        if self.draining:
+            return defer.fail(_shutting_down())
         d = self.placer.place(work.spec, avoid=work.avoid)
         d.addCallback(self._start, work)
         return d

@@ -38,6 +38,9 @@ class TunnelSpec:
     path: str
     headers: list
     body: dict
+    #: The caller's body bytes, when known: forwarded as they are when
+    #: C{model} needs no rewriting.
+    raw: bytes | None = None
 
     @property
     def types(self):
@@ -48,8 +51,12 @@ class TunnelSpec:
 
     def encoded_body(self, target):
         """
-        The body to send to a provider that knows the model as C{target}.
+        The body to send to a provider that knows the model as C{target}:
+        the caller's own bytes when the model keeps its name, else encoded
+        once with C{model} replaced.
         """
+        if self.raw is not None and (not target or target == self.body.get("model")):
+            return self.raw
         return json.dumps(dict(self.body, model=target or self.body.get("model"))).encode("utf-8")
 
 

@@ -21,7 +21,6 @@ from google.protobuf.message import DecodeError
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.protocols.policies import TimeoutMixin
 from zope.interface import Interface
 
 from iop.protocols import iop_pb2
@@ -42,6 +41,10 @@ FLOW_CONTROL_WIRE_VERSION = 3
 #: most body or delta bytes a Node sends beyond what the Edge's caller has
 #: taken. Two tunnel chunks, so a stream keeps moving while the caller reads.
 STREAM_WINDOW_BYTES = 2 * TUNNEL_CHUNK_BYTES
+
+#: After a local stall, how long a silent peer is given once the reactor
+#: reads again before it is declared dead.
+STALL_GRACE_SEC = 1.0
 
 #: The wire-protocol version this code speaks. Version 2 added draining
 #: (C{EdgeDraining}, C{NodeDraining}) and the version fields themselves;
@@ -128,9 +131,17 @@ class IWireReceiver(Interface):
         """
 
 
-class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
+class WireProtocol(LinearInt32StringReceiver):
     """
     One Edge <-> Node connection.
+
+    Silence detection costs one clock read per frame: each frame notes when
+    it arrived, and a single timer, due C{heartbeat.timeout} after the last
+    frame it knows of, looks again when it fires. A timer that fires much
+    later than due means this side's reactor was stalled (a burst of work,
+    a pause): the peer's bytes may be waiting unread in the socket, so the
+    peer gets one more short look (L{STALL_GRACE_SEC}) after the reactor
+    has read again, instead of being declared dead for this side's delay.
 
     @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
     @ivar close_reason: why this side closed the connection, if it did.
@@ -146,11 +157,12 @@ class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
         self.MAX_LENGTH = frame_limit
         self.receiver = receiver
         self.clock = clock
-        self.callLater = clock.callLater  # used by TimeoutMixin
         self.heartbeat = heartbeat
         self.close_reason = None
         self._pinger = None
         self._ping_seq = 0
+        self._last_heard = clock.seconds()
+        self._silence = None
 
     # -- connection lifecycle ----------------------------------------------
 
@@ -175,7 +187,7 @@ class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
         self._pinger = LoopingCall(self._ping)
         self._pinger.clock = self.clock
         self._pinger.start(heartbeat.interval, now=False)
-        self.setTimeout(heartbeat.timeout)
+        self._watch(self._last_heard + heartbeat.timeout)
 
     def set_frame_limit(self, limit):
         """
@@ -186,13 +198,33 @@ class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
 
     def connectionLost(self, reason):
         self.discarding = True
-        self.setTimeout(None)
+        if self._silence is not None and self._silence.active():
+            self._silence.cancel()
+        self._silence = None
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         self.receiver.wire_lost(reason)
 
-    def timeoutConnection(self):
-        self.drop(f"heartbeat timeout: nothing received for {self.heartbeat.timeout:g}s")
+    def _watch(self, due):
+        """
+        Look for silence at time C{due}.
+        """
+        if self._silence is not None and self._silence.active():
+            self._silence.cancel()
+        self._due = due
+        self._silence = self.clock.callLater(max(due - self.clock.seconds(), 0), self._look)
+
+    def _look(self):
+        self._silence = None
+        now = self.clock.seconds()
+        timeout = self.heartbeat.timeout
+        if now - self._last_heard < timeout:
+            self._watch(self._last_heard + timeout)
+        elif now - self._due > self.heartbeat.interval:
+            # Fired long after it was due: this side was not reading.
+            self._watch(now + STALL_GRACE_SEC)
+        else:
+            self.drop(f"heartbeat timeout: nothing received for {timeout:g}s")
 
     def close(self, reason):
         """
@@ -224,8 +256,12 @@ class WireProtocol(LinearInt32StringReceiver, TimeoutMixin):
     def lengthLimitExceeded(self, length):
         self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit")
 
+    def dataReceived(self, data):
+        # Any bytes are a sign of life, a frame still arriving included.
+        self._last_heard = self.clock.seconds()
+        super().dataReceived(data)
+
     def stringReceived(self, data):
-        self.resetTimeout()
         env = iop_pb2.Envelope()
         try:
             env.ParseFromString(data)

@@ -160,38 +160,6 @@ def chunk(content=None, reasoning=None, reasoning_key="reasoning_content", finis
     return data
 
 
-class Sink:
-    """
-    An L{ITunnelSink} that records every call.
-    """
-
-    def __init__(self):
-        self.calls = []
-        self.bodies = []
-        self.first_body = defer.Deferred()
-
-    def status(self, code):
-        self.calls.append(("status", code))
-
-    def headers(self, pairs):
-        self.calls.append(("headers", pairs))
-
-    def body(self, data):
-        self.calls.append(("body", data))
-        self.bodies.append(data)
-        if not self.first_body.called:
-            self.first_body.callback(data)
-
-    def usage(self, usage):
-        self.calls.append(("usage", usage))
-
-    def metadata(self, info):
-        self.calls.append(("metadata", info))
-
-    def of(self, kind):
-        return [value for name, value in self.calls if name == kind]
-
-
 class Events:
     """
     An C{emit} callable that records events and can wait for one type.

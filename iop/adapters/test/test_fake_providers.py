@@ -19,9 +19,10 @@ from twisted.web.http_headers import Headers
 from iop.adapters.interface import RunInput, TunnelInput
 from iop.adapters.ollama import OllamaAdapter
 from iop.adapters.openai_compat import OpenAICompatAdapter
-from iop.adapters.test.providers import Events, Sink
+from iop.adapters.test.providers import Events
 from iop.adapters.vllm import VLLMAdapter
 from iop.run import Usage
+from iop.testing.tunnels import TunnelRecorder
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "support", "fake_providers.py")
 
@@ -124,7 +125,7 @@ class OpenAIFakeTests(FakeProviderTestCase):
         observes the usage (without a breakdown: this fake reports none).
         """
         code, direct = yield self.direct(b"POST", "/v1/chat/completions", CHAT)
-        sink = Sink()
+        sink = TunnelRecorder()
         request = TunnelInput("t1", "POST", "/chat/completions", [("Content-Type", "application/json")], CHAT)
         yield self.adapter(OpenAICompatAdapter, "/v1").tunnel(request, sink)
         self.assertEqual(sink.of("status"), [code])

@@ -9,8 +9,9 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from iop.adapters.interface import TunnelInput
-from iop.adapters.test.providers import Events, Script, Sink, chunk, sse
+from iop.adapters.test.providers import Events, Script, chunk, sse
 from iop.adapters.test.test_openai_compat import SSE_HEADERS, OpenAICompatTestCase, run_input
+from iop.testing.tunnels import TunnelRecorder
 
 
 class FlowEvents(Events):
@@ -22,7 +23,7 @@ class FlowEvents(Events):
         self.producers.append(producer)
 
 
-class FlowSink(Sink):
+class FlowSink(TunnelRecorder):
     def __init__(self):
         super().__init__()
         self.producers = []

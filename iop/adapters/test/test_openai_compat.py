@@ -14,8 +14,9 @@ from zope.interface.verify import verifyObject
 from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
 from iop.adapters.openai_compat import OpenAICompatAdapter
 from iop.adapters.streams import ProviderUnreachable
-from iop.adapters.test.providers import Events, Script, Sink, chunk, closed_port, serve, sse
+from iop.adapters.test.providers import Events, Script, chunk, closed_port, serve, sse
 from iop.run import RunFailure, Usage
+from iop.testing.tunnels import TunnelRecorder
 
 SSE_HEADERS = [("Content-Type", "text/event-stream")]
 
@@ -358,7 +359,7 @@ class TunnelTests(OpenAICompatTestCase):
         )
         chunks.insert(1, b": comment with \xc3\xa9 bytes\n\n")
         script = Script(headers=SSE_HEADERS + [("X-Provider", "yes")], chunks=chunks)
-        sink = Sink()
+        sink = TunnelRecorder()
         request = TunnelInput(
             tunnel_id="t1",
             method="POST",
@@ -401,12 +402,12 @@ class TunnelTests(OpenAICompatTestCase):
         )
         script = Script(chunks=[b"{}"])
         adapter = self.adapter(script, api_key="k", drop_headers=["x-secret"], headers={"X-Team": "ops"})
-        yield adapter.tunnel(request, Sink())
+        yield adapter.tunnel(request, TunnelRecorder())
         sent = script.requests[0][2]
         self.assertEqual((sent["authorization"], sent["x-team"], sent["x-trace"]), (["Bearer k"], ["ops"], ["t"]))
         self.assertNotIn("x-secret", sent)
         script = Script(chunks=[b"{}"])
-        yield self.adapter(script).tunnel(request, Sink())
+        yield self.adapter(script).tunnel(request, TunnelRecorder())
         self.assertNotIn("authorization", script.requests[0][2])
 
     @defer.inlineCallbacks
@@ -422,7 +423,7 @@ class TunnelTests(OpenAICompatTestCase):
             }
         ).encode()
         script = Script(headers=[("Content-Type", "application/json")], chunks=[body[:10], body[10:]])
-        sink = Sink()
+        sink = TunnelRecorder()
         yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
         self.assertEqual(b"".join(sink.bodies), body)
         self.assertEqual(sink.of("usage"), [Usage(2, 5, cached_input_tokens=1)])
@@ -437,7 +438,7 @@ class TunnelTests(OpenAICompatTestCase):
         """
         body = b'{"error": {"message": "rate limited", "type": "rate_limit_error"}}'
         script = Script(status=429, headers=[("Content-Type", "application/json")], chunks=[body])
-        sink = Sink()
+        sink = TunnelRecorder()
         yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
         self.assertEqual(sink.calls[0], ("status", 429))
         self.assertEqual(b"".join(sink.bodies), body)
@@ -450,7 +451,7 @@ class TunnelTests(OpenAICompatTestCase):
         stops.
         """
         script = Script(headers=SSE_HEADERS, chunks=[b"data: {not json\n\n", b"data: [DONE]\n\n"])
-        sink = Sink()
+        sink = TunnelRecorder()
         yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
         self.assertEqual(b"".join(sink.bodies), b"data: {not json\n\ndata: [DONE]\n\n")
         self.assertEqual(sink.of("usage"), [])
@@ -462,7 +463,7 @@ class TunnelTests(OpenAICompatTestCase):
         nothing reaches the sink.
         """
         adapter = self.adapter(base_url=closed_port(self) + "/v1")
-        sink = Sink()
+        sink = TunnelRecorder()
         yield self.assertFailure(adapter.tunnel(TunnelInput("t1", "GET", "/models"), sink), ProviderUnreachable)
         self.assertEqual(sink.calls, [])
 
@@ -473,7 +474,7 @@ class TunnelTests(OpenAICompatTestCase):
         provider sees its connection closed.
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
-        sink = Sink()
+        sink = TunnelRecorder()
         d = self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
         yield sink.first_body
         d.cancel()
@@ -493,7 +494,7 @@ class GzipTunnelTests(OpenAICompatTestCase):
         script = Script(
             chunks=[body[:10], body[10:]], headers=[("content-encoding", "gzip"), ("content-type", "application/json")]
         )
-        sink = Sink()
+        sink = TunnelRecorder()
         request = TunnelInput("t1", "POST", "/chat/completions", headers=[("Accept-Encoding", "gzip")], body=b"{}")
         yield self.adapter(script).tunnel(request, sink)
         self.assertEqual(b"".join(sink.bodies), body)

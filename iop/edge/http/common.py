@@ -15,6 +15,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
+from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
 from iop.httpheaders import caller_request_headers
@@ -103,7 +104,10 @@ def read_json(request, max_bytes):
     data = request.content.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise HTTPError("too_large", f"request body exceeds {max_bytes} bytes (limits.max_body_bytes)")
-    return parse_body(data)
+    body = parse_body(data)
+    # Kept for a tunnel that can forward the caller's bytes unchanged.
+    request.raw_body = data
+    return body
 
 
 def caller_headers(request):
@@ -321,6 +325,7 @@ class Call:
 
         @return: C{NOT_DONE_YET}.
         """
+        note(self.request, model=spec.model or spec.adapter)
         if forwarded(self.request):
             self.submitting = self.service.submit(spec, listener_for, may_forward=False)
         else:
@@ -331,6 +336,9 @@ class Call:
 
     def _started(self, work_id):
         self.work_id = work_id
+        dispatch = self.service.inflight.for_caller(work_id)
+        if dispatch is not None:
+            note(self.request, id=work_id, node=dispatch.placement.node_id, provider=dispatch.placement.provider_id)
         if self.gone:
             self.service.cancel(work_id)
 
@@ -406,3 +414,10 @@ class EventStream:
         OpenAI's end-of-stream marker, C{data: [DONE]}.
         """
         self.send_raw("[DONE]")
+
+    def send_bytes(self, event):
+        """
+        One event already rendered as bytes (C{data: ...\n\n}).
+        """
+        self.start()
+        self.request.write(event)

@@ -15,6 +15,7 @@ from zope.interface import implementer
 from iop.edge.dispatch import IRunListener
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import Call, EventStream, HTTPError, JSONResource, error_body, write_json
+from iop.edge.http.notes import note_usage
 from iop.edge.http.openai import parse_messages
 from iop.edge.http.validate import boolean, invalid, mapping, string
 from iop.edge.spec import RunSpec
@@ -65,6 +66,7 @@ class EventStreamListener:
             return
         self.stream.send(run_event_json(self.run_id, event))
         if event.type in TERMINAL_TYPES:
+            note_usage(self.call.request, event.usage)
             self.call.finish()
 
 
@@ -82,6 +84,7 @@ class CollectingListener:
     def event(self, event):
         self.events.append(run_event_json(self.run_id, event))
         if event.type in TERMINAL_TYPES and not self.call.gone:
+            note_usage(self.call.request, event.usage)
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
             result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             write_json(self.call.request, 200, result)

@@ -10,11 +10,14 @@ provider runs a normalized run rendered here as OpenAI chunks or one JSON
 response.
 """
 
+import json
+
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import Call, EventStream, JSONResource, caller_headers, write_error, write_json
+from iop.edge.http.notes import note_usage
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
@@ -206,7 +209,7 @@ class ChatCompletions(JSONResource):
             model=model,
             adapter=model,
             options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
-            tunnel=TunnelSpec("POST", "/chat/completions", headers, body),
+            tunnel=TunnelSpec("POST", "/chat/completions", headers, body, getattr(request, "raw_body", None)),
         )
         choices = body.get("n", 1)
         call = Call(self.service, request)
@@ -221,6 +224,10 @@ class ChatCompletions(JSONResource):
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
 
         return call.submit(spec, listener_for)
+
+
+#: What follows a delta's text in its chunk (see L{ChunkRenderer}).
+_DELTA_END = b'}, "finish_reason": null}]}\n\n'
 
 
 class _Renderer:
@@ -260,6 +267,20 @@ class ChunkRenderer(_Renderer):
     def __init__(self, *args):
         super().__init__(*args)
         self.stream = EventStream(self.call.request)
+        # Text deltas are the bulk of a stream: their chunk is rendered
+        # from a template, only the text encoded per event (the bytes are
+        # those json.dumps would give for the whole chunk).
+        head = json.dumps(
+            {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
+        )
+        self.templates = {
+            key: (f'data: {head[:-1]}, "choices": [{{"index": 0, "delta": {{"{key}": '.encode(), _DELTA_END)
+            for key in ("content", "reasoning_content")
+        }
+
+    def _delta(self, key, text):
+        prefix, suffix = self.templates[key]
+        self.stream.send_bytes(prefix + json.dumps(text).encode() + suffix)
 
     def use_producer(self, producer):
         self.call.use_producer(producer)
@@ -283,13 +304,14 @@ class ChunkRenderer(_Renderer):
         if event.type == START:
             self.stream.send(self.chunk({"role": "assistant", "content": ""}))
         elif event.type == DELTA:
-            self.stream.send(self.chunk({"content": event.text}))
+            self._delta("content", event.text)
         elif event.type == REASONING_DELTA:
-            self.stream.send(self.chunk({"reasoning_content": event.text}))
+            self._delta("reasoning_content", event.text)
         elif event.type == TOOL_CALL:
             self.stream.send(self.chunk({"tool_calls": [tool_call_json(event.tool_call, len(self.tool_calls))]}))
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
+            note_usage(self.call.request, event.usage)
             self.stream.send(self.chunk({}, self.finish_reason(event)))
             if self.include_usage and event.usage is not None:
                 final = self.chunk({})
@@ -328,6 +350,7 @@ class ResponseRenderer(_Renderer):
         elif event.type == TOOL_CALL:
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
+            note_usage(self.call.request, event.usage)
             text = "".join(self.text)
             message = {"role": "assistant", "content": text if text or not self.tool_calls else None}
             if self.tool_calls:
@@ -390,7 +413,7 @@ class TunnelPassthrough:
             self.tail = (self.tail + data)[-2:]
 
     def usage(self, usage):
-        pass
+        note_usage(self.request, usage)
 
     def metadata(self, info):
         pass

@@ -44,7 +44,7 @@ class TunnelledEndpoint(JSONResource):
             messages=[],
             model=model,
             adapter=model,
-            tunnel=TunnelSpec("POST", self.path, caller_headers(request), body),
+            tunnel=TunnelSpec("POST", self.path, caller_headers(request), body, getattr(request, "raw_body", None)),
             runs=False,
             size=_size(body.get("prompt", body.get("input"))),
         )

@@ -12,40 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.protocols import iop_pb2
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
-
-
-class TunnelRecorder:
-    """
-    A tunnel listener that keeps what it is given.
-    """
-
-    def __init__(self):
-        self.calls = []
-
-    def for_tunnel(self, kind, work_id):
-        self.work_id = work_id
-        return self
-
-    def status(self, code):
-        self.calls.append(("status", code))
-
-    def headers(self, pairs):
-        self.calls.append(("headers", pairs))
-
-    def body(self, data):
-        self.calls.append(("body", data))
-
-    def usage(self, usage):
-        pass
-
-    def metadata(self, info):
-        pass
-
-    def end(self):
-        self.calls.append(("end",))
-
-    def error(self, failure):
-        self.calls.append(("error", failure.code, failure.status))
+from iop.testing.tunnels import TunnelRecorder
 
 
 def config(retries=None, tunnel=False):
@@ -133,7 +100,7 @@ class FailoverTests(SynchronousTestCase):
         spec = RunSpec(
             messages=[], model="grp", tunnel=TunnelSpec("POST", "/chat/completions", [], {"model": "grp"}), runs=False
         )
-        self.successResultOf(self.service.submit(spec, listener.for_tunnel))
+        self.successResultOf(self.service.submit(spec, listener.for_work))
         self.edge.flush()
         first_node, first = self.last_request("provider_tunnel_request")
         node, pump = self.nodes[first_node]

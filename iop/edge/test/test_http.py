@@ -9,6 +9,7 @@ import json
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge.http.openai import ChunkRenderer
 from iop.protocols import iop_pb2
 from iop.testing.edge import EdgeHarness
 
@@ -323,3 +324,31 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(d)
         answer = json.loads(body)
         self.assertEqual((code, answer["terminated"], answer["error"]["code"]), (404, False, "unknown_session"))
+
+
+class ChunkTemplateTests(SynchronousTestCase):
+    def test_template_matches_json(self):
+        """
+        A delta rendered from the chunk template is byte for byte the JSON
+        of the whole chunk, quotes, escapes and non-ASCII text included.
+        """
+        written = []
+
+        class Request:
+            def write(self, data):
+                written.append(data)
+
+            def setResponseCode(self, code):
+                pass
+
+            def setHeader(self, name, value):
+                pass
+
+        class CallStub:
+            request = Request()
+            gone = False
+
+        renderer = ChunkRenderer(CallStub(), "run-abc", 'm"odel', 12, False)
+        for key, text in (("content", 'hé"llo\n'), ("reasoning_content", "\u2028 x")):
+            renderer._delta(key, text)
+            self.assertEqual(written[-1], f"data: {json.dumps(renderer.chunk({key: text}))}\n\n".encode())

@@ -9,13 +9,12 @@ only its own work.
 import copy
 
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
-from iop.edge.dispatch import ITunnelListener
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.protocols import iop_pb2
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
+from iop.testing.tunnels import TunnelRecorder
 
 YAML: dict = copy.deepcopy(EDGE_YAML)
 # Room for two runs at once on n1's echo provider (direct work leases too).
@@ -25,22 +24,6 @@ YAML["nodes"][0]["adapters"].append(
 )
 YAML["nodes"][0]["providers"].append({"id": "llm", "adapter": "llm", "capacity": {"normal": 2, "long": 0}})
 YAML["model_groups"].append({"name": "big", "providers": [{"node": "n1", "provider": "llm"}]})
-
-
-@implementer(ITunnelListener)
-class TunnelRecorder:
-    def __init__(self):
-        self.calls = []
-        self.work_id = None
-
-    def for_work(self, kind, work_id):
-        self.work_id = work_id
-        return self
-
-    def __getattr__(self, name):
-        if name in ("status", "headers", "body", "usage", "metadata", "end", "error"):
-            return lambda *args: self.calls.append((name, *args))
-        raise AttributeError(name)
 
 
 class MalformedTests(SynchronousTestCase):

@@ -11,6 +11,7 @@ from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge import tap
+from iop.edge.listeners import with_backlog
 from iop.edge.service import EdgeService
 
 EDGE_YAML = """
@@ -59,3 +60,15 @@ class TapTests(SynchronousTestCase):
         message = str(caught.exception.code)
         self.assertIn("shutdown_grace_sec", message)
         self.assertNotIn("\n", message)
+
+
+class BacklogTests(SynchronousTestCase):
+    def test_backlog_added_unless_given(self):
+        """
+        The Node and HTTP endpoints listen with a backlog of 1024 unless
+        their string sets one (or their type takes none).
+        """
+        self.assertEqual(with_backlog("tcp:8080:interface=127.0.0.1"), "tcp:8080:interface=127.0.0.1:backlog=1024")
+        self.assertEqual(with_backlog("tcp:8080:backlog=10"), "tcp:8080:backlog=10")
+        self.assertEqual(with_backlog("ssl:7100:privateKey=k.pem"), "ssl:7100:privateKey=k.pem:backlog=1024")
+        self.assertEqual(with_backlog("systemd:domain=INET:index=0"), "systemd:domain=INET:index=0")

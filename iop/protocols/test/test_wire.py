@@ -260,6 +260,38 @@ class HeartbeatTests(SynchronousTestCase):
         self.assertTrue(transport.aborted)
         self.assertIn("heartbeat timeout", protocol.close_reason)
 
+    def test_local_stall_is_not_peer_silence(self):
+        """
+        When this side's reactor stalls (the clock jumps past the timeout in
+        one step) while the peer's bytes wait unread, the peer is not
+        declared dead: it gets a short look once the reactor reads again,
+        and its waiting bytes keep it alive. A peer really silent after the
+        stall is dropped after that look.
+        """
+        protocol, receiver, transport, clock = connect(heartbeat=Heartbeat(2, 5))
+        clock.advance(12)
+        self.assertFalse(transport.aborted)
+        protocol.dataReceived(frame(iop_pb2.Pong(seq=1)))
+        clock.advance(1)
+        self.assertFalse(transport.aborted)
+        clock.advance(3.5)
+        self.assertFalse(transport.aborted)
+        clock.advance(12)
+        clock.advance(1)
+        self.assertTrue(transport.aborted)
+        self.assertIn("heartbeat timeout", protocol.close_reason)
+
+    def test_partial_frame_is_a_sign_of_life(self):
+        """
+        Bytes of a large frame still arriving count as the peer talking.
+        """
+        protocol, receiver, transport, clock = connect(heartbeat=Heartbeat(2, 5))
+        data = frame(iop_pb2.Pong(seq=1))
+        for byte in data[:-1]:
+            clock.advance(1)
+            protocol.dataReceived(bytes([byte]))
+        self.assertFalse(transport.aborted)
+
     def test_both_ends_stay_up_while_talking(self):
         """
         Two wired-up ends answering each other's pings stay connected for a

@@ -1,0 +1,83 @@
+"""
+Work taken in bounded batches per reactor turn (L{iop.edge.admission}),
+in order, and shed with 503 C{overloaded} beyond the bound of waiting
+work.
+"""
+
+import copy
+
+from twisted.internet.defer import CancelledError
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.admission import ADMIT_PER_TURN
+from iop.edge.errors import ServiceError
+from iop.edge.spec import RunSpec
+from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
+
+BURST = 3 * ADMIT_PER_TURN + 5
+
+
+def roomy(max_waiting=None):
+    data = copy.deepcopy(EDGE_YAML)
+    data["nodes"][0]["adapters"][0]["max_concurrency"] = 1000
+    data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1000
+    if max_waiting is not None:
+        data["limits"] = {"max_waiting": max_waiting}
+    return data
+
+
+def spec(i):
+    return RunSpec(messages=[{"role": "user", "content": str(i)}], adapter="echo", node="n1")
+
+
+class AdmissionTests(SynchronousTestCase):
+    def test_burst_placed_in_batches_in_order(self):
+        """
+        A burst submitted in one reactor turn: only the first batch is
+        placed in that turn; the rest follow, a batch per turn, and the
+        Node receives every request in the order submitted.
+        """
+        edge = EdgeHarness(roomy())
+        node, pump, _ = edge.register()
+        results = [edge.service.submit(spec(i), Recorder().for_run) for i in range(BURST)]
+        placed = [d for d in results if d.called]
+        self.assertEqual(len(placed), ADMIT_PER_TURN)
+        for _ in range(10):
+            edge.clock.advance(0)
+        self.assertTrue(all(d.called for d in results))
+        pump.flush()
+        texts = [r.messages[0].content for r in node.of("run_request")]
+        self.assertEqual(texts, [str(i) for i in range(BURST)])
+
+    def test_cancel_while_in_backlog(self):
+        """
+        Work cancelled while it waits in the backlog (its caller left) is
+        never placed.
+        """
+        edge = EdgeHarness(roomy())
+        node, pump, _ = edge.register()
+        results = [edge.service.submit(spec(i), Recorder().for_run) for i in range(ADMIT_PER_TURN + 1)]
+        results[-1].cancel()
+        self.failureResultOf(results[-1], CancelledError)
+        edge.clock.advance(0)
+        pump.flush()
+        self.assertEqual(len(node.of("run_request")), ADMIT_PER_TURN)
+
+    def test_overloaded(self):
+        """
+        Beyond limits.max_waiting requests waiting at once, a new one is
+        refused at once with 503 C{overloaded}.
+        """
+        data = roomy(max_waiting=2)
+        data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
+        edge = EdgeHarness(data)
+        edge.register()
+        self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
+        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        for d in waiting:
+            self.assertNoResult(d)
+        failure = self.failureResultOf(edge.service.submit(spec(3), Recorder().for_run), ServiceError)
+        self.assertEqual((failure.value.kind, failure.value.code), ("unavailable", "overloaded"))
+        for d in waiting:
+            d.cancel()
+            self.failureResultOf(d)

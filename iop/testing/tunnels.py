@@ -1,0 +1,57 @@
+"""
+A recorder for tunnels: the sink an adapter writes a provider's response
+into (L{iop.run.ITunnelSink}) and the listener an Edge surface gets
+(L{iop.edge.dispatch.ITunnelListener}, which adds C{end} and C{error}).
+"""
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from iop.edge.dispatch import ITunnelListener
+
+
+@implementer(ITunnelListener)
+class TunnelRecorder:
+    """
+    Records every call, in order, as C{(name, value)} (C{("end",)} for the
+    end). C{for_work} is a surface's C{listener_for}.
+
+    @ivar first_body: fires with the first body chunk.
+    """
+
+    def __init__(self):
+        self.calls = []
+        self.bodies = []
+        self.first_body = defer.Deferred()
+        self.work_id = None
+
+    def for_work(self, kind, work_id):
+        self.work_id = work_id
+        return self
+
+    def status(self, code):
+        self.calls.append(("status", code))
+
+    def headers(self, pairs):
+        self.calls.append(("headers", pairs))
+
+    def body(self, data):
+        self.calls.append(("body", data))
+        self.bodies.append(data)
+        if not self.first_body.called:
+            self.first_body.callback(data)
+
+    def usage(self, usage):
+        self.calls.append(("usage", usage))
+
+    def metadata(self, info):
+        self.calls.append(("metadata", info))
+
+    def end(self):
+        self.calls.append(("end",))
+
+    def error(self, failure):
+        self.calls.append(("error", failure))
+
+    def of(self, kind):
+        return [call[1] for call in self.calls if call[0] == kind]
