@@ -10,5 +10,6 @@ Several Edges as one cluster, coordinated through etcd (docs/cluster.md).
   - L{iop.edge.cluster.forward}: a request proxied to the owning Edge's
     peer listener.
 
-An Edge without C{cluster} never imports any of it.
+An Edge without C{cluster} starts none of it (it only reads the section
+and knows the L{iop.edge.cluster.load.Forward} answer it never gets).
 """

@@ -46,9 +46,9 @@ _DROP_REQUEST = ("host", "content-length", PEER_HEADER.decode())
 #: owner's.
 _OWN_HEADERS = ("date", "server")
 
-#: How long the owning Edge may take to start its answer. Longer than any
-#: queue wait a caller would accept (the owner answers a queue timeout
-#: itself), so only a dead peer reaches it.
+#: How long connecting to the owning Edge may take. The answer itself has
+#: no deadline here: the request may wait in the owner's queue, which
+#: answers its own queue timeout.
 CONNECT_TIMEOUT_SEC = 10.0
 
 
@@ -96,7 +96,9 @@ class Forwarder:
         self.secret = secret.encode("utf-8")
         self.reactor = reactor
         if agent is None:
-            agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=True))
+            agent = Agent(
+                reactor, connectTimeout=CONNECT_TIMEOUT_SEC, pool=HTTPConnectionPool(reactor, persistent=True)
+            )
         self.agent = agent
         self.forwarded = 0
 
@@ -121,7 +123,6 @@ class Forwarder:
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
         relay = _Relay(request, forward)
         d = self.agent.request(request.method, url, headers, FileBodyProducer(BytesIO(body)))
-        d.addTimeout(CONNECT_TIMEOUT_SEC, self.reactor)
         relay.pending = d
         request.notifyFinish().addErrback(relay.caller_gone)
         d.addCallbacks(relay.respond, relay.failed)
