@@ -182,25 +182,28 @@ class EtcdClient:
     """
     @param endpoints: etcd client URLs (C{http://127.0.0.1:2379}), tried in turn.
     @param reactor: the reactor (timers and connections).
-    @param agent: an C{IAgent} (tests); by default an L{Agent} with its own
+    @param agent: an C{IAgent}; by default an L{Agent} with its own
         persistent connection pool.
+    @param http: a treq C{HTTPClient} to use instead (tests: C{StubTreq}).
     """
 
     log = Logger()
 
-    def __init__(self, endpoints, reactor, agent=None, timeout=REQUEST_TIMEOUT_SEC):
+    def __init__(self, endpoints, reactor, agent=None, timeout=REQUEST_TIMEOUT_SEC, http=None):
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.reactor = reactor
         self.timeout = timeout
-        if agent is None:
-            pool = HTTPConnectionPool(reactor, persistent=True)
-            pool.maxPersistentPerHost = 4
-            agent = Agent(reactor, pool=pool)
-        from treq.client import HTTPClient
+        if http is None:
+            if agent is None:
+                pool = HTTPConnectionPool(reactor, persistent=True)
+                pool.maxPersistentPerHost = 4
+                agent = Agent(reactor, pool=pool)
+            from treq.client import HTTPClient
 
-        self._http = HTTPClient(agent)
+            http = HTTPClient(agent)
+        self._http = http
         self._current = 0
 
     # -- plumbing
