@@ -55,8 +55,11 @@ fuzz: install
 proto: install
 	cd iop/protocols && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. iop.proto
 
+# Every benchmark in its short form (a minute or two) and issue 11's table
+# (bench/README.md); `make bench BENCH_FLAGS=--full` for the reference sizes.
+BENCH_FLAGS ?=
 bench: install
-	$(BIN)/python bench/relay.py
+	$(BIN)/python bench/report.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info _trial_temp .pytest_cache

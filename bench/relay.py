@@ -2,140 +2,442 @@
 Relay overhead of the Edge–Node path, as ratios against a direct
 connection to the same provider in the same run.
 
-Starts a loopback fake OpenAI-compatible provider, a real `iop-edge` and a
-real `iop-node`, then times the same streamed chat completion three ways:
+Starts two loopback fake providers (OpenAI-compatible and Ollama, from
+C{tests/support/fake_providers.py}, 5 ms per event for the C{slow-model}),
+a real C{iop-edge} and a real C{iop-node} (the process harness of the
+multi-process tests, C{tests/support/}), then streams the same chat five
+ways:
 
-  direct   caller -> provider
-  tunnel   caller -> Edge -> Node -> provider  (raw bytes relayed)
-  run      caller -> Edge (native /v1/runs) -> Node -> provider (normalized)
+  direct         caller -> fake OpenAI provider
+  tunnel         caller -> Edge -> Node -> fake OpenAI provider  (raw bytes relayed)
+  direct-ollama  caller -> fake Ollama provider (NDJSON)
+  run            caller -> Edge native /v1/runs -> Node -> fake Ollama  (normalized)
+  run-openai     caller -> Edge /v1/chat/completions -> Node -> fake Ollama  (normalized, OpenAI chunks)
 
-For each: time to first byte and to the end of the stream, median and p95
-over sequential requests, then the same under concurrency. Ratios (path /
-direct) are what to compare between versions; absolute numbers depend on
-the machine.
+Tunnels are compared with C{direct}, normalized runs with C{direct-ollama}.
 
-    .venv/bin/python bench/relay.py [--requests N] [--concurrency C]
+Scenarios: burst (the provider writes every event at once) at c=1, c=50
+and c=1000 concurrent callers; paced (5 ms between events) at c=50; one
+stream of 20,000 chunks. For each: time to the first body byte, content
+chunks per second (one chunk per word of the answer), the longest gap
+between two reads that brought events, and the CPU the Edge and the Node
+each spent per request and per chunk (C{/proc/<pid>/stat} before and
+after), plus their resident memory. The callers are one asyncio process
+(L{loadgen}), so the caller's own cost stays small and the same on every
+path.
+
+    .venv/bin/python bench/relay.py              # short (make bench)
+    .venv/bin/python bench/relay.py --full       # medians of 3, larger counts
+    .venv/bin/python bench/relay.py --requests N --concurrency C   # every count N, c=50 becomes c=C
+
+Nothing here is a pass/fail test: speed is read from the ratios.
 """
 
 import argparse
-import http.client
 import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
+from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
-from support.daemons import FAKE_PROVIDERS, FakeProvider, Launcher  # noqa: E402
+import loadgen  # noqa: E402
+import procstat  # noqa: E402
+from loadgen import NDJSON, SSE  # noqa: E402
+from support.daemons import FakeProvider, Launcher  # noqa: E402
 
-PROMPT = " ".join(f"word{i}" for i in range(64))
-
-
-def timed_stream(port, path, body):
-    """
-    @return: (seconds to the first body byte, seconds to the end)
-    """
-    start = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("POST", path, body=json.dumps(body), headers={"content-type": "application/json"})
-        response = conn.getresponse()
-        assert response.status == 200, response.read()
-        response.read(1)
-        first = time.perf_counter() - start
-        response.read()
-        return first, time.perf_counter() - start
-    finally:
-        conn.close()
+PROVIDER = os.path.join(HERE, "provider.py")  # fake_providers with a deep listen backlog
+PACE_MS = 5
+CAPACITY = 1100  # above the widest concurrency: the relay, not the queue, is measured
+WORDS = 64
 
 
-def paths(provider_port, edge_port):
-    messages = [{"role": "user", "content": PROMPT}]
-    return {
-        "direct": (
-            provider_port,
-            "/v1/chat/completions",
-            {"model": "fake-model", "stream": True, "messages": messages},
-        ),
-        "tunnel": (edge_port, "/v1/chat/completions", {"model": "bench", "stream": True, "messages": messages}),
-        "run": (edge_port, "/v1/runs", {"model": "bench", "stream": True, "input": messages}),
-    }
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    concurrency: int
+    requests: int
+    words: int = WORDS
+    paced: bool = False
 
 
-def measure(target, requests, concurrency):
-    samples = []
-    lock = threading.Lock()
-    per_worker = max(1, requests // concurrency)
+@dataclass(frozen=True)
+class Path:
+    name: str
+    base: str  # the direct path it is compared with
+    edge: bool  # through the Edge (else straight to the provider)
+    separator: bytes
 
-    def worker():
-        for _ in range(per_worker):
-            sample = timed_stream(*target)
-            with lock:
-                samples.append(sample)
+    def target(self, ports, scenario):
+        """
+        C{(port, request bytes)} for one request of C{scenario}.
+        """
+        prompt = " ".join(f"w{i}" for i in range(scenario.words))
+        messages = [{"role": "user", "content": prompt}]
+        slow = scenario.paced
+        if self.name == "direct":
+            port, path = ports["openai"], "/v1/chat/completions"
+            body = {"model": "slow-model" if slow else "fake-model", "stream": True, "messages": messages}
+        elif self.name == "tunnel":
+            port, path = ports["edge"], "/v1/chat/completions"
+            body = {"model": "bench-slow" if slow else "bench", "stream": True, "messages": messages}
+        elif self.name == "direct-ollama":
+            port, path = ports["ollama"], "/api/chat"
+            body = {"model": "slow-model" if slow else "fake-model", "stream": True, "messages": messages}
+        elif self.name == "run":
+            port, path = ports["edge"], "/v1/runs"
+            body = {"model": "bench-ollama-slow" if slow else "bench-ollama", "stream": True, "input": messages}
+        else:
+            port, path = ports["edge"], "/v1/chat/completions"
+            body = {"model": "bench-ollama-slow" if slow else "bench-ollama", "stream": True, "messages": messages}
+        return port, loadgen.post(port, path, body)
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    wall = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - wall
-    return samples, wall
+
+PATHS = [
+    Path("direct", "direct", False, SSE),
+    Path("tunnel", "direct", True, SSE),
+    Path("direct-ollama", "direct-ollama", False, NDJSON),
+    Path("run", "direct-ollama", True, SSE),
+    Path("run-openai", "direct-ollama", True, SSE),
+]
 
 
-def p95(values):
+def scenarios(args):
+    full = args.full
+    n = args.requests
+    mid = args.concurrency
+    return [
+        Scenario("burst c=1", 1, n or (300 if full else 100)),
+        Scenario(f"burst c={mid}", mid, n or (2000 if full else 500)),
+        Scenario(f"burst c={args.wide}", args.wide, n or (2000 if full else args.wide)),
+        Scenario(f"paced c={mid}", mid, n or (200 if full else 100), paced=True),
+        Scenario(f"one {args.long_chunks}-chunk stream", 1, 1, words=args.long_chunks),
+    ]
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def report(name, results, concurrency):
-    direct = results["direct"]
-    print(f"\n{name} (concurrency {concurrency}, {len(direct[0])} requests per path)")
+def measure(path, scenario, ports, pids):
+    """
+    Run C{scenario} once on C{path}. @return: a dict of figures.
+    """
+    port, request = path.target(ports, scenario)
+    meter = procstat.Meter({**pids, "client": None}).start()
+    results, wall = loadgen.run_load(port, [request] * scenario.requests, scenario.concurrency, path.separator)
+    spent = meter.stop()
+    ok = [r for r in results if r.ok]
+    errors = {}
+    for r in results:
+        if not r.ok:
+            reason = r.error or f"HTTP {r.status}"
+            errors[reason] = errors.get(reason, 0) + 1
+    chunks = len(ok) * scenario.words
+    firsts = [r.first for r in ok]
+    gaps = [r.max_gap for r in ok]
+    figures = {
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": errors,
+        "wall": wall,
+        "ttfb_p50": percentile(firsts, 0.5),
+        "ttfb_p99": percentile(firsts, 0.99),
+        "chunks_per_s": chunks / wall if wall else 0.0,
+        "max_gap": max(gaps, default=float("nan")),
+        "gap_p99": percentile(gaps, 0.99),
+        "events": statistics.median(r.events for r in ok) if ok else 0,
+    }
+    for name, seconds in spent.items():
+        figures[f"cpu_{name}"] = seconds
+        figures[f"cpu_{name}_per_request"] = seconds / max(len(ok), 1)
+        figures[f"cpu_{name}_per_chunk"] = seconds / max(chunks, 1)
+    return figures
+
+
+def median_of(runs):
+    """
+    The median of each figure over repeated runs (errors are summed).
+    """
+    merged = {}
+    for key in runs[0]:
+        values = [run[key] for run in runs]
+        if key == "errors":
+            total = {}
+            for errors in values:
+                for reason, count in errors.items():
+                    total[reason] = total.get(reason, 0) + count
+            merged[key] = total
+        elif key in ("requests", "ok"):
+            merged[key] = sum(values)
+        else:
+            merged[key] = statistics.median(values)
+    return merged
+
+
+def start(workdir, edge_config_extra=None):
+    """
+    Start both fake providers, the Edge and the Node. @return:
+    C{(launcher, providers, ports, pids)}; the caller stops them.
+    """
+    providers = {}
+    launcher = Launcher(workdir)
+    try:
+        for kind in ("openai", "ollama"):
+            providers[kind] = FakeProvider(PROVIDER, workdir, kind, PACE_MS)
+        node_conf = {
+            "id": "bench-node",
+            "token": "bench-token",
+            "adapters": [
+                {
+                    "name": "openai",
+                    "type": "openai_compat",
+                    "max_concurrency": CAPACITY,
+                    "base_url": providers["openai"].url("/v1"),
+                },
+                {
+                    "name": "ollama",
+                    "type": "ollama",
+                    "max_concurrency": CAPACITY,
+                    "base_url": providers["ollama"].url(),
+                },
+            ],
+            "providers": [
+                {"id": "openai", "adapter": "openai", "capacity": {"normal": CAPACITY, "long": 0}},
+                {"id": "ollama", "adapter": "ollama", "capacity": {"normal": CAPACITY, "long": 0}},
+            ],
+        }
+
+        def group(name, provider, target):
+            member = {"node": "bench-node", "provider": provider, "target": target}
+            return {"name": name, "providers": [member], "queue_timeout_sec": 120}
+
+        groups = [
+            group("bench", "openai", "fake-model"),
+            group("bench-slow", "openai", "slow-model"),
+            group("bench-ollama", "ollama", "fake-model"),
+            group("bench-ollama-slow", "ollama", "slow-model"),
+        ]
+        edge = launcher.edge({"nodes": [node_conf], "model_groups": groups, **(edge_config_extra or {})})
+        node = launcher.node(edge.node_port, "bench-token")
+        edge.wait_connected("bench-node")
+    except BaseException:
+        launcher.stop_all()
+        for provider in providers.values():
+            provider.stop()
+        raise
+    ports = {"edge": edge.http_port, "openai": providers["openai"].port, "ollama": providers["ollama"].port}
+    pids = {"edge": edge.pid, "node": node.pid}
+    return launcher, providers, ports, pids
+
+
+def run(args):
+    """
+    Every scenario on every path. @return: C{{"scenarios": {name: {path:
+    figures}}, "memory": {...}}}.
+    """
+    procstat.raise_open_files()
+    workdir = tempfile.mkdtemp(prefix="iop-bench-relay-")
+    launcher, providers, ports, pids = start(workdir)
+    try:
+        # The provider that serves a path is the one whose CPU counts.
+        pids_for = {
+            "openai": {"edge": pids["edge"], "node": pids["node"], "provider": providers["openai"].process.pid},
+            "ollama": {"edge": pids["edge"], "node": pids["node"], "provider": providers["ollama"].process.pid},
+        }
+        warm = Scenario("warm-up", 4, 16)
+        for path in PATHS:  # warm up connections and code paths
+            measure(path, warm, ports, pids_for["openai"])
+        memory = {"rest": {name: procstat.memory(pids[name])[0] for name in ("edge", "node")}}
+        results = {}
+        for scenario in scenarios(args):
+            results[scenario.name] = {}
+            runs = {path.name: [] for path in PATHS}
+            for _ in range(args.repeats):
+                for path in PATHS:
+                    kind = "ollama" if "ollama" in path.base else "openai"
+                    runs[path.name].append(measure(path, scenario, ports, pids_for[kind]))
+            for path in PATHS:
+                results[scenario.name][path.name] = median_of(runs[path.name])
+            print_scenario(scenario, results[scenario.name])
+            memory[scenario.name] = {name: procstat.memory(pids[name])[0] for name in ("edge", "node")}
+        memory["peak"] = {name: procstat.memory(pids[name])[1] for name in ("edge", "node")}
+        return {"scenarios": results, "memory": memory, "order": [s.name for s in scenarios(args)]}
+    finally:
+        launcher.stop_all()
+        for provider in providers.values():
+            provider.stop()
+
+
+def ms(seconds):
+    return f"{seconds * 1000:.2f}"
+
+
+def added_ms(seconds):
+    return f"{seconds * 1000:+.2f}"
+
+
+def us(seconds):
+    return f"{seconds * 1e6:.1f}"
+
+
+def print_scenario(scenario, figures):
+    paced = "paced 5 ms/event" if scenario.paced else "burst"
     print(
-        f"{'path':8} {'ttfb p50':>10} {'ttfb p95':>10} {'total p50':>10} {'total p95':>10} {'req/s':>8} {'x direct (p50 total)':>22}"
+        f"\n{scenario.name}: {scenario.words} chunks per stream, {paced}, "
+        f"{figures['direct']['requests']} requests per path"
     )
-    base = statistics.median(s[1] for s in direct[0])
-    for path, (samples, wall) in results.items():
-        firsts = [s[0] for s in samples]
-        totals = [s[1] for s in samples]
+    header = (
+        f"{'path':14} {'ok':>11} {'ttfb p50':>9} {'ttfb p99':>9} {'chunks/s':>9} {'x direct':>8} "
+        f"{'max gap':>8} {'gap p99':>8} {'Edge ms/req':>11} {'Node ms/req':>11} {'Edge us/ch':>10} {'Node us/ch':>10} "
+        f"{'prov ms/req':>11} {'caller ms/req':>13}"
+    )
+    print(header)
+    for name, f in figures.items():
+        path = next(p for p in PATHS if p.name == name)
+        base = figures[path.base]
+        ratio = f["chunks_per_s"] / base["chunks_per_s"] if base["chunks_per_s"] else float("nan")
+        through = path.edge
         print(
-            f"{path:8} {statistics.median(firsts) * 1000:9.2f}ms {p95(firsts) * 1000:9.2f}ms "
-            f"{statistics.median(totals) * 1000:9.2f}ms {p95(totals) * 1000:9.2f}ms "
-            f"{len(samples) / wall:8.1f} {statistics.median(totals) / base:21.2f}x"
+            f"{name:14} {f['ok']:>5}/{f['requests']:<5} {ms(f['ttfb_p50']):>9} {ms(f['ttfb_p99']):>9} "
+            f"{f['chunks_per_s']:9.0f} {ratio:8.2f} {ms(f['max_gap']):>8} {ms(f['gap_p99']):>8} "
+            f"{ms(f['cpu_edge_per_request']) if through else '-':>11} "
+            f"{ms(f['cpu_node_per_request']) if through else '-':>11} "
+            f"{us(f['cpu_edge_per_chunk']) if through else '-':>10} "
+            f"{us(f['cpu_node_per_chunk']) if through else '-':>10} "
+            f"{ms(f['cpu_provider_per_request']):>11} {ms(f['cpu_client_per_request']):>13}"
         )
+        if f["errors"]:
+            print(f"{'':14} errors: {f['errors']}")
+
+
+def ratio(figures, scenario, path):
+    f = figures[scenario][path]
+    base = figures[scenario][next(p.base for p in PATHS if p.name == path)]
+    return f["chunks_per_s"] / base["chunks_per_s"] if base["chunks_per_s"] else float("nan")
+
+
+def summary(result):
+    """
+    The relay rows of issue 11's table: C{(figure, measured, target)}.
+    """
+    s = result["scenarios"]
+    c1, c50, wide, paced, long = result["order"]
+    t, d = s[c1]["tunnel"], s[c1]["direct"]
+    rows = [
+        (
+            "added first-byte latency at c=1 (tunnel), p50 / p99",
+            f"{added_ms(t['ttfb_p50'] - d['ttfb_p50'])} / {added_ms(t['ttfb_p99'] - d['ttfb_p99'])} ms",
+            "<= +2 / <= +5 ms",
+        ),
+        (
+            f"Edge / Node CPU per request (tunnel), {c1} ; {c50}",
+            f"{ms(t['cpu_edge_per_request'])} / {ms(t['cpu_node_per_request'])} ms ; "
+            f"{ms(s[c50]['tunnel']['cpu_edge_per_request'])} / {ms(s[c50]['tunnel']['cpu_node_per_request'])} ms",
+            "<= 0.7 / <= 0.9 ms",
+        ),
+        (
+            f"burst chunks/s vs direct, {c1} / {c50.split()[-1]} / one long stream",
+            f"{ratio(s, c1, 'tunnel'):.2f} / {ratio(s, c50, 'tunnel'):.2f} / {ratio(s, long, 'tunnel'):.2f}",
+            ">= 0.35 / >= 0.35 / >= 0.5",
+        ),
+    ]
+    for path, label in (("run", "native runs"), ("run-openai", "OpenAI rendering")):
+        rows.append(
+            (
+                f"normalized path ({label}), same scenarios",
+                f"{ratio(s, c1, path):.2f} / {ratio(s, c50, path):.2f} / {ratio(s, long, path):.2f}",
+                ">= 0.25 each",
+            )
+        )
+    o = s[c1]["direct-ollama"]
+    rows.append(
+        (
+            "added first-byte latency at c=1, normalized (native ; OpenAI rendering), p50 / p99",
+            f"{added_ms(s[c1]['run']['ttfb_p50'] - o['ttfb_p50'])} / "
+            f"{added_ms(s[c1]['run']['ttfb_p99'] - o['ttfb_p99'])} ms ; "
+            f"{added_ms(s[c1]['run-openai']['ttfb_p50'] - o['ttfb_p50'])} / "
+            f"{added_ms(s[c1]['run-openai']['ttfb_p99'] - o['ttfb_p99'])} ms",
+            "(reported)",
+        )
+    )
+    rows.append(
+        (
+            f"Edge / Node CPU per request, normalized (native ; OpenAI rendering), {c1}",
+            f"{ms(s[c1]['run']['cpu_edge_per_request'])} / {ms(s[c1]['run']['cpu_node_per_request'])} ms ; "
+            f"{ms(s[c1]['run-openai']['cpu_edge_per_request'])} / {ms(s[c1]['run-openai']['cpu_node_per_request'])} ms",
+            "(reported)",
+        )
+    )
+    p, pd = s[paced]["tunnel"], s[paced]["direct"]
+    rows.append(
+        (
+            f"paced provider (5 ms/event), {paced.split()[-1]}: ratio; longest gap",
+            f"{ratio(s, paced, 'tunnel'):.2f}; {ms(p['max_gap'])} ms (direct {ms(pd['max_gap'])} ms); "
+            f"p99 of per-stream longest gaps {ms(p['gap_p99'])} ms (direct {ms(pd['gap_p99'])} ms)",
+            ">= 0.95; <= 2x direct's",
+        )
+    )
+    w = s[wide]
+    failed = {name: w[name]["requests"] - w[name]["ok"] for name in ("tunnel", "run", "run-openai")}
+    rows.append(
+        (
+            f"{wide.split()[-1]} concurrent streams: failed (tunnel / run / run-openai)",
+            f"{failed['tunnel']} / {failed['run']} / {failed['run-openai']} of {w['tunnel']['requests']}; "
+            f"chunks/s vs direct {ratio(s, wide, 'tunnel'):.2f} / {ratio(s, wide, 'run'):.2f} / "
+            f"{ratio(s, wide, 'run-openai'):.2f}",
+            "0 errors",
+        )
+    )
+    mem = result["memory"]
+    mib = 1024 * 1024
+    rows.append(
+        (
+            "RSS Edge / Node: at rest; peak",
+            f"{mem['rest']['edge'] / mib:.0f} / {mem['rest']['node'] / mib:.0f} MiB; "
+            f"{mem['peak']['edge'] / mib:.0f} / {mem['peak']['node'] / mib:.0f} MiB",
+            "(reported)",
+        )
+    )
+    return rows
+
+
+def print_table(rows, title="issue 11"):
+    width = max(len(r[0]) for r in rows)
+    mwidth = max(len(r[1]) for r in rows)
+    print(f"\n{title}")
+    print(f"| {'figure':{width}} | {'measured':{mwidth}} | target |")
+    print(f"|{'-' * (width + 2)}|{'-' * (mwidth + 2)}|---|")
+    for figure, measured, target in rows:
+        print(f"| {figure:{width}} | {measured:{mwidth}} | {target} |")
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--full", action="store_true", help="larger counts, medians of 3 runs")
+    p.add_argument("--requests", type=int, default=0, help="requests of every scenario (default: by mode)")
+    p.add_argument("--concurrency", type=int, default=50, help="the middle concurrency (default 50)")
+    p.add_argument("--wide", type=int, default=1000, help="the widest concurrency (default 1000)")
+    p.add_argument("--long-chunks", type=int, default=20000, help="chunks of the one long stream (default 20000)")
+    p.add_argument("--repeats", type=int, default=0, help="runs per scenario, medians kept (default: 3 full, 1 short)")
+    p.add_argument("--json", help="also write every figure to this file")
+    return p
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=8)
-    args = parser.parse_args(argv)
-    workdir = tempfile.mkdtemp(prefix="iop-bench-")
-    provider = FakeProvider(FAKE_PROVIDERS, workdir, "openai", 0)
-    node_conf = {
-        "id": "bench-node",
-        "token": "bench-token",
-        "adapters": [{"name": "fake", "type": "openai_compat", "max_concurrency": 64, "base_url": provider.url("/v1")}],
-        "providers": [{"id": "fake", "adapter": "fake", "capacity": {"normal": 64, "long": 0}}],
-    }
-    group = {"name": "bench", "providers": [{"node": "bench-node", "provider": "fake", "target": "fake-model"}]}
-    launcher = Launcher(workdir)
-    try:
-        edge = launcher.edge({"nodes": [node_conf], "model_groups": [group]})
-        launcher.node(edge.node_port, "bench-token")
-        edge.wait_connected("bench-node")
-        targets = paths(provider.port, edge.http_port)
-        for target in targets.values():  # warm up connections and code paths
-            timed_stream(*target)
-        for concurrency in (1, args.concurrency):
-            results = {name: measure(target, args.requests, concurrency) for name, target in targets.items()}
-            report("streamed chat completion, 64 chunks", results, concurrency)
-    finally:
-        launcher.stop_all()
-        provider.stop()
+    args = parser().parse_args(argv)
+    args.repeats = args.repeats or (3 if args.full else 1)
+    result = run(args)
+    print_table(summary(result), "issue 11, relay figures")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     return 0
 
 
