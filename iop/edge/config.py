@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, load_yaml
+from iop.edge.cluster.config import ClusterSpec, parse_cluster
 from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
 from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
@@ -140,6 +141,10 @@ class EdgeConfig:
     limits: Limits = field(default_factory=Limits)
     #: Mutual TLS on the Node port (C{node_tls:}), if configured.
     node_tls: NodeTLSSpec | None = None
+    #: Membership of an Edge cluster (C{cluster:}, docs/cluster.md), if any.
+    cluster: ClusterSpec | None = None
+    #: Where other Edges of the cluster forward requests (C{listen.peer}).
+    listen_peer: str | None = None
 
     def node(self, node_id):
         for node in self.nodes:
@@ -193,10 +198,11 @@ def parse(top):
             "register_timeout_sec",
             "limits",
             "node_tls",
+            "cluster",
         }
     )
     listen = top.section("listen")
-    listen.unknown({"nodes", "http", "metrics"})
+    listen.unknown({"nodes", "http", "metrics", "peer"})
     heartbeat = top.section("heartbeat", None)
     heartbeat.unknown({"interval_sec", "timeout_sec"})
     config = EdgeConfig(
@@ -232,6 +238,11 @@ def parse(top):
     config.reattach_timeout_sec = float(top.number("reattach_timeout_sec", 120.0, positive=True))
     if top.data.get("node_tls") is not None:
         config.node_tls = parse_node_tls(top.section("node_tls"), listen)
+    if top.data.get("cluster") is not None:
+        config.cluster = parse_cluster(top.section("cluster"), listen)
+        config.listen_peer = listen.get("peer", str)
+    elif listen.data.get("peer") is not None:
+        raise listen.error("peer", "only means something with cluster (an Edge cluster on etcd)")
     return config
 
 

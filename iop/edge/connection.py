@@ -15,6 +15,7 @@ and a deadline (C{register_timeout_sec}) after which it is closed however
 much it pings. Acceptance lifts both.
 """
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -86,6 +87,19 @@ class EdgeNodeConnection:
             self.link, response = self.links.refuse_credentials(message.token, wrong_certificate)
         else:
             self.link, response = self.links.register(message.token, peer_wire_version(message), self.wire)
+        if isinstance(response, Deferred):
+            # An Edge cluster: the answer waits for the node's etcd claim.
+            self.state = "claiming"
+            response.addCallback(self._answer)
+            response.addErrback(lambda f: self.log.failure("registration failed", f))
+            return
+        self._answer(response)
+
+    def _answer(self, response):
+        if self.state == "gone" or response is None:
+            return
+        if not response.accepted:
+            self.link = None
         self.wire.send(response)
         if self.link is None:
             # Still a stranger until it is gone: the deadline stays.
@@ -130,6 +144,7 @@ class EdgeNodeConnection:
             self.links.answered(self.link, message.request_id, message)
 
     def wire_lost(self, reason):
+        self.state = "gone"
         self._settled()
         if self.link is not None:
             why = self.wire.close_reason or reason.getErrorMessage()

@@ -54,6 +54,9 @@ class NodeLinks:
         self.pool = pool
         self.inflight = inflight
         self.bus = bus
+        #: In an Edge cluster, the L{iop.edge.cluster.membership.Membership}:
+        #: a registration must also win the node's etcd claim.
+        self.cluster = None
 
     # -- registration and readiness
 
@@ -61,7 +64,9 @@ class NodeLinks:
         """
         Handle a C{RegisterRequest}.
 
-        @return: C{(link, response)}; C{link} is C{None} when refused.
+        @return: C{(link, response)}; C{link} is C{None} when refused. In
+            an Edge cluster C{response} is a Deferred: the node's etcd
+            claim comes first (L{_claimed}).
         """
         if not OLDEST_WIRE_VERSION <= wire_version <= WIRE_VERSION:
             reason = (
@@ -74,6 +79,35 @@ class NodeLinks:
         except RegistrationRefused as refusal:
             return self._refused(self.registry.find_node(token), refusal.code, refusal.reason)
         link.wire_version = wire_version
+        if self.cluster is not None:
+            d = self.cluster.claim(link.node_id)
+            d.addCallbacks(self._claimed, self._not_claimed, callbackArgs=(link,), errbackArgs=(link,))
+            return link, d
+        return link, self._accepted(link)
+
+    def _claimed(self, revision, link):
+        """
+        The node's etcd claim is this Edge's: the link's generation is its
+        revision. A link lost meanwhile gives the claim back at once.
+        """
+        if not link.open:
+            self.cluster.release(link.node_id, revision)
+            return None
+        self.registry.fence(link, revision)
+        return self._accepted(link)
+
+    def _not_claimed(self, failure, link):
+        from iop.edge.cluster.membership import NotOwner
+
+        failure.trap(NotOwner)
+        self.registry.abandon(link)
+        # Retryable either way: the node's owner elsewhere goes away, or
+        # this Edge gets its etcd session back.
+        node = self._config().node(link.node_id)
+        return self._refused(node, iop_pb2.DUPLICATE_CONNECTION, failure.value.reason)[1]
+
+    def _accepted(self, link):
+        wire_version = link.wire_version
         # Cannot fail: edge.yaml was validated at load (adapter options are
         # JSON), so CONFIG_BUILD_FAILED is never sent by this Edge.
         payload = self.config_payload(link.node_id)
@@ -85,7 +119,7 @@ class NodeLinks:
             generation=link.generation,
             version=wire_version,
         )
-        return link, iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
+        return iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
 
     def refuse_credentials(self, token, reason):
         """
@@ -129,6 +163,11 @@ class NodeLinks:
         """
         try:
             first = self.registry.mark_ready(link, node_id)
+            if self.cluster is not None and not self.cluster.holds(link.node_id, link.generation):
+                link.ready = False
+                raise RegistrationRefused(
+                    iop_pb2.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
+                )
         except RegistrationRefused as refusal:
             self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
             return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
@@ -271,7 +310,10 @@ class NodeLinks:
         A registered connection closed. Only the current ready owner's loss
         takes the node out of service.
         """
-        if not self.registry.lost(link):
+        was_ready = self.registry.lost(link)
+        if self.cluster is not None:
+            self.cluster.release(link.node_id, link.generation)
+        if not was_ready:
             return
         self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
         self.pool.node_disconnected(link.node_id, link.generation)

@@ -60,10 +60,22 @@ def http_site(edge, reactor, metrics=None):
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
+def peer_site(edge, reactor):
+    """
+    C{listen.peer} of an Edge cluster: the same routes as the HTTP port,
+    for requests other Edges forward, behind the cluster's secret.
+    """
+    from iop.edge.cluster.forward import PeerGate
+
+    config = edge.config
+    root = PeerGate(build_root(edge, config, reactor), config.cluster.secret)
+    return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
+
+
 def add_listeners(edge, reactor):
     """
-    Give C{edge} its children. @return: C{(nodes, http, metrics, manhole)},
-    the last two C{None} unless configured (C{/metrics} is on the HTTP port
+    Give C{edge} its children. @return: C{(nodes, http, metrics, manhole,
+    peer)}, the last three C{None} unless configured (C{/metrics} is on the HTTP port
     unless C{listen.metrics} gives it its own).
     """
     config = edge.config
@@ -84,6 +96,10 @@ def add_listeners(edge, reactor):
     edge.site = http_site(edge, reactor, metrics)
     http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
+    peer = None
+    if config.listen_peer is not None:
+        peer = strports.service(with_backlog(config.listen_peer), peer_site(edge, reactor), reactor=reactor)
+        peer.setServiceParent(edge)
     console = None
     if config.manhole is not None:
         from iop.edge.manhole import manhole_service
@@ -97,4 +113,4 @@ def add_listeners(edge, reactor):
         }
         console = manhole_service(config.manhole, namespace, reactor)
         console.setServiceParent(edge)
-    return nodes, http, metrics_listener, console
+    return nodes, http, metrics_listener, console, peer

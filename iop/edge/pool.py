@@ -606,6 +606,21 @@ class ProviderPool:
         except KeyError:
             return False
 
+    def has_room(self, group_name, klass, accept=None):
+        """
+        Whether a live provider of C{group_name} (only those C{accept}
+        accepts, when given) has room for a request of class C{klass} now
+        (an Edge of a cluster forwards what finds none here).
+        """
+        queue = self._queues[self._group(group_name).name]
+        try:
+            members = self._members(queue, None, accept)
+        except KeyError:
+            return False
+        if members is queue.members:
+            return queue.index(klass, self._resources).best() is not None
+        return any(self._resources[m.key].room(klass) > 0 for m in members)
+
     def _members(self, queue, node_id, accept):
         members = queue.members
         if node_id is not None:

@@ -110,6 +110,23 @@ class NodeRegistry:
         self._owners[node.id] = link
         return link
 
+    def fence(self, link, generation):
+        """
+        In an Edge cluster: C{link}'s generation becomes its etcd claim's
+        revision (which grows across the whole cluster).
+        """
+        link.generation = generation
+        self._generations[link.node_id] = max(generation, self._generations.get(link.node_id, 0))
+
+    def abandon(self, link):
+        """
+        Forget a registration that was refused after all (its cluster
+        claim failed): the node may register again at once.
+        """
+        link.open = False
+        if self._owners.get(link.node_id) is link:
+            del self._owners[link.node_id]
+
     def mark_ready(self, link, node_id):
         """
         Make C{link} dispatch-ready.

@@ -89,6 +89,9 @@ class EdgeService(MultiService):
         C{MemoryReactorClock} in tests, where the tree is never started.
     @param listen: build the listening children (C{False} for a bare
         service in unit tests).
+    @param etcd: with C{cluster} configured, the
+        L{iop.edge.cluster.etcd.IEtcd} to use (an in-memory one in tests;
+        by default a client of C{cluster.etcd}).
 
     @ivar draining: C{True} once a stop began: new work is refused.
     @ivar site: the HTTP L{iop.edge.http.site.EdgeSite} (with C{listen}).
@@ -97,7 +100,7 @@ class EdgeService(MultiService):
 
     log = Logger()
 
-    def __init__(self, config, reactor, bus=None, listen=True):
+    def __init__(self, config, reactor, bus=None, listen=True, etcd=None):
         super().__init__()
         self.config = config
         self.clock = reactor
@@ -122,6 +125,15 @@ class EdgeService(MultiService):
         self._drained = None
         self._placing_again = {}
         self._queued = {}
+        #: In an Edge cluster (C{cluster:}), this Edge's membership.
+        self.cluster = None
+        #: In an Edge cluster, what the surfaces proxy forwarded requests
+        #: with (L{iop.edge.cluster.forward.Forwarder}).
+        self.forwarder = None
+        if config.cluster is not None:
+            from iop.edge.cluster.membership import join_cluster
+
+            self.cluster = join_cluster(self, reactor, etcd)
         if listen:
             from iop.edge.listeners import add_listeners
 
@@ -129,7 +141,7 @@ class EdgeService(MultiService):
 
     # -- the caller API ----------------------------------------------------------
 
-    def submit(self, spec, listener_for):
+    def submit(self, spec, listener_for, may_forward=True):
         """
         SubmitRun: place the work, then start it as a run or a tunnel.
 
@@ -141,10 +153,19 @@ class EdgeService(MultiService):
             L{ITunnelListener} for L{TUNNEL} (only asked when
             C{spec.tunnel} is set and the provider takes raw HTTP).
         @return: a cancellable Deferred firing with the work's id once it
-            started; cancelling it while it waits leaves the queue.
+            started; cancelling it while it waits leaves the queue. In an
+            Edge cluster it fails with L{iop.edge.cluster.load.Forward}
+            when another Edge should serve it (unless C{may_forward} is
+            false: the request was forwarded here already).
         """
         if self.draining:
             return defer.fail(_shutting_down())
+        if self.cluster is not None and may_forward:
+            from iop.edge.cluster.load import forward_target
+
+            forward = forward_target(self.cluster, self.registry, self.pool, spec)
+            if forward is not None:
+                return defer.fail(forward)
         if len(self.admission) + self.pool.waiting() >= self.config.limits.max_waiting:
             return defer.fail(
                 ServiceError("unavailable", "the Edge is overloaded: too much work is waiting", code="overloaded")
@@ -565,7 +586,10 @@ class EdgeService(MultiService):
         The snapshot: every configured node (connected or not) with its
         providers, and every model group with its queue length.
         """
-        return snapshot(self.config, self.registry, self.pool, self.inflight)
+        state = snapshot(self.config, self.registry, self.pool, self.inflight)
+        if self.cluster is not None:
+            self.cluster.annotate(state)
+        return state
 
     def models(self):
         """
@@ -612,6 +636,8 @@ class EdgeService(MultiService):
         self.log.info("draining: {busy} run(s)/tunnel(s) in flight, up to {grace:g}s to finish", busy=busy, grace=grace)
         stopping = [defer.maybeDeferred(child.stopService) for child in self._listeners if child.running]
         self.pool.fail_waiters(_shutting_down())
+        if self.cluster is not None:
+            self.cluster.start_draining()
         self.links.say_draining(grace, "the Edge is shutting down")
         self._hand_back_background_runs()
         idle = self.inflight.when_idle()
@@ -658,6 +684,13 @@ class EdgeService(MultiService):
         if self._grace_timer is not None and self._grace_timer.active():
             self._grace_timer.cancel()
         self._grace_timer = None
+        if self.cluster is not None:
+            # Give the nodes back first, so they register elsewhere as soon
+            # as their links close (without a refused attempt).
+            return self.cluster.leave().addCallback(self._close_links)
+        return self._close_links(None)
+
+    def _close_links(self, _):
         self.links.close_all("the Edge is shutting down")
         if self.site is not None:
             return self.site.close_connections(self.clock, FLUSH_TIMEOUT_SEC)

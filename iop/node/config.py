@@ -62,7 +62,8 @@ class NodeConfig:
     """
     A validated C{node.yaml}.
 
-    @ivar edge: a Twisted client endpoint string for the Edge.
+    @ivar edge: a Twisted client endpoint string for the Edge (the first,
+        when C{node.yaml} lists several).
     @ivar token: the Node's credential. Never logged.
     @ivar store: the run store's SQLite path or C{file:} URI.
     @ivar retention: how long the run store keeps finished work.
@@ -76,6 +77,9 @@ class NodeConfig:
 
     edge: str
     token: str = field(repr=False)
+    #: Every Edge endpoint, in the order they are tried (an Edge cluster);
+    #: C{edge} is the first.
+    edges: tuple = ()
     store: str = DEFAULT_STORE
     retention: Retention = Retention()
     reconnect: ReconnectPolicy = ReconnectPolicy()
@@ -139,7 +143,7 @@ def parse_config(top):
     @raise ConfigError: naming the offending key.
     """
     top.unknown(_TOP_KEYS)
-    edge = _nonempty(top, "edge")
+    edges = _edges(top)
     token = _secret(top, "token")
     store, retention = parse_store(top)
     reconnect = parse_reconnect(top.section("reconnect", None))
@@ -149,7 +153,8 @@ def parse_config(top):
     if metrics is not None and not metrics.strip():
         raise top.error("metrics", "must be a server endpoint string (or null to disable)")
     return NodeConfig(
-        edge=edge,
+        edge=edges[0],
+        edges=edges,
         token=token,
         store=store,
         retention=retention,
@@ -168,6 +173,24 @@ def load_config(path):
     @raise ConfigError: if the file is unreadable or any key is wrong.
     """
     return parse_config(load_yaml(path))
+
+
+def _edges(section):
+    """
+    C{edge}: one endpoint string, or a list of them (the Edges of a
+    cluster, tried in turn).
+    """
+    value = section.get("edge", (str, list))
+    if isinstance(value, str):
+        return (_nonempty(section, "edge"),)
+    if not value:
+        raise section.error("edge", "must list at least one Edge endpoint")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise section.error(f"edge[{i}]", "must be a non-empty client endpoint string")
+    if len(set(value)) != len(value):
+        raise section.error("edge", "lists the same endpoint twice")
+    return tuple(value)
 
 
 def _nonempty(section, name, default=None):

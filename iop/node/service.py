@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 from iop.adapters.registry import build_adapter
 from iop.config import ConfigError
 from iop.node.context import NodeContext
+from iop.node.edges import EdgeRotation
 from iop.node.host import AdapterHost
 from iop.node.metrics import NodeMetrics, metrics_service
 from iop.node.store import RunStore
@@ -48,10 +49,15 @@ class NodeService(MultiService):
 
     def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter, store=None):
         super().__init__()
-        try:
-            endpoint = clientFromString(reactor, config.edge)
-        except Exception as e:
-            raise ConfigError(f"{source}: edge: not a valid client endpoint string ({e})") from None
+        edges = config.edges or (config.edge,)
+        endpoints = []
+        for i, description in enumerate(edges):
+            try:
+                endpoints.append((description, clientFromString(reactor, description)))
+            except Exception as e:
+                key = "edge" if len(edges) == 1 else f"edge[{i}]"
+                raise ConfigError(f"{source}: {key}: not a valid client endpoint string ({e})") from None
+        endpoint = endpoints[0][1] if len(endpoints) == 1 else EdgeRotation(endpoints)
         self.metrics = NodeMetrics()
         if store is None:
             store = RunStore(reactor, config.store, retention=config.retention, metrics=self.metrics)

@@ -26,6 +26,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import ILogObserver, Logger, globalLogPublisher
 from zope.interface import implementer, provider
 
+from iop.node.edges import EdgeRotation
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED
 from iop.node.session import FatalRefusal, IncompatibleVersion, NodeSession
 from iop.protocols.wire import WireFactory
@@ -71,7 +72,9 @@ class _ObservedEndpoint:
 
 class Supervisor(Service):
     """
-    @param endpoint: an C{IStreamClientEndpoint} for the Edge.
+    @param endpoint: an C{IStreamClientEndpoint} for the Edge, or an
+        L{EdgeRotation} of several (an Edge cluster): after every failed
+        attempt and every lost session the next one is dialled.
     @param context: the L{iop.node.context.NodeContext} sessions share.
     @param policy: the L{iop.node.config.ReconnectPolicy}.
     @param exit: C{exit(status, message)}, called once when the Node must
@@ -85,6 +88,10 @@ class Supervisor(Service):
     log = Logger()
 
     def __init__(self, endpoint, context, policy, reactor, exit):
+        #: Several Edges (L{EdgeRotation}), tried in turn; else C{None}.
+        self.edges = endpoint if isinstance(endpoint, EdgeRotation) and len(endpoint) > 1 else None
+        if self.edges is not None:
+            context.transport.edge = self.edges.current
         self.context = context
         self.policy = policy
         self.reactor = reactor
@@ -226,13 +233,16 @@ class Supervisor(Service):
         why, self._last_failure = self._last_failure or "unknown reason", None
         if self.finished:
             return delay
+        where = self._move_on()
         if self._session_was_ready:
             # Losing a ready session is not a failed attempt.
             self._session_was_ready = False
             if self._edge_drained:
-                self.log.info("the Edge was draining; {why}; reconnecting in {delay:g}s", why=why, delay=delay)
+                self.log.info(
+                    "the Edge was draining; {why}; reconnecting in {delay:g}s{where}", why=why, delay=delay, where=where
+                )
             else:
-                self.log.warn("{why}; reconnecting in {delay:g}s", why=why, delay=delay)
+                self.log.warn("{why}; reconnecting in {delay:g}s{where}", why=why, delay=delay, where=where)
             return delay
         self.failures += 1
         self.context.transport.failures = self.failures
@@ -240,14 +250,35 @@ class Supervisor(Service):
             self.log.error("connect attempt {n} failed: {why}", n=self.failures, why=why)
             self._finish(
                 EXIT_EXHAUSTED,
-                f"giving up on the Edge at {self.context.transport.edge}: "
+                f"giving up on the Edge at {self._edge_names()}: "
                 f"{self.failures} consecutive connect attempts failed (last: {why})",
             )
             return delay
         self.log.warn(
-            "connect attempt {n} failed: {why}; retrying in {delay:g}s", n=self.failures, why=why, delay=delay
+            "connect attempt {n} failed: {why}; retrying in {delay:g}s{where}",
+            n=self.failures,
+            why=why,
+            delay=delay,
+            where=where,
         )
         return delay
+
+    def _move_on(self):
+        """
+        With several Edges, dial the next one from now on.
+
+        @return: a few words for the log line saying where (empty with one
+            Edge).
+        """
+        if self.edges is None:
+            return ""
+        self.context.transport.edge = self.edges.move_on()
+        return f" at {self.edges.current}"
+
+    def _edge_names(self):
+        if self.edges is None:
+            return self.context.transport.edge
+        return ", ".join(description for description, _ in self.edges.endpoints)
 
     def _finish(self, status, message):
         """

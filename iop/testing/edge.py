@@ -79,13 +79,13 @@ class EdgeHarness:
     One Edge service and any number of in-memory Node connections.
     """
 
-    def __init__(self, data=EDGE_YAML):
-        self.clock = Clock()
+    def __init__(self, data=EDGE_YAML, clock=None, etcd=None):
+        self.clock = clock if clock is not None else Clock()
         self.config = edge_config(data)
         self.bus = EventBus(self.clock)
         self.node_events = []
         self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
-        self.service = EdgeService(self.config, self.clock, self.bus)
+        self.service = EdgeService(self.config, self.clock, self.bus, etcd=etcd)
         self.site = self.service.site
         self.pumps = []
 

@@ -13,6 +13,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
 from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
@@ -120,6 +121,14 @@ def caller_headers(request):
         for value in values
     ]
     return caller_request_headers(pairs)
+
+
+def forwarded(request):
+    """
+    Whether C{request} came from another Edge of the cluster, on this
+    Edge's peer listener (L{iop.edge.cluster.forward.PeerGate}).
+    """
+    return getattr(request, "iop_forwarded", False)
 
 
 def bearer(request):
@@ -255,7 +264,9 @@ class JSONResource(Resource):
     def _handle(self, handler, request):
         spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         request.caller_key = spec
-        if spec is not None:
+        if spec is not None and not forwarded(request):
+            # (A request another Edge of the cluster forwarded was held to
+            # its key's limits there.)
             self.keys.admit(spec, request)
         return handler(request)
 
@@ -356,7 +367,10 @@ class Call:
         @return: C{NOT_DONE_YET}.
         """
         note(self.request, model=spec.model or spec.adapter)
-        self.submitting = self.service.submit(spec, listener_for)
+        if forwarded(self.request):
+            self.submitting = self.service.submit(spec, listener_for, may_forward=False)
+        else:
+            self.submitting = self.service.submit(spec, listener_for)
         self.submitting.addCallback(self._started)
         self.submitting.addErrback(self.fail)
         return NOT_DONE_YET
@@ -374,6 +388,11 @@ class Call:
         Errback: answer with an error unless the response already began
         (then just end it) or the caller is gone.
         """
+        if failure.check(Forward):
+            # Another Edge of the cluster serves it (iop.edge.cluster.forward).
+            if not self.gone:
+                self.service.forwarder.proxy(self.request, failure.value)
+            return None
         if not failure.check(ServiceError, CancelledError):
             log.failure("call failed", failure, level=LogLevel.error)
         if self.gone or self.request.finished:

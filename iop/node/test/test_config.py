@@ -140,3 +140,24 @@ class ConfigTests(SynchronousTestCase):
         config = load_config(path)
         self.assertEqual(config.edge, "tcp:host=127.0.0.1:port=7100")
         self.assertEqual(config.token, "demo-node-token")
+
+
+class SeveralEdgesConfigTests(SynchronousTestCase):
+    def test_list(self):
+        """
+        C{edge} may list several endpoints (an Edge cluster): all are
+        kept in order, the first is C{edge}.
+        """
+        config = parse_config(
+            Section({"edge": ["tcp:host=a:port=1", "tcp:host=b:port=1"], "token": "t"}, "", "node.yaml")
+        )
+        self.assertEqual(config.edges, ("tcp:host=a:port=1", "tcp:host=b:port=1"))
+        self.assertEqual(config.edge, "tcp:host=a:port=1")
+
+    def test_bad_lists(self):
+        """
+        An empty list, an empty item or a repeated endpoint names the key.
+        """
+        for value, message in (([], "edge: must list"), (["x", ""], r"edge\[1\]"), (["x", "x"], "twice")):
+            with self.assertRaisesRegex(ConfigError, message):
+                parse_config(Section({"edge": value, "token": "t"}, "", "node.yaml"))

@@ -388,3 +388,80 @@ class ProcessExitTests(SynchronousTestCase):
         ProcessExit(reactor, register=lambda f, *a: hooks.append(a), hard_exit=lambda s: None)(0, "bye")
         self.assertEqual(hooks, [])
         self.assertEqual(reactor.stopped, 1)
+
+
+class SeveralEdgesTests(SynchronousTestCase):
+    """
+    A Node configured with several Edges (an Edge cluster) tries them in
+    turn under one policy.
+    """
+
+    def supervisor(self, max_attempts=0, interval_sec=1.0):
+        from iop.node.edges import EdgeRotation
+
+        self.clock = Clock()
+        self.context = make_context(self.clock)
+        self.a, self.b = FakeEndpoint(self.clock), FakeEndpoint(self.clock)
+        rotation = EdgeRotation([("tcp:host=a:port=1", self.a), ("tcp:host=b:port=1", self.b)])
+        self.exit = RecordingExit()
+        supervisor = Supervisor(
+            rotation, self.context, ReconnectPolicy(max_attempts, interval_sec), self.clock, self.exit
+        )
+        supervisor.startService()
+        self.addCleanup(lambda: (supervisor.stopService(), self.clock.advance(0)))
+        return supervisor
+
+    def test_failed_attempt_moves_on(self):
+        """
+        A refused dial counts as a failed attempt and the next dial goes
+        to the next Edge, and round again; the count is shared, so
+        max_attempts failures anywhere end the Node.
+        """
+        supervisor = self.supervisor(max_attempts=3)
+        self.assertEqual((self.a.dials, self.b.dials), (1, 0))
+        self.a.refuse()
+        self.assertEqual(self.context.transport.edge, "tcp:host=b:port=1")
+        self.clock.advance(1)
+        self.assertEqual((self.a.dials, self.b.dials), (1, 1))
+        self.b.refuse()
+        self.clock.advance(1)
+        self.assertEqual((self.a.dials, self.b.dials), (2, 1))
+        self.assertEqual(supervisor.failures, 2)
+        self.a.refuse()
+        self.clock.advance(0)
+        [(status, message)] = self.exit.calls
+        self.assertEqual(status, EXIT_EXHAUSTED)
+        self.assertIn("tcp:host=a:port=1, tcp:host=b:port=1", message)
+
+    def test_lost_session_moves_on(self):
+        """
+        A ready session lost (its Edge died) sends the Node to the next
+        Edge without a failed attempt.
+        """
+        supervisor = self.supervisor()
+        edge = ready_edge()
+        pump = self.a.accept(edge)
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        self.clock.advance(1)
+        self.assertEqual((self.a.dials, self.b.dials), (1, 1))
+        self.assertEqual(supervisor.failures, 0)
+
+    def test_drained_edge_moves_on_uncounted(self):
+        """
+        An Edge that drains sends its Node to the next Edge, which takes
+        it; no failed attempt is counted (max_attempts=1 would end it).
+        """
+        supervisor = self.supervisor(max_attempts=1)
+        edge = ready_edge()
+        pump = self.a.accept(edge)
+        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge stopping"))
+        pump.flush()
+        edge.wire.transport.loseConnection()
+        pump.flush()
+        self.clock.advance(1)
+        self.assertEqual(self.b.dials, 1)
+        self.b.accept(ready_edge())
+        self.assertIsNotNone(supervisor.ready_session)
+        self.assertEqual(supervisor.failures, 0)
+        self.assertEqual(self.exit.calls, [])

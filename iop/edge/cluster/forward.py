@@ -1,0 +1,221 @@
+"""
+A request that another Edge of the cluster should serve
+(L{iop.edge.cluster.load.Forward}), proxied to that Edge's peer listener
+(C{listen.peer}) and its answer streamed back to the caller unchanged.
+
+The peer listener is the owning Edge's own HTTP API behind
+L{PeerGate}: it takes only requests carrying the cluster's secret in
+L{PEER_HEADER}, and places them there and nowhere else (a forwarded
+request is never forwarded again). The owner admits the work with its
+own leases and queue; the proxy relays status, headers (minus hop-by-hop
+ones) and body bytes as they come, with backpressure (the peer
+connection is the producer of the caller's response), so a tunnel's bytes
+stay byte-identical and a stream's events keep their order. A caller who
+goes away aborts the peer connection, which cancels the work at the
+owner as for any caller.
+
+This is a surface's helper (it speaks HTTP); the service only decides
+that a request goes elsewhere.
+"""
+
+import hmac
+from io import BytesIO
+
+from twisted.internet import defer
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from iop.edge.errors import ServiceError
+from iop.edge.http.common import write_error
+from iop.edge.http.validate import HTTPError
+from iop.httpheaders import relay_headers
+
+#: The header that carries the cluster's secret on a forwarded request.
+PEER_HEADER = b"x-iop-peer-secret"
+
+#: Request headers the proxy does not pass on: they describe the caller's
+#: hop to this Edge (the body is sent whole, its length recomputed).
+_DROP_REQUEST = ("host", "content-length", PEER_HEADER.decode())
+
+#: Response headers this Edge's own server sets, which give way to the
+#: owner's.
+_OWN_HEADERS = ("date", "server")
+
+#: How long connecting to the owning Edge may take. The answer itself has
+#: no deadline here: the request may wait in the owner's queue, which
+#: answers its own queue timeout.
+CONNECT_TIMEOUT_SEC = 10.0
+
+
+class PeerGate(Resource):
+    """
+    The root of C{listen.peer}: a request without the cluster's secret is
+    a 401; one with it is marked forwarded (placed here only, its key's
+    limits already held at the Edge that forwarded it) and routed as on
+    the HTTP port.
+    """
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, root, secret):
+        super().__init__()
+        self.root = root
+        self.secret = secret.encode("utf-8")
+
+    def render(self, request):
+        presented = request.getHeader(PEER_HEADER) or b""
+        if isinstance(presented, str):
+            presented = presented.encode("utf-8")
+        if not hmac.compare_digest(presented, self.secret):
+            write_error(request, HTTPError("unauthorized", "not a peer of this Edge cluster", code="not_a_peer"))
+            return NOT_DONE_YET
+        # The secret is for this hop only: it must never travel on (a
+        # tunnel passes the caller's headers to the provider).
+        request.requestHeaders.removeHeader(PEER_HEADER)
+        request.iop_forwarded = True
+        return self.root.render(request)
+
+
+class Forwarder:
+    """
+    Proxies requests to other Edges' peer listeners.
+
+    @param secret: C{cluster.secret}.
+    @param agent: an C{IAgent}; by default one with a persistent pool.
+    """
+
+    log = Logger()
+
+    def __init__(self, secret, reactor, agent=None):
+        self.secret = secret.encode("utf-8")
+        self.reactor = reactor
+        if agent is None:
+            agent = Agent(
+                reactor, connectTimeout=CONNECT_TIMEOUT_SEC, pool=HTTPConnectionPool(reactor, persistent=True)
+            )
+        self.agent = agent
+        self.forwarded = 0
+
+    def proxy(self, request, forward):
+        """
+        Send C{request} (a C{twisted.web} request whose body was read) to
+        C{forward.url} and relay the answer.
+        """
+        self.forwarded += 1
+        request.content.seek(0)
+        body = request.content.read()
+        headers = Headers()
+        pairs = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, values in request.requestHeaders.getAllRawHeaders()
+            for value in values
+        ]
+        for name, value in relay_headers(pairs, _DROP_REQUEST):
+            headers.addRawHeader(name, value)
+        headers.addRawHeader(PEER_HEADER, self.secret)
+        url = forward.url.encode("utf-8") + request.uri
+        self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
+        relay = _Relay(request, forward)
+        d = self.agent.request(request.method, url, headers, FileBodyProducer(BytesIO(body)))
+        relay.pending = d
+        request.notifyFinish().addErrback(relay.caller_gone)
+        d.addCallbacks(relay.respond, relay.failed)
+        return d
+
+
+class _Relay(Protocol):
+    """
+    One forwarded answer on its way back: status and headers, then the
+    body as it comes.
+    """
+
+    log = Logger()
+
+    def __init__(self, request, forward):
+        self.request = request
+        self.forward = forward
+        self.pending = None
+        self.gone = False
+        self.done = defer.Deferred()
+
+    def caller_gone(self, failure):
+        self.gone = True
+        if self.pending is not None and not self.pending.called:
+            self.pending.cancel()
+        elif self.transport is not None:
+            self.transport.stopProducing()
+
+    def respond(self, response):
+        self.pending = None
+        if self.gone:
+            response.deliverBody(_Discard())
+            return
+        request = self.request
+        request.setResponseCode(response.code, response.phrase)
+        for name in _OWN_HEADERS:
+            request.responseHeaders.removeHeader(name)
+        pairs = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, values in response.headers.getAllRawHeaders()
+            for value in values
+        ]
+        for name, value in relay_headers(pairs):
+            request.responseHeaders.addRawHeader(name, value)
+        response.deliverBody(self)
+
+    def connectionMade(self):
+        if self.gone:
+            self.transport.stopProducing()
+            return
+        # The peer's connection is the producer of the caller's response:
+        # a caller that does not read pauses the owner's stream.
+        self.request.registerProducer(self.transport, True)
+
+    def dataReceived(self, data):
+        if not self.gone:
+            self.request.write(data)
+
+    def connectionLost(self, reason=None):
+        if self.gone or self.request.finished:
+            return
+        if self.request.producer is not None:
+            self.request.unregisterProducer()
+        if reason is None or reason.check(ResponseDone, PotentialDataLoss):
+            self.request.finish()
+        else:
+            # Cut mid-answer: the only honest signal left is a cut here too.
+            self.log.info(
+                "forwarded answer from Edge {edge} cut off: {why}",
+                edge=self.forward.edge_id,
+                why=reason.getErrorMessage(),
+            )
+            self.request.channel.transport.abortConnection()
+
+    def failed(self, failure):
+        self.pending = None
+        if self.gone or self.request.finished:
+            return None
+        self.log.warn(
+            "forwarding to Edge {edge} failed: {why}", edge=self.forward.edge_id, why=failure.getErrorMessage()
+        )
+        write_error(
+            self.request,
+            ServiceError(
+                "unavailable",
+                f"Edge {self.forward.edge_id}, which has room for this request, did not answer:"
+                f" {failure.getErrorMessage() or failure.type.__name__}",
+                code="forward_failed",
+            ),
+        )
+        return None
+
+
+class _Discard(Protocol):
+    def connectionMade(self):
+        self.transport.stopProducing()

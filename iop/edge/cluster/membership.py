@@ -1,0 +1,528 @@
+"""
+This Edge as a member of the cluster: its etcd lease, its membership key,
+the nodes it owns, and the view of every other Edge it watches.
+
+Keys (under C{cluster.prefix}, default C{/iop/}):
+
+  - C{edges/<edge_id>}: this Edge (C{advertise}, C{state} up or
+    draining), under its lease;
+  - C{nodes/<node_id>}: the Edge that owns the node (C{edge}), under the
+    owner's lease, created by a transaction that succeeds only if the key
+    does not exist: so a node id is owned by one Edge at a time;
+  - C{load/<edge_id>}: the room this Edge has per model group, under its
+    lease (L{iop.edge.cluster.load}).
+
+The revision etcd gives C{nodes/<id>} when this Edge claims it is the
+connection's generation: it grows across the whole cluster, and the key
+is released only by a transaction that names it, so a stale owner (whose
+claim was taken over or expired) can never release or act for a node
+another Edge owns.
+
+The session: the lease is kept alive every third of its TTL. While etcd
+does not answer, the session is C{lost}: the Edge refuses registrations
+and keeps serving the nodes it owns (no other Edge can take them while
+etcd is down; etcd gives leases their whole TTL back when it starts
+again). When etcd answers that the lease is gone, every claim is void:
+the Edge closes every Node link (C{on_void}) so its Nodes register again,
+here or elsewhere, and joins again with a new lease.
+"""
+
+import json
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from iop.edge.cluster.etcd import EtcdUnavailable
+
+#: How soon a failed join or watch is tried again.
+RETRY_SEC = 1.0
+
+#: How often this Edge's load is looked at (and published when changed).
+PUBLISH_INTERVAL_SEC = 0.25
+
+#: How long a draining Edge waits for etcd to revoke its lease.
+LEAVE_TIMEOUT_SEC = 3.0
+
+OK = "ok"
+LOST = "lost"
+STARTING = "starting"
+
+
+class NotOwner(Exception):
+    """
+    This Edge may not own the node now: another Edge does, or etcd cannot
+    be reached (C{unreachable}).
+    """
+
+    def __init__(self, reason, unreachable=False):
+        super().__init__(reason)
+        self.reason = reason
+        self.unreachable = unreachable
+
+
+def _json(value):
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class Membership(Service):
+    """
+    @param spec: the L{iop.edge.cluster.config.ClusterSpec}.
+    @param etcd: an L{iop.edge.cluster.etcd.IEtcd}.
+    @param clock: an C{IReactorTime}.
+    @param on_void: C{on_void(reason)}, called when this Edge's lease is
+        gone: every claim is void and every Node link must close.
+    @param load: C{load()} returns the document this Edge publishes about
+        its room (L{iop.edge.cluster.load.local_load}), or C{None}.
+
+    @ivar session: L{STARTING}, L{OK} or L{LOST}.
+    @ivar claims: C{{node_id: revision}} of the nodes this Edge owns.
+    @ivar edges: C{{edge_id: dict}} of the live membership keys.
+    @ivar owners: C{{node_id: {"edge", "revision"}}} from the watch.
+    @ivar loads: C{{edge_id: dict}}, what each Edge publishes.
+    """
+
+    log = Logger()
+
+    def __init__(self, spec, etcd, clock, on_void=None, load=None):
+        self.spec = spec
+        self.edge_id = spec.edge_id
+        self.etcd = etcd
+        self.clock = clock
+        self.on_void = on_void or (lambda reason: None)
+        self.load = load
+        self.session = STARTING
+        self.session_error = "not joined yet"
+        self.lost_since = clock.seconds()
+        self.lease = None
+        self.draining = False
+        self.claims = {}
+        self.releasing = {}
+        self.edges = {}
+        self.gone = {}
+        self.owners = {}
+        self.loads = {}
+        self.voids = 0
+        self._keeper = LoopingCall(self._keep)
+        self._keeper.clock = clock
+        self._publisher = LoopingCall(self._publish)
+        self._publisher.clock = clock
+        self._published = None
+        self._watch = None
+        self._retry = None
+        self._retry_watch = None
+        self._left = False
+
+    # -- keys
+
+    def key(self, kind, name=""):
+        return f"{self.spec.prefix}{kind}/{name}"
+
+    def _me(self):
+        return json.dumps(
+            {"advertise": self.spec.advertise, "state": "draining" if self.draining else "up"}, sort_keys=True
+        ).encode()
+
+    # -- joining and staying
+
+    def startService(self):
+        super().startService()
+        self._join()
+        self._watch_start()
+        self._publisher.start(PUBLISH_INTERVAL_SEC, now=False)
+
+    def _join(self):
+        self._retry = None
+        if self._left:
+            return defer.succeed(None)
+        d = self.etcd.grant(self.spec.lease_ttl_sec)
+
+        def granted(lease):
+            self.lease = lease
+            return self.etcd.put(self.key("edges", self.edge_id), self._me(), lease)
+
+        def joined(_):
+            self.log.info(
+                "joined the Edge cluster as {edge} (lease {lease:x}, {ttl}s)",
+                edge=self.edge_id,
+                lease=self.lease,
+                ttl=self.spec.lease_ttl_sec,
+            )
+            self._session_ok()
+            self._published = None
+            if not self._keeper.running:
+                self._keeper.start(self.spec.lease_ttl_sec / 3.0, now=False)
+
+        def failed(failure):
+            failure.trap(EtcdUnavailable)
+            self._session_lost(failure.getErrorMessage())
+            if not self._left:
+                self._retry = self.clock.callLater(RETRY_SEC, self._join)
+
+        return d.addCallback(granted).addCallback(joined).addErrback(failed)
+
+    def _keep(self):
+        if self.lease is None:
+            return None
+        lease = self.lease
+        d = self.etcd.keepalive(lease)
+
+        def kept(ttl):
+            if self.lease != lease:
+                return None
+            if ttl <= 0:
+                return self._void(f"the etcd lease of Edge {self.edge_id} expired")
+            if self.session != OK:
+                self.log.info("etcd session of Edge {edge} is back: taking registrations again", edge=self.edge_id)
+                self._session_ok()
+            self._retry_releases()
+            return None
+
+        def failed(failure):
+            failure.trap(EtcdUnavailable)
+            self._session_lost(failure.getErrorMessage())
+
+        return d.addCallbacks(kept, failed)
+
+    def _session_ok(self):
+        self.session = OK
+        self.session_error = None
+        self.lost_since = None
+
+    def _session_lost(self, why):
+        if self.session == OK:
+            self.log.warn(
+                "lost the etcd session of Edge {edge}: refusing node registrations until it is back"
+                " (the nodes it owns are still served): {why}",
+                edge=self.edge_id,
+                why=why,
+            )
+            self.lost_since = self.clock.seconds()
+        self.session = LOST
+        self.session_error = why
+
+    def _void(self, reason):
+        """
+        The lease is gone, and with it every key this Edge held: its claims
+        are void. Close every Node link and join again.
+        """
+        self.voids += 1
+        self.log.warn(
+            "{reason}: its {count} node claim(s) are void; closing its Node links and joining again",
+            reason=reason,
+            count=len(self.claims),
+        )
+        self.lease = None
+        self.claims.clear()
+        self.releasing.clear()
+        self._session_lost(reason)
+        if self._keeper.running:
+            self._keeper.stop()
+        self.on_void(reason)
+        # Not from inside the keep-alive loop's own call: joined() restarts it.
+        self._retry = self.clock.callLater(0, self._join)
+
+    # -- the view of the cluster
+
+    def _watch_start(self):
+        self._retry_watch = None
+        if self._left:
+            return
+        d = self.etcd.range(self.spec.prefix, prefix=True)
+
+        def listed(answer):
+            revision, kvs = answer
+            self.edges.clear()
+            self.owners.clear()
+            self.loads.clear()
+            for kv in kvs:
+                self._apply("put", kv)
+            self._watch = self.etcd.watch(self.spec.prefix, revision + 1, self._event)
+            self._watch.done.addBoth(self._watch_ended)
+
+        def failed(failure):
+            failure.trap(EtcdUnavailable)
+            self._watch_ended(None)
+
+        d.addCallbacks(listed, failed)
+
+    def _watch_ended(self, result):
+        self._watch = None
+        if not self._left:
+            self._retry_watch = self.clock.callLater(RETRY_SEC, self._watch_start)
+
+    def _event(self, event):
+        self._apply(event.type, event.kv)
+
+    def _apply(self, kind, kv):
+        rest = kv.key[len(self.spec.prefix) :]
+        section, _, name = rest.partition("/")
+        if not name:
+            return
+        if section == "edges":
+            if kind == "put":
+                self.edges[name] = _json(kv.value)
+                self.gone.pop(name, None)
+            elif self.edges.pop(name, None) is not None:
+                self.gone[name] = self.clock.seconds()
+                if name != self.edge_id:
+                    self.log.info("Edge {edge} left the cluster", edge=name)
+        elif section == "nodes":
+            if kind == "put":
+                self.owners[name] = {"edge": _json(kv.value).get("edge"), "revision": kv.mod_revision}
+            else:
+                self.owners.pop(name, None)
+        elif section == "load":
+            if kind == "put":
+                self.loads[name] = _json(kv.value)
+            else:
+                self.loads.pop(name, None)
+
+    # -- ownership
+
+    def claim(self, node_id):
+        """
+        Make this Edge the owner of C{node_id}.
+
+        @return: a Deferred firing with the claim's revision (the
+            connection's generation), or failing with L{NotOwner}.
+        """
+        if self.session != OK or self.lease is None or self.draining:
+            why = "it is draining" if self.draining else f"it has no etcd session ({self.session_error})"
+            return defer.fail(NotOwner(f"Edge {self.edge_id} takes no registrations now: {why}", True))
+        key = self.key("nodes", node_id)
+        lease = self.lease
+        value = json.dumps({"edge": self.edge_id}).encode()
+
+        def created(answer):
+            if answer.created:
+                return answer.revision
+            kv = answer.existing
+            if kv is not None and kv.lease == lease and _json(kv.value).get("edge") == self.edge_id:
+                # Still ours from a connection that is gone (its release
+                # has not landed): take it over under a new revision.
+                return self.etcd.replace(key, value, lease, kv.mod_revision).addCallback(replaced)
+            owner = _json(kv.value).get("edge") if kv is not None else None
+            raise NotOwner(f"node {node_id} is connected to Edge {owner or 'another Edge'}")
+
+        def replaced(revision):
+            if revision is None:
+                raise NotOwner(f"node {node_id} changed hands while this Edge claimed it")
+            return revision
+
+        def claimed(revision):
+            if self.lease != lease:
+                raise NotOwner(f"the etcd lease of Edge {self.edge_id} expired while it claimed node {node_id}")
+            self.claims[node_id] = revision
+            self.releasing.pop(node_id, None)
+            return revision
+
+        def unreachable(failure):
+            failure.trap(EtcdUnavailable)
+            self._session_lost(failure.getErrorMessage())
+            raise NotOwner(f"Edge {self.edge_id} cannot reach etcd: {failure.getErrorMessage()}", True)
+
+        d = self.etcd.create(key, value, lease)
+        d.addCallback(created)
+        d.addErrback(unreachable)
+        return d.addCallback(claimed)
+
+    def holds(self, node_id, revision):
+        """
+        Whether this Edge's claim on C{node_id} is the one of C{revision}.
+        """
+        return self.claims.get(node_id) == revision
+
+    def release(self, node_id, revision):
+        """
+        Give up the claim of C{revision} on C{node_id} (its connection is
+        gone). Fenced: etcd deletes the key only if it is still that
+        claim. Retried while etcd cannot be reached.
+        """
+        if self.claims.get(node_id) != revision:
+            return
+        del self.claims[node_id]
+        self._release(node_id, revision)
+
+    def _release(self, node_id, revision):
+        self.releasing[node_id] = revision
+        d = self.etcd.delete_if(self.key("nodes", node_id), revision)
+
+        def done(_):
+            if self.releasing.get(node_id) == revision:
+                del self.releasing[node_id]
+
+        def failed(failure):
+            failure.trap(EtcdUnavailable)
+            self.log.info(
+                "node {node} not released yet (etcd cannot be reached); trying again when it can",
+                node=node_id,
+            )
+
+        d.addCallbacks(done, failed)
+
+    def _retry_releases(self):
+        for node_id, revision in list(self.releasing.items()):
+            if self.claims.get(node_id) is None:
+                self._release(node_id, revision)
+
+    def owner(self, node_id):
+        """
+        The id of the Edge that owns C{node_id}, or C{None}.
+        """
+        if node_id in self.claims:
+            return self.edge_id
+        owner = self.owners.get(node_id)
+        edge = owner.get("edge") if owner else None
+        return edge if edge != self.edge_id else None
+
+    # -- load
+
+    def _publish(self):
+        if self.load is None or self.session != OK or self.lease is None:
+            return None
+        document = self.load()
+        if document == self._published:
+            return None
+        self._published = document
+        d = self.etcd.put(self.key("load", self.edge_id), json.dumps(document, sort_keys=True).encode(), self.lease)
+
+        def failed(failure):
+            failure.trap(EtcdUnavailable)
+            self._published = None
+
+        return d.addErrback(failed)
+
+    # -- leaving
+
+    def start_draining(self):
+        """
+        Say that this Edge is draining (others stop forwarding to it) and
+        take no more registrations.
+        """
+        self.draining = True
+        if self.session == OK and self.lease is not None:
+            d = self.etcd.put(self.key("edges", self.edge_id), self._me(), self.lease)
+            d.addErrback(lambda f: f.trap(EtcdUnavailable))
+
+    def leave(self):
+        """
+        Revoke the lease: every key this Edge holds goes at once, so its
+        Nodes can register elsewhere as soon as their links close.
+
+        @return: a Deferred firing when done (or after L{LEAVE_TIMEOUT_SEC}).
+        """
+        if self._left:
+            return defer.succeed(None)
+        self._left = True
+        for loop in (self._keeper, self._publisher):
+            if loop.running:
+                loop.stop()
+        for call in (self._retry, self._retry_watch):
+            if call is not None and call.active():
+                call.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
+        lease, self.lease = self.lease, None
+        self.claims.clear()
+        if lease is None:
+            return defer.succeed(None)
+        d = self.etcd.revoke(lease)
+        d.addTimeout(LEAVE_TIMEOUT_SEC, self.clock)
+
+        def left(_):
+            self.log.info("left the Edge cluster (lease revoked)")
+
+        def failed(failure):
+            self.log.warn(
+                "could not revoke the etcd lease ({why}): its keys go when it expires",
+                why=failure.getErrorMessage(),
+            )
+
+        return d.addCallbacks(left, failed)
+
+    def stopService(self):
+        super().stopService()
+        return self.leave()
+
+    # -- what the status shows
+
+    def view(self):
+        """
+        The cluster part of C{/v1/status}: this Edge's session and every
+        Edge seen, with its state.
+        """
+        edges = []
+        me = {
+            "id": self.edge_id,
+            "advertise": self.spec.advertise,
+            "state": "draining" if self.draining else "up",
+            "self": True,
+            "session": self.session,
+            "nodes": len(self.claims),
+        }
+        if self.session != OK:
+            me["session_error"] = self.session_error
+            me["session_lost_since"] = self.lost_since
+        edges.append(me)
+        for edge_id in sorted(self.edges):
+            if edge_id == self.edge_id:
+                continue
+            info = self.edges[edge_id]
+            owned = sum(1 for owner in self.owners.values() if owner.get("edge") == edge_id)
+            edges.append(
+                {"id": edge_id, "advertise": info.get("advertise"), "state": info.get("state", "up"), "nodes": owned}
+            )
+        for edge_id in sorted(self.gone):
+            if edge_id != self.edge_id and edge_id not in self.edges:
+                edges.append({"id": edge_id, "state": "down", "last_seen": self.gone[edge_id]})
+        return {
+            "edge_id": self.edge_id,
+            "session": self.session,
+            "accepting_registrations": self.session == OK and not self.draining,
+            "edges": edges,
+        }
+
+    def annotate(self, status):
+        """
+        Add the cluster to a C{/v1/status} snapshot: each node's owning
+        Edge (C{edge}, or C{None}) and the C{cluster} view.
+        """
+        for node in status["nodes"]:
+            node["edge"] = self.owner(node["id"])
+        status["cluster"] = self.view()
+        return status
+
+
+def join_cluster(edge, reactor, etcd=None):
+    """
+    Give the L{iop.edge.service.EdgeService} C{edge} its L{Membership}
+    (a child service, so it joins when the tree starts): registrations
+    then need the node's claim, a void lease closes every Node link, and
+    the load of its pool is published.
+    """
+    from iop.edge.cluster.etcd import EtcdClient
+    from iop.edge.cluster.load import local_load
+
+    spec = edge.config.cluster
+    if etcd is None:
+        etcd = EtcdClient(spec.etcd, reactor)
+    membership = Membership(
+        spec,
+        etcd,
+        reactor,
+        on_void=lambda reason: edge.links.close_all(reason),
+        load=lambda: local_load(edge.config, edge.pool),
+    )
+    membership.setServiceParent(edge)
+    edge.links.cluster = membership
+    from iop.edge.cluster.forward import Forwarder
+
+    # The surfaces proxy what the service says goes elsewhere.
+    edge.forwarder = Forwarder(spec.secret, reactor)
+    return membership
