@@ -21,6 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from iop.edge.cluster.load import Forward
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import (
@@ -29,6 +30,7 @@ from iop.edge.http.common import (
     JSONResource,
     caller_name,
     error_body,
+    forwarded,
     query,
     query_int,
     write_json,
@@ -157,10 +159,15 @@ class Runs(JSONResource):
         running when there was room), or the error that kept it from
         being queued at all (unknown model, nothing live, ...).
         """
-        d = self.service.submit(spec, lambda kind, run_id: Unheard())
+        d = self.service.submit(spec, lambda kind, run_id: Unheard(), may_forward=not forwarded(request))
         outcome = []
         d.addBoth(lambda result: outcome.append(result) or result)
         if outcome and isinstance(outcome[0], Failure):
+            if outcome[0].check(Forward):
+                # Another Edge of the cluster takes it (and answers the 202).
+                d.addErrback(lambda failure: None)
+                self.service.forwarder.proxy(request, outcome[0].value)
+                return NOT_DONE_YET
             return d
         # Later failures (a queue timeout) are on the run's record.
         d.addErrback(lambda failure: None)
