@@ -119,15 +119,19 @@ def run(args):
     figures = {"nodes": args.nodes, "streams": args.streams, "words": args.words, "pace_ms": args.pace_ms}
     try:
         capacity = math.ceil(args.streams / args.nodes)
-        edge = launcher.edge(fleetsim.edge_config(args.nodes, capacity))
-        sim = fleetsim.FleetProcess(workdir, edge.node_port, args.nodes, args.pace_ms, deadline=args.deadline)
+        gc_dir = os.path.join(workdir, "gc")
+        with procstat.gc_watched(gc_dir):
+            edge = launcher.edge(fleetsim.edge_config(args.nodes, capacity))
+            sim = fleetsim.FleetProcess(workdir, edge.node_port, args.nodes, args.pace_ms, deadline=args.deadline)
         stats = sim.wait_ready(timeout=120)
         figures["registration_sec"] = stats["registration_sec"]
         figures["edge_connected"] = connected(edge)
 
+        since = time.time()
         meter = procstat.Meter({"edge": edge.pid, "simulator": sim.pid}).start()
         time.sleep(args.rest)  # a measurement window, not a synchronisation
         spent = meter.stop()
+        figures["rest_gc_edge"] = procstat.gc_summary(procstat.gc_passes(gc_dir, edge.pid, since, time.time()))
         figures["rest_sec"] = args.rest
         figures["rest_cpu_pct"] = {name: 100 * seconds / args.rest for name, seconds in spent.items()}
 
@@ -141,11 +145,15 @@ def run(args):
         figures["status_p99"] = percentile(latencies, 0.99)
 
         before = connected(edge)
+        since = time.time()
+        overflows = procstat.listen_overflows()
         meter = procstat.Meter({"edge": edge.pid, "simulator": sim.pid, "callers": None}).start()
         results, wall, problems = streams(edge, args.streams, args.words, args.stream_timeout)
         spent = meter.stop()
+        figures["listen_overflows"] = procstat.listen_overflows() - overflows
+        figures["streams_gc_edge"] = procstat.gc_summary(procstat.gc_passes(gc_dir, edge.pid, since, time.time()))
         after = connected(edge)
-        sim_stats = sim.stats()
+        sim_stats = sim.fresh_stats()
         firsts = [r.first for r in results if r.first is not None]
         figures.update(
             {
@@ -163,11 +171,12 @@ def run(args):
                 "edge_rss": procstat.memory(edge.pid),
             }
         )
-        return figures
     finally:
         if sim is not None:
             sim.stop()
         launcher.stop_all()
+        procstat.keep_on_failure(workdir)
+    return figures
 
 
 def summary(f):
@@ -193,8 +202,20 @@ def summary(f):
             f"{f['completed']:,} of {s:,} completed, {dropped} Nodes dropped "
             f"({f['simulator_lost']} lost by the simulator), {f['streams_sec']:.1f} s; "
             f"first byte p50 {f['ttfb_p50'] * 1000:.0f} ms, p99 {f['ttfb_p99'] * 1000:.0f} ms; "
-            f"CPU Edge {cpu['edge']:.0f}%, simulator {cpu['simulator']:.0f}%, callers {cpu['callers']:.0f}%",
+            f"CPU Edge {cpu['edge']:.0f}%, simulator {cpu['simulator']:.0f}%, callers {cpu['callers']:.0f}%; "
+            f"{f['listen_overflows']:,} connections overflowed a listen queue",
             "all complete, no Node dropped",
+        ),
+        (
+            "Edge garbage collection: longest pass at rest; during the streams (full collections)",
+            f"{f['rest_gc_edge'][0] * 1000:.0f} ms; {f['streams_gc_edge'][0] * 1000:.0f} ms "
+            f"({f['streams_gc_edge'][2]} full, {f['streams_gc_edge'][1] * 1000:.0f} ms of CPU)",
+            "(reported)",
+        ),
+        (
+            f"Edge RSS with {n:,} Nodes, after {s:,} streams; peak",
+            f"{f['edge_rss'][0] / 2**20:.0f} MiB; {f['edge_rss'][1] / 2**20:.0f} MiB",
+            "(reported)",
         ),
     ]
 

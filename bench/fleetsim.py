@@ -107,6 +107,7 @@ class Counters:
     def json(self):
         data = dict(vars(self))
         data["cpu_sec"] = os.times().user + os.times().system
+        data["written_at"] = time.time()
         return data
 
 
@@ -336,6 +337,20 @@ class FleetProcess:
                 return json.load(f)
         except (OSError, ValueError):
             return None
+
+    def fresh_stats(self, timeout=10.0):
+        """
+        Counters written after this call (they are written every 0.25 s):
+        what the simulator saw up to now. @raise AssertionError: none in time.
+        """
+        since = time.time()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.stats()
+            if stats and stats["written_at"] > since:
+                return stats
+            time.sleep(0.05)
+        raise AssertionError(f"the fleet simulator wrote no counters for {timeout}s")
 
     def wait_ready(self, timeout=60.0):
         """

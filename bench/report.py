@@ -32,7 +32,7 @@ import relay
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RELAY_FLAGS = {
-    "tiny": ["--requests", "2", "--concurrency", "2", "--wide", "4", "--long-chunks", "500"],
+    "tiny": ["--requests", "2", "--concurrency", "2", "--wide", "4", "--long-chunks", "500", "--repeats", "1"],
     "short": [],
     "full": ["--full"],
 }
@@ -82,7 +82,6 @@ def main(argv=None):
     )
     started = time.monotonic()
     relay_args = relay.parser().parse_args(RELAY_FLAGS[mode])
-    relay_args.repeats = relay_args.repeats or (3 if args.full else 1)
     relay_figures = relay.run(relay_args)
     fleet_args = fleet.configure(fleet.parser().parse_args(FLEET_FLAGS[mode]))
     fleet_figures = fleet.run(fleet_args)

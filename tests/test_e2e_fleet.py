@@ -43,7 +43,7 @@ def test_200_streams_over_100_simulated_nodes(launch, tmp_path):
         assert problems == {}, problems
         assert len(results) == STREAMS
         assert fleet.connected(edge) == NODES
-        stats = sim.stats()
+        stats = sim.fresh_stats()
         assert stats["lost"] == 0, stats["reasons"]
         assert stats["ready"] == NODES
         assert stats["runs_started"] == stats["runs_completed"] == STREAMS
