@@ -9,6 +9,7 @@ ours), the daemons take those two signals over and stop cleanly with
 status 0.
 """
 
+import gc
 import signal
 
 from twisted.internet.error import ReactorNotRunning
@@ -58,3 +59,19 @@ def stop_then_hurry(reactor, hurry):
                 pass  # already stopping (a fatal exit): nothing to add
 
     on_stop_signals(reactor, stop)
+
+
+def freeze_startup_heap(reactor):
+    """
+    Once the reactor runs, move everything built at start-up (modules,
+    configuration, adapters) out of the garbage collector's sight: those
+    objects live as long as the process, and a full collection under load
+    would otherwise scan them again and again (measured: a fifth of the
+    Edge's CPU during a 5,000-stream burst went to full collections).
+    """
+
+    def freeze():
+        gc.collect()
+        gc.freeze()
+
+    reactor.callWhenRunning(freeze)

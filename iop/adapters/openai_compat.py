@@ -59,6 +59,9 @@ def openai_message(message):
 
 #: A streamed chunk that says "not finished yet".
 _NULL_FINISH = re.compile(r'"finish_reason"\s*:\s*null')
+#: Streamed chunks, one of which says "finished" (a finish reason that is
+#: a string, not null).
+_FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
 def usage_from(data):
@@ -236,6 +239,7 @@ class TunnelObserver:
         self.metadata = {}
         self.broken = False
         self.parsed_any = False
+        self.tail = b""  # a streamed event not complete yet
         self.framing = ChatResponse.for_response(self.chunk, response, self.wanted)
         self.inflate = None
         coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
@@ -263,12 +267,31 @@ class TunnelObserver:
                 self.broken = True
                 self.log.info("tunnel body not observable, usage not reported: gzip: {why}", why=e)
                 return
-        self._guard(self.framing.feed, data)
+        if self.framing.sse is None:
+            self._guard(self.framing.feed, data)
+            return
+        # A stream: only whole events are looked at, and a run of them that
+        # has neither usage nor a finish reason (nor the first event) is
+        # passed over by a byte search, never split into events.
+        data = self.tail + data
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if not cut:
+            self.tail = data
+            if len(data) > JSON_BODY_LIMIT:
+                self.broken = True
+            return
+        events, self.tail = data[:cut], data[cut:]
+        if not self.parsed_any or b'"usage"' in events or _FINISH_SET.search(events):
+            self._guard(self.framing.feed, events)
 
     def finish(self):
         """
         Report what was seen: the last usage, then model and finish reason.
         """
+        if self.tail:
+            self._guard(self.framing.feed, self.tail)
+            self.tail = b""
         self._guard(self.framing.finish)
         if self.usage is not None:
             self.sink.usage(self.usage)

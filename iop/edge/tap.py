@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from iop.config import ConfigError
-from iop.daemon import on_signals, stop_then_hurry
+from iop.daemon import freeze_startup_heap, on_signals, stop_then_hurry
 from iop.edge import config as edge_config
 from iop.logs import with_log_format
 
@@ -50,6 +50,7 @@ def makeService(options):
         # One line naming the key, exit status 1, before anything listens.
         raise SystemExit(f"iop-edge: bad configuration: {e}") from None
     edge = EdgeService(config, reactor)
+    freeze_startup_heap(reactor)
     stop_then_hurry(reactor, edge.hurry)
     on_signals(reactor, (signal.SIGHUP,), lambda message: reload(edge, options["config"], message))
     return with_log_format(edge, config.log_format, "iop-edge")

@@ -11,7 +11,7 @@ during the drain ends it at once.
 from twisted.python import usage
 
 from iop.config import ConfigError
-from iop.daemon import stop_then_hurry
+from iop.daemon import freeze_startup_heap, stop_then_hurry
 from iop.logs import with_log_format
 from iop.node.config import load_config
 from iop.node.exit import ProcessExit
@@ -37,5 +37,6 @@ def makeService(options):
         # SystemExit prints its message on stderr and exits with status 1,
         # instead of the traceback twistd would show for any other error.
         raise SystemExit(f"iop-node: bad configuration: {e}") from None
+    freeze_startup_heap(reactor)
     stop_then_hurry(reactor, service.hurry)
     return with_log_format(service, config.log_format, "iop-node")

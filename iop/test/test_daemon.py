@@ -3,11 +3,12 @@ Stop signals shared by both daemons (L{iop.daemon}): the first stops the
 reactor so services drain, later ones hurry the drain.
 """
 
+import gc
 import signal
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.daemon import stop_then_hurry
+from iop.daemon import freeze_startup_heap, stop_then_hurry
 from iop.testing.reactor import RunningReactor
 
 
@@ -42,3 +43,15 @@ class StopThenHurryTests(SynchronousTestCase):
         stop_then_hurry(reactor, lambda: self.hurried.append(True))
         self.send(signal.SIGTERM)
         self.assertEqual((reactor.stopped, self.hurried), (0, []))
+
+
+class FreezeTests(SynchronousTestCase):
+    def test_startup_heap_frozen_once_running(self):
+        """
+        Once the reactor runs, what exists is moved out of the collector's
+        generations (gc.freeze).
+        """
+        self.addCleanup(gc.unfreeze)
+        gc.unfreeze()
+        freeze_startup_heap(RunningReactor())
+        self.assertGreater(gc.get_freeze_count(), 0)

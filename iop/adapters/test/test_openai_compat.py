@@ -572,3 +572,28 @@ class UsageAlwaysTests(OpenAICompatTestCase):
             strip = UsageChunkFilter()
             out = b"".join(strip.feed(body[i : i + size]) for i in range(0, len(body), size)) + strip.finish()
             self.assertEqual(out, body.replace(usage, b""))
+
+
+class ObserverTests(OpenAICompatTestCase):
+    @defer.inlineCallbacks
+    def test_usage_found_whatever_the_split(self):
+        """
+        The tunnel observer finds the model, the finish reason and the
+        usage of a stream however its bytes are split (events cut anywhere,
+        CRLF or LF separators), while relaying every byte unchanged.
+        """
+        events = [chunk(content="a" * 5) for _ in range(50)] + [
+            chunk(finish="length"),
+            chunk(usage={"prompt_tokens": 3, "completion_tokens": 50}),
+        ]
+        body = b"".join(sse(*events))
+        for size in (1, 7, 64, len(body)):
+            for crlf in (False, True):
+                data = body.replace(b"\n", b"\r\n") if crlf else body
+                script = Script(headers=SSE_HEADERS, chunks=[data[i : i + size] for i in range(0, len(data), size)])
+                sink = TunnelRecorder()
+                request = TunnelInput("t1", "POST", "/chat/completions", headers=[], body=b"{}")
+                yield self.adapter(script).tunnel(request, sink)
+                self.assertEqual(b"".join(sink.bodies), data)
+                self.assertEqual(sink.of("usage"), [Usage(3, 50)], (size, crlf))
+                self.assertEqual(sink.of("metadata"), [{"model": "m", "finish_reason": "length"}], (size, crlf))
