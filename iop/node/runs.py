@@ -15,7 +15,7 @@ from twisted.logger import Logger
 
 from iop.adapters.interface import RunInput
 from iop.node.flow import SendWindow
-from iop.node.work import Refused, Work, admit
+from iop.node.work import Refused, Work, admit, record_safely
 from iop.protocols.convert import event_to_wire
 from iop.run import (
     ADAPTER_ERROR,
@@ -335,14 +335,7 @@ class RunManager:
         """
         Write to the run store without ever letting it break the relay.
         """
-        try:
-            d = defer.maybeDeferred(getattr(self.store, method), *args)
-        except Exception:
-            d = defer.fail()
-        run_id = args[0] if args else ""
-        d.addErrback(
-            lambda f: self.log.failure("run {run_id}: run store {method} failed", f, run_id=run_id, method=method)
-        )
+        record_safely(self.store, self.log, "run", method, *args)
 
     def record_event(self, run_id, seq, event):
         """

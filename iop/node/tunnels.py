@@ -19,7 +19,7 @@ from zope.interface import implementer
 from iop.adapters.interface import NotSupported, TunnelInput
 from iop.adapters.streams import ProviderError
 from iop.node.store import NullStore
-from iop.node.work import Refused, Work, admit
+from iop.node.work import Refused, Work, admit, record_safely
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
@@ -210,12 +210,7 @@ class TunnelManager:
         """
         Write to the run store without ever letting it break the relay.
         """
-        try:
-            d = defer.maybeDeferred(getattr(self.store, method), *args)
-        except Exception:
-            d = defer.fail()
-        work_id = args[0] if args else ""
-        d.addErrback(lambda f: self.log.failure("tunnel {id}: run store {method} failed", f, id=work_id, method=method))
+        record_safely(self.store, self.log, "tunnel", method, *args)
 
     def start(self, request):
         try:

@@ -187,3 +187,18 @@ class Work:
             send_terminal(*args)
         finally:
             self.flow.when_idle(lambda: self.manager.inflight.discard(self.work_id, self))
+
+
+def record_safely(store, log, kind, method, *args):
+    """
+    Call the run store's C{method(*args)} without ever letting it break
+    the relay: a failure is logged naming the work (C{args[0]}).
+    """
+    try:
+        d = defer.maybeDeferred(getattr(store, method), *args)
+    except Exception:
+        d = defer.fail()
+    work_id = args[0] if args else ""
+    d.addErrback(
+        lambda f: log.failure("{kind} {id}: run store {method} failed", f, kind=kind, id=work_id, method=method)
+    )

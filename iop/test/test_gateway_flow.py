@@ -8,18 +8,16 @@ goes on meanwhile. When the caller reads again, everything arrives.
 
 import json
 
-from twisted.internet.interfaces import IPushProducer
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from iop.edge.flow import STALL_TIMEOUT_SEC
 from iop.protocols.wire import STREAM_WINDOW_BYTES
 from iop.testing.gateway import Gateway
+from iop.testing.producers import RecordingProducer
 
 PIECE = 64 * 1024
 
 
-@implementer(IPushProducer)
 class Provider:
     def __init__(self):
         self.calls = []
@@ -51,7 +49,7 @@ class BackpressureTests(SynchronousTestCase):
             "/v1/chat/completions", {"model": "big", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         )
         (_, sink, done), *_ = self.node.adapter("llm").tunnels
-        provider = Provider()
+        provider = RecordingProducer()
         sink.register_producer(provider)
         sink.status(200)
         sink.headers([("content-type", "text/event-stream")])

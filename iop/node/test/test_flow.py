@@ -5,17 +5,15 @@ C{WindowUpdate} lets them go, the terminal waits behind them, and a
 cancel drops what is no longer wanted.
 """
 
-from twisted.internet.interfaces import IPushProducer
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from iop.node.flow import SendWindow
 from iop.protocols import iop_pb2
 from iop.run import DELTA, RunEventData
 from iop.testing.node import ready_node, run_request, tunnel_request
+from iop.testing.producers import RecordingProducer
 
 
-@implementer(IPushProducer)
 class Producer:
     def __init__(self):
         self.calls = []
@@ -33,7 +31,7 @@ class Producer:
 class SendWindowTests(SynchronousTestCase):
     def setUp(self):
         self.sent = []
-        self.producer = Producer()
+        self.producer = RecordingProducer()
 
     def test_unlimited(self):
         """
@@ -122,7 +120,7 @@ class RelayFlowTests(SynchronousTestCase):
         self.edge.wire.send(request)
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
-        producer = Producer()
+        producer = RecordingProducer()
         sink.register_producer(producer)
         sink.status(200)
         for _ in range(10):

@@ -1,0 +1,25 @@
+"""
+A push producer that records what it is told, for flow-control tests.
+"""
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+
+@implementer(IPushProducer)
+class RecordingProducer:
+    """
+    C{calls} lists C{"pause"}, C{"resume"} and C{"stop"} in order.
+    """
+
+    def __init__(self):
+        self.calls = []
+
+    def pauseProducing(self):
+        self.calls.append("pause")
+
+    def resumeProducing(self):
+        self.calls.append("resume")
+
+    def stopProducing(self):
+        self.calls.append("stop")
