@@ -18,20 +18,6 @@ from iop.testing.producers import RecordingProducer
 PIECE = 64 * 1024
 
 
-class Provider:
-    def __init__(self):
-        self.calls = []
-
-    def pauseProducing(self):
-        self.calls.append("pause")
-
-    def resumeProducing(self):
-        self.calls.append("resume")
-
-    def stopProducing(self):
-        self.calls.append("stop")
-
-
 class BackpressureTests(SynchronousTestCase):
     def setUp(self):
         self.gateway = Gateway()

@@ -14,20 +14,6 @@ from iop.testing.node import ready_node, run_request, tunnel_request
 from iop.testing.producers import RecordingProducer
 
 
-class Producer:
-    def __init__(self):
-        self.calls = []
-
-    def pauseProducing(self):
-        self.calls.append("pause")
-
-    def resumeProducing(self):
-        self.calls.append("resume")
-
-    def stopProducing(self):
-        self.calls.append("stop")
-
-
 class SendWindowTests(SynchronousTestCase):
     def setUp(self):
         self.sent = []
