@@ -32,10 +32,6 @@ class SendWindow:
         self.paused = False
         self._idle = []
 
-    @property
-    def limited(self):
-        return self.credit is not None
-
     def send(self, message, size=0):
         """
         Send C{message} now, or queue it behind what waits. C{size} is how
