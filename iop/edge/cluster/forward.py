@@ -21,7 +21,6 @@ that a request goes elsewhere.
 import hmac
 from io import BytesIO
 
-from twisted.internet import defer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
@@ -100,14 +99,12 @@ class Forwarder:
                 reactor, connectTimeout=CONNECT_TIMEOUT_SEC, pool=HTTPConnectionPool(reactor, persistent=True)
             )
         self.agent = agent
-        self.forwarded = 0
 
     def proxy(self, request, forward):
         """
         Send C{request} (a C{twisted.web} request whose body was read) to
         C{forward.url} and relay the answer.
         """
-        self.forwarded += 1
         request.content.seek(0)
         body = request.content.read()
         headers = Headers()
@@ -142,7 +139,6 @@ class _Relay(Protocol):
         self.forward = forward
         self.pending = None
         self.gone = False
-        self.done = defer.Deferred()
 
     def caller_gone(self, failure):
         self.gone = True

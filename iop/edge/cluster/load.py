@@ -25,7 +25,6 @@ class Forward(Exception):
         super().__init__(f"forwarded to Edge {edge_id}: {why}")
         self.edge_id = edge_id
         self.url = url
-        self.why = why
 
 
 def local_load(config, pool):
