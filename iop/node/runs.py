@@ -42,16 +42,10 @@ def run_input(request):
     """
     The L{RunInput} an adapter sees for a C{RunRequest}.
 
-    @raise BadRequest: if C{options_json} is not a JSON object.
+    @raise BadRequest: if C{options_json} is not a JSON object, or a
+        message's C{tool_calls_json} not a JSON list.
     """
-    options = {}
-    if request.options_json:
-        try:
-            options = json.loads(request.options_json)
-        except ValueError as e:
-            raise BadRequest(f"options_json is not valid JSON: {e}") from None
-        if not isinstance(options, dict):
-            raise BadRequest("options_json must be a JSON object")
+    options = _json_field(request.options_json, "options_json", dict, "a JSON object") if request.options_json else {}
     return RunInput(
         run_id=request.run_id,
         target=request.target,
@@ -76,16 +70,26 @@ def _message(wire):
     if wire.tool_call_id:
         message["tool_call_id"] = wire.tool_call_id
     if wire.tool_calls_json:
-        try:
-            calls = json.loads(wire.tool_calls_json)
-        except ValueError as e:
-            raise BadRequest(f"tool_calls_json is not valid JSON: {e}") from None
-        if not isinstance(calls, list):
-            raise BadRequest("tool_calls_json must be a JSON list")
-        message["tool_calls"] = calls
+        message["tool_calls"] = _json_field(wire.tool_calls_json, "tool_calls_json", list, "a JSON list")
     if wire.images:
         message["images"] = list(wire.images)
     return message
+
+
+def _json_field(text, name, kind, described):
+    """
+    The JSON value in the wire field C{name}, which must be a C{kind}.
+
+    @raise BadRequest: if it is not valid JSON or not a C{kind}
+        (C{described}, for the message).
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise BadRequest(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, kind):
+        raise BadRequest(f"{name} must be {described}")
+    return value
 
 
 def _failure_text(failure):
