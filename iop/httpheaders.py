@@ -40,6 +40,19 @@ HOP_BY_HOP = frozenset(
 _EDGE_REQUEST_DROP = ("host", "content-length", "authorization")
 
 
+def header_pairs(headers):
+    """
+    A C{twisted.web} L{Headers<twisted.web.http_headers.Headers>} as
+    C{[(name, value)]} text pairs, one per value, in order: the form the
+    functions below take.
+    """
+    return [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, values in headers.getAllRawHeaders()
+        for value in values
+    ]
+
+
 def relay_headers(pairs, extra_drop=()):
     """
     C{pairs} without hop-by-hop headers, including those the

@@ -5,8 +5,9 @@ become at the caller.
 """
 
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
 
-from iop.httpheaders import caller_request_headers, provider_request_headers, relay_headers
+from iop.httpheaders import caller_request_headers, header_pairs, provider_request_headers, relay_headers
 
 CALLER = [
     ("Host", "edge.example"),
@@ -90,4 +91,18 @@ class HeaderRuleTests(SynchronousTestCase):
                 ("X-Request-Id", "r"),
                 ("Date", "Sun, 29 Nov 2026 12:00:00 GMT"),
             ],
+        )
+
+    def test_header_pairs(self):
+        """
+        A C{twisted.web} C{Headers} becomes text pairs, one per value, so a
+        repeated header keeps every value in order.
+        """
+        headers = Headers()
+        headers.addRawHeader(b"Set-Cookie", b"a=1")
+        headers.addRawHeader(b"Set-Cookie", b"b=2")
+        headers.addRawHeader(b"X-Name", "caf\xe9".encode("latin-1"))
+        self.assertEqual(
+            sorted(header_pairs(headers)),
+            [("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("X-Name", "caf\xe9")],
         )

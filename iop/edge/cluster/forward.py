@@ -30,9 +30,9 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import write_error
+from iop.edge.http.common import relay_response_headers, write_error
 from iop.edge.http.validate import HTTPError
-from iop.httpheaders import relay_headers
+from iop.httpheaders import header_pairs, relay_headers
 
 #: The header that carries the cluster's secret on a forwarded request.
 PEER_HEADER = b"x-iop-peer-secret"
@@ -40,10 +40,6 @@ PEER_HEADER = b"x-iop-peer-secret"
 #: Request headers the proxy does not pass on: they describe the caller's
 #: hop to this Edge (the body is sent whole, its length recomputed).
 _DROP_REQUEST = ("host", "content-length", PEER_HEADER.decode())
-
-#: Response headers this Edge's own server sets, which give way to the
-#: owner's.
-_OWN_HEADERS = ("date", "server")
 
 #: How long connecting to the owning Edge may take. The answer itself has
 #: no deadline here: the request may wait in the owner's queue, which
@@ -108,12 +104,7 @@ class Forwarder:
         request.content.seek(0)
         body = request.content.read()
         headers = Headers()
-        pairs = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, values in request.requestHeaders.getAllRawHeaders()
-            for value in values
-        ]
-        for name, value in relay_headers(pairs, _DROP_REQUEST):
+        for name, value in relay_headers(header_pairs(request.requestHeaders), _DROP_REQUEST):
             headers.addRawHeader(name, value)
         headers.addRawHeader(PEER_HEADER, self.secret)
         url = forward.url.encode("utf-8") + request.uri
@@ -154,15 +145,7 @@ class _Relay(Protocol):
             return
         request = self.request
         request.setResponseCode(response.code, response.phrase)
-        for name in _OWN_HEADERS:
-            request.responseHeaders.removeHeader(name)
-        pairs = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, values in response.headers.getAllRawHeaders()
-            for value in values
-        ]
-        for name, value in relay_headers(pairs):
-            request.responseHeaders.addRawHeader(name, value)
+        relay_response_headers(request, header_pairs(response.headers))
         response.deliverBody(self)
 
     def connectionMade(self):

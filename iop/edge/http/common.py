@@ -18,7 +18,7 @@ from iop.edge.errors import ServiceError
 from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
-from iop.httpheaders import caller_request_headers
+from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
 
 log = Logger()
 
@@ -115,12 +115,30 @@ def caller_headers(request):
     The caller's request headers that travel on to a provider through a
     tunnel (see L{iop.httpheaders}).
     """
-    pairs = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, values in request.requestHeaders.getAllRawHeaders()
-        for value in values
-    ]
-    return caller_request_headers(pairs)
+    return caller_request_headers(header_pairs(request.requestHeaders))
+
+
+#: Headers the Edge's own HTTP server sets on every response; a relayed
+#: response carries those of the hop it relays instead (or none).
+_OWN_HEADERS = ("date", "server")
+
+
+def relay_response_headers(request, pairs):
+    """
+    Give C{request}'s response exactly the headers C{pairs} of the response
+    it relays (a provider's, through a tunnel, or another Edge's), minus
+    hop-by-hop ones: same-named ones the Edge's server set (Server, Date)
+    are replaced, or removed when C{pairs} has none.
+
+    @return: the pairs set.
+    """
+    response_headers = request.responseHeaders
+    for name in _OWN_HEADERS:
+        response_headers.removeHeader(name)
+    relayed = relay_headers(pairs)
+    for name, value in relayed:
+        response_headers.addRawHeader(name, value)
+    return relayed
 
 
 def forwarded(request):

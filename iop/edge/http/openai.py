@@ -16,20 +16,24 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import Call, EventStream, JSONResource, caller_headers, caller_name, write_error, write_json
+from iop.edge.http.common import (
+    Call,
+    EventStream,
+    JSONResource,
+    caller_headers,
+    caller_name,
+    relay_response_headers,
+    write_error,
+    write_json,
+)
 from iop.edge.http.notes import note_usage
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.httpheaders import relay_headers
 from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START, TOOL_CALL
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
-
-#: Headers the Edge's own HTTP server sets on every response; a tunnelled
-#: response carries the provider's instead (or none).
-_OWN_HEADERS = ("date", "server")
 
 
 def content_of(content, param="content"):
@@ -423,11 +427,7 @@ class TunnelPassthrough:
         """
         if self.call.gone:
             return
-        response_headers = self.request.responseHeaders
-        for name in _OWN_HEADERS:
-            response_headers.removeHeader(name)
-        for name, value in relay_headers(pairs):
-            response_headers.addRawHeader(name, value)
+        for name, value in relay_response_headers(self.request, pairs):
             if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
                 self.event_stream = True
 
