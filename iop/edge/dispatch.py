@@ -27,7 +27,7 @@ from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_from_wire, usage_to_json
-from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, STREAM_WINDOW_BYTES
+from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
@@ -194,6 +194,15 @@ class Dispatch:
     def link(self):
         return self.placement.link
 
+    @property
+    def outlives_link(self):
+        """
+        Whether its Node keeps it running when the link is lost (a
+        background run on wire version 4 or later): the Edge waits for the
+        Node to report it again instead of ending it.
+        """
+        return self.background and self.link.wire_version >= RECONCILE_WIRE_VERSION
+
     def send(self, message):
         """
         Send one message to the Node. The request that starts the work
@@ -202,7 +211,7 @@ class Dispatch:
         the producer of its caller's response (C{use_producer}).
         """
         if isinstance(message, self._REQUESTS) and self.window is None:
-            if getattr(self.link, "wire_version", 1) >= FLOW_CONTROL_WIRE_VERSION:
+            if self.link.wire_version >= FLOW_CONTROL_WIRE_VERSION:
                 message.window_bytes = STREAM_WINDOW_BYTES
                 self.window = ReceiveWindow(self.link.wire.send, self.id, STREAM_WINDOW_BYTES, self.tracker.clock)
                 self.window.keep_flowing = self.background

@@ -30,7 +30,7 @@ from iop.edge.runs import RUN, RUNNING
 from iop.edge.spec import new_id
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire
-from iop.protocols.wire import OLDEST_WIRE_VERSION, RECONCILE_WIRE_VERSION, WIRE_VERSION
+from iop.protocols.wire import OLDEST_WIRE_VERSION, WIRE_VERSION
 from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
 
 #: The first wire version that knows C{EdgeDraining}/C{NodeDraining}.
@@ -319,7 +319,7 @@ class NodeLinks:
         self.pool.node_disconnected(link.node_id, link.generation)
         waiting = 0
         for dispatch in self.inflight.on_link(link):
-            if dispatch.background and link.wire_version >= RECONCILE_WIRE_VERSION:
+            if dispatch.outlives_link:
                 # The Node keeps it running and reports it when it is back.
                 self.inflight.detach(dispatch, self._config().reattach_timeout_sec, self._not_back)
                 waiting += 1

@@ -46,7 +46,7 @@ from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.protocols import iop_pb2
-from iop.protocols.wire import RECONCILE_WIRE_VERSION, FrameTooLarge
+from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     CANCELLED,
     CAPACITY_EXCEEDED,
@@ -656,7 +656,7 @@ class EdgeService(MultiService):
         """
         handed = 0
         for dispatch in self.inflight.all():
-            if dispatch.background and dispatch.link.wire_version >= RECONCILE_WIRE_VERSION:
+            if dispatch.outlives_link:
                 dispatch.finish()
                 handed += 1
         if handed:
