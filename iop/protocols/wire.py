@@ -64,11 +64,12 @@ WIRE_VERSION = 4
 OLDEST_WIRE_VERSION = 1
 
 
-def peer_wire_version(register_request):
+def peer_wire_version(message):
     """
-    The version a C{RegisterRequest} declares (an absent field is 1).
+    The version the peer declares in its C{RegisterRequest} (read by the
+    Edge) or C{RegisterResponse} (read by the Node); an absent field is 1.
     """
-    return register_request.wire_version or 1
+    return message.wire_version or 1
 
 
 _FIELD_BY_TYPE = {
