@@ -513,9 +513,7 @@ class HTTPAdapter(AdapterBase):
         """
         An unbuffered treq request to C{path}; C{headers} as pairs.
         """
-        raw = Headers()
-        for name, value in self.default_headers() if headers is None else headers:
-            raw.addRawHeader(_header_bytes(name), _header_bytes(value))
+        raw = _raw_headers(self.default_headers() if headers is None else headers)
         return self.http.request(method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs)
 
     def raw_request(self, method, path, headers, body=b""):
@@ -524,11 +522,10 @@ class HTTPAdapter(AdapterBase):
         relay: no cookie handling and no content decoding (which would
         change the headers and body the provider sent), headers as given.
         """
-        raw = Headers()
-        for name, value in headers:
-            raw.addRawHeader(_header_bytes(name), _header_bytes(value))
         producer = FileBodyProducer(BytesIO(body)) if body else None
-        return self.agent.request(method.encode("ascii"), self.url(path).encode("utf-8"), raw, producer)
+        return self.agent.request(
+            method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
+        )
 
     def read(self, request, on_response, on_producer=None):
         """
@@ -604,6 +601,16 @@ class HTTPAdapter(AdapterBase):
         d.addErrback(as_provider_error)
         d.addErrback(failed)
         return d
+
+
+def _raw_headers(pairs):
+    """
+    C{[(name, value)]} (text or bytes) as Twisted C{Headers}, repeats kept.
+    """
+    raw = Headers()
+    for name, value in pairs:
+        raw.addRawHeader(_header_bytes(name), _header_bytes(value))
+    return raw
 
 
 def _header_bytes(value):
