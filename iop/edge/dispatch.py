@@ -236,7 +236,7 @@ class Dispatch:
         if self.done or self._grace is not None:
             return
         try:
-            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
+            self.send(self._cancel_request())
         except Exception as e:
             self.fail(SEND_FAILED, f"could not send cancel: {e}")
             return
@@ -279,10 +279,10 @@ class Dispatch:
         self.fail(PROTOCOL_ERROR, f"the node sent a malformed message: {reason}")
 
     def _cancel_on_node(self):
-        try:
-            self.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id))
-        except Exception as e:
-            self.log.info("cancel of {id} not sent: {error}", id=self.id, error=e)
+        self.link.send_quietly(self._cancel_request())
+
+    def _cancel_request(self):
+        return iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id)
 
     def _tell(self, method, *args):
         """

@@ -235,7 +235,7 @@ class NodeLinks:
         if dispatch is None:
             record = self.inflight.runs.get(run.run_id)
             if record is not None:
-                self._send(link, iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=run.run_id))
+                link.send_quietly(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=run.run_id))
                 return
             dispatch = self._adopted(link, run)
         adapter_type = self._adapter_type(link.node_id, run.adapter)
@@ -250,7 +250,7 @@ class NodeLinks:
             status=run.status,
             seq=after,
         )
-        self._send(link, iop_pb2.RunResume(run_id=run.run_id, after_seq=after))
+        link.send_quietly(iop_pb2.RunResume(run_id=run.run_id, after_seq=after))
 
     def _adopted(self, link, run):
         """
@@ -273,14 +273,6 @@ class NodeLinks:
         node = self._config().node(node_id)
         spec = node.adapter(adapter) if node is not None else None
         return spec.type if spec is not None else ""
-
-    def _send(self, link, message):
-        try:
-            link.wire.send(message)
-        except Exception as e:
-            self.log.info(
-                "{kind} to node {node} not sent: {error}", kind=message.DESCRIPTOR.name, node=link.node_id, error=e
-            )
 
     def _not_back(self, dispatch):
         dispatch.fail(
@@ -422,10 +414,7 @@ class NodeLinks:
         """
         for link in self.registry.links():
             if link.wire_version >= DRAINING_WIRE_VERSION:
-                try:
-                    link.wire.send(iop_pb2.EdgeDraining(grace_sec=grace, reason=reason))
-                except Exception as e:
-                    self.log.info("draining notice to {node} not sent: {error}", node=link.node_id, error=e)
+                link.send_quietly(iop_pb2.EdgeDraining(grace_sec=grace, reason=reason))
 
     def close_all(self, reason):
         """

@@ -68,6 +68,21 @@ class NodeLink:
     refresh: dict | None = None
     reconcile: list | None = None
 
+    log = Logger()
+
+    def send_quietly(self, message):
+        """
+        Send C{message} if the connection still takes it; a failure (the
+        link is going away, and its loss is handled elsewhere) is only
+        logged.
+        """
+        try:
+            self.wire.send(message)
+        except Exception as e:
+            self.log.info(
+                "{kind} to node {node} not sent: {error}", kind=message.DESCRIPTOR.name, node=self.node_id, error=e
+            )
+
 
 class NodeRegistry:
     log = Logger()

@@ -439,13 +439,8 @@ class EdgeService(MultiService):
         if link is None:
             return defer.fail(ServiceError("unavailable", f"node {node_id} is not connected"))
 
-        def tell_node():
-            try:
-                link.wire.send(abort)
-            except Exception as e:
-                self.log.info("abort of {id} not sent: {error}", id=request_id, error=e)
-
-        d = self.inflight.expect(link, request_id, on_progress, tell_node if abort is not None else None)
+        tell_node = None if abort is None else (lambda: link.send_quietly(abort))
+        d = self.inflight.expect(link, request_id, on_progress, tell_node)
         try:
             link.wire.send(message)
         except Exception as e:
