@@ -83,6 +83,33 @@ class GatewayTests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders(b"x-provider"), [b"p"])
         self.assertEqual(self.in_use()[("n1", "llm")], 0)
 
+    def test_tunnel_stream_cut(self):
+        """
+        A tunnelled event stream whose Node is lost after its first event
+        ends the way the surface ends its own streams: the provider's bytes
+        as they came, then an error event naming C{node_disconnected} and
+        C{[DONE]}; the lease is back.
+        """
+        d = self.gateway.post(
+            "/v1/chat/completions",
+            {"model": "big", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        (_, sink, _), *_ = self.node.adapter("llm").tunnels
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream")])
+        sink.body(b'data: {"n": 1}\n\n')
+        self.gateway.flush()
+        self.node.session.close()
+        self.gateway.flush()
+        code, _, body = self.result(d)
+        self.assertEqual(code, 200)
+        self.assertTrue(body.startswith(b'data: {"n": 1}\n\n'))
+        payloads = sse_payloads(body)
+        self.assertEqual(payloads[-1], "[DONE]")
+        error = json.loads(payloads[-2])["error"]
+        self.assertEqual((error["type"], error["code"]), ("api_error", "node_disconnected"))
+        self.assertEqual(self.in_use()[("n1", "llm")], 0)
+
     def test_tunnel_by_adapter_name(self):
         """
         An OpenAI-compatible adapter reached by its name (one node ready)

@@ -495,6 +495,15 @@ class EventStream:
         """
         self.send_raw("[DONE]")
 
+    def fail(self, failure):
+        """
+        End a stream that already began with an error event for the
+        L{iop.run.RunFailure} C{failure}, then the end-of-stream marker, so
+        an SDK ends its iteration cleanly.
+        """
+        self.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
+        self.done()
+
     def send_bytes(self, event):
         """
         One event already rendered as bytes (C{data: ...\n\n}).

@@ -36,7 +36,7 @@ from iop.edge.http.common import (
     write_json,
 )
 from iop.edge.http.notes import note_usage
-from iop.edge.http.openai import parse_messages
+from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
 from iop.edge.spec import RunSpec
@@ -46,8 +46,6 @@ from iop.run import TERMINAL_TYPES
 RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
 #: The most runs one C{GET /v1/runs} answers with.
 RUN_LIST_MAX = 1000
-
-RUN_ID_HEADER = b"x-iop-run-id"
 
 
 class _Listener:

@@ -349,11 +349,8 @@ class ChunkRenderer(_Renderer):
             self.stream.done()
             self.call.finish()
         elif event.type in (ERROR, CANCELLED):
-            # The stream began: the terminal is an error event, then the
-            # end-of-stream marker, so an SDK ends its iteration cleanly.
-            error = event.error
-            self.stream.send({"error": {"message": error.message, "type": "api_error", "code": error.code}})
-            self.stream.done()
+            # The stream began: it ends with an error event.
+            self.stream.fail(event.error)
             self.call.finish()
 
 
@@ -456,8 +453,7 @@ class TunnelPassthrough:
                     self.request.write(b"\n\n")
                 stream = EventStream(self.request)
                 stream.open = True
-                stream.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
-                stream.done()
+                stream.fail(failure)
                 self.call.finish()
             else:
                 # Mid-body of one JSON document: the only honest signal
