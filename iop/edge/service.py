@@ -665,9 +665,7 @@ class EdgeService(MultiService):
         """
         if not self.draining:
             return
-        if self._grace_timer is not None and self._grace_timer.active():
-            self._grace_timer.cancel()
-        self._grace_timer = None
+        self._end_grace()
         left = self.inflight.all()
         if left:
             self.log.info("ending {count} run(s)/tunnel(s) still in flight", count=len(left))
@@ -675,10 +673,13 @@ class EdgeService(MultiService):
             dispatch.shut_down("the Edge is shutting down")
         self.inflight.fail_requests(_shutting_down())
 
-    def _drain_done(self, _):
+    def _end_grace(self):
         if self._grace_timer is not None and self._grace_timer.active():
             self._grace_timer.cancel()
         self._grace_timer = None
+
+    def _drain_done(self, _):
+        self._end_grace()
         if self.cluster is not None:
             # Give the nodes back first, so they register elsewhere as soon
             # as their links close (without a refused attempt).
