@@ -71,6 +71,9 @@ class GatewayNode:
         self.host = AdapterHost(gateway.clock, build)
         self.context = make_context(gateway.clock, host=self.host, store=self.store)
         self.context.token = token
+        self._dial(gateway)
+
+    def _dial(self, gateway):
         self.session = NodeSession(self.context)
         _, self.pump, _ = gateway.edge.connect(self.session)
 
@@ -83,8 +86,7 @@ class GatewayNode:
         link was lost): a new session on the same context — adapters,
         store and the background runs it kept.
         """
-        self.session = NodeSession(self.context)
-        _, self.pump, _ = gateway.edge.connect(self.session)
+        self._dial(gateway)
         gateway.flush()
 
 
