@@ -56,6 +56,17 @@ def local_load(config, pool):
     return {"groups": groups}
 
 
+def _peer_url(membership, edge_id):
+    """
+    Where to forward to C{edge_id} (its C{advertise} URL) if it is another
+    Edge, up (not draining) and reachable; else C{None}.
+    """
+    info = membership.edges.get(edge_id)
+    if edge_id == membership.edge_id or not info or info.get("state") != "up":
+        return None
+    return info.get("advertise") or None
+
+
 def choose_peer(membership, group, klass):
     """
     The other Edge (up, not draining) that is best placed to serve a
@@ -67,8 +78,8 @@ def choose_peer(membership, group, klass):
     """
     best = None
     for edge_id, document in membership.loads.items():
-        info = membership.edges.get(edge_id)
-        if edge_id == membership.edge_id or info is None or info.get("state") != "up" or not info.get("advertise"):
+        url = _peer_url(membership, edge_id)
+        if url is None:
             continue
         entry = document.get("groups", {}).get(group)
         if not isinstance(entry, dict) or klass not in entry.get("live", ()):
@@ -76,7 +87,7 @@ def choose_peer(membership, group, klass):
         room = entry.get("room", {}).get(klass, 0)
         rank = (room, -entry.get("queued", 0), edge_id)
         if best is None or rank > best[0]:
-            best = (rank, edge_id, info["advertise"])
+            best = (rank, edge_id, url)
     if best is None:
         return None
     return best[0][0], best[1], best[2]
@@ -97,10 +108,10 @@ def forward_target(membership, registry, pool, spec):
         if registry.ready_link(spec.node) is not None:
             return None
         owner = membership.owner(spec.node)
-        info = membership.edges.get(owner) if owner else None
-        if owner and owner != membership.edge_id and info and info.get("state") == "up" and info.get("advertise"):
-            return Forward(owner, info["advertise"], f"node {spec.node} is connected there")
-        return None
+        url = _peer_url(membership, owner)
+        if url is None:
+            return None
+        return Forward(owner, url, f"node {spec.node} is connected there")
     if not spec.model or pool.group(spec.model) is None:
         return None
     klass = pool.classify(spec.model, spec.input_chars())
