@@ -1,7 +1,8 @@
 """
 L{ServiceError}: the one way the Edge service tells a caller surface that
 a request failed. Surfaces map C{kind} to their own status codes (the HTTP
-table is L{iop.edge.http.errors}); the service never speaks HTTP.
+table is L{iop.edge.http.common.ERRORS_BY_KIND}); the service never
+speaks HTTP.
 """
 
 
