@@ -49,6 +49,20 @@ def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})")
 
 
+def holds_for(predicate, duration, interval=0.1, what="condition"):
+    """
+    Check C{predicate} again and again for C{duration} seconds
+    (AssertionError the first time it is false): that something I{stays}
+    true, not only that it is true once.
+    """
+    deadline = time.monotonic() + duration
+    while True:
+        assert predicate(), f"{what} stopped holding"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 class Daemon:
     """
     One twistd process. Output goes to C{<workdir>/daemon.log}.
