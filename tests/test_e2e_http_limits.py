@@ -13,7 +13,7 @@ import time
 import pytest
 from support.daemons import Launcher, echo_node, wait_for
 from test_e2e_bad_input import closed_by_peer, still_serving
-from test_e2e_node_port import rss_bytes
+from test_e2e_node_port import refused_at_once, rss_bytes
 
 HEADER_TIMEOUT = 1.5
 CAP = 40
@@ -84,18 +84,6 @@ def test_slowloris(served):
     wait_for(lambda: open_fds(served.pid) <= before + 2, what="the Edge's fds to come back")
     assert "header_timeout_sec" in served.output()
     assert still_serving(served)
-
-
-def refused_at_once(port):
-    """
-    Whether a new connection is closed by the Edge without a request (a
-    reset while connecting counts: the Edge closed it at once).
-    """
-    try:
-        with connect(port) as extra:
-            return closed_by_peer(extra, timeout=0.5)
-    except (ConnectionResetError, BrokenPipeError):
-        return True
 
 
 def test_connections_beyond_the_cap(served):

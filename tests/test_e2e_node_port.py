@@ -72,6 +72,47 @@ def send_oversize(port, size):
     return sent
 
 
+def refused_at_once(port, timeout=0.5):
+    """
+    Whether a new connection is closed by the Edge within C{timeout}
+    without a word from us (a reset while connecting counts: the Edge
+    closed it at once).
+    """
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            return closed_by_peer(extra, timeout=timeout)
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def answers_ping(sock, timeout=5.0):
+    """
+    Whether the Edge answers a Ping on C{sock} with a Pong within
+    C{timeout} (other frames before it, such as its own pings, are
+    passed over).
+    """
+    sock.sendall(frame(iop_pb2.Ping(seq=1)))
+    deadline = time.monotonic() + timeout
+    data = b""
+    try:
+        while time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            received = sock.recv(65536)
+            if not received:
+                return False
+            data += received
+            while len(data) >= 4:
+                (length,) = struct.unpack("!I", data[:4])
+                if len(data) < 4 + length:
+                    break
+                if iop_pb2.Envelope.FromString(data[4 : 4 + length]).WhichOneof("body") == "pong":
+                    return True
+                data = data[4 + length :]
+    except (TimeoutError, ConnectionResetError):
+        return False
+    return False
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_oversize_frames_before_registration_cost_nothing(served):
     """
@@ -125,9 +166,11 @@ def test_strangers_beyond_the_cap_closed_at_once(served):
     """
     idle = [socket.create_connection(("127.0.0.1", served.node_port), timeout=5) for _ in range(CAP)]
     try:
-        time.sleep(0.2)  # let the Edge accept them all
-        with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as extra:
-            assert closed_by_peer(extra, timeout=1.0)
+        # A Pong on each proves the Edge accepted it (a stranger's Ping is
+        # answered, and does not register it).
+        for sock in idle:
+            assert answers_ping(sock), "the Edge did not take a stranger's connection"
+        assert refused_at_once(served.node_port, timeout=1.0)
         assert served.node_connected("node-1")
         assert still_serving(served)
         for sock in idle:
