@@ -39,7 +39,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
 from iop.adapters.interface import AdapterConfigError
-from iop.httpheaders import relay_headers
+from iop.httpheaders import header_pairs, relay_headers
 from iop.run import (
     COMPLETE,
     ERROR,
@@ -429,11 +429,7 @@ def response_headers(response):
     headers. Twisted's client keeps C{Content-Length} apart from the other
     headers (as C{response.length}); it is put back, last, when known.
     """
-    pairs = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, values in response.headers.getAllRawHeaders()
-        for value in values
-    ]
+    pairs = header_pairs(response.headers)
     if response.length is not UNKNOWN_LENGTH:
         pairs.append(("Content-Length", str(response.length)))
     return relay_headers(pairs)
