@@ -30,11 +30,8 @@ from iop.edge.runs import RUN, RUNNING
 from iop.edge.spec import new_id
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_from_wire
-from iop.protocols.wire import OLDEST_WIRE_VERSION, WIRE_VERSION
+from iop.protocols.wire import DRAINING_WIRE_VERSION, OLDEST_WIRE_VERSION, WIRE_VERSION
 from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
-
-#: The first wire version that knows C{EdgeDraining}/C{NodeDraining}.
-DRAINING_WIRE_VERSION = 2
 
 #: How long a Node may take to acknowledge a config refresh.
 REFRESH_TIMEOUT_SEC = 30.0

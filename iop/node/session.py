@@ -26,6 +26,7 @@ from iop.node.work import Inflight
 from iop.protocols import iop_pb2
 from iop.protocols.convert import event_to_wire
 from iop.protocols.wire import (
+    DRAINING_WIRE_VERSION,
     RECONCILE_WIRE_VERSION,
     WIRE_VERSION,
     FrameTooLarge,
@@ -228,7 +229,7 @@ class NodeSession:
 
         @return: a Deferred firing once nothing is in flight any more.
         """
-        if self.state == READY and self.edge_wire_version >= 2:
+        if self.state == READY and self.edge_wire_version >= DRAINING_WIRE_VERSION:
             self.send(iop_pb2.NodeDraining(grace_sec=grace_sec, reason=reason))
         self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
         return self._drain.start()

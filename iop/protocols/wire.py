@@ -35,6 +35,9 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # response is relayed as several frames and never starves heartbeats.
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
+#: The first wire version that knows draining (C{EdgeDraining},
+#: C{NodeDraining}).
+DRAINING_WIRE_VERSION = 2
 #: The first wire version with per-stream flow control.
 FLOW_CONTROL_WIRE_VERSION = 3
 #: The credit window of one stream (docs/wire.md, "Flow control"): the
