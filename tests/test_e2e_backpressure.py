@@ -12,7 +12,7 @@ import socket
 import time
 
 import pytest
-from test_e2e_node_port import rss_bytes
+from support.probes import rss_bytes
 
 PIECES = 1024  # 64 MiB from the provider
 MiB = 1024 * 1024

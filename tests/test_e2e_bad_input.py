@@ -9,15 +9,15 @@ import json
 import random
 import socket
 import struct
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.daemons import Launcher, echo_node, wait_for
+from support.probes import closed_by_peer, frame, still_serving
 
 from iop.protocols import iop_pb2
-from iop.protocols.wire import MAX_FRAME_BYTES, envelope
+from iop.protocols.wire import MAX_FRAME_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -30,36 +30,6 @@ def served(tmp_path_factory):
         yield edge
     finally:
         launcher.stop_all()
-
-
-def frame(message):
-    data = envelope(message).SerializeToString()
-    return struct.pack("!I", len(data)) + data
-
-
-def closed_by_peer(sock, timeout=5.0):
-    """
-    Whether the peer closed the connection (EOF or reset) within C{timeout}
-    (whatever it sent before, such as a refusal or heartbeats).
-    """
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
-    return False
-
-
-def still_serving(edge):
-    status, body = edge.json(
-        "POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "still here"}]}
-    )
-    return status == 200 and body["choices"][0]["message"]["content"] == "still here"
 
 
 BAD_STREAMS = {

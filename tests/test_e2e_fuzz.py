@@ -12,7 +12,7 @@ import socket
 import time
 
 from support.daemons import echo_node, wait_for
-from test_e2e_bad_input import frame, still_serving
+from support.probes import frame, still_serving
 
 from iop.protocols import iop_pb2
 from iop.protocols.wire import WIRE_VERSION

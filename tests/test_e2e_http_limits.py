@@ -12,8 +12,7 @@ import time
 
 import pytest
 from support.daemons import Launcher, echo_node, wait_for
-from test_e2e_bad_input import closed_by_peer, still_serving
-from test_e2e_node_port import refused_at_once, rss_bytes
+from support.probes import closed_by_peer, refused_at_once, rss_bytes, still_serving
 
 HEADER_TIMEOUT = 1.5
 CAP = 40

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from support.daemons import echo_node
-from test_e2e_bad_input import closed_by_peer, frame
+from support.probes import closed_by_peer, frame
 
 from iop.protocols import iop_pb2
 

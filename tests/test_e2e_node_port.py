@@ -13,7 +13,7 @@ import time
 
 import pytest
 from support.daemons import Launcher, echo_node, wait_for
-from test_e2e_bad_input import closed_by_peer, frame, still_serving
+from support.probes import closed_by_peer, frame, refused_at_once, rss_bytes, still_serving
 
 from iop.protocols import iop_pb2
 
@@ -39,14 +39,6 @@ def served(tmp_path_factory):
         launcher.stop_all()
 
 
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -70,19 +62,6 @@ def send_oversize(port, size):
             pass
         assert closed_by_peer(sock)
     return sent
-
-
-def refused_at_once(port, timeout=0.5):
-    """
-    Whether a new connection is closed by the Edge within C{timeout}
-    without a word from us (a reset while connecting counts: the Edge
-    closed it at once).
-    """
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
-            return closed_by_peer(extra, timeout=timeout)
-    except (ConnectionResetError, BrokenPipeError):
-        return True
 
 
 def answers_ping(sock, timeout=5.0):
