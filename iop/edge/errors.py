@@ -17,11 +17,21 @@ class ServiceError(Exception):
         C{queue_timeout} or C{shutting_down}.
     @ivar status: the back end's own HTTP status, when the failure is one
         the provider reported; surfaces pass it on as it is.
+    @ivar retry_after: whole seconds after which a retry may succeed
+        (HTTP C{Retry-After}), when known.
     """
 
-    def __init__(self, kind, message, code=None, status=None):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        code: str | None = None,
+        status: int | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.code = code or kind
         self.status = status
+        self.retry_after = retry_after

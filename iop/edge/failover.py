@@ -11,6 +11,7 @@ the new one, while the caller keeps seeing one id.
 
 from dataclasses import dataclass, field
 
+from iop.edge.tenants import Ticket
 from iop.run import CAPACITY_EXCEEDED, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE
 
 
@@ -33,6 +34,8 @@ class Work:
         (the model group's C{retries}; 0 for work sent to an adapter by
         name, which has nowhere else to go).
     @ivar avoid: the provider resources (keys) that already failed it.
+    @ivar ticket: its L{iop.edge.tenants.Ticket} (tenant, estimated
+        tokens), settled once when it ends.
     """
 
     spec: object
@@ -42,6 +45,7 @@ class Work:
     attempts: int = 0
     refused_once: bool = False
     avoid: set = field(default_factory=set)
+    ticket: Ticket | None = None
 
     def wire_id(self):
         return self.id if self.attempts <= 1 else f"{self.id}-{self.attempts}"

@@ -13,6 +13,11 @@ A key entry may carry its own limits: C{max_concurrent} requests in
 progress at once and C{requests_per_minute} (a token bucket: that many at
 once, refilled evenly over a minute). Over either, a request is refused
 with 429 and C{Retry-After} (L{RateLimited}). README, "Security".
+
+A key is also a tenant (L{iop.edge.tenants}): its C{weight} and
+C{priority} order its waiting work against other keys', and
+C{tokens_per_minute} / C{tokens_per_day} budget its tokens
+(docs/edge.md, "Tenants").
 """
 
 import hashlib
@@ -24,6 +29,7 @@ from twisted.python.runtime import seconds as wall_seconds
 
 from iop.config import Section
 from iop.edge.errors import ServiceError
+from iop.edge.tenants import Tenant
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,18 @@ class KeySpec:
     name: str
     max_concurrent: int | None = None
     requests_per_minute: int | None = None
+    #: Its share of a busy queue, relative to other keys' (default 1).
+    weight: float = 1.0
+    #: The class its waiting work is served in (higher first; default 0).
+    priority: int = 0
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+
+    def tenant(self) -> Tenant:
+        """
+        This key as the queues and token budgets see it.
+        """
+        return Tenant(self.name, self.weight, self.priority, self.tokens_per_minute, self.tokens_per_day)
 
     @classmethod
     def plain(cls, key):
@@ -78,7 +96,19 @@ def _entry(section, where, value):
     if not isinstance(value, dict):
         raise section.error(where, "must be a key string or a mapping with key or sha256")
     entry = Section(value, section.key(where), section.source)
-    entry.unknown({"key", "sha256", "name", "max_concurrent", "requests_per_minute"})
+    entry.unknown(
+        {
+            "key",
+            "sha256",
+            "name",
+            "max_concurrent",
+            "requests_per_minute",
+            "weight",
+            "priority",
+            "tokens_per_minute",
+            "tokens_per_day",
+        }
+    )
     has_plain, has_hash = "key" in value, "sha256" in value
     if has_plain == has_hash:
         raise entry.error("key", "exactly one of key or sha256 is required")
@@ -95,12 +125,20 @@ def _entry(section, where, value):
         if len(digest) != 32:
             raise entry.error("sha256", "must be 64 hexadecimal digits")
     limits = {}
-    for name in ("max_concurrent", "requests_per_minute"):
+    for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
         limit = entry.get(name, int, None)
         if limit is not None and limit < 1:
             raise entry.error(name, f"must be at least 1, got {limit!r}")
         limits[name] = limit
-    return KeySpec(digest=digest, name=entry.get("name", str, _default_name(digest)), **limits)
+    weight = entry.number("weight", 1.0, positive=True)
+    priority = entry.get("priority", int, 0)
+    return KeySpec(
+        digest=digest,
+        name=entry.get("name", str, _default_name(digest)),
+        weight=weight,
+        priority=priority,
+        **limits,
+    )
 
 
 def parse_keys(section, name):

@@ -9,6 +9,7 @@ the documented limits.
 
 from dataclasses import dataclass
 
+from iop.edge.tenants import TOKEN_ESTIMATE
 from iop.protocols.wire import MAX_FRAME_BYTES
 
 #: Defaults, also documented in the README.
@@ -42,6 +43,9 @@ class Limits:
     @ivar max_waiting: requests waiting for capacity at once (in all
         queues together); beyond it a new one is answered 503
         C{overloaded} at once, so a flood costs the Edge a bounded amount.
+    @ivar token_estimate: the answer tokens a request that names no
+        C{max_tokens} is expected to cost (fair share and token budgets;
+        docs/edge.md, "Tenants").
     """
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
@@ -51,6 +55,7 @@ class Limits:
     max_http_connections: int = MAX_HTTP_CONNECTIONS
     max_body_bytes: int = MAX_BODY_BYTES
     max_waiting: int = MAX_WAITING
+    token_estimate: int = TOKEN_ESTIMATE
 
 
 def parse_limits(section):
@@ -68,6 +73,7 @@ def parse_limits(section):
             "max_http_connections",
             "max_body_bytes",
             "max_waiting",
+            "token_estimate",
         }
     )
     preauth = _count(section, "preauth_frame_bytes", PREAUTH_FRAME_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES)
@@ -80,6 +86,7 @@ def parse_limits(section):
         # A body must fit in one frame to the Node, with room for the rest.
         max_body_bytes=_count(section, "max_body_bytes", MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES // 2),
         max_waiting=_count(section, "max_waiting", MAX_WAITING),
+        token_estimate=_count(section, "token_estimate", TOKEN_ESTIMATE, minimum=0),
     )
 
 

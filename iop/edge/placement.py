@@ -42,15 +42,17 @@ class Placer:
         self.registry = registry
         self.pool = pool
 
-    def place(self, spec, avoid=()):
+    def place(self, spec, avoid=(), ticket=None):
         """
         @param spec: a L{iop.edge.spec.RunSpec}.
         @param avoid: provider resources (keys) not to place on (they
             already failed this work).
+        @param ticket: the work's L{iop.edge.tenants.Ticket}, for its place
+            in a queue.
         @return: a cancellable Deferred firing with a L{Placement}.
         """
         try:
-            d = self._lease(spec, frozenset(avoid))
+            d = self._lease(spec, frozenset(avoid), ticket)
         except ServiceError as e:
             return defer.fail(e)
         d.addCallback(self._from_lease, spec)
@@ -76,7 +78,7 @@ class Placer:
         klass = self.pool.classify(spec.model, spec.input_chars())
         return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid))
 
-    def _lease(self, spec, avoid):
+    def _lease(self, spec, avoid, ticket):
         model, node_id = spec.model, spec.node
         group = self.pool.group(model) if model else None
         if node_id:
@@ -89,18 +91,19 @@ class Placer:
                         f"model group {model!r} has no provider on node {node_id!r}",
                         code="model_not_found",
                     )
-                return self._pooled(spec, avoid, node_id)
-            return self._direct(node_id, spec.adapter or model or "", spec)
+                return self._pooled(spec, avoid, ticket, node_id)
+            return self._direct(node_id, spec.adapter or model or "", spec, ticket)
         if group is not None:
-            return self._pooled(spec, avoid)
-        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec)
+            return self._pooled(spec, avoid, ticket)
+        return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec, ticket)
 
-    def _pooled(self, spec, avoid, node_id=None):
+    def _pooled(self, spec, avoid, ticket, node_id=None):
         # Every provider will do (the common case): the pool's index then
         # chooses without scanning the group.
         accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
         try:
-            return self.pool.acquire(spec.model, self.pool.classify(spec.model, spec.input_chars()), node_id, accept)
+            klass = self.pool.classify(spec.model, spec.input_chars())
+            return self.pool.acquire(spec.model, klass, node_id, accept, ticket)
         except KeyError:
             raise _cannot_serve(f"model group {spec.model!r}", spec) from None
 
@@ -122,7 +125,7 @@ class Placer:
             )
         return links[0].node_id
 
-    def _direct(self, node_id, adapter, spec):
+    def _direct(self, node_id, adapter, spec, ticket):
         if not adapter:
             raise ServiceError("invalid", "say which adapter (or model group) should run this")
         configured = self._config().node(node_id).adapter(adapter)
@@ -132,7 +135,7 @@ class Placer:
             )
         if not spec.serves(configured.type):
             raise _cannot_serve(f"adapter {adapter!r} ({configured.type})", spec)
-        return self.pool.acquire_direct(node_id, adapter)
+        return self.pool.acquire_direct(node_id, adapter, ticket=ticket)
 
     def _from_lease(self, lease, spec):
         link = self.registry.ready_link(lease.node_id)
@@ -142,12 +145,13 @@ class Placer:
         return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
     def _pool_failure(self, failure):
+        # When to come back: from the queue's measured drain rate.
         if failure.check(NoLiveProvider):
-            raise ServiceError("unavailable", str(failure.value), code="unavailable")
+            raise ServiceError("unavailable", str(failure.value), "unavailable", retry_after=failure.value.retry_after)
         if failure.check(QueueTimeout):
-            raise ServiceError("busy", str(failure.value), code="queue_timeout")
+            raise ServiceError("busy", str(failure.value), "queue_timeout", retry_after=failure.value.retry_after)
         if failure.check(QueueFull):
-            raise ServiceError("busy", str(failure.value), code="queue_full")
+            raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)
         return failure
 
 

@@ -60,17 +60,22 @@ an outage); use L{ProviderPool.group} to check first.
 """
 
 import heapq
+import math
 from dataclasses import dataclass
-from heapq import merge
 from itertools import count
-from operator import attrgetter
 
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from iop.edge.fairline import FairLine
+from iop.edge.tenants import ANONYMOUS, Tenant, Ticket
+
 NORMAL = "normal"
 LONG = "long"
 CLASSES = (NORMAL, LONG)
+
+#: The tenant of work acquired without a ticket.
+_NOBODY = Tenant(ANONYMOUS)
 
 
 class PoolError(Exception):
@@ -86,6 +91,9 @@ class PoolError(Exception):
         super().__init__(f"{queue.label}: {problem}")
         self.group = queue.name
         self.klass = klass
+        #: Seconds until a retry may find room, from the queue's measured
+        #: drain rate (L{_Queue.retry_after}).
+        self.retry_after = queue.retry_after()
 
 
 class NoLiveProvider(PoolError):
@@ -195,7 +203,7 @@ class Lease:
     Node's disconnect already returned the slot, change nothing.
     """
 
-    def __init__(self, pool, member, spec, klass, generation, group):
+    def __init__(self, pool, member, spec, klass, generation, queue, granted_at):
         self._pool = pool
         self.node_id = member.node_id
         self.provider_id = member.provider_id
@@ -204,7 +212,10 @@ class Lease:
         self.target = member.target
         self.klass = klass
         self.generation = generation
-        self.group = group
+        self.queue = queue
+        self.group = queue.name
+        self.granted_at = granted_at
+        queue.held += 1
 
     @property
     def active(self):
@@ -298,6 +309,8 @@ class _Resource:
         returned.
         """
         returned = len(self.leases)
+        for lease in self.leases:
+            lease.queue.held -= 1
         self.leases.clear()
         self.in_use = {NORMAL: 0, LONG: 0}
         self.generation = generation
@@ -356,11 +369,19 @@ class _LoadIndex:
         heapq.heapify(self.heap)
 
 
+#: Weight of a new sample in a queue's measured hold time.
+_HOLD_SMOOTHING = 0.2
+
+#: How often waiters whose caller watches get their position.
+REPORT_INTERVAL_SEC = 1.0
+
+
 class _Queue:
     """
-    The FIFO of one model group, or of direct work on one adapter of one
+    The line of one model group, or of direct work on one adapter of one
     node: who may serve it (C{members}), how long a waiter may wait, how
-    many may wait.
+    many may wait, in what order they are served (L{FairLine}), and how
+    fast it drains (for positions' C{eta_ms} and C{Retry-After}).
     """
 
     def __init__(self, name, label, members, timeout, max_queue):
@@ -369,8 +390,12 @@ class _Queue:
         self.members = members
         self.timeout = timeout
         self.max_queue = max_queue
-        self.waiters = {}  # _Waiter -> None, oldest first
+        self.waiters = FairLine()
         self.indexes = {}  # request class -> _LoadIndex, built on first use
+        #: Leases of this queue held now, and how long one is held
+        #: (smoothed; C{None} until one was returned).
+        self.held = 0
+        self.hold_sec = None
 
     def index(self, klass, resources):
         index = self.indexes.get(klass)
@@ -378,18 +403,49 @@ class _Queue:
             index = self.indexes[klass] = _LoadIndex(klass, self.members, resources)
         return index
 
+    def returned(self, seconds):
+        """
+        A lease of this queue was returned after C{seconds}.
+        """
+        self.held -= 1
+        sample = max(seconds, 0.0)
+        self.hold_sec = sample if self.hold_sec is None else self.hold_sec + _HOLD_SMOOTHING * (sample - self.hold_sec)
+
+    def eta(self, position):
+        """
+        Seconds until the waiter at C{position} (1: next) is served, at
+        the measured drain rate: C{held} slots each freed every
+        C{hold_sec}. Before the first lease came back, one per second.
+        """
+        if self.hold_sec is None:
+            return float(position)
+        return position * self.hold_sec / max(self.held, 1)
+
+    def retry_after(self):
+        """
+        Whole seconds until a new request might be served (at least 1).
+        """
+        return max(1, math.ceil(self.eta(len(self.waiters) + 1)))
+
 
 class _Waiter:
     """
     One caller waiting in a queue, for any of C{members} (the queue's, or
-    fewer when the caller named a node).
+    fewer when the caller named a node), as its tenant's work (its
+    L{Ticket}).
     """
 
-    def __init__(self, seq, queue, members, klass):
+    def __init__(self, seq, queue, members, klass, ticket, since):
         self.seq = seq
         self.queue = queue
         self.members = members
         self.klass = klass
+        self.ticket = ticket
+        self.tenant = ticket.tenant.name
+        self.weight = ticket.tenant.weight
+        self.priority = ticket.priority
+        self.cost = ticket.cost
+        self.since = since
         self.deferred = None
         self.timer = None
 
@@ -445,6 +501,9 @@ class ProviderPool:
                 group.name, f"model group {group.name!r}", group.members, group.queue_timeout_sec, group.max_queue
             )
         self._seq = count()
+        #: Waiters whose caller wants to hear where they stand.
+        self._watched = {}
+        self._positions_call = None
 
     # -- questions
 
@@ -572,11 +631,13 @@ class ProviderPool:
 
     # -- acquiring
 
-    def acquire(self, group_name, klass, node_id=None, accept=None):
+    def acquire(self, group_name, klass, node_id=None, accept=None, ticket=None):
         """
         Lease a provider of C{group_name} for a request of class C{klass}
         (only its providers on C{node_id}, when given, and only those whose
-        L{ProviderSpec} C{accept} accepts, when given).
+        L{ProviderSpec} C{accept} accepts, when given), as C{ticket}'s
+        work (L{iop.edge.tenants.Ticket}: its tenant's share, priority and
+        cost; none: an anonymous request of no estimated cost).
 
         @return: a cancellable Deferred firing with a L{Lease}, or failing
             with L{NoLiveProvider}, L{QueueFull} or L{QueueTimeout};
@@ -586,13 +647,21 @@ class ProviderPool:
         @raise ValueError: C{klass} is neither L{NORMAL} nor L{LONG}.
         """
         queue = self._queues[self._group(group_name).name]
-        return self._acquire(queue, self._members(queue, node_id, accept), klass)
+        return self._acquire(queue, self._members(queue, node_id, accept), klass, ticket)
 
     def waiting(self):
         """
         How many requests wait in all queues together.
         """
         return self._waiting
+
+    def retry_after(self, group_name):
+        """
+        Whole seconds until a new request for C{group_name} might be served
+        (1 for anything but a model group).
+        """
+        queue = self._queues.get(group_name) if group_name in self._groups else None
+        return queue.retry_after() if queue is not None else 1
 
     def has_candidate(self, group_name, klass, node_id=None, accept=None):
         """
@@ -617,9 +686,7 @@ class ProviderPool:
             members = self._members(queue, None, accept)
         except KeyError:
             return False
-        if members is queue.members:
-            return queue.index(klass, self._resources).best() is not None
-        return any(self._resources[m.key].room(klass) > 0 for m in members)
+        return self._best(queue, members, klass) is not None
 
     def _members(self, queue, node_id, accept):
         members = queue.members
@@ -633,7 +700,7 @@ class ProviderPool:
                 raise KeyError(f"{queue.label} has no provider that can serve this request")
         return members
 
-    def acquire_direct(self, node_id, adapter, klass=NORMAL):
+    def acquire_direct(self, node_id, adapter, klass=NORMAL, ticket=None):
         """
         Lease a slot for work sent to an adapter by name: from the provider
         resources of that adapter on C{node_id} (the adapter's own implicit
@@ -642,6 +709,10 @@ class ProviderPool:
 
         @raise KeyError: no resource of that adapter on that node.
         """
+        queue = self._direct_queue(node_id, adapter)
+        return self._acquire(queue, queue.members, klass, ticket)
+
+    def _direct_queue(self, node_id, adapter):
         key = (node_id, adapter)
         queue = self._queues.get(key)
         if queue is None:
@@ -656,23 +727,28 @@ class ProviderPool:
                 f"{node_id}/{adapter}", f"adapter {adapter!r} on node {node_id}", members, self._direct_timeout, None
             )
             self._queues[key] = queue
-        return self._acquire(queue, queue.members, klass)
+        return queue
 
-    def _acquire(self, queue, members, klass):
+    def _acquire(self, queue, members, klass, ticket):
         if klass not in CLASSES:
             raise ValueError(f"{queue.label}: unknown request class {klass!r}")
-        lease = self._try_lease(queue, members, klass)
-        if lease is not None:
-            return defer.succeed(lease)
+        ticket = ticket if ticket is not None else Ticket(_NOBODY, 0)
+        best = self._best(queue, members, klass)
+        if best is not None:
+            return defer.succeed(self._grant(queue, best, klass, ticket))
         if not self._has_candidate(members, klass):
             return defer.fail(self._unavailable(queue, klass))
         if queue.max_queue is not None and len(queue.waiters) >= queue.max_queue:
             return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
-        waiter = _Waiter(next(self._seq), queue, members, klass)
+        waiter = _Waiter(next(self._seq), queue, members, klass, ticket, self._clock.seconds())
         waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
-        queue.waiters[waiter] = None
+        queue.waiters.add(waiter)
+        ticket.waiting_since = waiter.since
         self._waiting += 1
+        if ticket.on_queued is not None:
+            self._watched[waiter] = None
+            self._tell_positions_soon()
         return waiter.deferred
 
     def _group(self, name):
@@ -687,30 +763,44 @@ class ProviderPool:
     def _unavailable(self, queue, klass):
         return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
 
-    def _try_lease(self, queue, members, klass):
+    def _best(self, queue, members, klass):
         """
-        Take a slot on the least loaded member with room, or return C{None}.
+        The least loaded member with room, as C{(resource, member)}, or
+        C{None}.
         """
         if members is queue.members:
-            best = queue.index(klass, self._resources).best()
-        else:
-            # A filtered choice (a named node, a type or a failed provider
-            # left out): few members, scanned.
-            best = None
-            for member in members:
-                resource = self._resources[member.key]
-                if resource.room(klass) > 0:
-                    if best is None or resource.load(klass) < best[0].load(klass):
-                        best = (resource, member)
-        if best is None:
-            return None
+            return queue.index(klass, self._resources).best()
+        # A filtered choice (a named node, a type or a failed provider
+        # left out): few members, scanned.
+        best = None
+        for member in members:
+            resource = self._resources[member.key]
+            if resource.room(klass) > 0:
+                if best is None or resource.load(klass) < best[0].load(klass):
+                    best = (resource, member)
+        return best
+
+    def _grant(self, queue, best, klass, ticket):
+        """
+        Take a slot on C{best} for C{ticket}'s work, charging its tenant
+        the work's estimated tokens in C{queue}'s fair share (corrected to
+        what it cost when the ticket is settled).
+        """
         resource, member = best
-        lease = Lease(self, member, resource.spec, klass, resource.generation, queue.name)
+        lease = Lease(self, member, resource.spec, klass, resource.generation, queue, self._clock.seconds())
         resource.take(lease)
+        if not ticket.charged:
+            ticket.charged = True
+            tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.cost
+            queue.waiters.grant(tenant, weight, cost)
+            if not ticket.settled:
+                ticket.on_settle(lambda tokens: queue.waiters.adjust(tenant, weight, tokens - cost))
         return lease
 
     def _dequeue(self, waiter):
-        del waiter.queue.waiters[waiter]
+        waiter.queue.waiters.remove(waiter)
+        self._watched.pop(waiter, None)
+        waiter.ticket.waiting_since = None
         self._waiting -= 1
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
@@ -730,7 +820,7 @@ class ProviderPool:
 
     def _cancelled(self, waiter):
         # The Deferred errbacks CancelledError once this returns. A waiter
-        # already served but not yet fired is no longer queued: _serve sees
+        # already served but not yet fired is no longer queued: _pump sees
         # the fired Deferred and returns its lease.
         if waiter in waiter.queue.waiters:
             self._dequeue(waiter)
@@ -740,31 +830,98 @@ class ProviderPool:
         Every queued waiter, oldest first, as a list (safe to mutate the
         queues while walking it).
         """
-        return list(merge(*(queue.waiters for queue in self._queues.values()), key=attrgetter("seq")))
+        return sorted((w for queue in self._busy_queues() for w in queue.waiters), key=lambda w: w.seq)
+
+    def _busy_queues(self):
+        return [queue for queue in self._queues.values() if queue.waiters]
 
     def _pump(self):
         """
-        Serve, oldest first, every waiter that can be served now; then fire.
-        One pass is enough: serving only ever takes room away.
+        Serve every waiter that can be served now, one grant at a time:
+        each time the first servable waiter of each queue in its fair
+        order (L{FairLine.order}), and of those the one of the highest
+        priority, then the oldest. Then fire.
         """
         served = []
         full = set()  # (queue, class) found without room in this pass
-        for waiter in self._waiters():
-            unrestricted = waiter.members is waiter.queue.members
-            if unrestricted and (waiter.queue.name, waiter.klass) in full:
-                continue
-            lease = self._try_lease(waiter.queue, waiter.members, waiter.klass)
-            if lease is not None:
-                self._dequeue(waiter)
-                served.append((waiter, lease))
-            elif unrestricted:
-                full.add((waiter.queue.name, waiter.klass))
+        while True:
+            chosen = None
+            for queue in self._busy_queues():
+                for waiter in queue.waiters.order():
+                    unrestricted = waiter.members is queue.members
+                    if unrestricted and (queue.name, waiter.klass) in full:
+                        continue
+                    best = self._best(queue, waiter.members, waiter.klass)
+                    if best is None:
+                        if unrestricted:
+                            full.add((queue.name, waiter.klass))
+                        continue
+                    if chosen is None or (-waiter.priority, waiter.seq) < (-chosen[0].priority, chosen[0].seq):
+                        chosen = (waiter, best)
+                    break
+            if chosen is None:
+                break
+            waiter, best = chosen
+            self._dequeue(waiter)
+            served.append((waiter, self._grant(waiter.queue, best, waiter.klass, waiter.ticket)))
         for waiter, lease in served:
             if waiter.deferred.called:
                 # Cancelled by an earlier callback of this same batch.
                 lease.release()
             else:
                 waiter.deferred.callback(lease)
+
+    # -- what waiters are told
+
+    def _tell_positions_soon(self):
+        if self._positions_call is None or self._positions_call.getTime() > self._clock.seconds():
+            if self._positions_call is not None:
+                self._positions_call.cancel()
+            self._positions_call = self._clock.callLater(0, self._tell_positions)
+
+    def _tell_positions(self):
+        """
+        Tell every watched waiter where it stands: once as soon as it
+        queued (all those of one reactor turn together), then every
+        L{REPORT_INTERVAL_SEC} while it waits.
+        """
+        self._positions_call = None
+        if not self._watched:
+            return
+        watched_queues = {waiter.queue for waiter in self._watched}
+        for queue in watched_queues:
+            for waiter, position in queue.waiters.positions().items():
+                if waiter in self._watched:
+                    waiter.ticket.on_queued(position, int(queue.eta(position) * 1000))
+        if self._watched:
+            self._positions_call = self._clock.callLater(REPORT_INTERVAL_SEC, self._tell_positions)
+
+    def queued(self, tenant=None):
+        """
+        Every waiter (only C{tenant}'s, when given), in each queue's fair
+        order: its model group (or node/adapter), tenant, priority,
+        position, seconds waited so far and expected, and work id when
+        known.
+        """
+        now = self._clock.seconds()
+        entries = []
+        for queue in self._busy_queues():
+            for waiter, position in sorted(queue.waiters.positions().items(), key=lambda pair: pair[1]):
+                if tenant is not None and waiter.tenant != tenant:
+                    continue
+                entry = {
+                    "model": queue.name,
+                    "key": waiter.tenant,
+                    "priority": waiter.priority,
+                    "class": waiter.klass,
+                    "position": position,
+                    "waited_ms": int((now - waiter.since) * 1000),
+                    "eta_ms": int(queue.eta(position) * 1000),
+                }
+                if waiter.ticket.work_id is not None:
+                    entry["id"] = waiter.ticket.work_id
+                entries.append(entry)
+        return entries
 
     # -- releasing
 
@@ -776,6 +933,7 @@ class ProviderPool:
         resource = self._resources[(lease.node_id, lease.provider_id)]
         if not resource.give(lease):
             return False
+        lease.queue.returned(self._clock.seconds() - lease.granted_at)
         self._pump()
         return True
 
@@ -837,7 +995,19 @@ class ProviderPool:
         resource = self._resources.get((node_id, provider_id))
         if resource is None or resource.generation != generation or klass not in CLASSES:
             return None
-        lease = Lease(self, GroupMember(node_id, provider_id, target), resource.spec, klass, generation, group)
+        if group in self._groups:
+            queue = self._queues[group]
+        else:
+            queue = self._direct_queue(node_id, resource.spec.adapter)
+        lease = Lease(
+            self,
+            GroupMember(node_id, provider_id, target),
+            resource.spec,
+            klass,
+            generation,
+            queue,
+            self._clock.seconds(),
+        )
         resource.take(lease)
         return lease
 

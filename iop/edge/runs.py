@@ -117,6 +117,9 @@ class RunRecord:
         self.ended_at = None
         self.usage = None
         self.error = None
+        #: Called with the run's usage (JSON form, or C{None}) when it
+        #: ends: what settles its tenant's ticket.
+        self.on_end = None
         self.log = deque()
         self.log_bytes = 0
         self.dropped = 0
@@ -435,6 +438,9 @@ class RunBook:
             record.error = {"code": error.get("code", ""), "message": error.get("message", "")}
         elif status == CANCELLED and record.error is None:
             record.error = {"code": CANCELLED, "message": "cancelled"}
+        if record.on_end is not None:
+            on_end, record.on_end = record.on_end, None
+            on_end(record.usage)
 
     def _retire(self, record):
         if self._live.pop(record.id, None) is None:

@@ -45,6 +45,7 @@ from iop.edge.runs import RUN as RUN_KIND
 from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
+from iop.edge.tenants import ANONYMOUS, Tenant, Ticket, TokenBudgets
 from iop.protocols import iop_pb2
 from iop.protocols.wire import FrameTooLarge
 from iop.run import (
@@ -76,6 +77,14 @@ _COMMAND_FAILURE_KINDS = {
     UNKNOWN_RUN: "not_found",
     CANCELLED: "unavailable",
 }
+
+
+def _never_ran(failure, ticket):
+    """
+    Work that never started cost its tenant nothing.
+    """
+    ticket.settle(0)
+    return failure
 
 
 def _shutting_down():
@@ -117,6 +126,7 @@ class EdgeService(MultiService):
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
         self.admission = Admission(reactor, self._place)
+        self.budgets = TokenBudgets(reactor.seconds)
         self.draining = False
         self.site = None
         self.node_port = None
@@ -141,7 +151,7 @@ class EdgeService(MultiService):
 
     # -- the caller API ----------------------------------------------------------
 
-    def submit(self, spec, listener_for, may_forward=True):
+    def submit(self, spec, listener_for, may_forward=True, on_queued=None):
         """
         SubmitRun: place the work, then start it as a run or a tunnel.
 
@@ -157,6 +167,14 @@ class EdgeService(MultiService):
             Edge cluster it fails with L{iop.edge.cluster.load.Forward}
             when another Edge should serve it (unless C{may_forward} is
             false: the request was forwarded here already).
+        @param on_queued: C{on_queued(position, eta_ms)} is called while the
+            work waits for room (first as soon as it queues).
+
+        The work is its caller key's (C{spec.tenant}): it waits in its
+        model group's line by the key's priority and fair share, and its
+        estimated tokens are reserved against the key's token budgets
+        (refused with 429 C{token_budget_exceeded} when they cannot hold
+        it), settled with the tokens reported when it ends.
         """
         if self.draining:
             return defer.fail(_shutting_down())
@@ -168,21 +186,37 @@ class EdgeService(MultiService):
                 return defer.fail(forward)
         if len(self.admission) + self.pool.waiting() >= self.config.limits.max_waiting:
             return defer.fail(
-                ServiceError("unavailable", "the Edge is overloaded: too much work is waiting", code="overloaded")
+                ServiceError(
+                    "unavailable",
+                    "the Edge is overloaded: too much work is waiting",
+                    code="overloaded",
+                    retry_after=self.pool.retry_after(spec.model),
+                )
             )
+        if spec.background and not spec.runs:
+            return defer.fail(
+                ServiceError("invalid", "only chat completions can run in the background", code="invalid_background")
+            )
+        ticket = Ticket(
+            spec.tenant or Tenant(spec.caller or ANONYMOUS),
+            spec.token_estimate(self.config.limits.token_estimate),
+            spec.priority,
+            on_queued,
+        )
+        try:
+            self.budgets.reserve(ticket)
+        except ServiceError as e:
+            return defer.fail(e)
         record = None
         if spec.background:
-            if not spec.runs:
-                return defer.fail(
-                    ServiceError(
-                        "invalid", "only chat completions can run in the background", code="invalid_background"
-                    )
-                )
             spec.tunnel = None
             spec.run_id = spec.run_id or new_id("run")
+            ticket.work_id = spec.run_id
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
-        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None)
+            record.on_end = ticket.settle_usage
+        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
         d = self.admission.submit(work)
+        d.addErrback(_never_ran, ticket)
         if record is not None:
             self._queued[record.id] = d
             d.addErrback(self._not_started, record)
@@ -212,7 +246,7 @@ class EdgeService(MultiService):
     def _place(self, work):
         if self.draining:
             return defer.fail(_shutting_down())
-        d = self.placer.place(work.spec, avoid=work.avoid)
+        d = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
         d.addCallback(self._start, work)
         return d
 
@@ -243,6 +277,9 @@ class EdgeService(MultiService):
                 wire_id=wire_id,
                 **dict(self._labels(spec), adapter=placement.adapter),
             )
+            if work.ticket is not None:
+                work.ticket.work_id = work.id
+                record.on_end = work.ticket.settle_usage
             if tunnel:
                 message = _tunnel_request(wire_id, placement, spec.tunnel)
                 listener = work.listener_for(TUNNEL, work.id)

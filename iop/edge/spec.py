@@ -12,7 +12,11 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
+from iop.edge.tenants import CHARS_PER_TOKEN, Tenant
 from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
+
+#: Request fields that cap an answer's tokens, by API (chat, responses).
+_MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def new_id(prefix):
@@ -74,6 +78,10 @@ class RunSpec:
         tunnel: a background run is always a normalized run, so that its
         events can be kept and read back).
     @ivar caller: the name of the caller's key, for the token metrics.
+    @ivar tenant: the caller's key as a L{Tenant} (share, priority,
+        budgets); C{None}: an anonymous caller.
+    @ivar priority: the class the caller asked for (C{x-iop-priority}),
+        already capped at its key's own; C{None}: the key's.
     @ivar run_id: the run's id once known: a background run gets it when
         submitted, so the caller can be told before the run is placed.
     """
@@ -90,6 +98,8 @@ class RunSpec:
     runs: bool = True
     size: int | None = None
     caller: str | None = None
+    tenant: Tenant | None = None
+    priority: int | None = None
     run_id: str = ""
 
     def serves(self, adapter_type):
@@ -103,6 +113,19 @@ class RunSpec:
         Whether this request travels as a tunnel to C{adapter_type}.
         """
         return self.tunnel is not None and adapter_type in self.tunnel.types
+
+    def token_estimate(self, answer_tokens):
+        """
+        The tokens this request is expected to cost, for fair share and
+        budgets: its input by length, plus its own cap on the answer
+        (C{max_tokens} and kin) or else C{answer_tokens}; embeddings have
+        no answer tokens.
+        """
+        body = self.tunnel.body if self.tunnel is not None else self.options
+        cap = next((body[name] for name in _MAX_TOKEN_FIELDS if isinstance(body.get(name), int)), None)
+        if cap is None:
+            cap = 0 if self.tunnel is not None and self.tunnel.path == "/embeddings" else answer_tokens
+        return -(-self.input_chars() // CHARS_PER_TOKEN) + max(cap, 0)
 
     def input_chars(self):
         """

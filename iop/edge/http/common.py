@@ -18,6 +18,7 @@ from iop.edge.errors import ServiceError
 from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
+from iop.edge.tenants import ANONYMOUS, Tenant
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
 
 log = Logger()
@@ -222,7 +223,34 @@ def caller_name(request):
     The name of the key a request was admitted with (the label of the
     token metrics; never the key itself), or C{anonymous}.
     """
-    return getattr(getattr(request, "caller_key", None), "name", None) or "anonymous"
+    return getattr(getattr(request, "caller_key", None), "name", None) or ANONYMOUS
+
+
+#: The request header that asks for a priority class: an integer, capped
+#: at the caller key's own C{priority} (docs/edge.md, "Tenants").
+PRIORITY_HEADER = b"x-iop-priority"
+
+
+def claim(spec, request):
+    """
+    Make C{spec} the work of the request's caller key: its name (token
+    metrics), its tenant (share, priority, token budgets) and the priority
+    the request asks for with C{x-iop-priority} (never above the key's).
+
+    @return: C{spec}.
+    @raise HTTPError: a priority that is not an integer.
+    """
+    key = getattr(request, "caller_key", None)
+    tenant = key.tenant() if key is not None else Tenant()
+    spec.caller = tenant.name
+    spec.tenant = tenant
+    asked = request.getHeader(PRIORITY_HEADER)
+    if asked is not None:
+        try:
+            spec.priority = min(int(asked.strip()), tenant.priority)
+        except ValueError:
+            raise HTTPError("invalid", "x-iop-priority must be an integer", code="invalid_priority") from None
+    return spec
 
 
 def query(request, name):
@@ -366,6 +394,9 @@ class Call:
         self.gone = False
         self.submitting = None
         self.work_id = None
+        #: How a stream that began while the work waited (queue comments)
+        #: ends when the work never starts: C{end_stream(ServiceError)}.
+        self.end_stream = None
         request.notifyFinish().addErrback(self._caller_gone)
 
     def _caller_gone(self, failure):
@@ -377,18 +408,19 @@ class Call:
         elif self.work_id is not None:
             self.service.cancel(self.work_id)
 
-    def submit(self, spec, listener_for):
+    def submit(self, spec, listener_for, on_queued=None):
         """
         Submit C{spec} to the service for this request; errors before the
         work starts are answered here.
 
+        @param on_queued: C{on_queued(position, eta_ms)}, told while the
+            work waits for room (see L{queued_stream}).
         @return: C{NOT_DONE_YET}.
         """
         note(self.request, model=spec.model or spec.adapter)
-        if forwarded(self.request):
-            self.submitting = self.service.submit(spec, listener_for, may_forward=False)
-        else:
-            self.submitting = self.service.submit(spec, listener_for)
+        self.submitting = self.service.submit(
+            spec, listener_for, may_forward=not forwarded(self.request), on_queued=on_queued
+        )
         self.submitting.addCallback(self._started)
         self.submitting.addErrback(self.fail)
         return NOT_DONE_YET
@@ -416,10 +448,30 @@ class Call:
         if self.gone or self.request.finished:
             return None
         if self.request.startedWriting:
+            if self.end_stream is not None:
+                self.end_stream(_as_service_error(failure))
             self.finish()
             return None
         write_error(self.request, _as_service_error(failure))
         return None
+
+    def queued_stream(self, tell, end):
+        """
+        Tell the caller of a streamed request where its work stands while
+        it waits for room: C{tell(stream, position, eta_ms)} writes it on
+        the response's event stream (which it begins), and
+        C{end(stream, error)} ends that stream if the work never starts.
+
+        @return: the C{on_queued} to submit with.
+        """
+        stream = EventStream(self.request)
+        self.end_stream = lambda error: end(stream, error)
+
+        def on_queued(position, eta_ms):
+            if not (self.gone or self.request.finished):
+                tell(stream, position, eta_ms)
+
+        return on_queued
 
     def use_producer(self, producer):
         """
@@ -450,7 +502,9 @@ class EventStream:
 
     def __init__(self, request):
         self.request = request
-        self.open = False
+        # A response already begun (the caller was told its place in a
+        # queue) continues as this stream.
+        self.open = bool(getattr(request, "startedWriting", False))
 
     def start(self):
         if not self.open:

@@ -28,7 +28,7 @@ from iop.edge.http.common import (
     Call,
     EventStream,
     JSONResource,
-    caller_name,
+    claim,
     error_body,
     forwarded,
     query,
@@ -40,7 +40,7 @@ from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
 from iop.edge.spec import RunSpec
-from iop.run import TERMINAL_TYPES
+from iop.run import ERROR, TERMINAL_TYPES
 
 #: Statuses a run can have (C{GET /v1/runs?status=}).
 RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
@@ -109,6 +109,18 @@ class CollectingListener(_Listener):
             write_json(self.call.request, 200, result)
 
 
+def _tell_queued(stream, position, eta_ms):
+    """
+    A streamed native run that waits for room: a C{queued} event (no
+    C{id:}, it is not one of the run's events) per update.
+    """
+    stream.send_event({"type": "queued", "position": position, "eta_ms": eta_ms})
+
+
+def _end_queued(stream, error):
+    stream.send_event({"type": ERROR, "error": {"code": error.code, "message": error.message}})
+
+
 def parse_run(body):
     """
     The native run request, every field checked: C{adapter} (or C{model}),
@@ -142,14 +154,14 @@ def parse_run(body):
 class Runs(JSONResource):
     def handle_POST(self, request):
         body = self.read_json(request)
-        spec = parse_run(body)
-        spec.caller = caller_name(request)
+        spec = claim(parse_run(body), request)
         stream = boolean(body, "stream", True)
         if spec.background and not stream:
             return self._background(request, spec)
         call = Call(self.service, request, background=spec.background)
         listener_class = EventStreamListener if stream else CollectingListener
-        return call.submit(spec, lambda kind, run_id: listener_class(call, run_id))
+        on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
+        return call.submit(spec, lambda kind, run_id: listener_class(call, run_id), on_queued)
 
     def _background(self, request, spec):
         """

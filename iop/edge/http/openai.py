@@ -21,7 +21,7 @@ from iop.edge.http.common import (
     EventStream,
     JSONResource,
     caller_headers,
-    caller_name,
+    claim,
     relay_response_headers,
     write_error,
     write_json,
@@ -30,7 +30,17 @@ from iop.edge.http.notes import note_usage
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.service import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.run import CANCELLED, COMPLETE, DELTA, ERROR, REASONING_DELTA, START, TOOL_CALL
+from iop.run import (
+    CANCELLED,
+    COMPLETE,
+    DELTA,
+    ERROR,
+    PROVIDER_ERROR,
+    REASONING_DELTA,
+    START,
+    TOOL_CALL,
+    RunFailure,
+)
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
@@ -234,10 +244,11 @@ class ChatCompletions(JSONResource):
             options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
             tunnel=TunnelSpec("POST", "/chat/completions", headers, body, getattr(request, "raw_body", None)),
             background=background,
-            caller=caller_name(request),
         )
+        claim(spec, request)
         choices = body.get("n", 1)
         call = Call(self.service, request, background=background)
+        on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
         created = int(self.clock.seconds())
 
         def listener_for(kind, work_id):
@@ -251,7 +262,19 @@ class ChatCompletions(JSONResource):
                 raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
             return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
 
-        return call.submit(spec, listener_for)
+        return call.submit(spec, listener_for, on_queued)
+
+
+def _tell_queued(stream, position, eta_ms):
+    """
+    A streamed completion that waits for room: an SSE comment per update,
+    which OpenAI clients skip.
+    """
+    stream.comment(f"queued position={position} eta_ms={eta_ms}")
+
+
+def _end_queued(stream, error):
+    stream.fail(error)
 
 
 #: What follows a delta's text in its chunk (see L{ChunkRenderer}).
@@ -408,13 +431,24 @@ class TunnelPassthrough:
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+        #: A provider's error answer to a caller already told it was
+        #: queued: C{(status, body parts)}, ended as an SSE error event.
+        self.refused = None
 
     def use_producer(self, producer):
         self.call.use_producer(producer)
 
     def status(self, code):
-        if not self.call.gone:
-            self.request.setResponseCode(code)
+        if self.call.gone:
+            return
+        if self.request.startedWriting:
+            # The caller was told its place in the queue: the response is
+            # an event stream already, which the answer continues.
+            self.event_stream = True
+            if code >= 400:
+                self.refused = (code, [])
+            return
+        self.request.setResponseCode(code)
 
     def headers(self, pairs):
         """
@@ -422,14 +456,16 @@ class TunnelPassthrough:
         ones the Edge's server set (Server, Date) are replaced, or removed
         when the provider sent none.
         """
-        if self.call.gone:
+        if self.call.gone or self.request.startedWriting:
             return
         for name, value in relay_response_headers(self.request, pairs):
             if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
                 self.event_stream = True
 
     def body(self, data):
-        if not self.call.gone and data:
+        if self.refused is not None:
+            self.refused[1].append(data)
+        elif not self.call.gone and data:
             self.request.write(data)
             self.tail = (self.tail + data)[-2:]
 
@@ -440,6 +476,11 @@ class TunnelPassthrough:
         pass
 
     def end(self):
+        if self.refused is not None:
+            status, parts = self.refused
+            self.refused = None
+            self.error(RunFailure(PROVIDER_ERROR, _error_message(b"".join(parts), status), status))
+            return
         self.call.finish()
 
     def error(self, failure):
@@ -461,6 +502,18 @@ class TunnelPassthrough:
                 self.request.channel.transport.abortConnection()
             return
         write_error(self.request, run_failure_error(failure))
+
+
+def _error_message(body, status):
+    """
+    The message of a provider's error body (OpenAI's C{error.message}, or
+    the text), for an error event.
+    """
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")[:500]
+    return str(message) or f"the provider answered HTTP {status}"
 
 
 def model_object(name):

@@ -9,7 +9,7 @@ C{model} rewritten to the provider's target. A model group with no such
 provider answers 400 naming the endpoint.
 """
 
-from iop.edge.http.common import Call, JSONResource, caller_headers, caller_name
+from iop.edge.http.common import Call, JSONResource, caller_headers, claim
 from iop.edge.http.openai import TunnelPassthrough
 from iop.edge.http.validate import string
 from iop.edge.spec import RunSpec, TunnelSpec
@@ -47,7 +47,7 @@ class TunnelledEndpoint(JSONResource):
             tunnel=TunnelSpec("POST", self.path, caller_headers(request), body, getattr(request, "raw_body", None)),
             runs=False,
             size=_size(body.get("prompt", body.get("input"))),
-            caller=caller_name(request),
         )
+        claim(spec, request)
         call = Call(self.service, request)
         return call.submit(spec, lambda kind, work_id: TunnelPassthrough(call))

@@ -1,0 +1,178 @@
+"""
+The order in which one queue's waiters are served when several caller
+keys (tenants) share it (docs/edge.md, "Tenants").
+
+Three rules, in this order:
+
+  1. B{Priority classes.} Waiting work of a higher C{priority} is served
+     before any of a lower one. Work that already started is never
+     preempted: priorities only order the line.
+  2. B{Weighted fair share of tokens} within a class. Every tenant has a
+     I{virtual token counter}: the tokens it was served divided by its
+     C{weight}. The waiting tenant with the lowest counter is served next
+     (ties: the one served least recently, so equals take turns and a
+     newcomer goes first). A tenant is charged its
+     work's estimated tokens when the work is granted a slot, and the
+     difference to the tokens the provider reported when it ends, so
+     shares converge to the weights in tokens, not in requests.
+  3. B{FIFO} within one tenant and class.
+
+A tenant that had nothing waiting cannot bank credit while it was away:
+when it starts waiting again its counter is lifted to the lowest counter
+among the tenants already waiting (the "virtual token counter" rule), so a
+newcomer is served next (it was served least recently) but does not then
+monopolise the line: it waits at most for the next free slot. The line is
+work-conserving: it only orders waiters, so a lone tenant still gets every
+free slot.
+
+The line knows nothing of leases, clocks or Twisted; the pool
+(L{iop.edge.pool}) decides who I{can} be served, the line who I{should}.
+"""
+
+import heapq
+from collections.abc import Iterator
+from typing import Protocol
+
+
+class Waiting(Protocol):
+    """
+    What the line needs of a waiter.
+
+    @ivar seq: arrival order (lower is older), unique.
+    @ivar tenant: the caller key's name.
+    @ivar weight: the tenant's share weight (> 0).
+    @ivar priority: the waiter's class (higher first).
+    @ivar cost: the tokens it is expected to cost (for positions).
+    """
+
+    seq: int
+    tenant: str
+    weight: float
+    priority: int
+    cost: int
+
+
+class FairLine:
+    """
+    The waiters of one queue, by priority class and tenant.
+    """
+
+    def __init__(self) -> None:
+        #: priority -> tenant -> its waiters, oldest first (a dict as an
+        #: ordered set: O(1) removal of a waiter that leaves early).
+        self._levels: dict[int, dict[str, dict[Waiting, None]]] = {}
+        #: tenant -> tokens served / weight.
+        self._virtual: dict[str, float] = {}
+        #: tenant -> when it was last granted a slot (a grant count).
+        self._last_grant: dict[str, int] = {}
+        self._grants = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Waiting]:
+        """
+        Every waiter (in no particular order across tenants).
+        """
+        for level in self._levels.values():
+            for fifo in level.values():
+                yield from fifo
+
+    def __contains__(self, waiter: Waiting) -> bool:
+        fifo = self._levels.get(waiter.priority, {}).get(waiter.tenant)
+        return fifo is not None and waiter in fifo
+
+    def counter(self, tenant: str) -> float:
+        """
+        The tenant's virtual token counter (tokens served / weight).
+        """
+        return self._virtual.get(tenant, 0.0)
+
+    def add(self, waiter: Waiting) -> None:
+        level = self._levels.setdefault(waiter.priority, {})
+        fifo = level.get(waiter.tenant)
+        if fifo is None:
+            if not self._waiting(waiter.tenant):
+                self._lift(waiter.tenant)
+            fifo = level[waiter.tenant] = {}
+        fifo[waiter] = None
+        self._size += 1
+
+    def remove(self, waiter: Waiting) -> None:
+        level = self._levels[waiter.priority]
+        fifo = level[waiter.tenant]
+        del fifo[waiter]
+        self._size -= 1
+        if not fifo:
+            del level[waiter.tenant]
+            if not level:
+                del self._levels[waiter.priority]
+
+    def grant(self, tenant: str, weight: float, tokens: float) -> None:
+        """
+        C{tenant} was granted a slot for work expected to cost C{tokens}.
+        """
+        self._grants += 1
+        self._last_grant[tenant] = self._grants
+        self.adjust(tenant, weight, tokens)
+
+    def adjust(self, tenant: str, weight: float, tokens: float) -> None:
+        """
+        Count C{tokens} more served to C{tenant} (negative: a refund, when
+        its work cost less than its estimate).
+        """
+        self._virtual[tenant] = self._virtual.get(tenant, 0.0) + tokens / weight
+
+    def _rank(self, tenant: str, fifo: dict[Waiting, None]) -> tuple[float, int, int]:
+        return (self.counter(tenant), self._last_grant.get(tenant, 0), _head(fifo).seq)
+
+    def order(self) -> Iterator[Waiting]:
+        """
+        Every waiter in the order it should be served now: classes highest
+        first; within one, tenants by counter (then least recently
+        served, then oldest waiter); each
+        tenant's waiters oldest first. The caller serves the first it can
+        and asks again, since serving changes the counters.
+        """
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            for tenant in sorted(level, key=lambda t: self._rank(t, level[t])):
+                yield from level[tenant]
+
+    def positions(self) -> dict[Waiting, int]:
+        """
+        Where each waiter stands (1: next), if every waiter ahead of it is
+        served and costs its estimate: the fair order played forward, one
+        grant at a time, in O(n log tenants).
+        """
+        positions: dict[Waiting, int] = {}
+        position = 0
+        grants = self._grants
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            lines = {tenant: list(fifo) for tenant, fifo in level.items()}
+            heap = [(*self._rank(tenant, level[tenant]), tenant, 0) for tenant in level]
+            heapq.heapify(heap)
+            while heap:
+                virtual, _, _, tenant, index = heapq.heappop(heap)
+                waiter = lines[tenant][index]
+                position += 1
+                grants += 1
+                positions[waiter] = position
+                if index + 1 < len(lines[tenant]):
+                    virtual += max(waiter.cost, 1) / waiter.weight
+                    heapq.heappush(heap, (virtual, grants, lines[tenant][index + 1].seq, tenant, index + 1))
+        return positions
+
+    def _waiting(self, tenant: str) -> bool:
+        return any(tenant in level for level in self._levels.values())
+
+    def _lift(self, tenant: str) -> None:
+        waiting = [self._virtual.get(t, 0.0) for level in self._levels.values() for t in level]
+        if waiting:
+            self._virtual[tenant] = max(self._virtual.get(tenant, 0.0), min(waiting))
+
+
+def _head(fifo: dict[Waiting, None]) -> Waiting:
+    return next(iter(fifo))

@@ -1,0 +1,195 @@
+"""
+Tests for L{iop.edge.fairline}: priority classes, weighted fair share of
+tokens across tenants, FIFO within a tenant, and positions.
+"""
+
+from dataclasses import dataclass, field
+from itertools import count
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.fairline import FairLine
+
+_seq = count()
+
+
+@dataclass(eq=False)
+class W:
+    tenant: str
+    priority: int = 0
+    weight: float = 1.0
+    cost: int = 100
+    seq: int = field(default_factory=lambda: next(_seq))
+
+
+def serve(line):
+    """
+    Serve the first waiter of the line's order, charging its cost.
+    """
+    waiter = next(line.order())
+    line.remove(waiter)
+    line.grant(waiter.tenant, waiter.weight, waiter.cost)
+    return waiter
+
+
+class FairLineTests(SynchronousTestCase):
+    def test_fifo_for_one_tenant(self):
+        """
+        A lone tenant is served in arrival order: fairness only orders
+        tenants against each other.
+        """
+        line = FairLine()
+        waiters = [W("a") for _ in range(4)]
+        for w in waiters:
+            line.add(w)
+        self.assertEqual([serve(line) for _ in range(4)], waiters)
+        self.assertEqual(len(line), 0)
+
+    def test_tenants_alternate(self):
+        """
+        Two tenants of equal weight with requests of equal cost take turns,
+        however many the first one queued before the second came.
+        """
+        line = FairLine()
+        for _ in range(5):
+            line.add(W("heavy"))
+        for _ in range(2):
+            line.add(W("light"))
+        self.assertEqual([serve(line).tenant for _ in range(5)], ["heavy", "light", "heavy", "light", "heavy"])
+
+    def test_weights(self):
+        """
+        A tenant of weight 3 is served three requests for each one of a
+        tenant of weight 1.
+        """
+        line = FairLine()
+        for _ in range(8):
+            line.add(W("big", weight=3.0))
+            line.add(W("small", weight=1.0))
+        served = [serve(line).tenant for _ in range(8)]
+        self.assertEqual(served.count("big"), 6)
+        self.assertEqual(served.count("small"), 2)
+
+    def test_tokens_not_requests(self):
+        """
+        Shares are in tokens: a tenant whose requests cost 4 times as much
+        gets a quarter as many of them served.
+        """
+        line = FairLine()
+        for _ in range(10):
+            line.add(W("costly", cost=400))
+        for _ in range(10):
+            line.add(W("cheap", cost=100))
+        served = [serve(line).tenant for _ in range(10)]
+        self.assertEqual(served.count("costly"), 2)
+        self.assertEqual(served.count("cheap"), 8)
+
+    def test_priority_first(self):
+        """
+        A higher class is served before any lower one, whatever the
+        counters say.
+        """
+        line = FairLine()
+        line.grant("vip", 1.0, 10_000)
+        low = W("low", priority=0)
+        high = W("vip", priority=5)
+        line.add(low)
+        line.add(high)
+        self.assertIs(serve(line), high)
+        self.assertIs(serve(line), low)
+
+    def test_newcomer_cannot_bank_credit(self):
+        """
+        A tenant that was idle while another was served is lifted to the
+        waiting tenants' lowest counter when it comes: it is served next
+        (it was served least recently), but then takes turns instead of
+        being owed everything it missed.
+        """
+        line = FairLine()
+        for _ in range(10):
+            line.add(W("heavy"))
+        for _ in range(6):
+            serve(line)
+        for _ in range(4):
+            line.add(W("late"))
+        self.assertEqual(line.counter("late"), line.counter("heavy"))
+        self.assertEqual([serve(line).tenant for _ in range(4)], ["late", "heavy", "late", "heavy"])
+
+    def test_refund(self):
+        """
+        A negative charge (work that cost less than its estimate) lowers
+        the counter again.
+        """
+        line = FairLine()
+        line.grant("a", 2.0, 1000)
+        line.adjust("a", 2.0, -400)
+        self.assertEqual(line.counter("a"), 300.0)
+
+    def test_remove_anywhere(self):
+        """
+        A waiter that leaves from the middle is gone from the order and
+        the count; empty tenants and classes leave no trace.
+        """
+        line = FairLine()
+        a1, a2, b1 = W("a"), W("a", priority=1), W("b")
+        for w in (a1, a2, b1):
+            line.add(w)
+        line.remove(a2)
+        self.assertNotIn(a2, line)
+        self.assertEqual(list(line.order()), [a1, b1])
+        self.assertEqual(len(line), 2)
+        self.assertEqual(sorted(line, key=lambda w: w.seq), [a1, b1])
+
+    def test_positions_follow_the_order(self):
+        """
+        Positions play the order forward: 1 is served next, and each
+        position is the place the waiter would be served in.
+        """
+        line = FairLine()
+        waiters = [W("a"), W("a"), W("a"), W("b"), W("c", priority=1)]
+        for w in waiters:
+            line.add(w)
+        positions = line.positions()
+        expected = []
+        while len(line):
+            expected.append(serve(line))
+        self.assertEqual(sorted(positions, key=positions.get), expected)
+        self.assertEqual(sorted(positions.values()), [1, 2, 3, 4, 5])
+
+
+class FairShareProperties(SynchronousTestCase):
+    @settings(max_examples=40, deadline=None)
+    @given(
+        weights=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+        costs=st.lists(st.integers(50, 500), min_size=1, max_size=6),
+    )
+    def test_shares_follow_weights(self, weights, costs):
+        """
+        Tenants that all stay backlogged are served tokens in proportion to
+        their weights, within 10%, whatever their requests cost.
+        """
+        line = FairLine()
+        tenants = [f"t{i}" for i in range(len(weights))]
+        served = dict.fromkeys(tenants, 0)
+        backlog = dict.fromkeys(tenants, 0)
+        turn = count()
+
+        def top_up():
+            for tenant, weight in zip(tenants, weights, strict=True):
+                while backlog[tenant] < 3:
+                    line.add(W(tenant, weight=float(weight), cost=costs[next(turn) % len(costs)]))
+                    backlog[tenant] += 1
+
+        top_up()
+        for _ in range(60 * len(tenants)):
+            waiter = serve(line)
+            served[waiter.tenant] += waiter.cost
+            backlog[waiter.tenant] -= 1
+            top_up()
+        total = sum(served.values())
+        for tenant, weight in zip(tenants, weights, strict=True):
+            share = served[tenant] / total
+            fair = weight / sum(weights)
+            self.assertLess(abs(share - fair), 0.1 * fair, f"{tenant}: {share:.3f} against {fair:.3f}")

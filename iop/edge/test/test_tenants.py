@@ -1,0 +1,306 @@
+"""
+Tests for caller keys as tenants: fair queueing, priorities and positions
+in L{iop.edge.pool}, and token budgets in L{iop.edge.tenants}, on a
+L{Clock}.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.pool import (
+    NORMAL,
+    REPORT_INTERVAL_SEC,
+    GroupMember,
+    ModelGroupSpec,
+    ProviderPool,
+    ProviderSpec,
+    QueueFull,
+)
+from iop.edge.tenants import BudgetExceeded, Tenant, Ticket, TokenBudgets, usage_tokens
+
+
+def make_pool(clock, slots=2, **group):
+    pool = ProviderPool(
+        clock,
+        [ProviderSpec("n1", "p1", "a1", "echo", slots, 0)],
+        [ModelGroupSpec("m", (GroupMember("n1", "p1", "t"),), **group)],
+    )
+    pool.node_ready("n1", 1)
+    return pool
+
+
+class Workload:
+    """
+    Tenants sending work to a pool on a clock: each request holds its
+    lease for C{tokens / rate} seconds, then settles its ticket with the
+    tokens it cost.
+    """
+
+    def __init__(self, pool, clock, rate=100.0):
+        self.pool = pool
+        self.clock = clock
+        self.rate = rate
+        self.served = {}
+        self.waits = {}
+
+    def submit(self, tenant, tokens, estimate=None, priority=None):
+        ticket = Ticket(tenant, estimate if estimate is not None else tokens, priority)
+        asked = self.clock.seconds()
+        d = self.pool.acquire("m", NORMAL, ticket=ticket)
+
+        def granted(lease):
+            self.waits.setdefault(tenant.name, []).append(self.clock.seconds() - asked)
+
+            def done():
+                ticket.settle(tokens)
+                self.served[tenant.name] = self.served.get(tenant.name, 0) + tokens
+                lease.release()
+
+            self.clock.callLater(tokens / self.rate, done)
+            return lease
+
+        return d.addCallback(granted)
+
+
+class FairQueueTests(SynchronousTestCase):
+    def test_light_tenant_not_behind_heavy_backlog(self):
+        """
+        A tenant with one request waits for the next free slot, not behind
+        the 30 requests another tenant queued before it.
+        """
+        clock = Clock()
+        pool = make_pool(clock, queue_timeout_sec=1000)
+        work = Workload(pool, clock)
+        heavy, light = Tenant("heavy"), Tenant("light")
+        for _ in range(32):
+            work.submit(heavy, 100)
+        clock.advance(0.5)
+        work.submit(light, 100)
+        clock.advance(0.5)  # the first two heavy requests end: one slot goes to light
+        self.assertEqual(work.waits["light"], [0.5])
+
+    def test_lone_tenant_uses_every_slot(self):
+        """
+        The line is work-conserving: one tenant alone gets every free slot.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=3)
+        work = Workload(pool, clock)
+        for _ in range(6):
+            work.submit(Tenant("only"), 100)
+        self.assertEqual(work.waits["only"], [0, 0, 0])
+        clock.advance(1)
+        self.assertEqual(work.waits["only"], [0, 0, 0, 1, 1, 1])
+
+    def test_priority_served_first_never_preempting(self):
+        """
+        Waiting work of a higher priority goes first; work already running
+        keeps its slot.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1)
+        work = Workload(pool, clock)
+        work.submit(Tenant("low"), 100)
+        work.submit(Tenant("low"), 100)
+        work.submit(Tenant("vip", priority=5), 100)
+        self.assertEqual(len(work.waits["low"]), 1)  # running, not preempted
+        clock.advance(1)
+        self.assertEqual(work.waits["vip"], [1])
+        self.assertEqual(len(work.waits["low"]), 1)
+        clock.advance(1)
+        self.assertEqual(work.waits["low"], [0, 2])
+
+    def test_priority_header_lowers_only(self):
+        """
+        A ticket may ask for less than its tenant's priority: it then waits
+        behind the tenant's other work of a higher class.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1)
+        work = Workload(pool, clock)
+        tenant = Tenant("t", priority=3)
+        work.submit(tenant, 100)
+        work.submit(tenant, 100, priority=0)
+        work.submit(tenant, 100)
+        clock.advance(1)
+        clock.advance(1)
+        clock.advance(1)
+        self.assertEqual(work.waits["t"], [0, 1, 2])
+        self.assertEqual([e["priority"] for e in pool.queued()], [])
+
+    def test_estimate_reconciled(self):
+        """
+        A tenant is charged its estimate when served and the difference
+        when its ticket is settled, so an overestimate does not cost it.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1)
+        work = Workload(pool, clock)
+        work.submit(Tenant("a"), 10, estimate=1000)
+        line = pool._queues["m"].waiters
+        self.assertEqual(line.counter("a"), 1000)
+        clock.advance(1)
+        self.assertEqual(line.counter("a"), 10)
+
+    @settings(max_examples=20, deadline=None)
+    @given(
+        weights=st.lists(st.integers(1, 3), min_size=2, max_size=3),
+        sizes=st.lists(st.integers(50, 300), min_size=1, max_size=5),
+        slots=st.integers(1, 3),
+        arrival=st.floats(0.1, 50.0),
+    )
+    def test_fair_share_and_bounded_wait(self, weights, sizes, slots, arrival):
+        """
+        Backlogged tenants are served tokens within 10% of their weights'
+        shares; a tenant that arrives with one request waits no more than
+        one service time per other active tenant.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=slots, queue_timeout_sec=10_000)
+        work = Workload(pool, clock, rate=1000.0)
+        tenants = [Tenant(f"t{i}", weight=float(w)) for i, w in enumerate(weights)]
+        longest = max(sizes) / work.rate
+        sent = {t.name: 0 for t in tenants}
+
+        def top_up():
+            for tenant in tenants:
+                while sent[tenant.name] - len(work.waits.get(tenant.name, ())) < 4:
+                    work.submit(tenant, sizes[sent[tenant.name] % len(sizes)])
+                    sent[tenant.name] += 1
+
+        top_up()
+        newcomer = Tenant("newcomer")
+        clock.callLater(arrival, work.submit, newcomer, sizes[0])
+        for _ in range(5000):
+            clock.advance(0.02)
+            top_up()
+        self.assertEqual(len(work.waits["newcomer"]), 1)
+        self.assertLessEqual(work.waits["newcomer"][0], len(tenants) * longest + 1e-9)
+        busy = {t.name: work.served.get(t.name, 0) for t in tenants}
+        total = sum(busy.values())
+        for tenant in tenants:
+            fair = tenant.weight / sum(t.weight for t in tenants)
+            self.assertLess(abs(busy[tenant.name] / total - fair), 0.1 * fair)
+
+
+class PositionTests(SynchronousTestCase):
+    def test_positions_reported_until_served(self):
+        """
+        A waiter whose caller watches hears its position and an ETA from
+        the measured drain rate at once and every interval, and nothing
+        once it is served.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, queue_timeout_sec=100)
+        work = Workload(pool, clock, rate=50.0)  # 100 tokens: 2 s each
+        work.submit(Tenant("a"), 100)
+        clock.advance(2)  # one lease held for 2 s: the drain rate is known
+        work.submit(Tenant("a"), 100)
+        heard = []
+        ticket = Ticket(Tenant("b"), 100, on_queued=lambda position, eta: heard.append((position, eta)))
+        pool.acquire("m", NORMAL, ticket=ticket)
+        self.assertEqual(heard, [])
+        clock.advance(0)
+        self.assertEqual(heard, [(1, 2000)])
+        self.assertEqual(ticket.waiting_since, 2.0)
+        clock.advance(REPORT_INTERVAL_SEC)
+        self.assertEqual(len(heard), 2)
+        clock.advance(1)  # served now
+        clock.advance(REPORT_INTERVAL_SEC * 3)
+        self.assertEqual(len(heard), 2)
+        self.assertIsNone(ticket.waiting_since)
+
+    def test_queued_view(self):
+        """
+        The queue view lists waiters in fair order with their tenant,
+        position and time waited, filtered by tenant on request.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, queue_timeout_sec=100)
+        work = Workload(pool, clock)
+        work.submit(Tenant("a"), 100)
+        work.submit(Tenant("a"), 100)
+        work.submit(Tenant("a"), 100)
+        clock.advance(0.25)
+        work.submit(Tenant("b"), 100)
+        view = pool.queued()
+        self.assertEqual([(e["key"], e["position"]) for e in view], [("b", 1), ("a", 2), ("a", 3)])
+        self.assertEqual(view[1]["waited_ms"], 250)
+        self.assertEqual([e["position"] for e in pool.queued("b")], [1])
+
+    def test_retry_after_from_drain_rate(self):
+        """
+        A full queue's refusal says when to come back: how long the line
+        ahead takes at the measured hold time.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, max_queue=2, queue_timeout_sec=100)
+        work = Workload(pool, clock, rate=50.0)  # 100 tokens: 2 s each
+        for _ in range(3):
+            work.submit(Tenant("a"), 100)
+        clock.advance(2)
+        work.submit(Tenant("a"), 100)
+        failure = self.failureResultOf(pool.acquire("m", NORMAL), QueueFull)
+        self.assertEqual(failure.value.retry_after, 6)
+
+
+class BudgetTests(SynchronousTestCase):
+    def test_reserve_settle_refill(self):
+        """
+        A request reserves its estimate; while reserved the budget holds
+        less; settling spends what was reported; the bucket refills over
+        the minute; over budget is refused with when to retry.
+        """
+        clock = Clock()
+        budgets = TokenBudgets(clock.seconds)
+        tenant = Tenant("t", tokens_per_minute=600)
+        first = Ticket(tenant, 400)
+        budgets.reserve(first)
+        refused = self.assertRaises(BudgetExceeded, budgets.reserve, Ticket(tenant, 300))
+        self.assertEqual(refused.code, "token_budget_exceeded")
+        self.assertEqual(refused.retry_after, 10)  # 100 tokens short at 10 per second
+        first.settle(100)  # it cost less than reserved
+        budgets.reserve(Ticket(tenant, 300))
+        self.assertEqual(budgets.remaining("t"), {"minute": 200})
+        clock.advance(30)  # refilled to the full 600, of which 300 reserved
+        self.assertEqual(budgets.remaining("t"), {"minute": 300})
+
+    def test_day_budget_and_unbudgeted(self):
+        """
+        The day budget holds alongside the minute's; a key without budgets
+        is never refused; an estimate above a whole budget reserves the
+        whole budget rather than never fitting.
+        """
+        clock = Clock()
+        budgets = TokenBudgets(clock.seconds)
+        tenant = Tenant("t", tokens_per_minute=10_000, tokens_per_day=1000)
+        ticket = Ticket(tenant, 5000)
+        budgets.reserve(ticket)
+        ticket.settle(1000)
+        refused = self.assertRaises(BudgetExceeded, budgets.reserve, Ticket(tenant, 10))
+        self.assertIn("tokens_per_day 1000", str(refused))
+        for _ in range(3):
+            budgets.reserve(Ticket(Tenant("free"), 10**9))
+
+    def test_settle_once(self):
+        """
+        A ticket settles once: a second settle (a late duplicate end)
+        changes nothing.
+        """
+        clock = Clock()
+        budgets = TokenBudgets(clock.seconds)
+        tenant = Tenant("t", tokens_per_minute=100)
+        ticket = Ticket(tenant, 50)
+        budgets.reserve(ticket)
+        ticket.settle(50)
+        ticket.settle(50)
+        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+
+    def test_usage_tokens(self):
+        """
+        A usage report counts input plus output; no report counts nothing.
+        """
+        self.assertEqual(usage_tokens({"input_tokens": 3, "output_tokens": 4, "reasoning_tokens": 2}), 7)
+        self.assertEqual(usage_tokens(None), 0)
