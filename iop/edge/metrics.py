@@ -113,6 +113,12 @@ class HTTPMetrics:
             ["route", "method", "code"],
             registry=registry,
         )
+        self.refusals = Counter(
+            "iop_edge_refusals",
+            "Work refused (429/503, or a queued stream ended) by reason code",
+            ["reason"],
+            registry=registry,
+        )
         self.ttfb = Histogram(
             "iop_edge_http_ttfb_seconds",
             "Time to the first byte of a successful answer",
@@ -128,7 +134,13 @@ class HTTPMetrics:
         method = request.method.decode("ascii", "replace")
         if route in TIMED_ROUTES:
             self._time_first_write(route, request, self.clock.seconds())
-        request.notifyFinish().addBoth(lambda _: self.requests.labels(route, method, str(request.code)).inc())
+        request.notifyFinish().addBoth(lambda _: self._ended(route, method, request))
+
+    def _ended(self, route, method, request):
+        self.requests.labels(route, method, str(request.code)).inc()
+        refused = getattr(request, "refused", None)
+        if refused is not None:
+            self.refusals.labels(refused).inc()
 
     def _time_first_write(self, route, request, arrived):
         # Shadow this one request's write until its first call, then
@@ -164,6 +176,13 @@ def build_metrics(service, bus, clock=None):
         ["node", "kind", "model_group", "provider", "key"],
         registry=registry,
     )
+    queue_wait = Histogram(
+        "iop_edge_queue_wait_seconds",
+        "How long work waited for room, by caller key name and how the wait ended",
+        ["key", "outcome"],
+        buckets=TTFB_BUCKETS,
+        registry=registry,
+    )
     node_events = Counter("iop_edge_node_events", "Node lifecycle events", ["event"], registry=registry)
     disconnects = Counter(
         "iop_edge_node_disconnects", "Node connections lost, by cause", ["node", "cause"], registry=registry
@@ -192,6 +211,8 @@ def build_metrics(service, bus, clock=None):
         elif topic == "tunnel":
             if payload.get("status") in TERMINAL_TYPES:
                 ended("tunnel", payload["status"], payload)
+        elif topic == "queue":
+            queue_wait.labels(payload["key"], payload["event"]).observe(payload["waited_sec"])
         elif topic == "provider" and payload.get("event") == "retry":
             retries.labels(payload["node"], payload["provider"]).inc()
         elif topic == "node":

@@ -10,7 +10,9 @@ The pool owns two things and nothing else:
     one ledger with a C{normal} and a C{long} counter and the leases that
     count against them. Every model group naming the resource shares that
     one ledger.
-  - B{waiters}: one FIFO queue per model group of callers waiting for room.
+  - B{waiters}: one line per model group of callers waiting for room,
+    ordered by priority and fair share across caller keys
+    (L{iop.edge.fairline.FairLine}).
 
 It does not own connections. The registry (elsewhere) owns Node
 connections and their generations; the Edge service tells the pool when a
@@ -35,13 +37,15 @@ Rules
   - A lease is returned exactly once: by L{Lease.release} or by its Node's
     disconnect (or replacement), whichever comes first. Later calls to
     C{release} return C{False} and change nothing.
-  - Whenever room appears (a release, a ready) the queues are pumped:
-    repeatedly, B{the waiter that has waited longest among those that can
-    be served now} gets a lease. Within a group this is FIFO per request
-    class (all waiters of one group and class are eligible for the same
-    resources, so the oldest goes first); across groups the oldest waiter
-    wins. A waiter that cannot be served does not block a younger waiter
-    that can (a C{long} waiter does not hold back a C{normal} one).
+  - Whenever room appears (a release, a ready) the queues are pumped: one
+    grant at a time, each queue offers B{the first waiter in its fair
+    order that can be served now} (higher priority first, then the caller
+    key with the fewest tokens served per weight, then FIFO within a key;
+    see L{iop.edge.fairline}); of those offers the highest priority, then
+    the oldest, gets the lease. A waiter that cannot be served does not
+    block one that can (a C{long} waiter does not hold back a C{normal}
+    one). Every grant charges the waiter's key its estimated tokens; the
+    ticket's settlement corrects that to what the provider reported.
   - Because the queues are pumped after every change, no waiter is ever
     left queued while a live resource of its group has room for its class;
     so a new acquire that finds room never jumps the queue.
@@ -503,6 +507,9 @@ class ProviderPool:
         self._seq = count()
         #: Waiters whose caller wants to hear where they stand.
         self._watched = {}
+        #: C{on_wait_end(ticket, queue name, seconds, outcome)}: a waiter
+        #: left its queue (for metrics), or C{None}.
+        self.on_wait_end = None
         self._positions_call = None
 
     # -- questions
@@ -797,7 +804,14 @@ class ProviderPool:
                 ticket.on_settle(lambda tokens: queue.waiters.adjust(tenant, weight, tokens - cost))
         return lease
 
-    def _dequeue(self, waiter):
+    def _dequeue(self, waiter, outcome):
+        """
+        Take C{waiter} out of its queue; it leaves as C{outcome}
+        (C{served}, C{timeout}, C{cancelled} or C{failed}), which
+        L{on_wait_end} hears of with the time it waited.
+        """
+        if self.on_wait_end is not None:
+            self.on_wait_end(waiter.ticket, waiter.queue.name, self._clock.seconds() - waiter.since, outcome)
         waiter.queue.waiters.remove(waiter)
         self._watched.pop(waiter, None)
         waiter.ticket.waiting_since = None
@@ -808,7 +822,7 @@ class ProviderPool:
 
     def _timed_out(self, waiter):
         waiter.timer = None
-        self._dequeue(waiter)
+        self._dequeue(waiter, "timeout")
         queue = waiter.queue
         self.log.info(
             "{queue}: {klass} request timed out after {timeout}s in queue",
@@ -823,7 +837,7 @@ class ProviderPool:
         # already served but not yet fired is no longer queued: _pump sees
         # the fired Deferred and returns its lease.
         if waiter in waiter.queue.waiters:
-            self._dequeue(waiter)
+            self._dequeue(waiter, "cancelled")
 
     def _waiters(self):
         """
@@ -862,7 +876,7 @@ class ProviderPool:
             if chosen is None:
                 break
             waiter, best = chosen
-            self._dequeue(waiter)
+            self._dequeue(waiter, "served")
             served.append((waiter, self._grant(waiter.queue, best, waiter.klass, waiter.ticket)))
         for waiter, lease in served:
             if waiter.deferred.called:
@@ -1051,7 +1065,7 @@ class ProviderPool:
         failed = []
         for waiter in self._waiters():
             if condition(waiter):
-                self._dequeue(waiter)
+                self._dequeue(waiter, "failed")
                 failed.append(waiter)
         for waiter in failed:
             if not waiter.deferred.called:  # not cancelled by an earlier errback

@@ -127,6 +127,7 @@ class EdgeService(MultiService):
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
         self.admission = Admission(reactor, self._place)
         self.budgets = TokenBudgets(reactor.seconds)
+        self.pool.on_wait_end = self._wait_ended
         self.draining = False
         self.site = None
         self.node_port = None
@@ -222,6 +223,14 @@ class EdgeService(MultiService):
             d.addErrback(self._not_started, record)
             d.addBoth(self._left_queue, record.id)
         return d
+
+    def _wait_ended(self, ticket, queue, seconds, outcome):
+        """
+        Work left a queue: C{queue} events on the bus (queue wait by key).
+        """
+        self.bus.publish(
+            "queue", {"event": outcome, "key": ticket.tenant.name, "model": queue, "waited_sec": round(seconds, 6)}
+        )
 
     def _labels(self, spec):
         """
@@ -622,6 +631,13 @@ class EdgeService(MultiService):
         if self.cluster is not None:
             self.cluster.annotate(state)
         return state
+
+    def queue(self, tenant=None):
+        """
+        Work waiting for room, in the order it will be served (only the
+        key C{tenant}'s, when given): see L{ProviderPool.queued}.
+        """
+        return self.pool.queued(tenant)
 
     def models(self):
         """

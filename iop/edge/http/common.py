@@ -81,11 +81,27 @@ def _as_service_error(failure):
     return ServiceError("internal", "internal error", code="internal_error", status=500)
 
 
+#: Answers that refuse work the Edge could not take now (counted by
+#: reason in C{iop_edge_refusals_total}).
+REFUSAL_STATUSES = frozenset({429, 503})
+
+
+def refused(request, reason):
+    """
+    Mark C{request} as work the Edge refused for C{reason} (an error
+    code), for its access log line and C{iop_edge_refusals_total}.
+    """
+    request.refused = reason
+    note(request, refused=reason)
+
+
 def write_error(request, error):
     """
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
     status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
+    if status in REFUSAL_STATUSES:
+        refused(request, error.code)
     retry_after = getattr(error, "retry_after", None)
     if retry_after is not None:
         request.setHeader(b"retry-after", str(retry_after).encode("ascii"))
@@ -189,6 +205,12 @@ class Keys:
         if spec is None:
             raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
         return spec
+
+    def is_admin(self, spec):
+        """
+        Whether C{spec} (a caller's L{KeySpec}) is an admin key.
+        """
+        return spec is not None and any(spec.digest == admin.digest for admin in self.admin_keys)
 
     def check_admin(self, request):
         """
@@ -449,7 +471,9 @@ class Call:
             return None
         if self.request.startedWriting:
             if self.end_stream is not None:
-                self.end_stream(_as_service_error(failure))
+                error = _as_service_error(failure)
+                refused(self.request, error.code)
+                self.end_stream(error)
             self.finish()
             return None
         write_error(self.request, _as_service_error(failure))

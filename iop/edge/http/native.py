@@ -14,6 +14,8 @@ node commands, the events feed and the status snapshot.
   POST /v1/nodes/{node}/commands    run a node command (admin)
   GET  /v1/events                   the Edge's event bus as SSE (admin)
   GET  /v1/status                   every configured node and model group
+  GET  /v1/queue                    the caller's work waiting for room (admin:
+                                    everyone's, with a count per key)
 """
 
 from twisted.internet.interfaces import IPushProducer
@@ -40,6 +42,7 @@ from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
 from iop.edge.spec import RunSpec
+from iop.edge.tenants import Tenant
 from iop.run import ERROR, TERMINAL_TYPES
 
 #: Statuses a run can have (C{GET /v1/runs?status=}).
@@ -397,6 +400,30 @@ class TerminateSession(JSONResource):
         status, kind = _TERMINATE_FAILURES.get(code, (502, "failed"))
         answer.update(error_body(kind, reason, code))
         return status, answer
+
+
+class Queue(JSONResource):
+    """
+    C{GET /v1/queue}: the caller key's work waiting for room, in the order
+    it will be served (model group, priority, position, time waited and
+    expected, run id when known), and what is left of its token budgets.
+    An admin key sees every key's work and how much each has waiting.
+    """
+
+    def handle_GET(self, request):
+        key = getattr(request, "caller_key", None)
+        if self.keys.is_admin(key):
+            waiting = self.service.queue()
+            by_key = {}
+            for entry in waiting:
+                by_key[entry["key"]] = by_key.get(entry["key"], 0) + 1
+            return {"queued": waiting, "by_key": by_key}
+        tenant = key.tenant() if key is not None else Tenant()
+        answer = {"key": tenant.name, "queued": self.service.queue(tenant.name)}
+        budgets = self.service.budgets.remaining(tenant.name)
+        if budgets:
+            answer["tokens_left"] = budgets
+        return answer
 
 
 class NodeCommands(JSONResource):

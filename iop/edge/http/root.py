@@ -17,7 +17,7 @@ C{request.path_params["path"]}.
 from twisted.web.resource import Resource
 
 from iop.edge.http.common import Keys, NotFound
-from iop.edge.http.native import CancelRun, Events, NodeCommands, Run, RunEvents, Runs, Status, TerminateSession
+from iop.edge.http.native import CancelRun, Events, NodeCommands, Queue, Run, RunEvents, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Model, Models
 from iop.edge.http.tunnelled import TunnelledEndpoint
 from iop.edge.http.ui import add_ui_routes
@@ -118,6 +118,7 @@ def build_root(service, config, clock, metrics_resource=None):
     router.route("/v1/sessions/terminate", TerminateSession(service, keys))
     router.route("/v1/nodes/{node}/commands", NodeCommands(service, keys))
     router.route("/v1/status", Status(service, keys))
+    router.route("/v1/queue", Queue(service, keys))
     router.route("/v1/events", Events(service, keys))
     if metrics_resource is not None:
         router.route("/metrics", metrics_resource)

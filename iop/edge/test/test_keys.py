@@ -74,6 +74,29 @@ class KeyConfigTests(SynchronousTestCase):
         self.assertNotIn("secret", str(error).replace("admin_keys", ""))
         self.refused(lambda d: d.update(metrics_key={"sha256": "zz"}), "metrics_key.sha256")
 
+    def test_tenant_fields(self):
+        """
+        A key's weight, priority and token budgets make its tenant; bad
+        ones are refused naming the entry.
+        """
+        config = parsed(
+            lambda d: d.update(
+                api_keys=[
+                    {"key": "a", "name": "team-a", "weight": 2.5, "priority": 3, "tokens_per_minute": 1000},
+                    {"key": "b", "tokens_per_day": 50000},
+                ]
+            )
+        )
+        tenant = config.api_keys[0].tenant()
+        self.assertEqual((tenant.name, tenant.weight, tenant.priority), ("team-a", 2.5, 3))
+        self.assertEqual((tenant.tokens_per_minute, tenant.tokens_per_day), (1000, None))
+        self.assertEqual(config.api_keys[1].tenant().tokens_per_day, 50000)
+        self.assertEqual((config.api_keys[1].weight, config.api_keys[1].priority), (1.0, 0))
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "weight": 0}]), "api_keys[0].weight", "positive")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "priority": "high"}]), "api_keys[0].priority")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "tokens_per_day": 0}]), "api_keys[0].tokens_per_day")
+        self.refused(lambda d: d.update(limits={"token_estimate": -1}), "limits.token_estimate")
+
 
 class LimiterTests(SynchronousTestCase):
     def test_concurrent(self):
