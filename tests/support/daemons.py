@@ -190,7 +190,7 @@ class Edge(Daemon):
         C{/v1/status}, with the first caller key when keys are configured.
         """
         keys = self.config.get("api_keys") or []
-        key = keys[0] if keys and isinstance(keys[0], str) else None
+        key = keys[0] if keys and isinstance(keys[0], str) else (keys[0].get("key") if keys else None)
         return self.json("GET", "/v1/status", headers={"authorization": f"Bearer {key}"} if key else None)[1]
 
     def status_with(self, key):
