@@ -31,11 +31,11 @@ from iop.edge.http.common import (
     JSONResource,
     caller_name,
     error_body,
-    hold_until_ended,
-    run_owner,
     forwarded,
+    hold_until_ended,
     query,
     query_int,
+    run_owner,
     write_json,
 )
 from iop.edge.http.notes import note_usage
