@@ -19,6 +19,7 @@ BODY_TIMEOUT_SEC = 60.0
 MAX_HTTP_CONNECTIONS = 10000
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_WAITING = 10000
+MAX_HTTP_CONNECTIONS_PER_ADDRESS = 256
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class Limits:
     @ivar max_waiting: requests waiting for capacity at once (in all
         queues together); beyond it a new one is answered 503
         C{overloaded} at once, so a flood costs the Edge a bounded amount.
+    @ivar max_http_connections_per_address: HTTP connections one source
+        address may have being read at once; its others wait unread in
+        its line (as many again at most) until their header deadline,
+        without taking places from other addresses (L{iop.edge.doors}).
+        0 turns it off (every caller behind one load balancer).
     """
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
@@ -51,6 +57,7 @@ class Limits:
     max_http_connections: int = MAX_HTTP_CONNECTIONS
     max_body_bytes: int = MAX_BODY_BYTES
     max_waiting: int = MAX_WAITING
+    max_http_connections_per_address: int = MAX_HTTP_CONNECTIONS_PER_ADDRESS
 
 
 def parse_limits(section):
@@ -68,6 +75,7 @@ def parse_limits(section):
             "max_http_connections",
             "max_body_bytes",
             "max_waiting",
+            "max_http_connections_per_address",
         }
     )
     preauth = _count(section, "preauth_frame_bytes", PREAUTH_FRAME_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES)
@@ -80,6 +88,9 @@ def parse_limits(section):
         # A body must fit in one frame to the Node, with room for the rest.
         max_body_bytes=_count(section, "max_body_bytes", MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES // 2),
         max_waiting=_count(section, "max_waiting", MAX_WAITING),
+        max_http_connections_per_address=_count(
+            section, "max_http_connections_per_address", MAX_HTTP_CONNECTIONS_PER_ADDRESS, minimum=0
+        ),
     )
 
 

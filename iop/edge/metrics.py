@@ -79,7 +79,37 @@ class _ServiceCollector:
             queued.add_metric([group["name"]], group["queued"])
         inflight = GaugeMetricFamily("iop_edge_in_flight", "Runs and tunnels in flight")
         inflight.add_metric([], len(self.service.inflight))
-        return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health()]
+        return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health(), *self._doors()]
+
+    def _doors(self):
+        """
+        Connections refused or closed before they were served, by reason:
+        the HTTP site's (C{max_http_connections},
+        C{max_http_connections_per_address}, C{address_line_evicted},
+        C{address_wait_timeout}, C{header_timeout_sec},
+        C{body_timeout_sec}) and the Node port's
+        (C{max_unregistered_connections}); and the HTTP connections that
+        waited in their address's line.
+        """
+        refusals = CounterMetricFamily(
+            "iop_edge_refusals", "Connections refused or closed before being served, by reason", labels=["reason"]
+        )
+        waits = CounterMetricFamily(
+            "iop_edge_http_address_waits",
+            "HTTP connections that waited unread in their address's line (limits.max_http_connections_per_address)",
+        )
+        waiting = GaugeMetricFamily(
+            "iop_edge_http_waiting_connections", "HTTP connections waiting unread in their address's line now"
+        )
+        site, node_port = self.service.site, self.service.node_port
+        if site is not None:
+            for reason, count in sorted(site.refused.items()):
+                refusals.add_metric([reason], count)
+            waits.add_metric([], site.doors.waits)
+            waiting.add_metric([], site.doors.waiting)
+        if node_port is not None:
+            refusals.add_metric(["max_unregistered_connections"], node_port.refusals.count)
+        return [refusals, waits, waiting]
 
     def _health(self):
         failures = CounterMetricFamily(
