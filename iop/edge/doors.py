@@ -135,9 +135,9 @@ class Doors:
         self._gone(ticket)
         host = ticket.host
         if not ticket.inside:
-            line = self._lines[host]
-            line.remove(ticket)
-            if not line:
+            waiting_in = self._lines[host]
+            waiting_in.remove(ticket)
+            if not waiting_in:
                 del self._lines[host]
             self.waiting -= 1
             return

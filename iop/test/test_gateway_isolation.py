@@ -18,7 +18,7 @@ from iop.testing.gateway import BASE, GATEWAY_YAML, Gateway
 ALICE, BOB, ROOT = "alice-key", "bob-key", "root-key"
 
 
-def keyed(**extra):
+def keyed(**extra) -> dict:
     data = copy.deepcopy(GATEWAY_YAML)
     data["api_keys"] = [{"key": ALICE, "name": "alice"}, {"key": BOB, "name": "bob"}]
     data["admin_keys"] = [{"key": ROOT, "name": "ops"}]
@@ -201,8 +201,12 @@ class CancelTests(IsolationTestCase):
         self.assertEqual([self.gateway.service.runs.get(r).status for r in running], ["running", "running"])
 
 
+def open_api(**extra) -> dict:
+    return dict(copy.deepcopy(GATEWAY_YAML), **extra)
+
+
 class OpenAPITests(IsolationTestCase):
-    config = staticmethod(lambda: copy.deepcopy(GATEWAY_YAML))
+    config = staticmethod(open_api)
 
     def test_everyone_is_anonymous(self):
         """
