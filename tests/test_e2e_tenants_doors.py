@@ -13,6 +13,7 @@ import selectors
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -217,13 +218,73 @@ def served(edge):
     return status == 200 and body["choices"][0]["message"]["content"] == "still here"
 
 
+@contextmanager
+def fd_soft_limit(soft):
+    """
+    Daemons started inside inherit a soft RLIMIT_NOFILE of C{soft} (this
+    process gets its own back on leaving).
+    """
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+def open_files_limit(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    raise AssertionError("no open files limit")
+
+
+def stranger_against(edge, refused_reason):
+    """
+    Hold C{SLOW_CONNECTIONS} slow connections from C{STRANGER} against
+    C{edge} while 127.0.0.1 makes C{CALLER_REQUESTS} requests, half before
+    and half after the stranger's connections reached their header
+    deadline and were reopened. @return: the Edge's metrics at the end.
+    """
+    stranger = Stranger(edge.http_port, SLOW_CONNECTIONS)
+    stranger.start()
+    try:
+        wait_for(lambda: stranger.opened >= SLOW_CONNECTIONS, timeout=60, what="the stranger's connections")
+        samples = wait_for(
+            lambda: (s := scrape(edge)).get(("iop_edge_http_waiting_connections", ()), 0) >= 200 and s,
+            what="the stranger's connections to wait in its line",
+        )
+        # 256 are read, up to 256 wait: the stranger's others are refused.
+        assert samples[("iop_edge_refusals_total", (("reason", refused_reason),))] > 0
+        results = [served(edge) for _ in range(CALLER_REQUESTS // 2)]
+        wait_for(
+            lambda: scrape(edge).get(("iop_edge_refusals_total", (("reason", "header_timeout_sec"),)), 0) > 256,
+            timeout=HEADER_TIMEOUT * 5,
+            what="the stranger's connections to reach their header deadline (and be reopened)",
+        )
+        results += [served(edge) for _ in range(CALLER_REQUESTS - len(results))]
+        assert stranger.error is None, stranger.error
+        assert results == [True] * CALLER_REQUESTS
+        samples = scrape(edge)
+    finally:
+        stranger.stop()
+    assert edge.running()
+    started = time.monotonic()
+    assert served(edge)
+    assert time.monotonic() - started < 10
+    return samples
+
+
 def test_slow_stranger_does_not_shut_callers_out(launch):
     """
     A stranger holding 1,500 slow connections from 127.0.0.2 (reopening
     each one the Edge closes) against C{max_http_connections: 500}: its
     256 are read, 244 wait in its line, the rest are refused at once; all
-    20 requests from 127.0.0.1 are served, before and after the stranger's
-    connections waited out their header deadline and were reopened.
+    20 requests from 127.0.0.1 are served — each taking the place of one
+    of the stranger's waiting connections — before and after the
+    stranger's connections reached their header deadline and were
+    reopened.
     """
     if raise_fd_limit() < SLOW_CONNECTIONS + 1000:
         pytest.skip("needs a higher RLIMIT_NOFILE hard limit")
@@ -235,30 +296,22 @@ def test_slow_stranger_does_not_shut_callers_out(launch):
     )
     launch.node(edge.node_port, "tok-1")
     edge.wait_connected("node-1")
-    stranger = Stranger(edge.http_port, SLOW_CONNECTIONS)
-    stranger.start()
-    try:
-        wait_for(lambda: stranger.opened >= SLOW_CONNECTIONS, timeout=60, what="the stranger's connections")
-        samples = wait_for(
-            lambda: (s := scrape(edge)).get(("iop_edge_http_waiting_connections", ()), 0) >= 200 and s,
-            what="the stranger's connections to wait in its line",
-        )
-        # Its 256 are read, 244 wait: the other connections are refused.
-        assert samples[("iop_edge_refusals_total", (("reason", "max_http_connections"),))] > 0
-        results = [served(edge) for _ in range(CALLER_REQUESTS // 2)]
-        wait_for(
-            lambda: scrape(edge).get(("iop_edge_refusals_total", (("reason", "header_timeout_sec"),)), 0) > 256,
-            timeout=HEADER_TIMEOUT * 5,
-            what="the stranger's connections to reach their header deadline (and be reopened)",
-        )
-        results += [served(edge) for _ in range(CALLER_REQUESTS - len(results))]
-        assert stranger.error is None, stranger.error
-        assert results == [True] * CALLER_REQUESTS
-        samples = scrape(edge)
-        assert samples[("iop_edge_refusals_total", (("reason", "address_line_evicted"),))] > 0
-    finally:
-        stranger.stop()
-    assert edge.running()
-    started = time.monotonic()
-    assert served(edge)
-    assert time.monotonic() - started < 10
+    samples = stranger_against(edge, "max_http_connections")
+    assert samples[("iop_edge_refusals_total", (("reason", "address_line_evicted"),))] > 0
+
+
+def test_slow_stranger_at_1024_open_files(launch):
+    """
+    With the default limits and only 1,024 open files (a distribution's
+    default), the same stranger gets 256 connections read and 256 waiting
+    — the rest are refused at once, so it cannot run the Edge out of file
+    descriptors — and all 20 requests from 127.0.0.1 are served.
+    """
+    if raise_fd_limit() < SLOW_CONNECTIONS + 1000:
+        pytest.skip("needs a higher RLIMIT_NOFILE hard limit")
+    with fd_soft_limit(1024):
+        edge = launch.edge({"nodes": [echo_node("node-1", "tok-1")], "limits": {"header_timeout_sec": HEADER_TIMEOUT}})
+        launch.node(edge.node_port, "tok-1")
+    assert open_files_limit(edge.pid) == 1024
+    edge.wait_connected("node-1")
+    stranger_against(edge, "max_http_connections_per_address")
