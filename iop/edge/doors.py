@@ -34,6 +34,8 @@ from collections.abc import Callable
 FULL = "max_http_connections"
 LINE_FULL = "max_http_connections_per_address"
 EVICTED = "address_line_evicted"
+#: A waiting connection closed at its header deadline (the listener's).
+WAITED_OUT = "address_wait_timeout"
 
 
 class Ticket:

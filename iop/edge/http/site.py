@@ -15,13 +15,10 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web.server import Request, Site
 
-from iop.edge.doors import Doors
+from iop.edge.doors import FULL, WAITED_OUT, Doors
 from iop.edge.http.limits import LimitedChannel, Refused
 from iop.edge.limits import Limits
 from iop.edge.throttle import LogThrottle
-
-#: The C{reason} of a waiting connection closed at its header deadline.
-WAITED_OUT = "address_wait_timeout"
 
 
 class _TrackedChannel(LimitedChannel):
@@ -156,7 +153,7 @@ class EdgeSite(Site):
         before it was served, by C{reason}.
         """
         self.refused[reason] += 1
-        if reason == "max_http_connections":
+        if reason == FULL:
             self.refusals.note(cap=self.limits.max_http_connections)
         else:
             self.address_refusals.note(cap=self.doors.per_address, reason=reason)

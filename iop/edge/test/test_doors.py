@@ -12,9 +12,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.doors import EVICTED, FULL, LINE_FULL, Doors
+from iop.edge.doors import EVICTED, FULL, LINE_FULL, WAITED_OUT, Doors
 from iop.edge.http.limits import Refused
-from iop.edge.http.site import WAITED_OUT, EdgeSite
+from iop.edge.http.site import EdgeSite
 from iop.edge.limits import Limits
 from iop.edge.test.test_http_limits import Recording
 
