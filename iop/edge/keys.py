@@ -9,9 +9,12 @@ in constant time against every configured digest; keys are never logged
 (a key is named by its C{name}, or by the first 8 hex digits of its
 digest).
 
-A key entry may carry its own limits: C{max_concurrent} requests in
-progress at once and C{requests_per_minute} (a token bucket: that many at
-once, refilled evenly over a minute). Over either, a request is refused
+A key entry may carry its own limits: C{max_concurrent} requests that
+run work (chat completions, completions, embeddings, responses, runs,
+node commands) in progress at once — a background run counts until it
+ends, not only until its 202, and reading or cancelling runs is never
+held up by it — and C{requests_per_minute} (a token bucket: that many at once,
+refilled evenly over a minute). Over either, a request is refused
 with 429 and C{Retry-After} (L{RateLimited}). README, "Security".
 
 A key is also a tenant (L{iop.edge.tenants}): its C{weight} and
@@ -181,6 +184,10 @@ class RateLimited(ServiceError):
         self.retry_after = retry_after
 
 
+def _nothing(_=None):
+    return None
+
+
 class KeyLimiter:
     """
     What each key is spending: requests in progress and a per-minute token
@@ -194,21 +201,29 @@ class KeyLimiter:
         self.in_progress = {}
         self._buckets = {}
 
-    def admit(self, spec):
+    def admit(self, spec, concurrent=True):
         """
-        Count one request of C{spec}.
+        Count one request of C{spec}: against C{requests_per_minute}, and
+        unless C{concurrent} is false (a request that runs no work) against
+        C{max_concurrent} until it ends.
 
-        @return: a callable that ends it (idempotent).
+        @return: a callable that ends it (idempotent). It takes any one
+            argument and returns C{None}, so it can end a Deferred's chain
+            (a request's C{notifyFinish}, which fails when the caller
+            disconnects) without passing a failure on to be logged as
+            unhandled.
         @raise RateLimited: if the key is over a limit (nothing counted).
         """
         busy = self.in_progress.get(spec.digest, 0)
-        if spec.max_concurrent is not None and busy >= spec.max_concurrent:
+        if concurrent and spec.max_concurrent is not None and busy >= spec.max_concurrent:
             raise RateLimited(
                 f"API key {spec.name} already has {busy} requests in progress (max_concurrent {spec.max_concurrent})",
                 retry_after=1,
             )
         if spec.requests_per_minute is not None:
             self._take_token(spec)
+        if not concurrent:
+            return _nothing
         self.in_progress[spec.digest] = busy + 1
         done = []
 
@@ -220,7 +235,6 @@ class KeyLimiter:
                     self.in_progress[spec.digest] = left
                 else:
                     del self.in_progress[spec.digest]
-            return _
 
         return release
 

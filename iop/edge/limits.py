@@ -20,6 +20,7 @@ BODY_TIMEOUT_SEC = 60.0
 MAX_HTTP_CONNECTIONS = 10000
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_WAITING = 10000
+MAX_HTTP_CONNECTIONS_PER_ADDRESS = 256
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Limits:
     @ivar token_estimate: the answer tokens a request that names no
         C{max_tokens} is expected to cost (fair share and token budgets;
         docs/edge.md, "Tenants").
+    @ivar max_http_connections_per_address: HTTP connections one source
+        address may have being read at once; its others wait unread in
+        its line (as many again at most) until their header deadline,
+        without taking places from other addresses (L{iop.edge.doors}).
+        0 turns it off (every caller behind one load balancer).
     """
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
@@ -56,6 +62,7 @@ class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     max_waiting: int = MAX_WAITING
     token_estimate: int = TOKEN_ESTIMATE
+    max_http_connections_per_address: int = MAX_HTTP_CONNECTIONS_PER_ADDRESS
 
 
 def parse_limits(section):
@@ -74,6 +81,7 @@ def parse_limits(section):
             "max_body_bytes",
             "max_waiting",
             "token_estimate",
+            "max_http_connections_per_address",
         }
     )
     preauth = _count(section, "preauth_frame_bytes", PREAUTH_FRAME_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES)
@@ -87,6 +95,9 @@ def parse_limits(section):
         max_body_bytes=_count(section, "max_body_bytes", MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES // 2),
         max_waiting=_count(section, "max_waiting", MAX_WAITING),
         token_estimate=_count(section, "token_estimate", TOKEN_ESTIMATE, minimum=0),
+        max_http_connections_per_address=_count(
+            section, "max_http_connections_per_address", MAX_HTTP_CONNECTIONS_PER_ADDRESS, minimum=0
+        ),
     )
 
 

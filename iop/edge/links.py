@@ -261,6 +261,7 @@ class NodeLinks:
             target=run.target,
             provider=self.pool.resource_of(link.node_id, run.adapter),
             background=True,
+            caller=run.caller or None,
         )
         self.inflight.runs.started(record)
         placement = Placement(link, run.adapter, self._adapter_type(link.node_id, run.adapter), run.target)

@@ -69,7 +69,7 @@ def peer_site(edge, reactor):
 
     config = edge.config
     root = PeerGate(build_root(edge, config, reactor), config.cluster.secret)
-    return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
+    return EdgeSite(root, limits=config.limits, access_log=config.access_log, per_address=False, reactor=reactor)
 
 
 def add_listeners(edge, reactor):

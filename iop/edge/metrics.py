@@ -47,8 +47,9 @@ def disconnect_cause(reason):
 
 
 class _ServiceCollector:
-    def __init__(self, service):
+    def __init__(self, service, refused):
         self.service = service
+        self.refused = refused
 
     def collect(self):
         status = self.service.status()
@@ -79,7 +80,42 @@ class _ServiceCollector:
             queued.add_metric([group["name"]], group["queued"])
         inflight = GaugeMetricFamily("iop_edge_in_flight", "Runs and tunnels in flight")
         inflight.add_metric([], len(self.service.inflight))
-        return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health()]
+        return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health(), *self._doors()]
+
+    def _doors(self):
+        """
+        Connections refused or closed before they were served, by reason:
+        the HTTP site's (C{max_http_connections},
+        C{max_http_connections_per_address}, C{address_line_evicted},
+        C{address_wait_timeout}, C{header_timeout_sec},
+        C{body_timeout_sec}), the Node port's
+        (C{max_unregistered_connections}) and work refused by error code
+        (C{queue_full}, C{token_budget_exceeded}, ...); and the HTTP
+        connections that waited in their address's line.
+        """
+        refusals = CounterMetricFamily(
+            "iop_edge_refusals",
+            "Connections and work refused or closed before being served, by reason",
+            labels=["reason"],
+        )
+        waits = CounterMetricFamily(
+            "iop_edge_http_address_waits",
+            "HTTP connections that waited unread in their address's line (limits.max_http_connections_per_address)",
+        )
+        waiting = GaugeMetricFamily(
+            "iop_edge_http_waiting_connections", "HTTP connections waiting unread in their address's line now"
+        )
+        for reason, count in sorted(self.refused.items()):
+            refusals.add_metric([reason], count)
+        site, node_port = self.service.site, self.service.node_port
+        if site is not None:
+            for reason, count in sorted(site.refused.items()):
+                refusals.add_metric([reason], count)
+            waits.add_metric([], site.doors.waits)
+            waiting.add_metric([], site.doors.waiting)
+        if node_port is not None:
+            refusals.add_metric(["max_unregistered_connections"], node_port.refusals.count)
+        return [refusals, waits, waiting]
 
     def _health(self):
         failures = CounterMetricFamily(
@@ -113,12 +149,9 @@ class HTTPMetrics:
             ["route", "method", "code"],
             registry=registry,
         )
-        self.refusals = Counter(
-            "iop_edge_refusals",
-            "Work refused (429/503, or a queued stream ended) by reason code",
-            ["reason"],
-            registry=registry,
-        )
+        #: Work refused (429/503, or a queued stream ended) by reason
+        #: code; reported in C{iop_edge_refusals_total} with the doors'.
+        self.refused = {}
         self.ttfb = Histogram(
             "iop_edge_http_ttfb_seconds",
             "Time to the first byte of a successful answer",
@@ -140,7 +173,7 @@ class HTTPMetrics:
         self.requests.labels(route, method, str(request.code)).inc()
         refused = getattr(request, "refused", None)
         if refused is not None:
-            self.refusals.labels(refused).inc()
+            self.refused[refused] = self.refused.get(refused, 0) + 1
 
     def _time_first_write(self, route, request, arrived):
         # Shadow this one request's write until its first call, then
@@ -160,7 +193,8 @@ def build_metrics(service, bus, clock=None):
         L{HTTPMetrics} the router reports requests to.
     """
     registry = CollectorRegistry()
-    registry.register(_ServiceCollector(service))
+    http = HTTPMetrics(registry, clock if clock is not None else service.clock)
+    registry.register(_ServiceCollector(service, http.refused))
     terminals = Counter(
         "iop_edge_run_terminals", "How runs and tunnels ended, by terminal type", ["type", "kind"], registry=registry
     )
@@ -221,7 +255,7 @@ def build_metrics(service, bus, clock=None):
                 disconnects.labels(payload["node"] or "", disconnect_cause(payload.get("reason"))).inc()
 
     bus.subscribe(observe)
-    return EdgeMetricsPage(registry, HTTPMetrics(registry, clock if clock is not None else service.clock))
+    return EdgeMetricsPage(registry, http)
 
 
 class EdgeMetricsPage(MetricsPage):

@@ -17,6 +17,11 @@ record: its store holds every event (docs/node.md, "Run store"), and the
 book asks for what it lacks through a C{fetch(run_id, node, after)}
 callable (the C{run_get} node command).
 
+Every run and tunnel belongs to the caller key that started it (its
+C{caller}, the key's name): a reader limited to one key (an C{owner})
+sees only that key's work, and anything else is answered as if it did
+not exist (docs/edge.md, "Isolation").
+
 Events are numbered by the C{seq} the Node gave them on the wire, so the
 Edge's log, the Node's store and a resumed stream agree; an event the Edge
 makes up itself (a cancel the Node never confirmed, a lost Node) takes the
@@ -65,6 +70,22 @@ DELTA_TOPIC = "run_delta"
 TUNNEL_TOPIC = "tunnel"
 
 
+def visible(owner, caller):
+    """
+    Whether work that belongs to the caller key named C{caller} may be
+    seen by a reader limited to C{owner} (C{None}: a reader who sees all).
+    """
+    return owner is None or caller == owner
+
+
+def no_such_run(run_id):
+    """
+    What a reader is told of a run that does not exist, or is another
+    key's: the same answer, so that it learns nothing of the other.
+    """
+    return ServiceError("not_found", f"no run {run_id}", code="run_not_found")
+
+
 def event_json(run_id, seq, event):
     """
     One native run event: C{run_id}, C{seq}, C{type}, C{text} for deltas,
@@ -97,6 +118,8 @@ class RunRecord:
         first; C{first_seq} is the seq of the oldest event ever logged that
         is still there (1 when nothing was dropped).
     @ivar followers: the L{Follower}s waiting for more events.
+    @ivar on_end: callables to call once when the work ends (see
+        L{RunBook.when_ended}).
     """
 
     def __init__(self, run_id, kind, created_at, **fields):
@@ -117,14 +140,12 @@ class RunRecord:
         self.ended_at = None
         self.usage = None
         self.error = None
-        #: Called with the run's usage (JSON form, or C{None}) when it
-        #: ends: what settles its tenant's ticket.
-        self.on_end = None
         self.log = deque()
         self.log_bytes = 0
         self.dropped = 0
         self.last_seq = 0
         self.followers = []
+        self.on_end = []
 
     @property
     def done(self):
@@ -165,6 +186,7 @@ class RunRecord:
             "ended_at": self.ended_at,
             "usage": self.usage,
             "error": self.error,
+            "key": self.caller,
         }
         if output and self.kind == RUN:
             answer["output"] = self.output()
@@ -209,6 +231,7 @@ def stored_json(node_id, row, run_id=None):
         "ended_at": row.get("ended_at"),
         "usage": row.get("usage"),
         "error": error,
+        "key": row.get("caller"),
     }
     if "output" in row and answer["kind"] == RUN:
         answer["output"] = row["output"]
@@ -335,6 +358,17 @@ class RunBook:
         every = list(self._live.values()) + list(self._finished.values())
         return sorted(every, key=lambda r: r.created_at, reverse=True)
 
+    def when_ended(self, record, callback):
+        """
+        Call C{callback()} once when C{record}'s work ends, however it ends
+        (a terminal, a failure or cancel before it started); at once if it
+        has ended already.
+        """
+        if record.done:
+            callback()
+        else:
+            record.on_end.append(callback)
+
     def locate(self, run_id):
         """
         Where to ask about a run the book may no longer hold: C{(node_id,
@@ -438,9 +472,9 @@ class RunBook:
             record.error = {"code": error.get("code", ""), "message": error.get("message", "")}
         elif status == CANCELLED and record.error is None:
             record.error = {"code": CANCELLED, "message": "cancelled"}
-        if record.on_end is not None:
-            on_end, record.on_end = record.on_end, None
-            on_end(record.usage)
+        callbacks, record.on_end = record.on_end, []
+        for callback in callbacks:
+            callback()
 
     def _retire(self, record):
         if self._live.pop(record.id, None) is None:
@@ -465,17 +499,21 @@ class RunBook:
 
     # -- reading back
 
-    def follow(self, run_id, after, write, end):
+    def follow(self, run_id, after, write, end, owner=None):
         """
         Replay a run's events after C{after}, then follow it live until
         its terminal.
 
+        @param owner: only a run of this caller key's (C{None}: any).
         @return: a Deferred firing with the L{Follower} once it is
             attached (its first events may already be written), or failing
-            with a L{ServiceError} (C{not_found}: no such run).
+            with a L{ServiceError} (C{not_found}: no such run, or not
+            C{owner}'s).
         """
         follower = Follower(write, end, after)
         record = self.get(run_id)
+        if record is not None and not visible(owner, record.caller):
+            return defer.fail(no_such_run(run_id))
         if record is not None and record.kind == TUNNEL:
             return defer.fail(ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run"))
         if record is not None and after + 1 >= record.first_seq:
@@ -483,7 +521,7 @@ class RunBook:
             return defer.succeed(follower)
         node_id, wire_id = self.locate(run_id)
         if record is None and self.fetch is None:
-            return defer.fail(ServiceError("not_found", f"no run {run_id}", code="run_not_found"))
+            return defer.fail(no_such_run(run_id))
         if record is not None:
             # Hold live events while the Node's store fills the gap.
             follower.catching_up = True
@@ -492,6 +530,8 @@ class RunBook:
 
         def fetched(found):
             _, answer = found
+            if record is None and not visible(owner, answer.get("run", {}).get("caller")):
+                raise no_such_run(run_id)
             if answer.get("run", {}).get("kind") == TUNNEL:
                 raise ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run")
             events = [(e["seq"], dict(e, run_id=run_id)) for e in answer.get("events", [])]

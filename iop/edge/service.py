@@ -40,7 +40,7 @@ from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import QUEUED, RunBook, stored_json
+from iop.edge.runs import QUEUED, RunBook, no_such_run, stored_json, visible
 from iop.edge.runs import RUN as RUN_KIND
 from iop.edge.runs import TUNNEL as TUNNEL_KIND
 from iop.edge.spec import new_id
@@ -214,7 +214,7 @@ class EdgeService(MultiService):
             spec.run_id = spec.run_id or new_id("run")
             ticket.work_id = spec.run_id
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
-            record.on_end = ticket.settle_usage
+            self.runs.when_ended(record, lambda: ticket.settle_usage(record.usage))
         work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
         d = self.admission.submit(work)
         d.addErrback(_never_ran, ticket)
@@ -288,9 +288,10 @@ class EdgeService(MultiService):
             )
             if work.ticket is not None:
                 work.ticket.work_id = work.id
-                record.on_end = work.ticket.settle_usage
+                ticket = work.ticket
+                self.runs.when_ended(record, lambda: ticket.settle_usage(record.usage))
             if tunnel:
-                message = _tunnel_request(wire_id, placement, spec.tunnel)
+                message = _tunnel_request(wire_id, placement, spec.tunnel, spec.caller)
                 listener = work.listener_for(TUNNEL, work.id)
                 dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work.id, record)
             else:
@@ -390,10 +391,18 @@ class EdgeService(MultiService):
         d.addErrback(not_placed)
         d.addBoth(lambda _: self._placing_again.pop(work.id, None))
 
-    def cancel(self, work_id):
+    def cancel(self, work_id, owner=None):
         """
-        Cancel a run or tunnel. @return: whether it was in flight.
+        Cancel a run or tunnel.
+
+        @param owner: only work of this caller key's (C{None}: any).
+        @return: whether it was in flight (and C{owner}'s).
         """
+        if owner is not None:
+            # Work in flight or queued is on record until it ends.
+            record = self.runs.get(work_id)
+            if record is None or not visible(owner, record.caller):
+                return False
         waiting = self._placing_again.get(work_id) or self._queued.get(work_id)
         if waiting is not None:
             waiting.cancel()
@@ -500,16 +509,20 @@ class EdgeService(MultiService):
 
     # -- run history --------------------------------------------------------------
 
-    def get_run(self, run_id):
+    def get_run(self, run_id, owner=None):
         """
         One run or tunnel: from the run book while it is in memory (and
         its log whole), else from the store of the Node it ran on.
 
+        @param owner: only work of this caller key's (C{None}: any).
         @return: a Deferred firing with its JSON object (C{GET
             /v1/runs/{id}}), or failing with a L{ServiceError}
-            (C{not_found}; C{unavailable} when its node is offline).
+            (C{not_found}, also for another key's run; C{unavailable} when
+            its node is offline).
         """
         record = self.runs.get(run_id)
+        if record is not None and not visible(owner, record.caller):
+            return defer.fail(no_such_run(run_id))
         if record is not None and (record.complete_log or record.kind == TUNNEL):
             return defer.succeed(record.as_json())
         node_id, wire_id = self.runs.locate(run_id)
@@ -519,6 +532,8 @@ class EdgeService(MultiService):
             node_id, answer = found
             stored = stored_json(node_id, answer["run"], run_id)
             if record is None:
+                if not visible(owner, stored["key"]):
+                    raise no_such_run(run_id)
                 return stored
             # The Edge's view is the current one; the Node has the whole text.
             return dict(record.as_json(), output=stored.get("output", ""))
@@ -536,11 +551,12 @@ class EdgeService(MultiService):
 
         return d.addCallbacks(fetched, failed)
 
-    def list_runs(self, node_id=None, status=None, limit=50):
+    def list_runs(self, node_id=None, status=None, limit=50, owner=None):
         """
         Recent runs and tunnels, newest first: those the Edge has in
         memory (queued ones included) and those in the stores of the ready
-        nodes (only C{node_id}'s, when given).
+        nodes (only C{node_id}'s, when given), only C{owner}'s when given
+        (a caller key's name).
 
         @return: a Deferred firing with C{{"runs": [...]}}, plus
             C{"incomplete": [node ids]} naming nodes that could not be
@@ -550,7 +566,11 @@ class EdgeService(MultiService):
             return defer.fail(ServiceError("not_found", f"no node {node_id!r} is configured"))
         known = {}
         for record in self.runs.records():
-            if (node_id is None or record.node == node_id) and (status is None or record.status == status):
+            if (
+                (node_id is None or record.node == node_id)
+                and (status is None or record.status == status)
+                and visible(owner, record.caller)
+            ):
                 known[record.id] = record.as_json(output=False)
         nodes = [node_id] if node_id is not None else [n.id for n in self.config.nodes]
         asked, incomplete = [], []
@@ -561,6 +581,8 @@ class EdgeService(MultiService):
             args = {"limit": limit}
             if status is not None:
                 args["status"] = status
+            if owner is not None:
+                args["caller"] = owner
             asked.append((node, self.command(node, "run_list", "", args)))
 
         def merge(results):
@@ -570,7 +592,9 @@ class EdgeService(MultiService):
                     incomplete.append(node)
                     continue
                 for row in answer.get("runs", []):
-                    known.setdefault(row["run_id"], stored_json(node, row))
+                    # (An older node does not filter by caller.)
+                    if visible(owner, row.get("caller")):
+                        known.setdefault(row["run_id"], stored_json(node, row))
             runs = sorted(known.values(), key=lambda r: r.get("created_at") or 0, reverse=True)[:limit]
             answer = {"runs": runs}
             if incomplete:
@@ -579,12 +603,12 @@ class EdgeService(MultiService):
 
         return defer.DeferredList([d for _, d in asked], consumeErrors=True).addCallback(merge)
 
-    def follow(self, run_id, after, write, end):
+    def follow(self, run_id, after, write, end, owner=None):
         """
         Replay a run's events after C{after} and follow it to its terminal
-        (see L{RunBook.follow}).
+        (see L{RunBook.follow}); only C{owner}'s run when given.
         """
-        return self.runs.follow(run_id, after, write, end)
+        return self.runs.follow(run_id, after, write, end, owner)
 
     def _fetch_run(self, run_id, node_id, after):
         """
@@ -754,6 +778,7 @@ def _run_request(run_id, placement, spec):
         session_id=spec.session_id,
         background=spec.background,
         options_json=json.dumps(spec.options) if spec.options else "",
+        caller=spec.caller or "",
     )
     for m in spec.messages:
         message.messages.add(
@@ -767,13 +792,14 @@ def _run_request(run_id, placement, spec):
     return message
 
 
-def _tunnel_request(tunnel_id, placement, tunnel):
+def _tunnel_request(tunnel_id, placement, tunnel, caller):
     message = iop_pb2.ProviderTunnelRequest(
         tunnel_id=tunnel_id,
         adapter=placement.adapter,
         method=tunnel.method,
         path=tunnel.path,
         body=tunnel.encoded_body(placement.target),
+        caller=caller or "",
     )
     for name, value in tunnel.headers:
         message.headers.add(name=name, value=value)

@@ -219,14 +219,16 @@ class CommandHandler:
     def run_list(self, adapter, args):
         """
         The latest runs and tunnels from the store, newest first:
-        C{{"runs": [rows]}}, filtered by C{status} and C{kind}, at most
-        C{limit} (50; up to L{RUN_LIST_MAX}).
+        C{{"runs": [rows]}}, filtered by C{status}, C{kind} and C{caller}
+        (the name of the caller key they belong to), at most C{limit} (50;
+        up to L{RUN_LIST_MAX}).
         """
         status, kind, limit = args.get("status"), args.get("kind"), args.get("limit", 50)
-        for name, value in (("status", status), ("kind", kind)):
+        caller = args.get("caller")
+        for name, value in (("status", status), ("kind", kind), ("caller", caller)):
             if value is not None and not isinstance(value, str):
                 raise CommandError(INVALID_ARGS, f"{name} must be a string")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= RUN_LIST_MAX:
             raise CommandError(INVALID_ARGS, f"limit must be an integer from 1 to {RUN_LIST_MAX}")
-        d = self.context.store.list_runs(status or None, kind or None, limit)
+        d = self.context.store.list_runs(status or None, kind or None, limit, caller or None)
         return d.addCallback(lambda rows: {"runs": rows})

@@ -86,6 +86,7 @@ class DetachedRuns:
                 target=relay.request.target,
                 status=relay.status,
                 last_seq=relay.seq,
+                caller=relay.request.caller,
             )
             for relay in self._runs.values()
         ]

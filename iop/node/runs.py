@@ -188,6 +188,7 @@ class RunRelay(Work):
             self.request.target,
             self.request.session_id,
             self.request.background,
+            self.request.caller,
         )
         self.begin(self.hosted.adapter.execute, run, Emit(self))
 
@@ -327,7 +328,13 @@ class RunManager:
         """
         self.log.info("run {run_id} refused: {code}: {message}", run_id=request.run_id, code=code, message=message)
         self.record(
-            "record_start", request.run_id, request.adapter, request.target, request.session_id, request.background
+            "record_start",
+            request.run_id,
+            request.adapter,
+            request.target,
+            request.session_id,
+            request.background,
+            request.caller,
         )
         event = RunEventData(ERROR, error=RunFailure(code, message))
         self.record_event(request.run_id, 1, event)

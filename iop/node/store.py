@@ -92,11 +92,13 @@ _ADDED_COLUMNS = (
     ("error_code", "TEXT"),
     ("usage", "TEXT"),
     ("bytes", "INTEGER"),
+    ("caller", "TEXT"),
 )
 
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS runs_started ON runs (started_at)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status)",
+    "CREATE INDEX IF NOT EXISTS runs_caller ON runs (caller, started_at)",
 )
 
 _COLUMNS = (
@@ -113,6 +115,7 @@ _COLUMNS = (
     "error_code",
     "usage",
     "bytes",
+    "caller",
 )
 
 #: What a row left C{running} by a previous process becomes at start.
@@ -291,14 +294,16 @@ class RunStore(Service):
 
     # -- writing (batched) ----------------------------------------------------
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
         """
-        Record that a run started (status C{running}).
+        Record that a run started (status C{running}), and the name of the
+        caller key it belongs to (C{RunRequest.caller}; C{None} when the
+        Edge did not say).
         """
         return self._write(
-            "INSERT OR REPLACE INTO runs (run_id, kind, adapter, target, session_id, background, status, started_at)"
-            " VALUES (?, 'run', ?, ?, ?, ?, 'running', ?)",
-            (run_id, adapter, target, session_id, int(bool(background)), self.now()),
+            "INSERT OR REPLACE INTO runs (run_id, kind, adapter, target, session_id, background, status, started_at,"
+            " caller) VALUES (?, 'run', ?, ?, ?, ?, 'running', ?, ?)",
+            (run_id, adapter, target, session_id, int(bool(background)), self.now(), caller or None),
             "recording the start of run " + run_id,
         )
 
@@ -333,14 +338,15 @@ class RunStore(Service):
             "recording the end of run " + run_id,
         )
 
-    def record_tunnel_start(self, tunnel_id, adapter, target=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
         """
-        Record that a provider tunnel started (status C{running}).
+        Record that a provider tunnel started (status C{running}), and
+        whose it is (as L{record_start}).
         """
         return self._write(
             "INSERT OR REPLACE INTO runs (run_id, kind, adapter, target, session_id, background, status, started_at,"
-            " bytes) VALUES (?, 'tunnel', ?, ?, '', 0, 'running', ?, 0)",
-            (tunnel_id, adapter, target, self.now()),
+            " bytes, caller) VALUES (?, 'tunnel', ?, ?, '', 0, 'running', ?, 0, ?)",
+            (tunnel_id, adapter, target, self.now(), caller or None),
             "recording the start of tunnel " + tunnel_id,
         )
 
@@ -499,13 +505,13 @@ class RunStore(Service):
         """
         return self._read(_get, run_id, after)
 
-    def list_runs(self, status=None, kind=None, limit=50):
+    def list_runs(self, status=None, kind=None, limit=50, caller=None):
         """
         @return: a Deferred list of the latest C{limit} runs and tunnels as
-            dicts (newest first), only those of C{status} and C{kind}
-            (C{run}, C{tunnel}) when given.
+            dicts (newest first), only those of C{status}, C{kind} (C{run},
+            C{tunnel}) and C{caller} (a caller key's name) when given.
         """
-        return self._read(_list, status, kind, limit)
+        return self._read(_list, status, kind, limit, caller)
 
     def recent(self, limit=50):
         """
@@ -597,14 +603,12 @@ def _get(txn, run_id, after):
     return {"run": run, "events": [_event(r) for r in txn.fetchall()]}
 
 
-def _list(txn, status, kind, limit):
+def _list(txn, status, kind, limit, caller=None):
     where, params = [], []
-    if status:
-        where.append("status = ?")
-        params.append(status)
-    if kind:
-        where.append("kind = ?")
-        params.append(kind)
+    for column, value in (("status", status), ("kind", kind), ("caller", caller)):
+        if value:
+            where.append(f"{column} = ?")
+            params.append(value)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     txn.execute(
         f"SELECT {', '.join(_COLUMNS)} FROM runs{clause} ORDER BY started_at DESC, rowid DESC LIMIT ?",
@@ -644,7 +648,7 @@ class NullStore:
     A store that records nothing (tests, or a Node with no history).
     """
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
         return defer.succeed(None)
 
     def record_event(self, run_id, seq, event):
@@ -653,7 +657,7 @@ class NullStore:
     def record_end(self, run_id, status, error=None, code=None, usage=None):
         return defer.succeed(None)
 
-    def record_tunnel_start(self, tunnel_id, adapter, target=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
         return defer.succeed(None)
 
     def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
@@ -662,7 +666,7 @@ class NullStore:
     def get(self, run_id, after=0):
         return defer.succeed(None)
 
-    def list_runs(self, status=None, kind=None, limit=50):
+    def list_runs(self, status=None, kind=None, limit=50, caller=None):
         return defer.succeed([])
 
     def recent(self, limit=50):

@@ -113,7 +113,9 @@ class TunnelRelay(Work):
         self.size = 0
 
     def start(self, request):
-        self.manager.record("record_tunnel_start", self.tunnel_id, self.hosted.name, requested_model(request.body))
+        self.manager.record(
+            "record_tunnel_start", self.tunnel_id, self.hosted.name, requested_model(request.body), request.caller
+        )
         self.begin(self.hosted.adapter.tunnel, tunnel_input(request), WireTunnelSink(self))
 
     def frame(self, **field):
@@ -226,7 +228,9 @@ class TunnelManager:
 
     def _refuse(self, request, code, message):
         self.log.info("tunnel {id} refused: {code}: {message}", id=request.tunnel_id, code=code, message=message)
-        self.record("record_tunnel_start", request.tunnel_id, request.adapter, requested_model(request.body))
+        self.record(
+            "record_tunnel_start", request.tunnel_id, request.adapter, requested_model(request.body), request.caller
+        )
         self.record("record_tunnel_end", request.tunnel_id, ERROR, message, code, None, 0)
         self.send(
             iop_pb2.ProviderTunnelFrame(

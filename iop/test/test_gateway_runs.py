@@ -567,8 +567,8 @@ class LostLinkTests(GatewayRunsTestCase):
         """
         A Node that reconnects to an Edge that never heard of its
         background run (the Edge restarted): the run is taken on record
-        there, with a lease, and its whole text comes back from the
-        Node's store.
+        there, with a lease and under the caller key it belongs to, and its
+        whole text comes back from the Node's store.
         """
         run_id, emit, done = self.start()
         self.cut()
@@ -583,6 +583,7 @@ class LostLinkTests(GatewayRunsTestCase):
         _, _, body = self.successResultOf(other.read(other.get(f"/v1/runs/{run_id}")))
         run = json.loads(body)
         self.assertEqual((run["status"], run["output"], run["background"]), ("complete", "one two", True))
+        self.assertEqual(other.service.runs.get(run_id).caller, "anonymous")
 
     def test_edge_drain_hands_runs_back(self):
         """

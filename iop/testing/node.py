@@ -284,7 +284,7 @@ class RecordingStore(Service):
         super().stopService()
         self.running_when_stopped = self.unfinished()
 
-    def _row(self, work_id, kind, adapter, target="", session_id="", background=False):
+    def _row(self, work_id, kind, adapter, target="", session_id="", background=False, caller=""):
         self.rows[work_id] = {
             "run_id": work_id,
             "kind": kind,
@@ -299,6 +299,7 @@ class RecordingStore(Service):
             "error_code": None,
             "usage": None,
             "bytes": 0 if kind == "tunnel" else None,
+            "caller": caller or None,
         }
 
     def _end(self, work_id, status, error, code, usage, **extra):
@@ -308,9 +309,9 @@ class RecordingStore(Service):
             if usage is not None:
                 row["usage"] = usage if isinstance(usage, dict) else usage_to_json(usage)
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False):
+    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
         self.starts.append((run_id, adapter, target, session_id, background))
-        self._row(run_id, "run", adapter, target, session_id, background)
+        self._row(run_id, "run", adapter, target, session_id, background, caller)
         return defer.succeed(None)
 
     def record_event(self, run_id, seq, event):
@@ -321,9 +322,9 @@ class RecordingStore(Service):
         self._end(run_id, status, error, code, usage)
         return defer.succeed(None)
 
-    def record_tunnel_start(self, tunnel_id, adapter, target=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
         self.tunnel_starts.append((tunnel_id, adapter, target))
-        self._row(tunnel_id, "tunnel", adapter, target)
+        self._row(tunnel_id, "tunnel", adapter, target, caller=caller)
         return defer.succeed(None)
 
     def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
@@ -339,11 +340,13 @@ class RecordingStore(Service):
         run = dict(row, output="".join(e.text for _, e in events if e.type == "delta"))
         return defer.succeed({"run": run, "events": [_event_json(seq, e) for seq, e in events if seq > after]})
 
-    def list_runs(self, status=None, kind=None, limit=50):
+    def list_runs(self, status=None, kind=None, limit=50, caller=None):
         rows = [
             dict(r)
             for r in reversed(self.rows.values())
-            if (not status or r["status"] == status) and (not kind or r["kind"] == kind)
+            if (not status or r["status"] == status)
+            and (not kind or r["kind"] == kind)
+            and (not caller or r["caller"] == caller)
         ]
         return defer.succeed(rows[:limit])
 

@@ -224,16 +224,39 @@ class Keys:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
         return spec
 
-    def admit(self, spec, request):
+    def admit(self, spec, request, runs_work=True):
         """
-        Hold C{request} to the limits of its key until it finishes.
+        Hold C{request} to the limits of its key: C{requests_per_minute},
+        and when it C{runs_work}, C{max_concurrent} until it finishes or
+        until the background run it started ends (L{hold_until_ended}).
 
         @raise RateLimited: if the key is over a limit.
         """
         if spec.max_concurrent is None and spec.requests_per_minute is None:
             return
-        release = self.limiter.admit(spec)
-        request.notifyFinish().addBoth(release)
+        release = self.limiter.admit(spec, runs_work)
+        request.key_hold = release
+
+        def finished(_):
+            if request.key_hold is release:
+                release()
+
+        request.notifyFinish().addBoth(finished)
+
+
+def hold_until_ended(request, service, run_id):
+    """
+    Keep the key's count of requests in progress (C{max_concurrent}) for
+    the background run C{run_id} that C{request} started until the run
+    ends, not only until the request's response ends (a 202, or a caller
+    who left): a key cannot escape its limit with background runs.
+    """
+    release = getattr(request, "key_hold", None)
+    record = service.runs.get(run_id) if run_id else None
+    if release is None or record is None:
+        return
+    request.key_hold = None
+    service.runs.when_ended(record, release)
 
 
 def _spec(key):
@@ -275,6 +298,17 @@ def claim(spec, request):
     return spec
 
 
+def run_owner(request):
+    """
+    Whose runs a request may see, cancel and follow (docs/edge.md,
+    "Isolation"): the name of its caller key, or C{None} for every run
+    (an admin key, or an open caller API where everyone is C{anonymous}).
+    """
+    if getattr(request, "sees_all", True):
+        return None
+    return caller_name(request)
+
+
 def query(request, name):
     """
     A query parameter as text, or C{None}.
@@ -313,6 +347,9 @@ class JSONResource(Resource):
 
     isLeaf = True
     admin = False
+    #: Whether a POST here runs work (counted against its key's
+    #: C{max_concurrent}); other requests count only per minute.
+    runs_work = False
 
     def __init__(self, service, keys):
         super().__init__()
@@ -332,10 +369,11 @@ class JSONResource(Resource):
     def _handle(self, handler, request):
         spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         request.caller_key = spec
+        request.sees_all = spec is None or self.admin or self.keys.is_admin(spec)
         if spec is not None and not forwarded(request):
             # (A request another Edge of the cluster forwarded was held to
             # its key's limits there.)
-            self.keys.admit(spec, request)
+            self.keys.admit(spec, request, self.runs_work and request.method == b"POST")
         return handler(request)
 
     def read_json(self, request):
@@ -443,6 +481,8 @@ class Call:
         self.submitting = self.service.submit(
             spec, listener_for, may_forward=not forwarded(self.request), on_queued=on_queued
         )
+        if spec.background:
+            hold_until_ended(self.request, self.service, spec.run_id)
         self.submitting.addCallback(self._started)
         self.submitting.addErrback(self.fail)
         return NOT_DONE_YET

@@ -5,7 +5,8 @@ node commands, the events feed and the status snapshot.
   POST /v1/runs                     submit a run; text/event-stream of events
                                     (202 with the run at once for a
                                     background run with "stream": false)
-  GET  /v1/runs                     recent runs (?node=&status=&limit=)
+  GET  /v1/runs                     recent runs (?node=&status=&limit=, and
+                                    ?key= for an admin key)
   GET  /v1/runs/{run_id}            one run: status, usage, error, output
   GET  /v1/runs/{run_id}/events     its events from the start (or after
                                     Last-Event-ID / ?after=SEQ), then live
@@ -33,8 +34,10 @@ from iop.edge.http.common import (
     claim,
     error_body,
     forwarded,
+    hold_until_ended,
     query,
     query_int,
+    run_owner,
     write_json,
 )
 from iop.edge.http.notes import note_usage
@@ -155,6 +158,8 @@ def parse_run(body):
 
 
 class Runs(JSONResource):
+    runs_work = True
+
     def handle_POST(self, request):
         body = self.read_json(request)
         spec = claim(parse_run(body), request)
@@ -173,6 +178,7 @@ class Runs(JSONResource):
         being queued at all (unknown model, nothing live, ...).
         """
         d = self.service.submit(spec, lambda kind, run_id: Unheard(), may_forward=not forwarded(request))
+        hold_until_ended(request, self.service, spec.run_id)
         outcome = []
         d.addBoth(lambda result: outcome.append(result) or result)
         if outcome and isinstance(outcome[0], Failure):
@@ -190,18 +196,27 @@ class Runs(JSONResource):
 
     def handle_GET(self, request):
         """
-        Recent runs: C{?node=}, C{?status=}, C{?limit=} (50).
+        Recent runs of the caller's key (an admin key: of every key, or of
+        the one C{?key=} names): C{?node=}, C{?status=}, C{?limit=} (50).
         """
         status = query(request, "status") or None
         if status is not None and status not in RUN_STATUSES:
             raise HTTPError("invalid", f"status must be one of {', '.join(RUN_STATUSES)}", code="invalid_status")
         limit = query_int(request, "limit", 50, 1, RUN_LIST_MAX)
-        return self.service.list_runs(query(request, "node") or None, status, limit)
+        owner = run_owner(request)
+        if owner is None:
+            owner = query(request, "key") or None
+        return self.service.list_runs(query(request, "node") or None, status, limit, owner)
 
 
 class Run(JSONResource):
+    """
+    One run of the caller's key (any run, for an admin key); another
+    key's is a 404, as if it did not exist.
+    """
+
     def handle_GET(self, request):
-        return self.service.get_run(request.path_params["run_id"])
+        return self.service.get_run(request.path_params["run_id"], run_owner(request))
 
 
 def resume_point(request):
@@ -258,7 +273,8 @@ class RunEvents(JSONResource):
                 self.service.runs.unfollow(run_id, state["follower"])
 
         request.notifyFinish().addErrback(gone)
-        return self.service.follow(run_id, after, write, end).addCallback(attached)
+        d = self.service.follow(run_id, after, write, end, run_owner(request))
+        return d.addCallback(attached)
 
 
 #: How often an idle events feed sends a comment, so that proxies keep it.
@@ -358,9 +374,14 @@ class Events(JSONResource):
 
 
 class CancelRun(JSONResource):
+    """
+    Cancel a run of the caller's key (any run, for an admin key); another
+    key's is a 404, as if it were not in flight.
+    """
+
     def handle_POST(self, request):
         run_id = request.path_params["run_id"]
-        if not self.service.cancel(run_id):
+        if not self.service.cancel(run_id, run_owner(request)):
             raise HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found")
         return {"run_id": run_id, "cancelling": True}
 
@@ -436,6 +457,7 @@ class NodeCommands(JSONResource):
     """
 
     admin = True
+    runs_work = True
 
     def handle_POST(self, request):
         node_id = request.path_params["node"]

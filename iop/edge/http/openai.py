@@ -228,6 +228,8 @@ def background_requested(request):
 
 
 class ChatCompletions(JSONResource):
+    runs_work = True
+
     def __init__(self, service, keys, clock):
         super().__init__(service, keys)
         self.clock = clock

@@ -106,6 +106,8 @@ def build_root(service, config, clock, metrics_resource=None):
     keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
     http_metrics = getattr(metrics_resource, "http", None)
     router = Router(http_metrics.observe if http_metrics is not None else None)
+    #: (What the console and tests read the keys' spending from.)
+    router.keys = keys
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     for path in ("/completions", "/embeddings", "/responses"):
         router.route("/v1" + path, TunnelledEndpoint(service, keys, path))

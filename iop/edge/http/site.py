@@ -3,26 +3,62 @@ The Edge's HTTP site: a C{twisted.web} L{Site} that knows its open
 connections, so that a draining Edge can close them once their last
 response is written (flushed, not cut) instead of leaving that to the
 reactor's shutdown, which may drop bytes still buffered; and that holds
-every connection to the HTTP limits (L{iop.edge.http.limits}), refusing
-connections beyond C{limits.max_http_connections} at once.
+every connection to the HTTP limits (L{iop.edge.http.limits}): at most
+C{limits.max_http_connections} at once, and per source address at most
+C{limits.max_http_connections_per_address} being read, the others of
+that address waiting unread in its line (L{iop.edge.doors}).
 """
+
+from collections import Counter
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web.server import Request, Site
 
+from iop.edge.doors import FULL, WAITED_OUT, Doors
 from iop.edge.http.limits import LimitedChannel, Refused
 from iop.edge.limits import Limits
 from iop.edge.throttle import LogThrottle
 
 
 class _TrackedChannel(LimitedChannel):
+    """
+    A connection the site keeps track of, with its place at the doors
+    (C{ticket}): one that waits in its address's line is not read (its
+    transport is paused) until it goes in.
+    """
+
+    ticket = None
+
     def connectionMade(self):
         super().connectionMade()
         self.site.channels.add(self)
+        if self.ticket is not None and not self.ticket.inside:
+            self.transport.pauseProducing()
+
+    def go_in(self):
+        """
+        Its wait is over: read it (its header deadline runs on).
+        """
+        self.transport.resumeProducing()
+
+    def put_out(self):
+        self.transport.abortConnection()
+
+    def _too_slow(self, what, seconds):
+        if self.ticket is not None and not self.ticket.inside:
+            self._deadline = None
+            self.site.doors.leave(self.ticket)
+            self.site.note_refused(WAITED_OUT)
+            self.transport.abortConnection()
+            return
+        self.site.refused["header_timeout_sec" if what == "headers" else "body_timeout_sec"] += 1
+        super()._too_slow(what, seconds)
 
     def connectionLost(self, reason):
         super().connectionLost(reason)
+        if self.ticket is not None:
+            self.site.doors.leave(self.ticket)
         self.site.channels.discard(self)
         if not self.site.channels:
             self.site.all_closed()
@@ -56,16 +92,34 @@ class EdgeSite(Site):
 
     access = Logger(namespace="iop.edge.access")
 
-    def __init__(self, resource, limits=None, access_log=True, **kwargs):
+    def __init__(self, resource, limits=None, access_log=True, per_address=True, **kwargs):
+        """
+        @param per_address: whether C{limits.max_http_connections_per_address}
+            applies (not on the port other Edges of a cluster forward to:
+            all of an Edge's forwarded requests come from one address).
+        """
         super().__init__(resource, **kwargs)
         self.access_log = access_log
         self.displayTracebacks = False
         self.limits = limits if limits is not None else Limits()
         self.channels = set()
         self.closing = []
+        #: Connections refused or closed before being served, by reason
+        #: (C{iop_edge_refusals_total}).
+        self.refused = Counter()
+        self.doors = Doors(
+            self.limits.max_http_connections_per_address if per_address else 0,
+            self.limits.max_http_connections,
+            self.note_refused,
+        )
         self.refusals = LogThrottle(
             self.reactor,
             "HTTP: {count} connection(s) closed at once so far: {cap} are open (limits.max_http_connections)",
+        )
+        self.address_refusals = LogThrottle(
+            self.reactor,
+            "HTTP: {count} connection(s) refused or put out so far for an address over"
+            " limits.max_http_connections_per_address ({cap}); the last: {reason}",
         )
         self.slow_peers = LogThrottle(
             self.reactor,
@@ -93,11 +147,23 @@ class EdgeSite(Site):
             **notes,
         )
 
-    def buildProtocol(self, addr):
-        if len(self.channels) >= self.limits.max_http_connections:
+    def note_refused(self, reason):
+        """
+        Count (and log, at a bounded rate) a connection refused or closed
+        before it was served, by C{reason}.
+        """
+        self.refused[reason] += 1
+        if reason == FULL:
             self.refusals.note(cap=self.limits.max_http_connections)
+        else:
+            self.address_refusals.note(cap=self.doors.per_address, reason=reason)
+
+    def buildProtocol(self, addr):
+        channel = super().buildProtocol(addr)
+        channel.ticket = self.doors.arrive(getattr(addr, "host", None), channel.go_in, channel.put_out)
+        if channel.ticket is None:
             return Refused()
-        return super().buildProtocol(addr)
+        return channel
 
     def close_connections(self, clock, timeout):
         """

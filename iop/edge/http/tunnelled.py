@@ -33,6 +33,8 @@ class TunnelledEndpoint(JSONResource):
         C{/completions}.
     """
 
+    runs_work = True
+
     def __init__(self, service, keys, path):
         super().__init__(service, keys)
         self.path = path

@@ -11,7 +11,8 @@ The page's files hold no data and are served to anyone; the data endpoint
 is behind the caller key like C{/v1/status}, and the page asks for the key
 when it gets a 401. C{/ui/state} is C{/v1/status} plus what only a page
 needs: the Edge's clock (ages are computed against it, not the browser's),
-each connected node's generation, and the recent runs.
+each connected node's generation, and the recent runs (only the caller
+key's own, unless it is an admin key: docs/edge.md, "Isolation").
 
 Recent runs come from the event bus, like the metrics: a bounded list of
 the last L{RecentRuns.size} runs and tunnels, which is what the page shows
@@ -23,7 +24,7 @@ from importlib import resources
 
 from twisted.web.resource import Resource
 
-from iop.edge.http.common import JSONResource
+from iop.edge.http.common import JSONResource, run_owner
 from iop.run import TERMINAL_TYPES
 
 CONTENT_TYPES = {
@@ -75,6 +76,7 @@ class RecentRuns:
             "node": payload.get("node"),
             "status": "running",
             "started_at": self.clock.seconds(),
+            "key": payload.get("key"),
         }
         for field in ("adapter", "target"):
             if payload.get(field) is not None:
@@ -84,8 +86,12 @@ class RecentRuns:
             self._runs.popitem(last=False)
         return run
 
-    def snapshot(self):
-        return [dict(run) for run in reversed(self._runs.values())]
+    def snapshot(self, owner=None):
+        """
+        The runs, newest first: only those of the caller key named
+        C{owner}, when given.
+        """
+        return [dict(run) for run in reversed(self._runs.values()) if owner is None or run["key"] == owner]
 
 
 class State(JSONResource):
@@ -105,7 +111,7 @@ class State(JSONResource):
             link = self.service.registry.ready_link(node["id"])
             if link is not None:
                 node["generation"] = link.generation
-        return {"now": self.clock.seconds(), "status": status, "runs": self.recent.snapshot()}
+        return {"now": self.clock.seconds(), "status": status, "runs": self.recent.snapshot(run_owner(request))}
 
 
 class StaticFiles(Resource):

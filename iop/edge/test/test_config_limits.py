@@ -29,6 +29,7 @@ class LimitsConfigTests(SynchronousTestCase):
         self.assertEqual(config.limits.body_timeout_sec, 60)
         self.assertEqual(config.limits.max_http_connections, 10000)
         self.assertEqual(config.limits.max_body_bytes, 8 * 1024 * 1024)
+        self.assertEqual(config.limits.max_http_connections_per_address, 256)
 
     def test_values(self):
         """
@@ -61,6 +62,11 @@ class LimitsConfigTests(SynchronousTestCase):
         self.assert_refused(lambda d: d.update(limits={"body_timeout_sec": -1}), "limits.body_timeout_sec")
         self.assert_refused(lambda d: d.update(limits={"max_http_connections": 0}), "limits.max_http_connections")
         self.assert_refused(lambda d: d.update(limits={"max_body_bytes": 2**30}), "limits.max_body_bytes", "at most")
+        self.assert_refused(
+            lambda d: d.update(limits={"max_http_connections_per_address": -1}),
+            "limits.max_http_connections_per_address",
+            "at least 0",
+        )
 
     def test_http_values(self):
         """
@@ -77,3 +83,6 @@ class LimitsConfigTests(SynchronousTestCase):
             ),
             (2.5, 30, 50, 4096),
         )
+        for value in (0, 8):
+            config = parsed(lambda d, value=value: d.update(limits={"max_http_connections_per_address": value}))
+            self.assertEqual(config.limits.max_http_connections_per_address, value)

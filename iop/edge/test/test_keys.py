@@ -10,6 +10,8 @@ import hashlib
 import json
 
 from treq.testing import StubTreq
+from twisted.internet import defer
+from twisted.internet.error import ConnectionDone
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
@@ -113,6 +115,33 @@ class LimiterTests(SynchronousTestCase):
         first()
         limiter.admit(spec)
         self.assertRaises(RateLimited, limiter.admit, spec)
+
+    def test_release_ends_a_failed_chain(self):
+        """
+        The release takes a request's failed C{notifyFinish} result (the
+        caller disconnected) and ends the chain there: nothing is left to
+        be logged as an unhandled error.
+        """
+        limiter = KeyLimiter(lambda: 0.0)
+        spec = KeySpec(key_digest("k"), "k", max_concurrent=1)
+        finished = defer.Deferred()
+        finished.addBoth(limiter.admit(spec))
+        finished.errback(ConnectionDone("the caller hung up"))
+        self.assertIsNone(self.successResultOf(finished))
+        self.assertEqual(limiter.in_progress, {})
+
+    def test_not_concurrent(self):
+        """
+        A request that runs no work counts per minute only, never against
+        C{max_concurrent}, even when the key is at it.
+        """
+        limiter = KeyLimiter(lambda: 0.0)
+        spec = KeySpec(key_digest("k"), "k", max_concurrent=1, requests_per_minute=3)
+        limiter.admit(spec)
+        limiter.admit(spec, concurrent=False)()
+        self.assertEqual(limiter.in_progress, {spec.digest: 1})
+        limiter.admit(spec, concurrent=False)
+        self.assertRaises(RateLimited, limiter.admit, spec, concurrent=False)
 
     def test_per_minute(self):
         """

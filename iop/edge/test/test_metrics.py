@@ -7,6 +7,8 @@ disconnect causes, and the gauges read from the live service.
 import copy
 
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.metrics import disconnect_cause
@@ -115,6 +117,28 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(disconnect_cause("undecodable frame (3 bytes): x"), "protocol_error")
         self.assertEqual(disconnect_cause("Connection was closed cleanly."), "closed")
         self.assertEqual(disconnect_cause(None), "lost")
+
+    def test_refusals_by_reason(self):
+        """
+        HTTP connections over their address's cap are counted as waits
+        while they wait, and by reason when they are refused or wait out
+        their header deadline.
+        """
+        site = self.gateway.edge.site
+        cap = site.limits.max_http_connections_per_address
+        transports = []
+        for _ in range(2 * cap + 1):
+            protocol = site.buildProtocol(IPv4Address("TCP", "192.0.2.66", 40000))
+            transports.append(StringTransport())
+            protocol.makeConnection(transports[-1])
+        self.assertEqual(self.value("iop_edge_http_waiting_connections"), cap)
+        self.assertEqual(self.value("iop_edge_http_address_waits_total"), cap)
+        self.assertEqual(self.value("iop_edge_refusals_total", reason="max_http_connections_per_address"), 1)
+        self.gateway.clock.advance(site.limits.header_timeout_sec)
+        self.assertEqual(self.value("iop_edge_refusals_total", reason="address_wait_timeout"), cap)
+        self.assertEqual(self.value("iop_edge_refusals_total", reason="header_timeout_sec"), cap)
+        self.assertEqual(self.value("iop_edge_http_waiting_connections"), 0)
+        self.assertEqual(self.value("iop_edge_refusals_total", reason="max_unregistered_connections"), 0)
 
 
 class KeyLabelTests(SynchronousTestCase):

@@ -287,6 +287,18 @@ class RunHistoryCommandTests(SynchronousTestCase):
         runs = json.loads(self.command("run_list", {"status": "complete", "limit": 2}).result_json)["runs"]
         self.assertEqual([r["run_id"] for r in runs], ["r3", "r2"])
 
+    def test_run_list_by_caller(self):
+        """
+        The caller key a run belongs to (C{RunRequest.caller}) is recorded,
+        and C{run_list} filters by it.
+        """
+        for run_id, caller in (("r1", "alice"), ("r2", "bob"), ("r3", "alice")):
+            self.edge.wire.send(run_request(run_id, adapter="echo", text="x", caller=caller))
+        self.pump.flush()
+        self.edge.received.clear()
+        runs = json.loads(self.command("run_list", {"caller": "alice"}).result_json)["runs"]
+        self.assertEqual([(r["run_id"], r["caller"]) for r in runs], [("r3", "alice"), ("r1", "alice")])
+
     def test_errors(self):
         """
         An unknown run is C{unknown_run}; bad arguments C{invalid_args}.
@@ -296,3 +308,4 @@ class RunHistoryCommandTests(SynchronousTestCase):
         self.assertEqual(self.command("run_get", {"run_id": "r", "after": -1}).code, "invalid_args")
         self.assertEqual(self.command("run_list", {"limit": 0}).code, "invalid_args")
         self.assertEqual(self.command("run_list", {"status": 3}).code, "invalid_args")
+        self.assertEqual(self.command("run_list", {"caller": 3}).code, "invalid_args")

@@ -42,12 +42,13 @@ class RunStoreTests(TestCase):
     def test_records_a_run(self):
         """
         A run is recorded at start (running) and at its terminal, with its
-        adapter, target, session, background flag, times, error and usage.
+        adapter, target, session, background flag, caller key, times, error
+        and usage.
         """
         directory = FilePath(self.mktemp())
         directory.makedirs()
         store = self.make_store(f"file:{directory.child('iop.db').path}?cache=shared&mode=rwc")
-        yield store.record_start("r1", "echo", "model-a", "sess-1", True)
+        yield store.record_start("r1", "echo", "model-a", "sess-1", True, "team-a")
         [running] = yield store.recent()
         self.assertEqual(running["status"], "running")
         yield store.record_end("r1", "error", "boom", "adapter_error", Usage(3, 4, reasoning_tokens=1))
@@ -70,6 +71,7 @@ class RunStoreTests(TestCase):
                 "error_code": "adapter_error",
                 "usage": {"input_tokens": 3, "output_tokens": 4, "reasoning_tokens": 1},
                 "bytes": None,
+                "caller": "team-a",
             },
         )
         self.assertTrue(directory.child("iop.db").exists())
@@ -140,6 +142,22 @@ class RunStoreTests(TestCase):
         self.assertEqual(len((yield store.list_runs(limit=2))), 2)
 
     @defer.inlineCallbacks
+    def test_caller_filter(self):
+        """
+        Runs and tunnels keep the name of the caller key they belong to, and
+        the list filters by it; work recorded without one belongs to no key.
+        """
+        store = self.make_store(self.path())
+        store.record_start("a1", "echo", caller="team-a")
+        store.record_tunnel_start("a2", "llm", caller="team-a")
+        store.record_start("b1", "echo", caller="team-b")
+        yield store.record_start("x1", "echo")
+        mine = yield store.list_runs(caller="team-a")
+        self.assertEqual([(r["run_id"], r["caller"]) for r in mine], [("a2", "team-a"), ("a1", "team-a")])
+        self.assertEqual([r["run_id"] for r in (yield store.list_runs(caller="team-b"))], ["b1"])
+        self.assertIsNone((yield store.get("x1"))["run"]["caller"])
+
+    @defer.inlineCallbacks
     def test_batched(self):
         """
         Writes wait in memory and go to the database together: many
@@ -207,8 +225,9 @@ class RunStoreTests(TestCase):
     @defer.inlineCallbacks
     def test_older_database(self):
         """
-        A database written by an older Node (no kind, error_code, usage or
-        bytes columns, no events table) is upgraded in place at start.
+        A database written by an older Node (no kind, error_code, usage,
+        bytes or caller columns, no events table) is upgraded in place at
+        start; its rows belong to no caller key.
         """
         path = self.path()
         with sqlite3.connect(path) as db:
@@ -220,9 +239,10 @@ class RunStoreTests(TestCase):
             db.execute("INSERT INTO runs VALUES ('old', 'echo', '', '', 0, 'complete', 5, 6, NULL)")
         store = self.make_store(path)
         [row] = yield store.recent()
-        self.assertEqual((row["run_id"], row["kind"], row["status"]), ("old", "run", "complete"))
-        yield store.record_tunnel_start("t1", "llm")
+        self.assertEqual((row["run_id"], row["kind"], row["status"], row["caller"]), ("old", "run", "complete", None))
+        yield store.record_tunnel_start("t1", "llm", caller="team-a")
         self.assertEqual(len((yield store.recent())), 2)
+        self.assertEqual([r["run_id"] for r in (yield store.list_runs(caller="team-a"))], ["t1"])
 
     @defer.inlineCallbacks
     def test_prune_rows(self):
