@@ -6,6 +6,8 @@ target.
                 CPU per request and chunk, memory)
   fleet.py      many simulated Nodes against one Edge
   placement.py  the pool's choice of a provider in a large group
+  tenants.py    caller keys sharing the Edge: a light key's wait beside a
+                heavy backlog, token shares against weights
 
     .venv/bin/python bench/report.py            # short: under a minute or two (make bench)
     .venv/bin/python bench/report.py --full     # the reference sizes (make bench BENCH_FLAGS=--full)
@@ -28,6 +30,7 @@ import time
 import fleet
 import placement
 import relay
+import tenants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,9 +89,15 @@ def main(argv=None):
     fleet_args = fleet.configure(fleet.parser().parse_args(FLEET_FLAGS[mode]))
     fleet_figures = fleet.run(fleet_args)
     placement_figures = placement.run(**PLACEMENT_SIZES[mode])
+    tenant_figures = tenants.run(tiny=mode == "tiny")
     where["load_after"] = os.getloadavg()
     where["minutes"] = (time.monotonic() - started) / 60
-    rows = relay.summary(relay_figures) + fleet.summary(fleet_figures) + placement.summary(placement_figures)
+    rows = (
+        relay.summary(relay_figures)
+        + fleet.summary(fleet_figures)
+        + placement.summary(placement_figures)
+        + tenants.summary(tenant_figures)
+    )
     relay.print_table(rows, "issue 11")
     if fleet_figures["problems"]:
         print(f"fleet stream problems: {fleet_figures['problems']}")
@@ -99,7 +108,13 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"machine": where, "relay": relay_figures, "fleet": fleet_figures, "placement": placement_figures},
+                {
+                    "machine": where,
+                    "relay": relay_figures,
+                    "fleet": fleet_figures,
+                    "placement": placement_figures,
+                    "tenants": tenant_figures,
+                },
                 f,
                 indent=1,
             )

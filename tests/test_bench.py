@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_bench_report_runs():
     """
-    bench/report.py --tiny runs every benchmark (relay, fleet, placement)
+    bench/report.py --tiny runs every benchmark (relay, fleet, placement,
+    tenants)
     end to end on loopback and prints issue 11's table with every row,
     the fleet's streams all complete (a tiny fleet under no load: a
     failure here is a bug, not a slow machine).
@@ -37,5 +38,7 @@ def test_bench_report_runs():
         "GET /v1/status",
         "40 of 40 completed, 0 Nodes dropped",
         "placement in a 100-member group",
+        "light tenant wait beside 30 queued heavy streams",
+        "Jain's fairness index",
     ):
         assert row in result.stdout, row
