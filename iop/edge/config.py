@@ -454,11 +454,20 @@ def _manhole(section):
         raise section.error("users", "must define at least one user: the console is never open")
     keys = {}
     for name, value in users.data.items():
+        if isinstance(value, str):
+            # One public key line, the shortest way to name a user's key.
+            try:
+                keys[name] = (parse_public_key(value),)
+            except BadKey:
+                raise users.error(
+                    name,
+                    "must be one SSH public key line (ssh-ed25519 AAAA...) or {authorized_keys: a file in"
+                    " OpenSSH authorized_keys format, or a list of public keys}; this string is not a public key",
+                ) from None
+            continue
         if not isinstance(value, dict):
             raise users.error(
-                name,
-                "plaintext passwords are not accepted: give the user authorized_keys"
-                " (a file in OpenSSH authorized_keys format, or a list of public keys)",
+                name, "must be one SSH public key line or {authorized_keys: a file or a list of public keys}"
             )
         user = users.section(name)
         user.unknown({"authorized_keys"})

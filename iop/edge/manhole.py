@@ -21,11 +21,37 @@ from twisted.cred import portal
 from iop.edge.sshkeys import host_key
 
 
+class ConsoleSession(manhole_ssh.TerminalSession):
+    """
+    Conch's terminal session, finished for what an operator's client does:
+    a session without a pseudo-terminal (input piped into C{ssh}) gets an
+    80x24 screen instead of failing, and the end of that input closes the
+    session instead of logging C{NotImplementedError}; a resized window
+    is taken as it is.
+    """
+
+    width = 80
+    height = 24
+    protocol = None
+
+    def openShell(self, proto):
+        self.protocol = proto
+        super().openShell(proto)
+
+    def windowChanged(self, newWindowSize):
+        self.height, self.width = newWindowSize[:2]
+
+    def eofReceived(self):
+        if self.protocol is not None:
+            self.protocol.loseConnection()
+
+
 def manhole_factory(users, namespace, host_key_path):
     """
     @param users: C{{name: (public key bytes, ...)}}.
     """
     realm = manhole_ssh.TerminalRealm()
+    realm.sessionFactory = ConsoleSession
     realm.chainedProtocolFactory = lambda: insults.ServerProtocol(manhole.ColoredManhole, namespace)
     database = InMemorySSHKeyDB(
         {name.encode("utf-8"): [keys.Key.fromString(key) for key in user_keys] for name, user_keys in users.items()}

@@ -19,7 +19,7 @@ from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
-from iop.edge.manhole import manhole_factory
+from iop.edge.manhole import ConsoleSession, manhole_factory
 from iop.edge.sshkeys import host_key
 from iop.edge.test.test_config import parsed
 
@@ -101,16 +101,20 @@ class ManholeConfigTests(SynchronousTestCase):
             f.write(f"# the ops team\n\n{self.public}\n")
         inline = self.config({"users": {"ops": {"authorized_keys": [self.public]}}}).manhole
         from_file = self.config({"users": {"ops": {"authorized_keys": path}}}).manhole
+        one_line = self.config({"users": {"ops": self.public}}).manhole
         self.assertEqual(inline.users, from_file.users)
+        self.assertEqual(inline.users, one_line.users)
         self.assertEqual(inline.users["ops"], (self.key.public().toString("openssh"),))
         self.assertEqual(inline.listen, "tcp:7122:interface=127.0.0.1")
 
     def test_bad_keys(self):
         """
-        A plaintext password, a line that is not a key, a private key, a
-        missing file and an empty list are refused naming the user.
+        A string that is not a public key (a password, say: told what is
+        expected, not about passwords), a line that is not a key, a
+        private key, a missing file and an empty list are refused naming
+        the user.
         """
-        self.refused({"users": {"ops": "a-password"}}, "manhole.users.ops", "plaintext passwords")
+        self.refused({"users": {"ops": "a-password"}}, "manhole.users.ops", "not a public key")
         self.refused({"users": {"ops": {"authorized_keys": ["ssh-rsa nope"]}}}, "manhole.users.ops.authorized_keys")
         private = self.key.toString("openssh").decode()
         self.refused({"users": {"ops": {"authorized_keys": [private]}}}, "private key")
@@ -138,3 +142,29 @@ class ManholeConfigTests(SynchronousTestCase):
             self.config({"listen": "tcp6:7999:interface=\\:\\:1", "users": users}).manhole.listen,
             "tcp6:7999:interface=\\:\\:1",
         )
+
+
+class ConsoleSessionTests(SynchronousTestCase):
+    def test_piped_input(self):
+        """
+        A session without a pseudo-terminal (input piped into ssh) has an
+        80x24 screen, and the end of its input closes it instead of
+        raising NotImplementedError; a resize is taken.
+        """
+        from twisted.conch.interfaces import ISession
+        from twisted.python.components import Componentized
+
+        closed = []
+
+        class Channel:
+            def loseConnection(self):
+                closed.append(True)
+
+        session = ConsoleSession(Componentized())
+        self.assertEqual((session.width, session.height), (80, 24))
+        session.protocol = Channel()
+        session.eofReceived()
+        self.assertEqual(closed, [True])
+        session.windowChanged((50, 132, 0, 0))
+        self.assertEqual((session.height, session.width), (50, 132))
+        self.assertTrue(ISession.implementedBy(ConsoleSession))
