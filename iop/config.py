@@ -6,6 +6,8 @@ anything listens or dials, so a mistake stops the daemon at start with a
 message such as C{edge.yaml: nodes[0].token: required}.
 """
 
+import urllib.parse
+
 import yaml
 
 _MISSING = object()
@@ -117,3 +119,24 @@ def load_yaml(path):
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     return Section({} if data is None else data, "", path)
+
+
+def http_url_problem(value):
+    """
+    What is wrong with C{value} as the address of an HTTP back end
+    (C{http://host[:port][/path]}), or C{None} when nothing is.
+    """
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        return f"is not a URL ({e}): {value!r}"
+    if parts.scheme not in ("http", "https"):
+        return f"must start with http:// or https://: {value!r}"
+    if not parts.hostname or any(c.isspace() for c in value):
+        return f"must name a host, as in http://127.0.0.1:8000/v1: {value!r}"
+    if port == 0:
+        return f"has port 0: {value!r}"
+    return None

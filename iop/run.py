@@ -143,6 +143,9 @@ ADAPTER_TYPES = {
 #: OpenAI-surface requests as raw provider tunnels.
 TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
 
+#: Adapter types whose back end is an HTTP server at their C{base_url}.
+HTTP_TYPES = frozenset({"openai_compat", "vllm", "ollama"})
+
 #: OpenAI endpoints (paths under the provider's base URL) and the adapter
 #: types that carry each as a tunnel. Chat completions can also run on any
 #: other type as a normalized run; the others cannot. An C{ollama}

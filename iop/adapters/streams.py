@@ -39,6 +39,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
 from iop.adapters.interface import AdapterConfigError
+from iop.config import http_url_problem
 from iop.httpheaders import header_pairs, relay_headers
 from iop.run import (
     COMPLETE,
@@ -459,8 +460,9 @@ class HTTPAdapter(AdapterBase):
     def __init__(self, name, max_concurrency, options, reactor):
         super().__init__(name, max_concurrency, options, reactor)
         base_url = self.option("base_url", kind=str, required=True)
-        if not base_url.startswith(("http://", "https://")):
-            raise AdapterConfigError(f"adapters[{name}].base_url must start with http:// or https://: {base_url!r}")
+        problem = http_url_problem(base_url)
+        if problem is not None:
+            raise AdapterConfigError(f"adapters[{name}].base_url {problem}")
         self.base_url = base_url.rstrip("/")
         self.api_key = self.option("api_key", None, str)
         self.extra_headers = self.option("headers", {}, dict)

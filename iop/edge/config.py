@@ -10,14 +10,14 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from iop.config import ConfigError, load_yaml
+from iop.config import ConfigError, http_url_problem, load_yaml
 from iop.edge.cluster.config import ClusterSpec, parse_cluster
 from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
 from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
 from iop.logs import parse_log_format
-from iop.run import ADAPTER_TYPES
+from iop.run import ADAPTER_TYPES, HTTP_TYPES
 
 _ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
 
@@ -337,6 +337,12 @@ def _adapter(section):
     if concurrency < 1:
         raise section.error("max_concurrency", "must be at least 1")
     options = {k: v for k, v in section.data.items() if k not in _ADAPTER_COMMON_KEYS}
+    if kind in HTTP_TYPES:
+        # Checked here too, so that a bad address stops the Edge at start
+        # instead of every Node that is sent it.
+        problem = http_url_problem(section.get("base_url", str))
+        if problem is not None:
+            raise section.error("base_url", problem)
     try:
         json.dumps(options)
     except (TypeError, ValueError) as e:

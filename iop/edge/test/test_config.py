@@ -66,6 +66,29 @@ class EdgeConfigTests(SynchronousTestCase):
             lambda d: d["nodes"][0]["adapters"][0].update(type="gpt"), "nodes[0].adapters[0].type", "gpt"
         )
 
+    def test_bad_base_url(self):
+        """
+        An HTTP back end's base_url that is not an http(s) URL with a host,
+        or none at all, stops the Edge at load naming the key (not every
+        Node it would be sent to).
+        """
+        for url, fragment in (
+            ("not a url", "http:// or https://"),
+            ("http://", "name a host"),
+            ("http://host:notaport/v1", "not a URL"),
+            ("ftp://host/v1", "http:// or https://"),
+        ):
+            self.assert_refused(
+                lambda d, url=url: d["nodes"][0]["adapters"][0].update(type="openai_compat", base_url=url),
+                "nodes[0].adapters[0].base_url",
+                fragment,
+            )
+        self.assert_refused(
+            lambda d: d["nodes"][0]["adapters"][0].update(type="ollama"), "nodes[0].adapters[0].base_url", "required"
+        )
+        config = parsed(lambda d: d["nodes"][0]["adapters"][0].update(type="vllm", base_url="http://10.0.0.2:8000/v1"))
+        self.assertEqual(config.nodes[0].adapters[0].options["base_url"], "http://10.0.0.2:8000/v1")
+
     def test_unknown_key(self):
         """
         A misspelt key is refused rather than ignored.
