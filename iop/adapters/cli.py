@@ -210,6 +210,30 @@ class CLIAdapter(AdapterBase):
             raise AdapterConfigError(f"adapters[{self.name}].{key} must be a positive number")
         return value
 
+    def start(self):
+        """
+        Refuse to start (so the configuration that names it is refused,
+        at registration or on a refresh) when the command cannot be found
+        or run here; a command removed later still fails its runs with
+        C{spawn_failed}.
+        """
+        if self._executable(dict(os.environ, **self.env)) is None:
+            raise AdapterConfigError(
+                f"adapters[{self.name}].command: {self.argv[0]!r} is not an executable program on this node"
+            )
+        return defer.succeed(None)
+
+    def _executable(self, env):
+        """
+        The program C{argv[0]} names (a path, relative to C{cwd}, or looked
+        up on the C{PATH} of C{env}), or C{None}.
+        """
+        program = self.argv[0]
+        if os.sep not in program:
+            return shutil.which(program, path=env.get("PATH"))
+        path = os.path.join(self.cwd or os.curdir, program)
+        return program if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
     def capabilities(self):
         if self.sessions_enabled:
             return Capabilities(max_concurrency=self.max_concurrency, sessions=True, commands=("session_list",))
@@ -246,7 +270,7 @@ class CLIAdapter(AdapterBase):
                 return defer.succeed(None)
         env = dict(os.environ, **self.env)
         argv = self._argv(run)
-        executable = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+        executable = self._executable(env)
         if executable is None:
             emit(_error(SPAWN_FAILED, f"command not found: {argv[0]}"))
             return defer.succeed(None)

@@ -122,6 +122,18 @@ class RunTests(CLITestCase):
         self.assertEqual(events.types(), ["error"])
         self.assertEqual(events.events[0].error.code, "spawn_failed")
 
+    def test_start_refuses_a_missing_command(self):
+        """
+        An adapter whose command is not an executable program here does
+        not start (the configuration naming it is refused, naming the
+        key); one that is found starts.
+        """
+        for command in (["iop-no-such-command-xyz"], ["./iop-no-such-command-xyz"], ["/etc/passwd"]):
+            failure = self.failureResultOf(defer.maybeDeferred(self.adapter(command=command).start))
+            self.assertIn("adapters[cli].command", str(failure.value))
+        self.successResultOf(self.adapter(command=[sys.executable, "-c", "pass"]).start())
+        self.successResultOf(self.adapter(command=["python3"]).start())
+
     @defer.inlineCallbacks
     def test_cancel_kills(self):
         """

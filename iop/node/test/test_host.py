@@ -70,3 +70,21 @@ class HostTests(SynchronousTestCase):
         self.successResultOf(self.host.stop())
         self.assertEqual([a.stopped for a in adapters], [1, 1])
         self.assertEqual(self.host.all(), [])
+
+
+class RealAdapterTests(SynchronousTestCase):
+    def test_missing_cli_command_refused(self):
+        """
+        A configuration (a refresh, or the one sent at registration) with a
+        CLI adapter whose command is not on this node is refused naming the
+        key, and the running set stays as it was: it is not reported
+        applied.
+        """
+        from iop.adapters.registry import build_adapter
+
+        host = AdapterHost(Clock(), build_adapter)
+        self.successResultOf(host.apply([adapter_config("echo", type="echo")]))
+        missing = adapter_config("tool", type="cli", command=["iop-no-such-command-xyz"])
+        failure = self.failureResultOf(host.apply([adapter_config("echo", type="echo"), missing]), AdapterSetupError)
+        self.assertIn("adapters[tool].command", str(failure.value))
+        self.assertEqual([h.name for h in host.all()], ["echo"])
