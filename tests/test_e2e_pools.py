@@ -95,12 +95,14 @@ def test_waiter_survives_node_death_and_is_served_once(launch):
     node_a.stop(signal.SIGKILL)
     wait_for(lambda: any(s.types() and s.types()[-1] == "error" for s in busy), what="a's run to error")
     assert queued(edge) == 1, "the waiter must keep waiting while b is live"
-    assert not waiter.events
+    assert {e["type"] for e in waiter.events} <= {"queued"}, "the waiter is told only of its place"
 
     node_a = launch.node(edge.node_port, "tok-a")
     waiter.join(timeout=30)
     assert not waiter.is_alive()
-    types = waiter.types()
+    told = [e for e in waiter.events if e["type"] == "queued"]
+    assert told and all(e["position"] == 1 for e in told)
+    types = [t for t in waiter.types() if t != "queued"]
     assert types[0] == "start" and types[-1] == "complete"
     assert sum(1 for t in types if t in ("complete", "error", "cancelled")) == 1
     assert "".join(e.get("text", "") for e in waiter.events) == "the waiter"

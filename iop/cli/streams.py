@@ -26,6 +26,28 @@ def write(stream, text):
     stream.flush()
 
 
+class Reasoning:
+    """
+    Reasoning text, dim on stderr as it comes, ended with its own line
+    break before the answer (or the end) so that the two never run into
+    one line on a terminal.
+    """
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.open = False
+
+    def write(self, text):
+        if text:
+            self.ctx.err.print(text, style="dim", end="")
+            self.open = True
+
+    def end(self):
+        if self.open:
+            self.ctx.err.print("")
+            self.open = False
+
+
 def chat(ctx, model, messages):
     """
     C{POST /v1/chat/completions} with C{stream: true}: the content of each
@@ -37,6 +59,7 @@ def chat(ctx, model, messages):
         "POST", "/v1/chat/completions", body=body, headers=SSE_ACCEPT, stream=True, timeout=None
     )
     parts, usage, finish = [], None, None
+    thinking = Reasoning(ctx)
     try:
         for event in response.events():
             if event.data == "[DONE]":
@@ -48,13 +71,13 @@ def chat(ctx, model, messages):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning and not ctx.args.json:
-                    ctx.err.print(reasoning, style="dim", end="")
+                if not ctx.args.json:
+                    thinking.write(delta.get("reasoning_content") or delta.get("reasoning"))
                 content = delta.get("content")
                 if content:
                     parts.append(content)
                     if not ctx.args.json:
+                        thinking.end()
                         write(ctx.stdout, content)
                 finish = choice.get("finish_reason") or finish
     except (OSError, http.client.HTTPException) as e:
@@ -64,6 +87,7 @@ def chat(ctx, model, messages):
     if ctx.args.json:
         ctx.print_json({"model": model, "text": "".join(parts), "finish_reason": finish, "usage": usage})
         return 0
+    thinking.end()
     write(ctx.stdout, "\n")
     if ctx.args.usage and usage:
         ctx.err.print(
@@ -83,6 +107,7 @@ def follow_run(ctx, path):
         is cancelled.
     """
     last_id, attempts = None, 0
+    thinking = Reasoning(ctx)
     while True:
         headers = dict(SSE_ACCEPT)
         if last_id is not None:
@@ -99,7 +124,7 @@ def follow_run(ctx, path):
                         last_id = event.id
                     payload = json.loads(event.data)
                     attempts = 0
-                    terminal = show_run_event(ctx, payload)
+                    terminal = show_run_event(ctx, payload, thinking)
                     if terminal is not None:
                         return terminal
             except (OSError, http.client.HTTPException):
@@ -112,21 +137,23 @@ def follow_run(ctx, path):
         time.sleep(RESUME_DELAY_SEC)
 
 
-def show_run_event(ctx, payload):
+def show_run_event(ctx, payload, thinking):
     """
-    Print one native run event. @return: the exit status on a terminal,
-    else C{None}.
+    Print one native run event (reasoning through C{thinking}, a
+    L{Reasoning}). @return: the exit status on a terminal, else C{None}.
     """
     kind = payload.get("type")
     if ctx.args.json:
         write(ctx.stdout, json.dumps(payload) + "\n")
     elif kind == "delta":
+        thinking.end()
         write(ctx.stdout, payload.get("text", ""))
     elif kind == "reasoning_delta":
-        ctx.err.print(payload.get("text", ""), style="dim", end="")
+        thinking.write(payload.get("text", ""))
     if kind not in TERMINALS:
         return None
     if not ctx.args.json:
+        thinking.end()
         write(ctx.stdout, "\n")
     if kind == "complete":
         return 0

@@ -347,6 +347,24 @@ class FollowTests(SynchronousTestCase):
         self.assertEqual(json.loads(self.out.getvalue())["type"], "error")
         self.assertIn("boom: it broke", self.err.getvalue())
 
+    def test_reasoning_ends_its_line(self):
+        """
+        Reasoning goes to stderr and is ended with its own line break
+        before the answer begins, so the two never share a line.
+        """
+        client = FakeClient(
+            FakeResponse(
+                [
+                    run_event(1, "reasoning_delta", text="thinking"),
+                    run_event(2, "delta", text="answer"),
+                    run_event(3, "complete"),
+                ]
+            )
+        )
+        self.assertEqual(streams.follow_run(self.context(client), "/p"), 0)
+        self.assertEqual(self.err.getvalue(), "thinking\n")
+        self.assertEqual(self.out.getvalue(), "answer\n")
+
     def test_first_connection_refused(self):
         """
         An Edge that cannot be reached before any event is not retried.
