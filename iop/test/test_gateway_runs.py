@@ -69,6 +69,22 @@ class GatewayRunsTestCase(SynchronousTestCase):
         return self.node.adapter("llm").runs[index]
 
 
+class CollectedTests(GatewayRunsTestCase):
+    def test_names_where_it_ran(self):
+        """
+        A run answered as one JSON document (C{"stream": false}) names the
+        node, provider and model that served it, beside its text.
+        """
+        d = self.gateway.post("/v1/runs", {"model": "talk", "input": "hello there", "stream": False})
+        self.gateway.advance(1)
+        code, answer = self.json(d)
+        self.assertEqual(code, 200)
+        self.assertEqual(
+            (answer["status"], answer["text"], answer["node"], answer["provider"], answer["model"]),
+            ("complete", "hello there", "n1", "echo", "talk"),
+        )
+
+
 class BackgroundTests(GatewayRunsTestCase):
     def test_survives_its_caller(self):
         """

@@ -99,7 +99,9 @@ class EventStreamListener(_Listener):
 @implementer(IRunListener)
 class CollectingListener(_Listener):
     """
-    For C{"stream": false}: every event, answered as one JSON document.
+    For C{"stream": false}: every event, answered as one JSON document
+    naming the node, provider and model that served it (as a streamed
+    run's record does), so a caller can tell where its answer came from.
     """
 
     def __init__(self, call, run_id):
@@ -112,6 +114,8 @@ class CollectingListener(_Listener):
             note_usage(self.call.request, event.usage)
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
             result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
+            if self.record is not None:
+                result.update(node=self.record.node, provider=self.record.provider, model=self.record.model)
             write_json(self.call.request, 200, result)
 
 
