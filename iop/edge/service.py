@@ -40,9 +40,7 @@ from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import QUEUED, RunBook, no_such_run, stored_json, visible
-from iop.edge.runs import RUN as RUN_KIND
-from iop.edge.runs import TUNNEL as TUNNEL_KIND
+from iop.edge.runs import QUEUED, RUN, TUNNEL, RunBook, no_such_run, stored_json, visible
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.edge.tenants import ANONYMOUS, Tenant, Ticket, TokenBudgets
@@ -59,10 +57,6 @@ from iop.run import (
     UNKNOWN_COMMAND,
     UNKNOWN_RUN,
 )
-
-#: Run kinds a surface's C{listener_for} is asked for.
-RUN = RUN_KIND
-TUNNEL = TUNNEL_KIND
 
 #: How long a drained Edge waits for its HTTP connections to flush their
 #: last bytes before it aborts them.

@@ -1,7 +1,9 @@
 """
 The layering rules of docs/architecture.md, checked on the source: which
-of iop's packages may import which. A violation names the module and the
-import, so the arrow that points the wrong way is found at once.
+of iop's packages may import which, which modules inside the Edge may
+import which, and that no chain of imports (those inside functions
+included) leads back to where it started. A violation names the module
+and the import, so the arrow that points the wrong way is found at once.
 """
 
 import ast
@@ -23,22 +25,95 @@ FORBIDDEN = {
 }
 
 
-def iop_imports(path):
+#: Edge module prefix -> Edge modules it must never import: the HTTP
+#: surfaces are handed the service; they never reach for its assembly.
+EDGE_FORBIDDEN = {
+    "iop.edge.http": ("iop.edge.service", "iop.edge.listeners", "iop.edge.tap"),
+}
+
+
+def imported_names(path):
     """
-    The C{iop.<package>} names a module imports, with their line numbers.
+    The dotted C{iop...} names a module imports (at its top or inside a
+    function), with their line numbers: for C{from a.b import c}, both
+    C{a.b} and C{a.b.c}, since C{c} may be a module.
     """
     tree = ast.parse(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
-            parts = name.split(".")
-            if parts[0] == "iop" and len(parts) > 1:
-                yield parts[1], node.lineno
+            if name.startswith("iop."):
+                yield name, node.lineno
+
+
+def iop_imports(path):
+    """
+    The C{iop.<package>} names a module imports, with their line numbers.
+    """
+    for name, line in imported_names(path):
+        yield name.split(".")[1], line
+
+
+def library_modules():
+    """
+    C{dotted name -> path} of every module of iop but its tests and the
+    generated protobuf module.
+    """
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        if "test" in path.relative_to(ROOT).parts or path.name == "iop_pb2.py":
+            continue
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph():
+    """
+    C{module -> set of iop modules it imports}, over L{library_modules}.
+    """
+    modules = library_modules()
+    return {
+        name: {imported for imported, _ in imported_names(path) if imported in modules and imported != name}
+        for name, path in modules.items()
+    }
+
+
+def find_cycle(graph):
+    """
+    One import cycle of C{graph} as the list of its modules (the first
+    repeated at the end), or C{None}: a depth-first walk that meets a
+    module still on its path has closed a loop.
+    """
+    done, path, on_path = set(), [], set()
+
+    def visit(module):
+        path.append(module)
+        on_path.add(module)
+        for imported in sorted(graph[module]):
+            if imported in on_path:
+                return path[path.index(imported) :] + [imported]
+            if imported not in done:
+                cycle = visit(imported)
+                if cycle:
+                    return cycle
+        on_path.discard(path.pop())
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if module not in done:
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
 
 
 class LayerTests(SynchronousTestCase):
@@ -57,3 +132,37 @@ class LayerTests(SynchronousTestCase):
                     if imported in forbidden:
                         violations.append(f"{path.relative_to(ROOT.parent)}:{line} imports iop.{imported}")
         self.assertEqual(violations, [])
+
+    def test_edge_surfaces_do_not_reach_the_assembly(self):
+        """
+        Inside the Edge, the HTTP surfaces never import the service, its
+        listeners or its twistd plugin: they are given what they use.
+        """
+        violations = []
+        for name, path in sorted(library_modules().items()):
+            for prefix, forbidden in EDGE_FORBIDDEN.items():
+                if name == prefix or name.startswith(prefix + "."):
+                    violations += [
+                        f"{name}:{line} imports {imported}"
+                        for imported, line in imported_names(path)
+                        if imported in forbidden
+                    ]
+        self.assertEqual(violations, [])
+
+    def test_no_import_cycle(self):
+        """
+        No chain of imports among iop's modules (imports inside functions
+        included, since hiding one there does not break the loop) leads
+        back to its start.
+        """
+        self.assertIsNone(find_cycle(import_graph()))
+
+
+class CycleFinderTests(SynchronousTestCase):
+    def test_finds_a_loop(self):
+        """
+        The cycle finder reports a loop with its modules in order, and
+        nothing for a graph without one.
+        """
+        self.assertEqual(find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}), ["a", "b", "c", "a"])
+        self.assertIsNone(find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}))

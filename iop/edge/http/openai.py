@@ -28,7 +28,7 @@ from iop.edge.http.common import (
 )
 from iop.edge.http.notes import note_usage
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
-from iop.edge.service import TUNNEL
+from iop.edge.runs import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.run import (
     CANCELLED,
