@@ -11,7 +11,7 @@ from twisted.internet import defer
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger, LogLevel
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.server import NOT_DONE_YET, Request
 
 from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
@@ -58,6 +58,15 @@ def release_producer(request):
     """
     if getattr(request, "producer", None) is not None:
         request.unregisterProducer()
+
+
+def answered_or_gone(request: Request) -> bool:
+    """
+    Whether nothing more may be written to C{request}: it was finished, or
+    its caller hung up (twisted.web keeps that in a private flag; this is
+    the one place that reads it).
+    """
+    return bool(request.finished or request._disconnected)
 
 
 def write_json(request, status, obj):
@@ -384,7 +393,7 @@ class JSONResource(Resource):
         return read_json(request, self.service.config.limits.max_body_bytes)
 
     def _respond(self, result, request):
-        if result is NOT_DONE_YET or request.finished or request._disconnected:
+        if result is NOT_DONE_YET or answered_or_gone(request):
             return
         if isinstance(result, tuple):
             status, body = result
@@ -396,7 +405,7 @@ class JSONResource(Resource):
         if not failure.check(ServiceError):
             # A bug on our side: logged with its traceback, answered 500.
             log.failure("request failed", failure, level=LogLevel.error)
-        if not (request.finished or request._disconnected):
+        if not answered_or_gone(request):
             write_error(request, _as_service_error(failure))
 
 

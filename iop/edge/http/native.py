@@ -31,6 +31,7 @@ from iop.edge.http.common import (
     Call,
     EventStream,
     JSONResource,
+    answered_or_gone,
     claim,
     error_body,
     forwarded,
@@ -481,12 +482,12 @@ class NodeCommands(JSONResource):
         request.notifyFinish().addErrback(lambda _: d.cancel())
 
         def done(result):
-            if not (request.finished or request._disconnected):
+            if not answered_or_gone(request):
                 stream.send({"done": True, "node": node_id, "command": command, "result": result})
                 request.finish()
 
         def failed(failure):
-            if request.finished or request._disconnected:
+            if answered_or_gone(request):
                 return None
             if not stream.open:
                 return failure  # nothing sent yet: a plain error response
