@@ -1,11 +1,76 @@
 """
 Defaults shared by every adapter: no tunnel, no sessions, no extra
-commands, and nothing to start or stop.
+commands, and nothing to start or stop; and L{OutputGate}, flow control
+for adapters that make their output themselves.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
 
 from iop.adapters.interface import AdapterConfigError, Capabilities, NotSupported
+
+
+def register_output(emit: Callable[..., Any], producer: IPushProducer) -> None:
+    """
+    Make C{producer} the source of C{emit}'s stream for flow control, when
+    C{emit} takes one (the Node's does; a bare callable in a test does not).
+    """
+    register = getattr(emit, "register_producer", None)
+    if register is not None:
+        register(producer)
+
+
+@implementer(IPushProducer)
+class OutputGate:
+    """
+    The producer of an adapter whose output is made in-process (no socket
+    or pipe for the Node to stop reading): registered with C{emit}, it is
+    paused while the caller is not taking the stream, and the adapter
+    waits on L{wait} before making more. Without it, a slow reader makes
+    the Node queue the whole answer in memory.
+    """
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._waiting: defer.Deferred[None] | None = None
+
+    @classmethod
+    def registered(cls, emit: Callable[..., Any]) -> "OutputGate":
+        """
+        A gate registered as C{emit}'s producer (when C{emit} takes one; a
+        bare callable never pauses it).
+        """
+        gate = cls()
+        register_output(emit, gate)
+        return gate
+
+    def wait(self) -> "defer.Deferred[None]":
+        """
+        A Deferred firing once output may go on: at once unless paused.
+        """
+        if not self.paused:
+            return defer.succeed(None)
+        if self._waiting is None or self._waiting.called:
+            self._waiting = defer.Deferred()
+        return self._waiting
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.called:
+            waiting.callback(None)
+
+    def stopProducing(self) -> None:
+        # The run is cancelled through its Deferred; here, only stop holding
+        # anything back.
+        self.resumeProducing()
 
 
 class AdapterBase:

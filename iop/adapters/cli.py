@@ -25,11 +25,12 @@ import signal
 
 from twisted.internet import defer
 from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.adapters.base import AdapterBase
+from iop.adapters.base import AdapterBase, register_output
 from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
 from iop.run import (
     ADAPTER_STOPPED,
@@ -61,10 +62,13 @@ def _text(content):
     return content if isinstance(content, str) else ""
 
 
+@implementer(IPushProducer)
 class _RunProcess(ProcessProtocol):
     """
     One run's process: feeds stdin, turns stdout into C{delta} events,
-    keeps the tail of stderr.
+    keeps the tail of stderr. It is its stream's producer: while the
+    caller is not taking the stream its pipes are not read, so the
+    process blocks on a full pipe instead of the Node buffering its output.
 
     @ivar outcome: why the adapter stopped it (C{cancelled}, C{timeout},
         C{terminated}, C{stopped}), or C{None}.
@@ -85,6 +89,18 @@ class _RunProcess(ProcessProtocol):
         self.pid = self.transport.pid
         self.transport.write(self.stdin)
         self.transport.closeStdin()
+        register_output(self.emit, self)
+
+    def pauseProducing(self):
+        self.transport.pauseProducing()
+
+    def resumeProducing(self):
+        self.transport.resumeProducing()
+
+    def stopProducing(self):
+        # The run is stopped through its Deferred (SIGTERM, then SIGKILL);
+        # here, only stop holding its output back.
+        self.transport.resumeProducing()
 
     def outReceived(self, data):
         self._delta(self.decoder.decode(data))

@@ -11,7 +11,7 @@ import re
 from twisted.internet import defer, task
 from zope.interface import implementer
 
-from iop.adapters.base import AdapterBase
+from iop.adapters.base import AdapterBase, OutputGate
 from iop.adapters.interface import AdapterConfigError, IAdapter
 from iop.run import COMPLETE, DELTA, START, RunEventData, Usage
 
@@ -28,7 +28,8 @@ def words(text):
 @implementer(IAdapter)
 class EchoAdapter(AdapterBase):
     """
-    Options: C{delay_ms} (default 0), the pause before each delta.
+    Options: C{delay_ms} (default 0), the pause before each delta. Its
+    deltas wait while the stream's flow control pauses it (L{OutputGate}).
     """
 
     type = "echo"
@@ -44,10 +45,13 @@ class EchoAdapter(AdapterBase):
     def execute(self, run, emit):
         text = run.last_user_text()
         pieces = words(text)
+        gate = OutputGate.registered(emit)
         emit(RunEventData(START))
         for piece in pieces:
             if self.delay:
                 yield task.deferLater(self.reactor, self.delay, lambda: None)
+            if gate.paused:
+                yield gate.wait()
             emit(RunEventData(DELTA, text=piece))
         usage = Usage(input_tokens=len(text.split()), output_tokens=len(pieces))
         emit(RunEventData(COMPLETE, usage=usage, finish_reason="stop"))

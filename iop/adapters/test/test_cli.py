@@ -11,9 +11,10 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.cli import CLIAdapter
+from iop.adapters.cli import CLIAdapter, _RunProcess
 from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput
 from iop.adapters.test.providers import Events
+from iop.adapters.test.test_echo import PausingEvents
 
 UPPER = "import sys; sys.stdout.write(sys.stdin.read().upper())"
 # Prints its arguments, then hangs until killed.
@@ -83,6 +84,26 @@ class RunTests(CLITestCase):
         self.assertEqual(set(events.types()[1:-1]), {"delta"})
         self.assertEqual(events.text(), "H\u00c9LLO")
         self.assertIsNone(events.events[-1].usage)
+
+    @defer.inlineCallbacks
+    def test_paused_by_flow_control(self):
+        """
+        The process is its stream's producer: paused, its output pipe is
+        no longer read (so a slow caller blocks the process rather than
+        filling the Node's memory); resumed, every byte arrives.
+        """
+        events = PausingEvents()
+        code = "import sys; sys.stdout.write('x' * 1_000_000); sys.stdout.flush()"
+        d = self.adapter(**python(code)).execute(run_input(), events)
+        yield events.first("delta")
+        process = events.producer
+        self.assertIsInstance(process, _RunProcess)
+        readers = set(reactor.getReaders())
+        self.assertFalse(readers & set(process.transport.pipes.values()))
+        process.resumeProducing()
+        yield d
+        self.assertEqual(events.text(), "x" * 1_000_000)
+        self.assertEqual(events.types()[-1], "complete")
 
     @defer.inlineCallbacks
     def test_env_and_cwd(self):

@@ -18,6 +18,25 @@ def run_input(text):
     return RunInput("r1", messages=[{"role": "user", "content": text}])
 
 
+class PausingEvents(Events):
+    """
+    An C{emit} that takes a producer, as the Node's does, and pauses it
+    after the first delta, as a slow caller's flow control would.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.producer = None
+
+    def register_producer(self, producer):
+        self.producer = producer
+
+    def __call__(self, event):
+        if event.type == "delta" and "delta" not in self.types():
+            self.producer.pauseProducing()
+        super().__call__(event)
+
+
 class EchoTests(SynchronousTestCase):
     def test_deltas_equal_input(self):
         """
@@ -104,3 +123,30 @@ class RegistryTests(SynchronousTestCase):
             self.assertTrue(verifyObject(IAdapter, adapter))
         error = self.assertRaises(AdapterConfigError, build_adapter, "a", "nope", 1, {}, clock)
         self.assertIn("adapters[a].type", str(error))
+
+    def test_paused_by_flow_control(self):
+        """
+        While its stream's flow control pauses it, echo makes no more
+        deltas (a slow reader does not make the Node hold the answer);
+        resumed, it goes on to the end.
+        """
+        events = PausingEvents()
+        d = EchoAdapter("echo", 1, {}, task.Clock()).execute(run_input("one two three"), events)
+        self.assertEqual(events.text(), "one ")
+        self.assertNoResult(d)
+        events.producer.resumeProducing()
+        self.successResultOf(d)
+        self.assertEqual(events.text(), "one two three")
+        self.assertEqual(events.types()[-1], "complete")
+
+    def test_cancelled_while_paused(self):
+        """
+        A run cancelled while paused ends at once, and a later resume
+        (the Node abandoning the stream) changes nothing.
+        """
+        events = PausingEvents()
+        d = EchoAdapter("echo", 1, {}, task.Clock()).execute(run_input("one two three"), events)
+        d.cancel()
+        self.failureResultOf(d)
+        events.producer.stopProducing()
+        self.assertEqual(events.text(), "one ")
