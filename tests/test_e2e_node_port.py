@@ -2,7 +2,8 @@
 The Node port against strangers, on real sockets (issue 12, findings 2
 and 4): oversize frames before registration cost the Edge neither memory
 nor CPU, a connection that only pings is closed at the registration
-deadline, and strangers beyond the cap are closed at once. The registered
+deadline, strangers beyond the cap wait unread in the hall, and a stranger
+holding 300 connections from one address does not keep a Node out. The registered
 Node keeps serving throughout. Every loop is bounded.
 """
 
@@ -12,13 +13,16 @@ import struct
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.daemons import Launcher, echo_node, wait_for
 from support.probes import closed_by_peer, frame, refused_at_once, rss_bytes, still_serving
 
 from iop.protocols import iop_pb2
+from iop.protocols.wire import WIRE_VERSION
 
 REGISTER_TIMEOUT = 1.5
 CAP = 4
+STRANGER = "127.0.0.2"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +96,42 @@ def answers_ping(sock, timeout=5.0):
     return False
 
 
+def read_frame(sock, timeout):
+    """
+    The first frame the Edge sends on C{sock} that is not a Ping, within
+    C{timeout}. @return: the Envelope.
+    """
+    deadline = time.monotonic() + timeout
+    data = b""
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        received = sock.recv(65536)
+        assert received, "the Edge closed the connection"
+        data += received
+        while len(data) >= 4:
+            (length,) = struct.unpack("!I", data[:4])
+            if len(data) < 4 + length:
+                break
+            envelope = iop_pb2.Envelope.FromString(data[4 : 4 + length])
+            data = data[4 + length :]
+            if envelope.WhichOneof("body") != "ping":
+                return envelope
+    raise AssertionError(f"no frame within {timeout}s")
+
+
+def scrape_value(edge, name, **labels):
+    _, _, body = edge.request("GET", "/metrics")
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0
+
+
+def node_port_waiting(edge):
+    return scrape_value(edge, "iop_edge_node_port_waiting_connections")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_oversize_frames_before_registration_cost_nothing(served):
     """
@@ -137,26 +177,71 @@ def test_pinging_stranger_closed_at_deadline(served):
     assert still_serving(served)
 
 
-def test_strangers_beyond_the_cap_closed_at_once(served):
+def test_strangers_beyond_the_cap_wait_in_the_hall(served):
     """
-    With C{limits.max_unregistered_connections} strangers open, one more
-    is closed at once; the registered Node is not disturbed, and once the
-    deadline closes the strangers new connections are accepted again.
+    With C{limits.max_unregistered_connections} strangers open, the next
+    four times as many wait unread in the hall (no Pong, not closed), and
+    one more beyond is closed at once; the registered Node is not
+    disturbed; as the deadline closes the first strangers, the waiting
+    ones are read.
     """
     idle = [socket.create_connection(("127.0.0.1", served.node_port), timeout=5) for _ in range(CAP)]
+    hall = []
     try:
-        # A Pong on each proves the Edge accepted it (a stranger's Ping is
+        # A Pong on each proves the Edge took it (a stranger's Ping is
         # answered, and does not register it).
         for sock in idle:
             assert answers_ping(sock), "the Edge did not take a stranger's connection"
+        hall = [socket.create_connection(("127.0.0.1", served.node_port), timeout=5) for _ in range(4 * CAP)]
+        assert not answers_ping(hall[0], timeout=0.3), "a connection beyond the cap was read"
+        assert not closed_by_peer(hall[-1], timeout=0.1)
         assert refused_at_once(served.node_port, timeout=1.0)
         assert served.node_connected("node-1")
         assert still_serving(served)
         for sock in idle:
             assert closed_by_peer(sock, timeout=REGISTER_TIMEOUT + 2)
+        # Its Ping was sent while it waited: read now, it is answered.
+        assert answers_ping(hall[0], timeout=REGISTER_TIMEOUT)
     finally:
-        for sock in idle:
+        for sock in idle + hall:
             sock.close()
-    with socket.create_connection(("127.0.0.1", served.node_port), timeout=5) as late:
-        assert not closed_by_peer(late, timeout=0.3)
-    wait_for(lambda: "unregistered connections are open" in served.output(), what="the cap logged")
+    wait_for(lambda: "max_unregistered_connections" in served.output(), what="the refusal logged")
+
+
+NODE_PORT_STRANGERS = 300
+
+
+def test_idle_stranger_does_not_keep_a_node_out(launch):
+    """
+    A stranger holding 300 idle Node-port connections from 127.0.0.2
+    (default limits: 32 read, the rest in its line and the hall) does not
+    keep a Node from 127.0.0.1 out: a registration from 127.0.0.1 is
+    accepted within 2 s, taking the place of one of the stranger's waiting
+    connections, and a real Node daemon registers too.
+    """
+    edge = launch.edge({"nodes": [echo_node("node-1", "tok-1"), echo_node("node-2", "tok-2")]})
+    stranger = []
+    try:
+        for _ in range(NODE_PORT_STRANGERS):
+            sock = socket.socket()
+            sock.bind((STRANGER, 0))
+            sock.connect(("127.0.0.1", edge.node_port))
+            stranger.append(sock)
+        wait_for(
+            lambda: node_port_waiting(edge) >= NODE_PORT_STRANGERS - 32,
+            what="the stranger's connections to wait",
+        )
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", edge.node_port), timeout=5) as sock:
+            sock.sendall(frame(iop_pb2.RegisterRequest(token="tok-2", wire_version=WIRE_VERSION)))
+            response = read_frame(sock, timeout=2.0)
+            elapsed = time.monotonic() - started
+            assert response.WhichOneof("body") == "register_response"
+            assert response.register_response.accepted
+        assert elapsed < 2.0, elapsed
+        launch.node(edge.node_port, "tok-1")
+        edge.wait_connected("node-1")
+        assert scrape_value(edge, "iop_edge_refusals_total", reason="node_port_line_evicted") >= 1
+    finally:
+        for sock in stranger:
+            sock.close()

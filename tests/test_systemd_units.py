@@ -56,6 +56,8 @@ def test_edge_unit():
     assert service["RestartPreventExitStatus"].split() == ["1"]
     assert service["KillSignal"] == "SIGTERM"
     assert seconds(service["TimeoutStopSec"]) > max(30, grace("edge.yaml")) + 5
+    # Room for every connection limits: lets the Edge hold, not 1,024.
+    assert int(service["LimitNOFILE"]) == 65536
 
 
 def test_node_unit():
@@ -74,6 +76,7 @@ def test_node_unit():
     assert int(service["RestartSec"]) >= 10
     assert parsed["Unit"]["StartLimitIntervalSec"] == "0"
     assert seconds(service["TimeoutStopSec"]) > max(30, grace("node.yaml"))
+    assert int(service["LimitNOFILE"]) == 65536
 
 
 @pytest.mark.parametrize("name", ["iop-edge.service", "iop-node.service"])

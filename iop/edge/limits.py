@@ -21,6 +21,7 @@ MAX_HTTP_CONNECTIONS = 10000
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_WAITING = 10000
 MAX_HTTP_CONNECTIONS_PER_ADDRESS = 256
+MAX_UNREGISTERED_PER_ADDRESS = 32
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,15 @@ class Limits:
         send before its registration is accepted; a larger length prefix
         closes the connection before its body is read.
     @ivar max_unregistered_connections: how many Node connections may be
-        open at once without an accepted registration; beyond it a new one
-        is closed at once.
+        open at once without an accepted registration (being read, or
+        waiting in an address's line); beyond it a new one waits unread in
+        the hall (at most four times as many; beyond that it is closed at
+        once) until a place is free or its registration deadline passes
+        (L{iop.edge.nodeport}).
+    @ivar max_unregistered_per_address: unregistered Node connections one
+        source address may have being read at once; its others wait
+        unread in its line without taking places from other addresses.
+        0 turns it off (Nodes dialling through one proxy or NAT address).
     @ivar header_timeout_sec: an HTTP request's headers must be complete
         this long after the connection opened or its previous response
         ended, however slowly bytes trickle in.
@@ -56,6 +64,7 @@ class Limits:
 
     preauth_frame_bytes: int = PREAUTH_FRAME_BYTES
     max_unregistered_connections: int = MAX_UNREGISTERED_CONNECTIONS
+    max_unregistered_per_address: int = MAX_UNREGISTERED_PER_ADDRESS
     header_timeout_sec: float = HEADER_TIMEOUT_SEC
     body_timeout_sec: float = BODY_TIMEOUT_SEC
     max_http_connections: int = MAX_HTTP_CONNECTIONS
@@ -75,6 +84,7 @@ def parse_limits(section):
         {
             "preauth_frame_bytes",
             "max_unregistered_connections",
+            "max_unregistered_per_address",
             "header_timeout_sec",
             "body_timeout_sec",
             "max_http_connections",
@@ -88,6 +98,9 @@ def parse_limits(section):
     return Limits(
         preauth_frame_bytes=preauth,
         max_unregistered_connections=_count(section, "max_unregistered_connections", MAX_UNREGISTERED_CONNECTIONS),
+        max_unregistered_per_address=_count(
+            section, "max_unregistered_per_address", MAX_UNREGISTERED_PER_ADDRESS, minimum=0
+        ),
         header_timeout_sec=section.number("header_timeout_sec", HEADER_TIMEOUT_SEC, positive=True),
         body_timeout_sec=section.number("body_timeout_sec", BODY_TIMEOUT_SEC, positive=True),
         max_http_connections=_count(section, "max_http_connections", MAX_HTTP_CONNECTIONS),

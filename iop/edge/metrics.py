@@ -89,9 +89,10 @@ class _ServiceCollector:
         C{max_http_connections_per_address}, C{address_line_evicted},
         C{address_wait_timeout}, C{header_timeout_sec},
         C{body_timeout_sec}), the Node port's
-        (C{max_unregistered_connections}) and work refused by error code
-        (C{queue_full}, C{token_budget_exceeded}, ...); and the HTTP
-        connections that waited in their address's line.
+        (C{max_unregistered_connections}, C{max_unregistered_per_address},
+        C{node_port_line_evicted}, C{register_timeout_sec}) and work
+        refused by error code (C{queue_full}, C{token_budget_exceeded},
+        ...); and the HTTP and Node-port connections that waited unread.
         """
         refusals = CounterMetricFamily(
             "iop_edge_refusals",
@@ -105,6 +106,14 @@ class _ServiceCollector:
         waiting = GaugeMetricFamily(
             "iop_edge_http_waiting_connections", "HTTP connections waiting unread in their address's line now"
         )
+        node_waits = CounterMetricFamily(
+            "iop_edge_node_port_waits",
+            "Unregistered Node connections that waited unread (their address's line or the hall beyond"
+            " limits.max_unregistered_connections)",
+        )
+        node_waiting = GaugeMetricFamily(
+            "iop_edge_node_port_waiting_connections", "Unregistered Node connections waiting unread now"
+        )
         for reason, count in sorted(self.refused.items()):
             refusals.add_metric([reason], count)
         site, node_port = self.service.site, self.service.node_port
@@ -114,8 +123,11 @@ class _ServiceCollector:
             waits.add_metric([], site.doors.waits)
             waiting.add_metric([], site.doors.waiting)
         if node_port is not None:
-            refusals.add_metric(["max_unregistered_connections"], node_port.refusals.count)
-        return [refusals, waits, waiting]
+            for reason, count in sorted(node_port.refused.items()):
+                refusals.add_metric([reason], count)
+            node_waits.add_metric([], node_port.doors.waits)
+            node_waiting.add_metric([], node_port.doors.waiting + node_port.doors.in_hall)
+        return [refusals, waits, waiting, node_waits, node_waiting]
 
     def _health(self):
         failures = CounterMetricFamily(

@@ -218,5 +218,5 @@ class WireFuzzTests(SynchronousTestCase):
         self.assertIsNotNone(self.service.registry.ready_link("n1"))
         self.assertEqual(self.service.pool.active_leases(), [])
         self.assertEqual(len(self.service.inflight), 0)
-        self.assertEqual(self.service.node_port.unregistered, set())
+        self.assertEqual(self.service.node_port.unregistered, {})
         return sent

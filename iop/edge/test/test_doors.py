@@ -149,6 +149,66 @@ class DoorsTests(SynchronousTestCase):
         self.assertTrue(all(t.inside for t in tickets))
 
 
+class HallTests(SynchronousTestCase):
+    """
+    The hall (the Node port's choice): beyond C{total}, newcomers wait in
+    arrival order instead of being refused.
+    """
+
+    def setUp(self):
+        self.reasons = []
+        self.doors = Doors(per_address=2, total=4, refused=self.reasons.append, line=4, hall=3)
+
+    def arrive(self, host):
+        return Connection(self.doors, host)
+
+    def test_herd_gets_in_in_order(self):
+        """
+        One address's herd fills its places and line up to the total, then
+        the hall; as connections leave, the hall's oldest move into the
+        line, and the line's oldest go in. Beyond the hall: refused.
+        """
+        herd = [self.arrive(STRANGER) for _ in range(7)]
+        self.assertEqual([c.ticket.inside for c in herd], [True, True] + [False] * 5)
+        self.assertEqual([c.ticket.in_hall for c in herd], [False] * 4 + [True] * 3)
+        self.assertEqual((self.doors.count, self.doors.in_hall, self.doors.waits), (4, 3, 5))
+        self.assertIsNone(self.arrive(STRANGER).ticket)
+        self.assertEqual(self.reasons, [FULL])
+        self.doors.leave(herd[0].ticket)
+        self.assertTrue(herd[2].entered)
+        self.assertEqual((self.doors.line(STRANGER), self.doors.in_hall), (2, 2))
+        self.assertFalse(herd[4].ticket.in_hall)
+        for connection in herd[1:4]:
+            self.doors.leave(connection.ticket)
+        self.assertEqual([c.entered for c in herd[4:]], [True, True, False])
+        self.assertEqual((self.doors.count, self.doors.in_hall), (3, 0))
+
+    def test_within_cap_goes_before_the_hall(self):
+        """
+        A newcomer from an address within its cap takes a waiting place
+        while others wait in the hall; the waiting in the hall stay.
+        """
+        herd = [self.arrive(STRANGER) for _ in range(6)]
+        caller = self.arrive(CALLER)
+        self.assertTrue(caller.ticket.inside)
+        self.assertTrue(herd[2].evicted)
+        self.assertEqual(self.reasons, [EVICTED])
+        self.assertEqual(self.doors.in_hall, 2)
+
+    def test_leaving_the_hall(self):
+        """
+        A connection that leaves the hall (its deadline, or its peer gave
+        up) is forgotten; the others keep their order.
+        """
+        herd = [self.arrive(STRANGER) for _ in range(7)]
+        self.doors.leave(herd[4].ticket)
+        self.doors.leave(herd[4].ticket)
+        self.assertEqual(self.doors.in_hall, 2)
+        self.doors.leave(herd[0].ticket)
+        self.assertFalse(herd[5].ticket.in_hall)
+        self.assertTrue(herd[6].ticket.in_hall)
+
+
 LIMITS = Limits(header_timeout_sec=10, max_http_connections=6, max_http_connections_per_address=2)
 
 

@@ -8,8 +8,11 @@ registration. All in memory, on the Edge's own factory.
 import copy
 import struct
 
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
-from twisted.test import iosim
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.limits import PREAUTH_FRAME_BYTES
@@ -17,6 +20,8 @@ from iop.edge.nodeport import _Refused
 from iop.protocols import iop_pb2
 from iop.protocols.wire import WIRE_VERSION
 from iop.testing.edge import EDGE_YAML, EdgeHarness, ScriptedNode
+
+STRANGER, NODE = "192.0.2.66", "198.51.100.7"
 
 
 def harness(**limits):
@@ -40,7 +45,7 @@ class PreauthFrameTests(SynchronousTestCase):
         self.assertIn("exceeds the 65536-byte limit", edge_protocol.close_reason)
         self.assertTrue(node.lost)
         self.assertEqual(edge_protocol._buffered, 0)
-        self.assertEqual(edge.service.node_port.unregistered, set())
+        self.assertEqual(edge.service.node_port.unregistered, {})
 
     def test_frame_at_the_limit_is_read(self):
         """
@@ -116,40 +121,119 @@ class DeadlineTests(SynchronousTestCase):
         self.assertIn(connection, edge.service.node_port.unregistered)
         pump.flush()
         self.assertEqual(node.of("register_response")[0].code, iop_pb2.UNKNOWN_TOKEN)
-        self.assertEqual(edge.service.node_port.unregistered, set())
+        self.assertEqual(edge.service.node_port.unregistered, {})
         self.assertIsNone(connection._deadline)
 
 
 class CapTests(SynchronousTestCase):
-    def connect_raw(self, edge):
+    """
+    The doors of the Node port: per source address, in total, and the
+    hall beyond the total where a herd waits unread instead of being reset.
+    """
+
+    def connect_raw(self, edge, host=None):
         """
-        A new connection straight from the factory. @return: the protocol.
+        A new connection straight from the factory, from C{host}.
+        @return: the protocol and its transport.
         """
-        protocol = edge.service.node_port.buildProtocol(None)
-        transport = iosim.FakeTransport(protocol, isServer=True)
+        address = IPv4Address("TCP", host, 40000) if host is not None else None
+        protocol = edge.service.node_port.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
         protocol.makeConnection(transport)
         return protocol, transport
 
-    def test_cap_on_unregistered_connections(self):
+    def register(self, edge, protocol, token="tok-1"):
+        data = iop_pb2.Envelope(
+            register_request=iop_pb2.RegisterRequest(token=token, wire_version=WIRE_VERSION)
+        ).SerializeToString()
+        protocol.dataReceived(struct.pack("!I", len(data)) + data)
+
+    def test_beyond_the_cap_waits_in_the_hall(self):
         """
         Beyond C{limits.max_unregistered_connections} strangers at once, a
-        new connection is aborted at once; registering or leaving frees a
-        place. One log line says so, not one per refusal.
+        new connection waits unread in the hall (up to four times the cap)
+        instead of being reset; beyond the hall it is aborted at once, with
+        one log line for many. A registration frees a place, and the
+        oldest of the hall goes in: read from then on.
         """
         edge = harness(max_unregistered_connections=2)
-        first, _, _ = edge.connect()
-        edge.connect()
+        first, _ = self.connect_raw(edge)
+        self.connect_raw(edge)
+        hall = [self.connect_raw(edge) for _ in range(8)]
+        self.assertEqual([t.producerState for _, t in hall], ["paused"] * 8)
+        self.assertEqual(edge.service.node_port.doors.in_hall, 8)
         with capturedLogs() as events:
             refused = [self.connect_raw(edge) for _ in range(5)]
         for protocol, transport in refused:
             self.assertIsInstance(protocol, _Refused)
-            self.assertTrue(transport.disconnecting)
+            self.assertTrue(transport.disconnected)
         self.assertEqual(len([e for e in events if "max_unregistered_connections" in e["log_format"]]), 1)
-        first.wire.send(iop_pb2.RegisterRequest(token="tok-1", wire_version=WIRE_VERSION))
-        edge.flush()
-        self.assertEqual(len(edge.service.node_port.unregistered), 1)
-        protocol, _ = self.connect_raw(edge)
+        self.assertEqual(edge.service.node_port.refused["max_unregistered_connections"], 5)
+        self.register(edge, first)
+        self.assertEqual(len(edge.service.node_port.unregistered), 9)
+        self.assertEqual(hall[0][1].producerState, "producing")
+        self.assertEqual(hall[1][1].producerState, "paused")
+        self.register(edge, hall[0][0], token="tok-2")
+        self.assertEqual(hall[0][0].receiver.state, "pending")
+
+    def test_waiting_until_the_registration_deadline(self):
+        """
+        A connection that waits in the hall is closed at its registration
+        deadline if no place came free by then; one that goes in gets its
+        whole deadline from then on.
+        """
+        edge = harness(max_unregistered_connections=1)
+        first, _ = self.connect_raw(edge)
+        _, waiting = self.connect_raw(edge)
+        edge.clock.advance(9)
+        third, late = self.connect_raw(edge)
+        first.transport.loseConnection()
+        first.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(waiting.producerState, "producing")
+        edge.clock.advance(1)
+        self.assertFalse(waiting.disconnected)
+        self.assertTrue(late.producerState == "paused" and not late.disconnected)
+        edge.clock.advance(9)
+        self.assertTrue(late.disconnected)
+        self.assertEqual(edge.service.node_port.refused["register_timeout_sec"], 1)
+
+    def test_an_address_over_its_cap_waits_in_its_line(self):
+        """
+        One address's unregistered connections beyond
+        C{limits.max_unregistered_per_address} wait unread in its line;
+        another address's connection is read at once.
+        """
+        edge = harness(max_unregistered_per_address=2)
+        stranger = [self.connect_raw(edge, STRANGER) for _ in range(5)]
+        self.assertEqual([t.producerState for _, t in stranger], ["producing"] * 2 + ["paused"] * 3)
+        _, node = self.connect_raw(edge, NODE)
+        self.assertEqual(node.producerState, "producing")
+
+    def test_real_node_gets_in_while_a_stranger_fills_every_place(self):
+        """
+        A stranger whose connections fill every place (inside, its line,
+        and the hall) cannot keep a Node of another address out: the Node
+        takes the place of the stranger's oldest waiting connection.
+        """
+        edge = harness(max_unregistered_connections=4, max_unregistered_per_address=2)
+        stranger = [self.connect_raw(edge, STRANGER) for _ in range(4 + 16)]
+        self.assertEqual(edge.service.node_port.doors.in_hall, 16)
+        protocol, node = self.connect_raw(edge, NODE)
         self.assertNotIsInstance(protocol, _Refused)
+        self.assertEqual(node.producerState, "producing")
+        self.assertTrue(stranger[2][1].disconnected)
+        self.assertEqual(edge.service.node_port.refused["node_port_line_evicted"], 1)
+        self.register(edge, protocol)
+        self.assertEqual(protocol.receiver.state, "pending")
+
+    def test_off_per_address(self):
+        """
+        C{limits.max_unregistered_per_address: 0} lets one address have as
+        many as the total cap allows (Nodes behind one proxy).
+        """
+        edge = harness(max_unregistered_per_address=0)
+        stranger = [self.connect_raw(edge, STRANGER) for _ in range(40)]
+        self.assertEqual({t.producerState for _, t in stranger}, {"producing"})
 
     def test_lost_stranger_frees_its_place(self):
         """
@@ -159,6 +243,6 @@ class CapTests(SynchronousTestCase):
         node, pump, _ = edge.connect()
         node.wire.transport.loseConnection()
         pump.flush()
-        self.assertEqual(edge.service.node_port.unregistered, set())
+        self.assertEqual(edge.service.node_port.unregistered, {})
         node2, _, _ = edge.connect(ScriptedNode())
         self.assertFalse(node2.lost)
