@@ -56,3 +56,30 @@ def test_200_streams_over_100_simulated_nodes(launch, tmp_path):
         wait_for(at_rest, timeout=10, what="every lease back")
     finally:
         sim.stop()
+
+
+HERD = 300
+
+
+def test_herd_of_300_with_default_limits(launch, tmp_path):
+    """
+    300 simulated Nodes dialling in the same second against the default
+    limits (256 unregistered connections, 32 per address: the whole herd
+    comes from 127.0.0.1, and the simulator never redials) all register
+    and are ready: the connections beyond the limits wait unread in their
+    address's line and the hall instead of being reset.
+    """
+    config = fleetsim.edge_config(HERD, capacity=1)
+    del config["limits"]
+    edge = launch.edge(config)
+    sim = fleetsim.FleetProcess(str(tmp_path), edge.node_port, HERD, deadline=120)
+    try:
+        stats = sim.wait_ready(timeout=30)
+        assert stats["lost"] == stats["refused"] == 0, stats["reasons"]
+        wait_for(lambda: fleet.connected(edge) == HERD, what="the Edge to show every Node connected")
+        _, _, body = edge.request("GET", "/metrics")
+        waits = [line for line in body.decode().splitlines() if line.startswith("iop_edge_node_port_waits_total ")]
+        assert waits and float(waits[0].split()[1]) >= HERD - 32, waits
+        print(f"herd of {HERD}: all ready {stats['registration_sec']:.2f}s after the first dial")
+    finally:
+        sim.stop()

@@ -6,6 +6,7 @@ daemon at start with a message naming the key (C{node.yaml:
 reconnect.interval_sec: ...}) instead of surfacing as odd retry behaviour.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from iop.config import ConfigError, Section, load_yaml
@@ -15,6 +16,7 @@ from iop.node.store import Retention
 DEFAULT_STORE = "file:iop.db?cache=shared&mode=rwc"
 DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_INTERVAL_SEC = 10.0
+DEFAULT_JITTER = 0.5
 DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
 DEFAULT_SHUTDOWN_GRACE_SEC = 30.0
 
@@ -28,7 +30,7 @@ _TOP_KEYS = {
     "metrics",
     "log_format",
 }
-_RECONNECT_KEYS = {"max_attempts", "interval_sec"}
+_RECONNECT_KEYS = {"max_attempts", "interval_sec", "jitter"}
 _STORE_KEYS = {"path", "retention"}
 _RETENTION_KEYS = {"max_age_days", "max_rows"}
 
@@ -40,11 +42,26 @@ class ReconnectPolicy:
 
     @ivar max_attempts: consecutive failed attempts before giving up;
         C{0} means never give up.
-    @ivar interval_sec: the pause between attempts.
+    @ivar interval_sec: the pause between attempts, on average.
+    @ivar jitter: how far each pause may be from C{interval_sec}, as a
+        fraction of it (the pause is drawn uniformly from
+        C{interval_sec * (1 - jitter)} to C{interval_sec * (1 + jitter)}),
+        so Nodes that lost the same Edge at the same moment do not all
+        dial again in the same instant; 0 for a fixed interval.
     """
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     interval_sec: float = DEFAULT_INTERVAL_SEC
+    jitter: float = DEFAULT_JITTER
+
+    def delay(self, draw: Callable[[float, float], float]) -> float:
+        """
+        The pause before the next attempt, drawn with C{draw(low, high)}
+        (C{random.Random.uniform}, or a fixed draw in tests).
+        """
+        if not self.jitter:
+            return self.interval_sec
+        return draw(self.interval_sec * (1 - self.jitter), self.interval_sec * (1 + self.jitter))
 
     @property
     def unlimited(self):
@@ -106,7 +123,20 @@ def parse_reconnect(section):
         raise section.error("interval_sec", f"must be positive when max_attempts is 0 (unlimited), got {interval!r}")
     if interval < 0:
         raise section.error("interval_sec", f"must not be negative, got {interval!r}")
-    return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval))
+    return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval), jitter=_jitter(section))
+
+
+def _jitter(section):
+    """
+    C{reconnect.jitter}: C{true} (the default, L{DEFAULT_JITTER}), C{false}
+    (a fixed interval), or the fraction itself, from 0 to 1.
+    """
+    value = section.get("jitter", (bool, int, float), True)
+    if isinstance(value, bool):
+        return DEFAULT_JITTER if value else 0.0
+    if 0 <= value <= 1:
+        return float(value)
+    raise section.error("jitter", f"must be true, false or a fraction from 0 to 1, got {value!r}")
 
 
 def parse_store(top):

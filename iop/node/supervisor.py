@@ -3,8 +3,9 @@ Keeping one Node connected to its Edge.
 
 One supervisor handles both a failed first dial or registration and the
 loss of an established session, with one policy (C{node.yaml}
-C{reconnect}): a fixed interval between attempts, and either no limit or a
-limit on consecutive failed attempts. An attempt succeeds only when the
+C{reconnect}): an interval between attempts (jittered, so a fleet that
+lost its Edge at once does not redial in one instant), and either no limit
+or a limit on consecutive failed attempts. An attempt succeeds only when the
 session is ready (registered, configured, acknowledged), and only that
 resets the count. A fatal refusal from the Edge ends the process at once.
 
@@ -18,6 +19,8 @@ C{ClientService}; a failed handshake closes its connection, which
 C{ClientService} sees as a disconnect, and the supervisor counts attempts
 itself.
 """
+
+from random import Random
 
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
@@ -79,6 +82,8 @@ class Supervisor(Service):
     @param policy: the L{iop.node.config.ReconnectPolicy}.
     @param exit: C{exit(status, message)}, called once when the Node must
         end (L{iop.node.exit.ProcessExit} in the daemon, a recorder in tests).
+    @param random: the L{random.Random} the pauses between attempts are
+        drawn from (C{policy.jitter}); a new one by default.
 
     @ivar session: the current L{NodeSession}, if a connection is up.
     @ivar ready_session: the current session if it is ready, else C{None}.
@@ -87,7 +92,7 @@ class Supervisor(Service):
 
     log = Logger()
 
-    def __init__(self, endpoint, context, policy, reactor, exit):
+    def __init__(self, endpoint, context, policy, reactor, exit, random=None):
         #: Several Edges (L{EdgeRotation}), tried in turn; else C{None}.
         self.edges = endpoint if isinstance(endpoint, EdgeRotation) and len(endpoint) > 1 else None
         if self.edges is not None:
@@ -96,6 +101,7 @@ class Supervisor(Service):
         self.policy = policy
         self.reactor = reactor
         self.exit = exit
+        self.random = random if random is not None else Random()
         self.session = None
         self.ready_session = None
         self.failures = 0
@@ -229,7 +235,7 @@ class Supervisor(Service):
         C{ClientService}'s retry policy: called once per failed attempt or
         lost session. Counts, logs, and decides whether to go on.
         """
-        delay = self.policy.interval_sec
+        delay = self.policy.delay(self.random.uniform)
         why, self._last_failure = self._last_failure or "unknown reason", None
         if self.finished:
             return delay

@@ -3,6 +3,8 @@ node.yaml: defaults, the reconnect policy table, and errors that name the
 offending key.
 """
 
+import random
+
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
@@ -48,6 +50,32 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(finite, ReconnectPolicy(3, 0.0))
         self.assertFalse(finite.exhausted(2))
         self.assertTrue(finite.exhausted(3))
+
+    def test_jitter(self):
+        """
+        reconnect.jitter: on by default (a half of the interval either
+        way), false for a fixed interval, or a fraction from 0 to 1;
+        anything else names the key.
+        """
+        self.assertEqual(parse(reconnect={}).reconnect.jitter, 0.5)
+        self.assertEqual(parse(reconnect={"jitter": True}).reconnect.jitter, 0.5)
+        self.assertEqual(parse(reconnect={"jitter": False}).reconnect.jitter, 0.0)
+        self.assertEqual(parse(reconnect={"jitter": 0.2}).reconnect.jitter, 0.2)
+        self.assertEqual(parse(reconnect={"jitter": 1}).reconnect.jitter, 1.0)
+        for bad in (1.5, -0.1, "lots"):
+            self.assert_error_names("reconnect.jitter", reconnect={"jitter": bad})
+
+    def test_jitter_bounds(self):
+        """
+        The pause is drawn between interval * (1 - jitter) and interval *
+        (1 + jitter); without jitter it is the interval itself.
+        """
+        policy = ReconnectPolicy(0, 10.0, jitter=0.5)
+        self.assertEqual(policy.delay(lambda low, high: (low, high)), (5.0, 15.0))
+        draws = [policy.delay(random.Random(seed).uniform) for seed in range(200)]
+        self.assertTrue(all(5.0 <= d <= 15.0 for d in draws))
+        self.assertGreater(max(draws) - min(draws), 8.0)
+        self.assertEqual(ReconnectPolicy(0, 10.0, jitter=0).delay(lambda low, high: 99.0), 10.0)
 
     def test_unlimited_needs_positive_interval(self):
         """

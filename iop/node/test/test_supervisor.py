@@ -79,7 +79,12 @@ class SupervisorTestsMixin:
         self.endpoint = FakeEndpoint(self.clock)
         self.exit = RecordingExit()
         supervisor = Supervisor(
-            self.endpoint, self.context, ReconnectPolicy(max_attempts, interval_sec), self.clock, self.exit
+            # A fixed interval, so the tests can step to each attempt.
+            self.endpoint,
+            self.context,
+            ReconnectPolicy(max_attempts, interval_sec, jitter=0),
+            self.clock,
+            self.exit,
         )
         supervisor.startService()
         self.addCleanup(self.stop, supervisor)
@@ -139,6 +144,34 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.fail_attempts(200, 1)
         self.assertEqual(self.exit.calls, [])
         self.assertEqual(self.endpoint.dials, 201)
+
+    def test_jittered_pauses(self):
+        """
+        With jitter, each pause between attempts is drawn from the
+        supervisor's random source within interval * (1 +/- jitter): Nodes
+        that lost their Edge together spread their redials out.
+        """
+        self.clock = Clock()
+        self.context = make_context(self.clock)
+        self.endpoint = FakeEndpoint(self.clock)
+        draws = []
+
+        class Drawn:
+            def uniform(self, low, high):
+                draws.append((low, high))
+                return high
+
+        supervisor = Supervisor(
+            self.endpoint, self.context, ReconnectPolicy(0, 4.0, jitter=0.25), self.clock, RecordingExit(), Drawn()
+        )
+        supervisor.startService()
+        self.addCleanup(self.stop, supervisor)
+        self.endpoint.refuse()
+        self.clock.advance(4.9)
+        self.assertEqual(self.endpoint.dials, 1)
+        self.clock.advance(0.1)
+        self.assertEqual(self.endpoint.dials, 2)
+        self.assertEqual(draws, [(3.0, 5.0)])
 
     def test_retry_logged(self):
         """
@@ -405,7 +438,7 @@ class SeveralEdgesTests(SynchronousTestCase):
         rotation = EdgeRotation([("tcp:host=a:port=1", self.a), ("tcp:host=b:port=1", self.b)])
         self.exit = RecordingExit()
         supervisor = Supervisor(
-            rotation, self.context, ReconnectPolicy(max_attempts, interval_sec), self.clock, self.exit
+            rotation, self.context, ReconnectPolicy(max_attempts, interval_sec, jitter=0), self.clock, self.exit
         )
         supervisor.startService()
         self.addCleanup(lambda: (supervisor.stopService(), self.clock.advance(0)))
