@@ -66,11 +66,17 @@ class RunFailure:
     @ivar code: one of L{FAILURE_CODES}.
     @ivar status: the provider's HTTP status or the process exit code,
         when there is one; 0 otherwise.
+    @ivar deadline: for C{provider_timeout}, which deadline passed
+        (L{DEADLINES}); empty otherwise.
+    @ivar retry_after_sec: the delay a provider asked for with
+        C{Retry-After} on a 429 or 503; 0 when it asked for none.
     """
 
     code: str
     message: str
     status: int = 0
+    deadline: str = ""
+    retry_after_sec: float = 0.0
 
 
 @dataclass
@@ -192,6 +198,20 @@ NODE_RESTARTED = "node_restarted"
 PROVIDER_ERROR = "provider_error"
 PROVIDER_TIMEOUT = "provider_timeout"
 PROVIDER_UNREACHABLE = "provider_unreachable"
+#: The provider refused the prompt as longer than its context (an HTTP 400
+#: saying so): a model group's C{context_fallbacks} may take it.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+#: The answer was cut, stalled or malformed after its first byte reached
+#: the caller: it ends with an explicit error, never like a success.
+INCOMPLETE = "incomplete"
+#: Which deadline a C{provider_timeout} missed (C{RunFailure.deadline}):
+#: no first body byte in C{first_byte_timeout_sec}, silence between events
+#: past C{stall_timeout_sec} once streaming, or nothing at all for
+#: C{idle_timeout_sec}.
+FIRST_BYTE = "first_byte"
+STALL = "stall"
+IDLE = "idle"
+DEADLINES = (FIRST_BYTE, STALL, IDLE)
 #: A command-line back end's failures.
 SPAWN_FAILED = "spawn_failed"
 EXIT_STATUS = "exit_status"
@@ -216,7 +236,12 @@ FAILURE_CODES = {
     SHUTTING_DOWN: ("Edge", "the Edge is draining: queued work refused, in-flight work past the grace cancelled"),
     PROTOCOL_ERROR: ("Edge", "the node sent a malformed message for this work (the work ends, the connection stays)"),
     PROVIDER_ERROR: ("adapter", "the provider answered an error status or broke the stream"),
-    PROVIDER_TIMEOUT: ("adapter", "the provider sent nothing for idle_timeout_sec"),
+    PROVIDER_TIMEOUT: (
+        "adapter",
+        "the provider missed a deadline (deadline: first_byte_timeout_sec, stall_timeout_sec or idle_timeout_sec)",
+    ),
+    CONTEXT_LENGTH_EXCEEDED: ("adapter", "the provider refused the prompt as longer than the model's context"),
+    INCOMPLETE: ("adapter, Edge", "the answer was cut, stalled or malformed after its first byte reached the caller"),
     PROVIDER_UNREACHABLE: ("adapter", "the provider could not be connected to"),
     SPAWN_FAILED: ("cli adapter", "the command could not be started"),
     EXIT_STATUS: ("cli adapter", "the command exited non-zero (status = exit code)"),

@@ -40,11 +40,23 @@ def usage_to_json(usage):
 
 
 def failure_to_wire(failure):
-    return iop_pb2.RunError(code=failure.code, message=failure.message, status=failure.status)
+    return iop_pb2.RunError(
+        code=failure.code,
+        message=failure.message,
+        status=failure.status,
+        deadline=failure.deadline,
+        retry_after_sec=failure.retry_after_sec,
+    )
 
 
 def failure_from_wire(message):
-    return RunFailure(code=message.code, message=message.message, status=message.status)
+    return RunFailure(
+        code=message.code,
+        message=message.message,
+        status=message.status,
+        deadline=message.deadline,
+        retry_after_sec=message.retry_after_sec,
+    )
 
 
 def event_to_wire(run_id, seq, event):
