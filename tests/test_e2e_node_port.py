@@ -15,7 +15,7 @@ import pytest
 from support.daemons import Launcher, echo_node, wait_for
 from support.probes import closed_by_peer, frame, refused_at_once, rss_bytes, still_serving
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 
 REGISTER_TIMEOUT = 1.5
 CAP = 4
@@ -70,7 +70,7 @@ def answers_ping(sock, timeout=5.0):
     C{timeout} (other frames before it, such as its own pings, are
     passed over).
     """
-    sock.sendall(frame(iop_pb2.Ping(seq=1)))
+    sock.sendall(frame(messages.ping(1)))
     deadline = time.monotonic() + timeout
     data = b""
     try:
@@ -84,7 +84,7 @@ def answers_ping(sock, timeout=5.0):
                 (length,) = struct.unpack("!I", data[:4])
                 if len(data) < 4 + length:
                     break
-                if iop_pb2.Envelope.FromString(data[4 : 4 + length]).WhichOneof("body") == "pong":
+                if messages.Envelope.FromString(data[4 : 4 + length]).WhichOneof("body") == "pong":
                     return True
                 data = data[4 + length :]
     except (TimeoutError, ConnectionResetError):
@@ -123,7 +123,7 @@ def test_pinging_stranger_closed_at_deadline(served):
         closed = False
         for _ in range(int(REGISTER_TIMEOUT * 10)):
             try:
-                sock.sendall(frame(iop_pb2.Ping(seq=1)))
+                sock.sendall(frame(messages.ping(1)))
             except OSError:
                 closed = True
                 break
