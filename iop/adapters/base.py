@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from iop.adapters.interface import AdapterConfigError, Capabilities, NotSupported, Progress, TunnelInput
@@ -80,12 +80,16 @@ class AdapterBase:
     Subclasses set C{type} and override what they support.
 
     @ivar options: the adapter's type-specific configuration keys.
+    @ivar reactor: the Node's reactor. Typed C{Any}: adapters use several
+        of its interfaces at once (C{IReactorTime}, C{IReactorProcess},
+        and treq's TCP and name resolution), which no one interface type
+        names.
     """
 
     #: The adapter type name (a key of L{iop.run.ADAPTER_TYPES}).
     type: str = ""
 
-    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: IReactorTime) -> None:
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise AdapterConfigError(f"adapters[{name}].max_concurrency must be a positive integer")
         self.name = name
