@@ -3,7 +3,7 @@ The Edge's configuration, C{edge.yaml}: listeners, every Node it knows,
 their adapters and providers, and the model groups callers address.
 
 The Edge owns the configuration of every Node: a Node brings only its
-token, and receives its adapters in L{iop.protocols.iop_pb2.NodeConfigPayload}.
+token, and receives its adapters in L{iop.protocols.messages.node_config}.
 """
 
 import hashlib

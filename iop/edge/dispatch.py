@@ -25,7 +25,7 @@ from zope.interface import Interface, implementer
 
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
@@ -150,7 +150,7 @@ class Dispatch:
     background = False
 
     #: The request messages that start a stream (and carry its window).
-    _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
+    _REQUESTS = (messages.RunRequest, messages.ProviderTunnelRequest)
 
     def __init__(self, tracker, dispatch_id, placement, listener, caller_id=None, record=None):
         self.tracker = tracker
@@ -282,7 +282,7 @@ class Dispatch:
         self.link.send_quietly(self._cancel_request())
 
     def _cancel_request(self):
-        return iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id)
+        return messages.cancel_run(self.id)
 
     def _tell(self, method, *args):
         """
@@ -391,7 +391,7 @@ class TunnelDispatch(Dispatch):
 
     def frame(self, frame):
         """
-        One L{iop_pb2.ProviderTunnelFrame} from the Node.
+        One L{messages.ProviderTunnelFrame} from the Node.
         """
         if self.done:
             return

@@ -17,7 +17,7 @@ streams of the same Node link flow on.
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 
 #: How long a caller may take nothing of a stream before it is cut off.
 STALL_TIMEOUT_SEC = 60.0
@@ -72,7 +72,7 @@ class ReceiveWindow:
         if self.unacked and not self.closed:
             size, self.unacked = self.unacked, 0
             try:
-                self._send(iop_pb2.WindowUpdate(id=self.stream_id, bytes=size))
+                self._send(messages.window_update(self.stream_id, size))
             except Exception:
                 # The link is going away; its loss ends the stream.
                 self.closed = True

@@ -28,7 +28,7 @@ from iop.edge.registry import RegistrationRefused
 from iop.edge.reload import changed_nodes
 from iop.edge.runs import RUN, RUNNING
 from iop.edge.spec import new_id
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import event_from_wire
 from iop.protocols.wire import DRAINING_WIRE_VERSION, OLDEST_WIRE_VERSION, WIRE_VERSION
 from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
@@ -70,7 +70,7 @@ class NodeLinks:
                 f"wire version {wire_version} is not served here"
                 f" (this Edge serves {OLDEST_WIRE_VERSION} to {WIRE_VERSION}): upgrade the older side"
             )
-            return self._refused(self.registry.find_node(token), iop_pb2.INCOMPATIBLE_VERSION, reason)
+            return self._refused(self.registry.find_node(token), messages.INCOMPATIBLE_VERSION, reason)
         try:
             link = self.registry.register(token, wire)
         except RegistrationRefused as refusal:
@@ -101,7 +101,7 @@ class NodeLinks:
         # Retryable either way: the node's owner elsewhere goes away, or
         # this Edge gets its etcd session back.
         node = self._config().node(link.node_id)
-        return self._refused(node, iop_pb2.DUPLICATE_CONNECTION, failure.value.reason)[1]
+        return self._refused(node, messages.DUPLICATE_CONNECTION, failure.value.reason)[1]
 
     def _accepted(self, link):
         wire_version = link.wire_version
@@ -116,7 +116,7 @@ class NodeLinks:
             generation=link.generation,
             version=wire_version,
         )
-        return iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
+        return messages.register_accepted(payload, WIRE_VERSION)
 
     def refuse_credentials(self, token, reason):
         """
@@ -126,29 +126,23 @@ class NodeLinks:
 
         @return: C{(None, response)}.
         """
-        return self._refused(self.registry.find_node(token), iop_pb2.UNKNOWN_TOKEN, reason)
+        return self._refused(self.registry.find_node(token), messages.UNKNOWN_TOKEN, reason)
 
     def _refused(self, node, code, reason):
         self.bus.node_event(node.id if node else None, lifecycle.REJECTED, reason=reason)
         self.log.warn("registration refused: {reason}", reason=reason)
-        return None, iop_pb2.RegisterResponse(accepted=False, code=code, reason=reason, wire_version=WIRE_VERSION)
+        return None, messages.register_refused(code, reason, WIRE_VERSION)
 
     def config_payload(self, node_id):
         config = self._config()
         node = config.node(node_id)
-        payload = iop_pb2.NodeConfigPayload(
-            node_id=node.id,
-            heartbeat_interval_sec=config.heartbeat_interval,
-            heartbeat_timeout_sec=config.heartbeat_timeout,
-        )
-        for adapter in node.adapters:
-            payload.adapters.add(
-                name=adapter.name,
-                type=adapter.type,
-                max_concurrency=adapter.max_concurrency,
-                options_json=json.dumps(adapter.options, sort_keys=True),
+        adapters = [
+            messages.adapter_config(
+                adapter.name, adapter.type, adapter.max_concurrency, json.dumps(adapter.options, sort_keys=True)
             )
-        return payload
+            for adapter in node.adapters
+        ]
+        return messages.node_config(node.id, adapters, config.heartbeat_interval, config.heartbeat_timeout)
 
     def ready(self, link, node_id):
         """
@@ -163,12 +157,12 @@ class NodeLinks:
             if self.cluster is not None and not self.cluster.holds(link.node_id, link.generation):
                 link.ready = False
                 raise RegistrationRefused(
-                    iop_pb2.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
+                    messages.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
                 )
         except RegistrationRefused as refusal:
             self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
-            return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
-        return iop_pb2.NodeReadyResponse(ready=True), first
+            return messages.ready_response(False, refusal.reason), False
+        return messages.ready_response(True), first
 
     def reconciled(self, link, message):
         """
@@ -232,7 +226,7 @@ class NodeLinks:
         if dispatch is None:
             record = self.inflight.runs.get(run.run_id)
             if record is not None:
-                link.send_quietly(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=run.run_id))
+                link.send_quietly(messages.cancel_run(run.run_id))
                 return
             dispatch = self._adopted(link, run)
         adapter_type = self._adapter_type(link.node_id, run.adapter)
@@ -247,7 +241,7 @@ class NodeLinks:
             status=run.status,
             seq=after,
         )
-        link.send_quietly(iop_pb2.RunResume(run_id=run.run_id, after_seq=after))
+        link.send_quietly(messages.run_resume(run.run_id, after))
 
     def _adopted(self, link, run):
         """
@@ -377,7 +371,7 @@ class NodeLinks:
             request_id = new_id("cfg")
             answer = self.inflight.expect(link, request_id)
             try:
-                link.wire.send(iop_pb2.ConfigRefresh(config=payload, request_id=request_id))
+                link.wire.send(messages.config_refresh(payload, request_id))
             except Exception as e:
                 self.inflight.unexpect(request_id)
                 self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
@@ -412,7 +406,7 @@ class NodeLinks:
         """
         for link in self.registry.links():
             if link.wire_version >= DRAINING_WIRE_VERSION:
-                link.send_quietly(iop_pb2.EdgeDraining(grace_sec=grace, reason=reason))
+                link.send_quietly(messages.edge_draining(grace, reason))
 
     def close_all(self, reason):
         """

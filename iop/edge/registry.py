@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from twisted.logger import Logger
 
 from iop.edge.config import token_digest
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 
 
 class RegistrationRefused(Exception):
     """
     A registration or ready that the registry will not accept.
 
-    @ivar code: the wire L{iop_pb2.RejectCode}.
+    @ivar code: the wire C{RejectCode} (L{messages.UNKNOWN_TOKEN}, ...).
     """
 
     def __init__(self, code, reason):
@@ -115,10 +115,10 @@ class NodeRegistry:
         """
         node = self.find_node(token)
         if node is None:
-            raise RegistrationRefused(iop_pb2.UNKNOWN_TOKEN, "unknown token")
+            raise RegistrationRefused(messages.UNKNOWN_TOKEN, "unknown token")
         owner = self._owners.get(node.id)
         if owner is not None and owner.open:
-            raise RegistrationRefused(iop_pb2.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
+            raise RegistrationRefused(messages.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
         generation = self._generations.get(node.id, 0) + 1
         self._generations[node.id] = generation
         link = NodeLink(node_id=node.id, generation=generation, wire=wire, since=self.clock.seconds())
@@ -152,11 +152,11 @@ class NodeRegistry:
         """
         if link is None or node_id != link.node_id:
             raise RegistrationRefused(
-                iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration"
+                messages.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration"
             )
         if not link.open or self._owners.get(link.node_id) is not link:
             raise RegistrationRefused(
-                iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale"
+                messages.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale"
             )
         if link.ready:
             return False

@@ -44,7 +44,7 @@ from iop.edge.runs import QUEUED, RUN, TUNNEL, RunBook, no_such_run, stored_json
 from iop.edge.spec import new_id
 from iop.edge.status import model_names, snapshot
 from iop.edge.tenants import ANONYMOUS, Tenant, Ticket, TokenBudgets
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     CANCELLED,
@@ -431,15 +431,11 @@ class EdgeService(MultiService):
         @return: a Deferred firing with the command's JSON result.
         """
         request_id = new_id("cmd")
-        message = iop_pb2.NodeCommandRequest(
-            request_id=request_id,
-            command=command,
-            adapter=adapter,
-            args_json=json.dumps(args or {}),
-            stream=progress is not None,
+        message = messages.command_request(
+            request_id, command, adapter, json.dumps(args or {}), stream=progress is not None
         )
         on_progress = None if progress is None else (lambda update: progress(json.loads(update.result_json)))
-        abort = iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_COMMAND, request_id=request_id)
+        abort = messages.cancel_command(request_id)
 
         def answered(response):
             if not response.ok:
@@ -469,13 +465,7 @@ class EdgeService(MultiService):
             except ServiceError as e:
                 return defer.fail(e)
         request_id = new_id("term")
-        message = iop_pb2.CancelRequest(
-            kind=iop_pb2.CancelRequest.TERMINATE_SESSION,
-            adapter=adapter,
-            target=target,
-            session_id=session_id,
-            request_id=request_id,
-        )
+        message = messages.terminate_session(request_id, adapter, target, session_id)
         d = self._ask(node_id, message, request_id, self.config.command_timeout(None))
         return d.addCallback(lambda r: (r.ok, r.reason, "" if r.ok else r.code or FAILED))
 
@@ -765,36 +755,36 @@ class EdgeService(MultiService):
 
 
 def _run_request(run_id, placement, spec):
-    message = iop_pb2.RunRequest(
-        run_id=run_id,
-        adapter=placement.adapter,
+    chat = [
+        messages.chat_message(
+            m.get("role", "user"),
+            m.get("content") or "",
+            name=m.get("name", ""),
+            tool_call_id=m.get("tool_call_id", ""),
+            tool_calls_json=json.dumps(m["tool_calls"]) if m.get("tool_calls") else "",
+            images=m.get("images", ()),
+        )
+        for m in spec.messages
+    ]
+    return messages.run_request(
+        run_id,
+        placement.adapter,
+        chat,
         target=placement.target or spec.target,
         session_id=spec.session_id,
         background=spec.background,
         options_json=json.dumps(spec.options) if spec.options else "",
         caller=spec.caller or "",
     )
-    for m in spec.messages:
-        message.messages.add(
-            role=m.get("role", "user"),
-            content=m.get("content") or "",
-            name=m.get("name", ""),
-            tool_call_id=m.get("tool_call_id", ""),
-            tool_calls_json=json.dumps(m["tool_calls"]) if m.get("tool_calls") else "",
-            images=m.get("images", ()),
-        )
-    return message
 
 
 def _tunnel_request(tunnel_id, placement, tunnel, caller):
-    message = iop_pb2.ProviderTunnelRequest(
-        tunnel_id=tunnel_id,
-        adapter=placement.adapter,
-        method=tunnel.method,
-        path=tunnel.path,
-        body=tunnel.encoded_body(placement.target),
+    return messages.tunnel_request(
+        tunnel_id,
+        placement.adapter,
+        tunnel.method,
+        tunnel.path,
+        tunnel.headers,
+        tunnel.encoded_body(placement.target),
         caller=caller or "",
     )
-    for name, value in tunnel.headers:
-        message.headers.add(name=name, value=value)
-    return message

@@ -22,7 +22,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from iop.adapters.interface import NotSupported
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import (
     CANCELLED,
     COMMON_COMMANDS,
@@ -75,7 +75,7 @@ class CommandHandler:
         d.addBoth(self._forget, request.request_id)
         d.addCallback(json.dumps)
         d.addCallbacks(
-            lambda result: iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True, result_json=result),
+            lambda result: messages.command_result(request.request_id, result),
             lambda failure: self._error(request, failure),
         )
         d.addCallback(self.send)
@@ -102,10 +102,7 @@ class CommandHandler:
     def _progress_sender(self, request):
         def progress(update):
             if request.request_id in self._pending:
-                message = iop_pb2.NodeCommandResponse(
-                    request_id=request.request_id, ok=True, progress=True, result_json=json.dumps(update)
-                )
-                self.send(message)
+                self.send(messages.command_result(request.request_id, json.dumps(update), progress=True))
 
         return progress
 
@@ -125,7 +122,7 @@ class CommandHandler:
         else:
             self.log.failure("command {command} failed", failure, command=request.command)
             code, message = FAILED, f"{request.command} failed: {failure.value}"
-        return iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, code=code, error=message)
+        return messages.command_error(request.request_id, code, message)
 
     def _run(self, request, progress):
         try:

@@ -21,7 +21,7 @@ L{KEEP_ENDED_SEC}; a local shutdown cancels the ones still running.
 
 from twisted.logger import Logger
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 
 #: How long a run that ended while detached waits to be reported.
 KEEP_ENDED_SEC = 3600.0
@@ -80,17 +80,12 @@ class DetachedRuns:
         @return: the C{RunReconcile} a new session sends its Edge.
         """
         runs = [
-            iop_pb2.ReconciledRun(
-                run_id=relay.run_id,
-                adapter=relay.hosted.name,
-                target=relay.request.target,
-                status=relay.status,
-                last_seq=relay.seq,
-                caller=relay.request.caller,
+            messages.reconciled_run(
+                relay.run_id, relay.hosted.name, relay.request.target, relay.status, relay.seq, relay.request.caller
             )
             for relay in self._runs.values()
         ]
-        return iop_pb2.RunReconcile(runs=runs)
+        return messages.run_reconcile(runs)
 
     def cancel(self, run_id, reason):
         """

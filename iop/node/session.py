@@ -23,7 +23,7 @@ from iop.node.runs import RunManager, RunRelay
 from iop.node.store import stored_event
 from iop.node.tunnels import TunnelManager
 from iop.node.work import Inflight
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import event_to_wire
 from iop.protocols.wire import (
     DRAINING_WIRE_VERSION,
@@ -72,18 +72,16 @@ class IncompatibleVersion(FatalRefusal):
     """
 
 
-_FATAL_CODES = {iop_pb2.UNKNOWN_TOKEN, iop_pb2.CONFIG_BUILD_FAILED}
+_FATAL_CODES = {messages.UNKNOWN_TOKEN, messages.CONFIG_BUILD_FAILED}
 
 
 def _refusal(response):
     """
     The exception for a C{RegisterResponse(accepted=false)}.
     """
-    code = (
-        iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
-    )
+    code = messages.reject_code_name(response.code)
     text = f"registration refused ({code}): {response.reason or 'no reason given'}"
-    if response.code == iop_pb2.INCOMPATIBLE_VERSION:
+    if response.code == messages.INCOMPATIBLE_VERSION:
         return IncompatibleVersion(f"{text} (this node speaks wire version {WIRE_VERSION})")
     if response.code in _FATAL_CODES:
         return FatalRefusal(text)
@@ -151,11 +149,7 @@ class NodeSession:
     def wire_connected(self, wire):
         self.wire = wire
         self.state = REGISTERING
-        self.send(
-            iop_pb2.RegisterRequest(
-                token=self.context.token, node_version=self.context.node_version, wire_version=WIRE_VERSION
-            )
-        )
+        self.send(messages.register_request(self.context.token, WIRE_VERSION, self.context.node_version))
         self._expect("RegisterResponse")
 
     def message_received(self, kind, message):
@@ -230,7 +224,7 @@ class NodeSession:
         @return: a Deferred firing once nothing is in flight any more.
         """
         if self.state == READY and self.edge_wire_version >= DRAINING_WIRE_VERSION:
-            self.send(iop_pb2.NodeDraining(grace_sec=grace_sec, reason=reason))
+            self.send(messages.node_draining(grace_sec, reason))
         self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
         return self._drain.start()
 
@@ -301,7 +295,7 @@ class NodeSession:
             # Before the ready: the Edge takes their leases back before it
             # gives this node new work.
             self.send(self.context.detached.report())
-        self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
+        self.send(messages.ready_request(self.node_id))
         self._expect("NodeReadyResponse")
 
     def _config_failed(self, failure):
@@ -364,9 +358,9 @@ class NodeSession:
     # -- after ready -------------------------------------------------------------
 
     def _cancel(self, request):
-        if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
+        if request.kind == messages.TERMINATE_SESSION:
             self._terminate_session(request)
-        elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
+        elif request.kind == messages.CANCEL_COMMAND:
             self.commands.cancel(request.request_id)
         elif not self.inflight.cancel(request.run_id) and not self.context.detached.cancel(
             request.run_id, "the Edge did not take it back"
@@ -411,7 +405,7 @@ class NodeSession:
         """
 
         def answer(ok, reason="", code=""):
-            self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason, code=code))
+            self.send(messages.cancel_response(request.request_id, ok, reason, code))
 
         hosted = self.context.host.get(request.adapter)
         if hosted is None:
@@ -457,16 +451,14 @@ class NodeSession:
 
         def applied(_):
             self.log.info("configuration refreshed ({count} adapter(s))", count=len(names))
-            return iop_pb2.NodeCommandResponse(
-                request_id=message.request_id, ok=True, result_json=json.dumps({"applied": names})
-            )
+            return messages.command_result(message.request_id, json.dumps({"applied": names}))
 
         def refused(failure):
             why = failure.getErrorMessage()
             if not failure.check(AdapterSetupError):
                 self.log.failure("applying a configuration refresh failed", failure)
             self.log.error("configuration refresh refused, keeping the previous adapters: {why}", why=why)
-            return iop_pb2.NodeCommandResponse(request_id=message.request_id, ok=False, code=REFRESH_REFUSED, error=why)
+            return messages.command_error(message.request_id, REFRESH_REFUSED, why)
 
         d.addCallbacks(applied, refused)
         if message.request_id:

@@ -20,7 +20,7 @@ from iop.adapters.interface import NotSupported, TunnelInput
 from iop.adapters.streams import ProviderError
 from iop.node.store import NullStore
 from iop.node.work import Refused, Work, admit, record_safely
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import usage_to_wire
 from iop.protocols.wire import chunks
 from iop.run import ADAPTER_ERROR, CANCELLED, COMPLETE, ERROR, TUNNEL_NOT_SUPPORTED, ITunnelSink
@@ -61,8 +61,7 @@ class WireTunnelSink:
         self._relay.frame(status=int(code))
 
     def headers(self, pairs):
-        headers = iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name=_text(n), value=_text(v)) for n, v in pairs])
-        self._relay.frame(headers=headers)
+        self._relay.frame(headers=[(_text(n), _text(v)) for n, v in pairs])
 
     def body(self, data):
         if not data:
@@ -128,7 +127,7 @@ class TunnelRelay(Work):
     def _frame(self, **field):
         self.seq += 1
         size = len(field.get("body", b""))
-        self.flow.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field), size)
+        self.flow.send(messages.tunnel_frame(self.tunnel_id, self.seq, **field), size)
 
     def body_relayed(self, size):
         if not self.finished:
@@ -142,17 +141,17 @@ class TunnelRelay(Work):
 
     def _ended(self, result):
         if self.cancel_reason:
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancel_reason))
+            self._finish(error=messages.run_error(CANCELLED, self.cancel_reason))
         else:
-            self._finish(end=iop_pb2.TunnelEnd())
+            self._finish(end=True)
 
     def _failed(self, failure):
         if self.finished:
             return
         if self.cancel_reason or failure.check(defer.CancelledError):
-            self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancel_reason or "cancelled"))
+            self._finish(error=messages.run_error(CANCELLED, self.cancel_reason or "cancelled"))
         elif failure.check(NotSupported):
-            self._finish(error=iop_pb2.RunError(code=TUNNEL_NOT_SUPPORTED, message=str(failure.value)))
+            self._finish(error=messages.run_error(TUNNEL_NOT_SUPPORTED, str(failure.value)))
         else:
             if failure.check(ProviderError):
                 # The back end's own failure: expected, one line.
@@ -170,10 +169,10 @@ class TunnelRelay(Work):
             code = getattr(failure.value, "code", None)
             status = getattr(failure.value, "status", 0)
             self._finish(
-                error=iop_pb2.RunError(
-                    code=code if isinstance(code, str) and code else ADAPTER_ERROR,
-                    message=str(failure.value) or type(failure.value).__name__,
-                    status=status if isinstance(status, int) else 0,
+                error=messages.run_error(
+                    code if isinstance(code, str) and code else ADAPTER_ERROR,
+                    str(failure.value) or type(failure.value).__name__,
+                    status if isinstance(status, int) else 0,
                 )
             )
 
@@ -232,9 +231,5 @@ class TunnelManager:
             "record_tunnel_start", request.tunnel_id, request.adapter, requested_model(request.body), request.caller
         )
         self.record("record_tunnel_end", request.tunnel_id, ERROR, message, code, None, 0)
-        self.send(
-            iop_pb2.ProviderTunnelFrame(
-                tunnel_id=request.tunnel_id, seq=1, error=iop_pb2.RunError(code=code, message=message)
-            )
-        )
+        self.send(messages.tunnel_frame(request.tunnel_id, 1, error=messages.run_error(code, message)))
         return None

@@ -241,16 +241,16 @@ def envelopes(ids=(), kinds=None):
     envelope field names; one named twice is drawn twice as often), with
     random fields.
     """
-    from iop.protocols import iop_pb2
+    from iop.protocols import messages
 
-    every = list(iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
+    every = list(messages.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
     by_name = {f.name: f for f in every}
     fields = every if kinds is None else [by_name[k] for k in kinds]
 
     @st.composite
     def envelope(draw):
         field = draw(st.sampled_from(fields))
-        env = iop_pb2.Envelope()
+        env = messages.Envelope()
         getattr(env, field.name).CopyFrom(draw(wire_message(field.message_type, ids=ids)))
         return env
 
@@ -351,12 +351,12 @@ class RandomMessages:
         return message
 
     def envelope(self, kinds=None):
-        from iop.protocols import iop_pb2
+        from iop.protocols import messages
 
-        every = list(iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
+        every = list(messages.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
         by_name = {f.name: f for f in every}
         field = self.rng.choice(every if kinds is None else [by_name[k] for k in kinds])
-        env = iop_pb2.Envelope()
+        env = messages.Envelope()
         getattr(env, field.name).CopyFrom(self.message(field.message_type))
         return env
 

@@ -21,7 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge import service as service_module
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import MAX_FRAME_BYTES, WIRE_VERSION
 from iop.test.fuzz import (
     LONG,
@@ -157,7 +157,7 @@ class WireFuzzTests(SynchronousTestCase):
         """
         self.bystander_pump.flush()
         for request in self.bystander.of("run_request"):
-            self.bystander.wire.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="complete"))
+            self.bystander.wire.send(messages.run_event(run_id=request.run_id, seq=1, type="complete"))
         self.bystander.received.clear()
         self.bystander_pump.flush()
 

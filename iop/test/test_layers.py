@@ -1,8 +1,9 @@
 """
 The layering rules of docs/architecture.md, checked on the source: which
 of iop's packages may import which, which modules inside the Edge may
-import which, and that no chain of imports (those inside functions
-included) leads back to where it started. A violation names the module
+import which, that only the wire layer imports the generated protobuf
+module, and that no chain of imports (those inside functions included)
+leads back to where it started. A violation names the module
 and the import, so the arrow that points the wrong way is found at once.
 """
 
@@ -147,6 +148,22 @@ class LayerTests(SynchronousTestCase):
                         for imported, line in imported_names(path)
                         if imported in forbidden
                     ]
+        self.assertEqual(violations, [])
+
+    def test_generated_module_stays_in_the_wire_layer(self):
+        """
+        Only iop.protocols imports the generated iop_pb2: everything else
+        builds messages with L{iop.protocols.messages} and takes the names
+        it reads from there, so the typed builders are the one way in.
+        """
+        protocols = ROOT / "protocols"
+        violations = [
+            f"{path.relative_to(ROOT.parent)}:{line} imports {imported}"
+            for path in sorted(ROOT.rglob("*.py"))
+            if protocols not in path.parents
+            for imported, line in imported_names(path)
+            if imported == "iop.protocols.iop_pb2"
+        ]
         self.assertEqual(violations, [])
 
     def test_no_import_cycle(self):

@@ -13,7 +13,7 @@ from iop.config import Section
 from iop.edge.bus import EventBus
 from iop.edge.config import parse
 from iop.edge.service import EdgeService
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
 
 EDGE_YAML = {
@@ -125,10 +125,10 @@ class EdgeHarness:
 
     def register(self, token="tok-1", ready=True, wire_version=WIRE_VERSION):
         node, pump, edge_protocol = self.connect()
-        node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=wire_version))
+        node.wire.send(messages.register_request(token, wire_version))
         pump.flush()
         if ready:
-            node.wire.send(iop_pb2.NodeReadyRequest(node_id=node.of("register_response")[0].config.node_id))
+            node.wire.send(messages.ready_request(node.of("register_response")[0].config.node_id))
             pump.flush()
         return node, pump, edge_protocol
 

@@ -18,7 +18,7 @@ from iop.adapters.interface import Capabilities, IAdapter, NotSupported
 from iop.node.context import NodeContext
 from iop.node.host import AdapterHost
 from iop.node.session import NodeSession
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import usage_to_json
 from iop.protocols.wire import WIRE_VERSION, IWireReceiver, WireProtocol
 
@@ -126,19 +126,15 @@ def build(name, type, max_concurrency, options, reactor):
 
 
 def adapter_config(name, type="manual", max_concurrency=2, **options):
-    return iop_pb2.AdapterConfig(
-        name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
-    )
+    return messages.adapter_config(name, type, max_concurrency, json.dumps(options) if options else "")
 
 
 def node_config(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
-    return iop_pb2.NodeConfigPayload(
-        node_id=node_id, adapters=list(adapters), heartbeat_interval_sec=interval, heartbeat_timeout_sec=timeout
-    )
+    return messages.node_config(node_id, adapters, interval, timeout)
 
 
 def accepted(config, wire_version=WIRE_VERSION):
-    return iop_pb2.RegisterResponse(accepted=True, config=config, wire_version=wire_version)
+    return messages.register_accepted(config, wire_version)
 
 
 def make_context(clock=None, **kwargs):
@@ -212,7 +208,7 @@ def ready_node(*adapters, clock=None, wire_version=WIRE_VERSION, **context_args)
     if not adapters:
         adapters = (adapter_config("manual"),)
     context = make_context(clock, **context_args)
-    edge = FakeEdge(accepted(node_config(*adapters), wire_version), iop_pb2.NodeReadyResponse(ready=True))
+    edge = FakeEdge(accepted(node_config(*adapters), wire_version), messages.ready_response(True))
     session, pump = connect(context, edge)
     pump.flush()
     assert session.ready.called, "the session did not become ready"
@@ -233,22 +229,12 @@ def elapse(clock, pump, seconds, step=1.0):
 
 
 def run_request(run_id="r1", adapter="manual", text="hello", **kwargs):
-    return iop_pb2.RunRequest(
-        run_id=run_id,
-        adapter=adapter,
-        messages=[iop_pb2.ChatMessage(role="user", content=text)],
-        **kwargs,
-    )
+    return messages.run_request(run_id, adapter, [messages.chat_message("user", text)], **kwargs)
 
 
 def tunnel_request(tunnel_id="t1", adapter="manual", body=b"{}"):
-    return iop_pb2.ProviderTunnelRequest(
-        tunnel_id=tunnel_id,
-        adapter=adapter,
-        method="POST",
-        path="/chat/completions",
-        headers=[iop_pb2.Header(name="Content-Type", value="application/json")],
-        body=body,
+    return messages.tunnel_request(
+        tunnel_id, adapter, "POST", "/chat/completions", [("Content-Type", "application/json")], body
     )
 
 

@@ -17,7 +17,7 @@ from iop.edge.cluster.load import Forward
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.etcd import MemoryEtcd
 
@@ -110,7 +110,7 @@ class OwnershipTests(TwoEdges):
         second, _, _ = self.b.register("tok-1", ready=False)
         response = second.of("register_response")[0]
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertEqual(response.code, messages.DUPLICATE_CONNECTION)
         self.assertIn("edge-a", response.reason)
         self.assertTrue(second.lost)
         self.assertFalse(first.lost)
@@ -150,7 +150,7 @@ class OwnershipTests(TwoEdges):
         """
         node, pump, _ = self.a.register("tok-1", ready=False)
         self.a.service.cluster.claims.clear()
-        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n1"))
+        node.wire.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.a.service.status()["nodes"][0]["connected"])
@@ -202,7 +202,7 @@ class SessionTests(TwoEdges):
         self.a.flush()
         refused, _, _ = self.a.register("tok-2", ready=False)
         response = refused.of("register_response")[0]
-        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertEqual(response.code, messages.DUPLICATE_CONNECTION)
         self.assertIn("etcd", response.reason)
         self.etcd.start()
         self.advance(3)

@@ -18,7 +18,7 @@ from iop.config import ConfigError
 from iop.edge.http.site import EdgeSite
 from iop.edge.keys import KeyLimiter, KeySpec, RateLimited, key_digest
 from iop.edge.test.test_config import parsed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
 BASE = "http://edge.invalid"
@@ -213,7 +213,7 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.assertEqual(json.loads(answer)["error"]["code"], "key_rate_limited")
         self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
         run_id = self.node.of("run_request")[-1].run_id
-        self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        self.node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(self.result(running)[0], 200)
         self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 
 
@@ -36,7 +36,7 @@ class PlacementTests(SynchronousTestCase):
         }
 
     def finish(self, node, pump, run_id):
-        node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         pump.flush()
 
     def test_explicit_node_with_group(self):

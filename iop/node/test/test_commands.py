@@ -6,7 +6,7 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
 
 
@@ -19,7 +19,7 @@ class CommandTests(SynchronousTestCase):
 
     def command(self, command, adapter="", args=None, request_id="c1"):
         self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(
+            messages.command_request(
                 request_id=request_id, command=command, adapter=adapter, args_json=json.dumps(args) if args else ""
             )
         )
@@ -137,7 +137,7 @@ class CommandTests(SynchronousTestCase):
         responses, in order, then exactly one final answer.
         """
         self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual", stream=True)
+            messages.command_request(request_id="c9", command="manual_wait", adapter="manual", stream=True)
         )
         self.pump.flush()
         progress, d = self.context.host.get("manual").adapter.waiting[-1]
@@ -159,7 +159,7 @@ class CommandTests(SynchronousTestCase):
         """
         Without C{stream}, the adapter is given no progress callback.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.wire.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
         progress, _ = self.context.host.get("manual").adapter.waiting[-1]
         self.assertIsNone(progress)
@@ -169,9 +169,9 @@ class CommandTests(SynchronousTestCase):
         CANCEL_COMMAND from the Edge cancels the adapter's command (its
         back-end request is aborted); the answer says C{cancelled}.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.wire.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_COMMAND, request_id="c9"))
+        self.edge.wire.send(messages.cancel_command("c9"))
         self.pump.flush()
         adapter = self.context.host.get("manual").adapter
         self.assertEqual(adapter.cancelled, ["command:0"])
@@ -182,7 +182,7 @@ class CommandTests(SynchronousTestCase):
         """
         Unparsable args_json is an error answer, not a dropped connection.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c1", command="capabilities", args_json="{"))
+        self.edge.wire.send(messages.command_request(request_id="c1", command="capabilities", args_json="{"))
         self.pump.flush()
         [response] = self.edge.of("node_command_response")
         self.assertFalse(response.ok)
@@ -195,15 +195,7 @@ class TerminateSessionTests(SynchronousTestCase):
         session, edge, pump, context = ready_node(
             adapter_config("manual", sessions=True), adapter_config("plain", type="plain")
         )
-        edge.wire.send(
-            iop_pb2.CancelRequest(
-                kind=iop_pb2.CancelRequest.TERMINATE_SESSION,
-                adapter=adapter,
-                target="t",
-                session_id=session_id,
-                request_id="q1",
-            )
-        )
+        edge.wire.send(messages.terminate_session(request_id="q1", adapter=adapter, target="t", session_id=session_id))
         pump.flush()
         [response] = edge.of("cancel_response")
         self.assertEqual(response.request_id, "q1")
@@ -254,7 +246,7 @@ class RunHistoryCommandTests(SynchronousTestCase):
 
     def command(self, command, args=None):
         self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(request_id="c1", command=command, args_json=json.dumps(args or {}))
+            messages.command_request(request_id="c1", command=command, args_json=json.dumps(args or {}))
         )
         self.pump.flush()
         [response] = self.edge.of("node_command_response")

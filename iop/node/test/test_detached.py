@@ -8,7 +8,7 @@ the Node stops; an older Edge gets the old behaviour.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import Resumed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import COMPLETE, DELTA, START, RunEventData
 from iop.testing.node import (
     FakeEdge,
@@ -21,7 +21,7 @@ from iop.testing.node import (
     run_request,
 )
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
 class DetachTests(SynchronousTestCase):
@@ -80,7 +80,7 @@ class DetachTests(SynchronousTestCase):
         emit(RunEventData(DELTA, text="b"))
         emit(RunEventData(DELTA, text="c"))
         session, edge, pump = self.reconnect()
-        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=2))
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=2))
         emit(RunEventData(DELTA, text="d"))
         pump.flush()
         emit(RunEventData(COMPLETE))
@@ -104,7 +104,7 @@ class DetachTests(SynchronousTestCase):
         self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
         session, edge, pump = self.reconnect()
         self.assertEqual(edge.of("run_reconcile")[0].runs[0].status, "complete")
-        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=1))
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=1))
         pump.flush()
         self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(2, "delta"), (3, "complete")])
 
@@ -116,8 +116,8 @@ class DetachTests(SynchronousTestCase):
         self.start("bg")
         self.lose()
         session, edge, pump = self.reconnect()
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="bg"))
-        edge.wire.send(iop_pb2.RunResume(run_id="gone", after_seq=4))
+        edge.wire.send(messages.cancel_run("bg"))
+        edge.wire.send(messages.run_resume(run_id="gone", after_seq=4))
         pump.flush()
         self.assertEqual(self.adapter.cancelled, ["bg"])
         self.assertEqual(len(self.context.detached), 0)
@@ -160,7 +160,7 @@ class ResumedTests(SynchronousTestCase):
         sent = []
         resumed = Resumed(sent.append, 2)
         for seq in (4, 5):
-            resumed(iop_pb2.RunEvent(run_id="r", seq=seq))
-        resumed.replay([iop_pb2.RunEvent(run_id="r", seq=s) for s in (4, 2, 3)])
-        resumed(iop_pb2.RunEvent(run_id="r", seq=6))
+            resumed(messages.run_event("r", seq, "delta"))
+        resumed.replay([messages.run_event("r", s, "delta") for s in (4, 2, 3)])
+        resumed(messages.run_event("r", 6, "delta"))
         self.assertEqual([m.seq for m in sent], [3, 4, 5, 6])

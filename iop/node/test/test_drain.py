@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import NodeConfig, ReconnectPolicy
 from iop.node.service import SHUTDOWN_REASON, NodeService
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import NODE_DRAINING
 from iop.testing.node import (
     TOKEN,
@@ -180,7 +180,7 @@ class ServiceStopTests(SynchronousTestCase):
         )
         self.service = NodeService(config, self.reactor, RecordingExit(), build=build, store=self.store)
         self.service.startService()
-        self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), iop_pb2.NodeReadyResponse(ready=True))
+        self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), messages.ready_response(ready=True))
         self.pump = dialled(self.reactor, self.edge)
         self.successResultOf(self.service.supervisor.when_ready())
         self.adapter = self.service.host.get("manual").adapter

@@ -8,7 +8,7 @@ cancel drops what is no longer wanted.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.flow import SendWindow
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import DELTA, RunEventData
 from iop.testing.node import ready_node, run_request, tunnel_request
 from iop.testing.producers import RecordingProducer
@@ -88,7 +88,7 @@ class RelayFlowTests(SynchronousTestCase):
         self.adapter = self.context.host.get("manual").adapter
 
     def grant(self, work_id, size):
-        self.edge.wire.send(iop_pb2.WindowUpdate(id=work_id, bytes=size))
+        self.edge.wire.send(messages.window_update(work_id, size))
         self.pump.flush()
 
     def body_bytes(self):
@@ -140,7 +140,7 @@ class RelayFlowTests(SynchronousTestCase):
         for _ in range(5):
             sink.body(b"y" * 100)
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.wire.send(messages.cancel_run("t1"))
         self.pump.flush()
         frames = self.edge.of("provider_tunnel_frame")
         self.assertEqual(frames[-1].error.code, "cancelled")

@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
 from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
 
@@ -144,7 +144,7 @@ class RunRelayTests(SynchronousTestCase):
         adapter = context.host.get("manual").adapter
         run, emit, d = adapter.runs[0]
         emit(RunEventData(START))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
+        edge.wire.send(messages.cancel_run("r1"))
         pump.flush()
         self.assertEqual(adapter.cancelled, ["r1"])
         self.assertEqual([e.type for e in events(edge)], ["start", "cancelled"])
@@ -157,8 +157,8 @@ class RunRelayTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
         edge.wire.send(run_request("r1", adapter="echo"))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="nope"))
+        edge.wire.send(messages.cancel_run("r1"))
+        edge.wire.send(messages.cancel_run("nope"))
         pump.flush()
         self.assertEqual(events(edge)[-1].type, "complete")
         self.assertIsNone(edge.lost_reason)

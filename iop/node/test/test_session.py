@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost
 from iop.node.session import READY, FatalRefusal, IncompatibleVersion, RetryableRefusal
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat
 from iop.testing.node import (
     TOKEN,
@@ -29,10 +29,10 @@ from iop.testing.node import (
 
 
 def refused(code, reason="nope"):
-    return iop_pb2.RegisterResponse(accepted=False, code=code, reason=reason)
+    return messages.register_refused(code, reason)
 
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
 class HandshakeTests(SynchronousTestCase):
@@ -90,7 +90,7 @@ class HandshakeTests(SynchronousTestCase):
         C{UNKNOWN_TOKEN} fails the handshake with L{FatalRefusal} naming
         the code and the Edge's reason, and closes the connection.
         """
-        edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN, "token matches no node"))
+        edge = FakeEdge(refused(messages.UNKNOWN_TOKEN, "token matches no node"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, FatalRefusal)
@@ -125,7 +125,7 @@ class HandshakeTests(SynchronousTestCase):
         L{IncompatibleVersion} (a L{FatalRefusal}) naming the code, the
         Edge's reason and the version this Node speaks.
         """
-        edge = FakeEdge(refused(iop_pb2.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
+        edge = FakeEdge(refused(messages.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, IncompatibleVersion)
@@ -141,7 +141,7 @@ class HandshakeTests(SynchronousTestCase):
         C{CONFIG_BUILD_FAILED} is fatal too: retrying would get the same
         configuration.
         """
-        edge = FakeEdge(refused(iop_pb2.CONFIG_BUILD_FAILED))
+        edge = FakeEdge(refused(messages.CONFIG_BUILD_FAILED))
         session, pump = connect(make_context(), edge)
         pump.flush()
         self.failureResultOf(session.ready, FatalRefusal)
@@ -151,7 +151,7 @@ class HandshakeTests(SynchronousTestCase):
         C{DUPLICATE_CONNECTION} (another live connection owns the node) is
         worth retrying: L{RetryableRefusal}.
         """
-        edge = FakeEdge(refused(iop_pb2.DUPLICATE_CONNECTION, "node-1 already connected"))
+        edge = FakeEdge(refused(messages.DUPLICATE_CONNECTION, "node-1 already connected"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
@@ -177,7 +177,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         C{NodeReadyResponse(ready=false)} (a stale connection) is retryable.
         """
-        edge = FakeEdge(accepted(node_config()), iop_pb2.NodeReadyResponse(ready=False, reason="stale"))
+        edge = FakeEdge(accepted(node_config()), messages.ready_response(ready=False, reason="stale"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
@@ -246,7 +246,7 @@ class HandshakeTests(SynchronousTestCase):
         supervisor) and the connection stays up.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
+        edge.wire.send(messages.edge_draining(grace_sec=15, reason="edge restarting"))
         pump.flush()
         self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
         self.assertIsNone(edge.lost_reason)
@@ -259,7 +259,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15))
+        edge.wire.send(messages.edge_draining(grace_sec=15))
         edge.wire.send(accepted(node_config()))
         pump.flush()
         self.assertIsNone(edge.lost_reason)
@@ -285,7 +285,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         with capturedLogs() as events:
             ready_node()
-            edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN))
+            edge = FakeEdge(refused(messages.UNKNOWN_TOKEN))
             session, pump = connect(make_context(), edge)
             pump.flush()
             self.failureResultOf(session.ready)
@@ -342,7 +342,7 @@ class AdapterLifetimeTests(SynchronousTestCase):
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("gone"))
         gone = context.host.get("gone").adapter
         edge.wire.send(
-            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
+            messages.config_refresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
         )
         pump.flush()
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "new"])
@@ -356,7 +356,7 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
         a = context.host.get("a").adapter
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b", type="broken"))))
+        edge.wire.send(messages.config_refresh(config=node_config(adapter_config("b", type="broken"))))
         pump.flush()
         self.assertIs(context.host.get("a").adapter, a)
         self.assertIsNone(context.host.get("b"))
@@ -371,9 +371,9 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
         edge.wire.send(
-            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
+            messages.config_refresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
         )
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("c", type="broken")), request_id="r2"))
+        edge.wire.send(messages.config_refresh(config=node_config(adapter_config("c", type="broken")), request_id="r2"))
         pump.flush()
         applied, refused = edge.of("node_command_response")
         self.assertEqual(
@@ -389,6 +389,6 @@ class AdapterLifetimeTests(SynchronousTestCase):
         An older Edge's refresh (no request id) gets no answer.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b"))))
+        edge.wire.send(messages.config_refresh(config=node_config(adapter_config("b"))))
         pump.flush()
         self.assertEqual(edge.of("node_command_response"), [])

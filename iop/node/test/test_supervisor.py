@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.node.config import ReconnectPolicy
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WireProtocol
 from iop.testing.node import (
     FakeEdge,
@@ -26,7 +26,7 @@ from iop.testing.node import (
     run_request,
 )
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
 class FakeEndpoint:
@@ -241,7 +241,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         supervisor = self.supervisor(max_attempts=1, interval_sec=3)
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge restarting"))
+        edge.wire.send(messages.edge_draining(grace_sec=10, reason="edge restarting"))
         pump.flush()
         with capturedLogs() as events:
             edge.wire.transport.loseConnection()
@@ -278,7 +278,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         dial: with max_attempts=1 it ends the Node with status 3.
         """
         self.supervisor(max_attempts=1, interval_sec=1)
-        edge = FakeEdge(iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.DUPLICATE_CONNECTION, reason="dup"))
+        edge = FakeEdge(messages.register_refused(messages.DUPLICATE_CONNECTION, "dup"))
         self.endpoint.accept(edge)
         self.clock.advance(0)
         [(status, message)] = self.exit.calls
@@ -308,9 +308,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         the cause; it is not retried.
         """
         self.supervisor(max_attempts=0, interval_sec=1)
-        edge = FakeEdge(
-            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.UNKNOWN_TOKEN, reason="token matches no node")
-        )
+        edge = FakeEdge(messages.register_refused(messages.UNKNOWN_TOKEN, "token matches no node"))
         with capturedLogs() as events:
             pump = self.endpoint.accept(edge)
             pump.flush()
@@ -327,9 +325,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         with its own status, 4, and the Edge's reason.
         """
         self.supervisor(max_attempts=0, interval_sec=1)
-        edge = FakeEdge(
-            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.INCOMPATIBLE_VERSION, reason="edge speaks 3 to 5")
-        )
+        edge = FakeEdge(messages.register_refused(messages.INCOMPATIBLE_VERSION, "edge speaks 3 to 5"))
         self.endpoint.accept(edge)
         self.clock.advance(100)
         [(status, message)] = self.exit.calls
@@ -488,7 +484,7 @@ class SeveralEdgesTests(SynchronousTestCase):
         supervisor = self.supervisor(max_attempts=1)
         edge = ready_edge()
         pump = self.a.accept(edge)
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge stopping"))
+        edge.wire.send(messages.edge_draining(grace_sec=10, reason="edge stopping"))
         pump.flush()
         edge.wire.transport.loseConnection()
         pump.flush()

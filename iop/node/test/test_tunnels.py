@@ -6,7 +6,7 @@ frame, cancellation, and refusals.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import NotSupported
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import Usage
 from iop.testing.node import RecordingStore, adapter_config, ready_node, tunnel_request
@@ -96,7 +96,7 @@ class TunnelTests(SynchronousTestCase):
         """
         request, sink, d = self.open()
         sink.status(200)
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.wire.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
         self.assertEqual(kinds(self.edge), ["status", "error"])
@@ -204,7 +204,7 @@ class TunnelStoreTests(SynchronousTestCase):
         self.edge.wire.send(tunnel_request("t1", body=b"not json"))
         self.edge.wire.send(tunnel_request("t2", adapter="nope"))
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.wire.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.store.tunnel_starts, [("t1", "manual", ""), ("t2", "nope", "")])
         self.assertEqual(
