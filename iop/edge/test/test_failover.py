@@ -6,6 +6,7 @@ ejected for a cooldown, and comes back on its first answer.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -16,7 +17,7 @@ from iop.testing.tunnels import TunnelRecorder
 
 
 def config(retries=None, tunnel=False):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     if tunnel:
         for node in data["nodes"]:
             node["adapters"] = [

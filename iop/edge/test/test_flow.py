@@ -5,6 +5,7 @@ granted back in halves of the window while the caller's connection
 drains, and not while it is paused.
 """
 
+from google.protobuf.message import Message
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.flow import ReceiveWindow
@@ -16,7 +17,7 @@ from iop.testing.edge import EdgeHarness, Recorder
 
 class ReceiveWindowTests(SynchronousTestCase):
     def setUp(self):
-        self.sent = []
+        self.sent: list[Message] = []
         self.window = ReceiveWindow(self.sent.append, "t1", 100)
 
     def grants(self):

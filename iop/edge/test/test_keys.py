@@ -8,6 +8,7 @@ its own endpoint.
 import copy
 import hashlib
 import json
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.internet import defer
@@ -163,7 +164,7 @@ class LimiterTests(SynchronousTestCase):
 
 class KeyedHTTPTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["api_keys"] = [
             {"sha256": sha("caller")},
             {"key": "one-at-a-time", "max_concurrent": 1},
@@ -247,7 +248,7 @@ class MetricsEndpointTests(SynchronousTestCase):
         With C{listen.metrics}, C{/metrics} is served there and not on the
         HTTP port.
         """
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["listen"]["metrics"] = "tcp:0:interface=127.0.0.1"
         edge = EdgeHarness(data)
         http = StubTreq(edge.site.resource)

@@ -5,6 +5,7 @@ the single-node fallback; direct work counts in C{in_use} and queues.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -20,7 +21,7 @@ def spec(**kwargs):
 
 class PlacementTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["model_groups"].append({"name": "only1", "providers": [{"node": "n1", "provider": "p1", "target": "o1"}]})
         self.edge = EdgeHarness(data)
         self.service = self.edge.service
