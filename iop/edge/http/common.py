@@ -7,7 +7,7 @@ caller who goes away cancels that work (or leaves the queue).
 
 import json
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
@@ -29,9 +29,6 @@ from iop.edge.spec import RunSpec
 from iop.edge.tenants import ANONYMOUS, Tenant
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
 from iop.run import RunFailure
-
-if TYPE_CHECKING:
-    pass
 
 log = Logger()
 

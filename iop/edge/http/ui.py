@@ -58,8 +58,7 @@ class RecentRuns:
     def __init__(self, bus: EventBus, clock: IReactorTime, size: int = 30) -> None:
         self.clock = clock
         self.size = size
-        #: (by run id; a payload without one, which the bus never
-        #: publishes, would be kept under C{None})
+        #: (by run id, as the payload gives it)
         self._runs: OrderedDict[str | None, dict[str, Any]] = OrderedDict()
         self.subscription = bus.subscribe(self._observe, topics=["run", "tunnel"])
 
