@@ -8,11 +8,13 @@ view, draining, and where a request that finds no room goes.
 
 import copy
 import json
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
+from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.load import Forward
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
@@ -25,7 +27,7 @@ SECRET = "a-cluster-secret-of-some-length"
 
 
 def cluster_yaml(edge_id, ttl=3):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     data["listen"]["peer"] = "tcp:0"
     data["cluster"] = {
         "etcd": ["http://127.0.0.1:2379"],
@@ -50,6 +52,7 @@ class TwoEdges(SynchronousTestCase):
 
     def edge(self, edge_id, ttl=3):
         harness = EdgeHarness(cluster_yaml(edge_id, ttl), clock=self.clock, etcd=self.etcd.client())
+        assert harness.service.cluster is not None
         harness.service.cluster.startService()
         return harness
 
@@ -167,7 +170,7 @@ class OwnershipTests(TwoEdges):
         pending = []
 
         def slow_create(key, value, lease):
-            d = defer.Deferred()
+            d: defer.Deferred[Created] = defer.Deferred()
             pending.append((d, key, value, lease))
             return d
 
@@ -371,7 +374,7 @@ class ConfigTests(SynchronousTestCase):
         Without cluster there is none, and listen.peer alone is refused.
         """
         self.assertIsNone(self.parse(copy.deepcopy(EDGE_YAML)).cluster)
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["listen"]["peer"] = "tcp:0"
         self.assertRaisesRegex(ConfigError, "listen.peer", self.parse, data)
 

@@ -5,10 +5,12 @@ an in-memory wire.
 """
 
 import json
+from typing import Any, cast
 
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge.http.common import Call
 from iop.edge.http.openai import ChunkRenderer
 from iop.protocols import messages
 from iop.testing.edge import EdgeHarness
@@ -20,7 +22,9 @@ class SurfaceTests(SynchronousTestCase):
     def setUp(self):
         self.edge = EdgeHarness()
         self.node, self.pump, _ = self.edge.register()
-        self.http = StubTreq(self.edge.site.resource)
+        assert self.edge.site is not None
+        # (StubTreq's request functions are set on it at run time.)
+        self.http: Any = StubTreq(self.edge.site.resource)
 
     def post(self, path, body, raw=None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()
@@ -344,7 +348,7 @@ class ChunkTemplateTests(SynchronousTestCase):
             request = Request()
             gone = False
 
-        renderer = ChunkRenderer(CallStub(), "run-abc", 'm"odel', 12, False)
+        renderer = ChunkRenderer(cast(Call, CallStub()), "run-abc", 'm"odel', 12, False)
         for key, text in (("content", 'hé"llo\n'), ("reasoning_content", "\u2028 x")):
             renderer._delta(key, text)
             self.assertEqual(written[-1], f"data: {json.dumps(renderer.chunk({key: text}))}\n\n".encode())
