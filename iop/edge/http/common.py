@@ -356,7 +356,8 @@ def query(request: Request, name: str) -> str | None:
     """
     A query parameter as text, or C{None}.
     """
-    values = (request.args or {}).get(name.encode("ascii"))
+    args: dict[bytes, list[bytes]] = request.args or {}
+    values = args.get(name.encode("ascii"))
     if not values:
         return None
     return values[-1].decode("utf-8", "replace")

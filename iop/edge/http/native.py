@@ -121,7 +121,7 @@ class CollectingListener(_Listener):
         if event.type in TERMINAL_TYPES and not self.call.gone:
             note_usage(self.call.request, event.usage)
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
-            result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
+            result: dict[str, Any] = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             if self.record is not None:
                 result.update(node=self.record.node, provider=self.record.provider, model=self.record.model)
             write_json(self.call.request, 200, result)
