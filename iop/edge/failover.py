@@ -9,8 +9,11 @@ C{<id>-<n>}, so that a late frame of an abandoned attempt can never reach
 the new one, while the caller keeps seeing one id.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
 from iop.run import CAPACITY_EXCEEDED, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE
 
@@ -38,8 +41,8 @@ class Work:
         tokens), settled once when it ends.
     """
 
-    spec: object
-    listener_for: object
+    spec: RunSpec
+    listener_for: Callable[[str, str], Any]
     retries: int
     id: str | None = None
     attempts: int = 0

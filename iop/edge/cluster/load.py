@@ -13,18 +13,7 @@ to send a request, never a lease.
 """
 
 from iop.edge.pool import CLASSES
-
-
-class Forward(Exception):
-    """
-    The service's answer for a request another Edge should serve: the
-    surface proxies it to C{url} (that Edge's C{listen.peer}).
-    """
-
-    def __init__(self, edge_id, url, why):
-        super().__init__(f"forwarded to Edge {edge_id}: {why}")
-        self.edge_id = edge_id
-        self.url = url
+from iop.edge.seam import Forward
 
 
 def local_load(config, pool):

@@ -35,6 +35,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from iop.edge.cluster.etcd import EtcdUnavailable
+from iop.edge.seam import NotOwner
 
 #: How soon a failed join or watch is tried again.
 RETRY_SEC = 1.0
@@ -48,18 +49,6 @@ LEAVE_TIMEOUT_SEC = 3.0
 OK = "ok"
 LOST = "lost"
 STARTING = "starting"
-
-
-class NotOwner(Exception):
-    """
-    This Edge may not own the node now: another Edge does, or etcd cannot
-    be reached (C{unreachable}).
-    """
-
-    def __init__(self, reason, unreachable=False):
-        super().__init__(reason)
-        self.reason = reason
-        self.unreachable = unreachable
 
 
 def _json(value):
@@ -497,32 +486,3 @@ class Membership(Service):
             node["edge"] = self.owner(node["id"])
         status["cluster"] = self.view()
         return status
-
-
-def join_cluster(edge, reactor, etcd=None):
-    """
-    Give the L{iop.edge.service.EdgeService} C{edge} its L{Membership}
-    (a child service, so it joins when the tree starts): registrations
-    then need the node's claim, a void lease closes every Node link, and
-    the load of its pool is published.
-    """
-    from iop.edge.cluster.etcd import EtcdClient
-    from iop.edge.cluster.load import local_load
-
-    spec = edge.config.cluster
-    if etcd is None:
-        etcd = EtcdClient(spec.etcd, reactor)
-    membership = Membership(
-        spec,
-        etcd,
-        reactor,
-        on_void=lambda reason: edge.links.close_all(reason),
-        load=lambda: local_load(edge.config, edge.pool),
-    )
-    membership.setServiceParent(edge)
-    edge.links.cluster = membership
-    from iop.edge.cluster.forward import Forwarder
-
-    # The surfaces proxy what the service says goes elsewhere.
-    edge.forwarder = Forwarder(spec.secret, reactor)
-    return membership

@@ -13,11 +13,11 @@ from twisted.logger import Logger, LogLevel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
 from iop.edge.http.notes import note
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
+from iop.edge.seam import Forward
 from iop.edge.tenants import ANONYMOUS, Tenant
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
 
@@ -512,7 +512,7 @@ class Call:
         if failure.check(Forward):
             # Another Edge of the cluster serves it (iop.edge.cluster.forward).
             if not self.gone:
-                self.service.forwarder.proxy(self.request, failure.value)
+                self.service.cluster.proxy(self.request, failure.value)
             return None
         if not failure.check(ServiceError, CancelledError):
             log.failure("call failed", failure, level=LogLevel.error)

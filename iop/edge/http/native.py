@@ -24,7 +24,6 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.edge.cluster.load import Forward
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import (
@@ -45,6 +44,7 @@ from iop.edge.http.notes import note_usage
 from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import event_json
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Tenant
 from iop.run import ERROR, TERMINAL_TYPES
@@ -190,7 +190,7 @@ class Runs(JSONResource):
             if outcome[0].check(Forward):
                 # Another Edge of the cluster takes it (and answers the 202).
                 d.addErrback(lambda failure: None)
-                self.service.forwarder.proxy(request, outcome[0].value)
+                self.service.cluster.proxy(request, outcome[0].value)
                 return NOT_DONE_YET
             return d
         # Later failures (a queue timeout) are on the run's record.
