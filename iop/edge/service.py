@@ -115,10 +115,7 @@ class EdgeService(MultiService):
         self.links.close_all(reason)
 
     def status(self) -> dict[str, Any]:
-        """
-        The snapshot: every configured node with its providers, every model
-        group with its queue length, and what the cluster adds.
-        """
+        """Every node with its providers, every model group, the cluster."""
         return self.cluster.annotate(snapshot(self.config, self.registry, self.pool, self.inflight))
 
     def models(self) -> list[str]:
@@ -147,8 +144,6 @@ class EdgeService(MultiService):
         self.cluster.startService()
 
     def stopService(self) -> "Deferred[list[Any]]":
-        """
-        Drain, then stop (L{Drain.start}; a second signal L{hurry}s it).
-        """
+        """Drain, then stop (L{Drain.start}; a second signal L{hurry}s it)."""
         Service.stopService(self)
         return self.drain.start(self._listeners, self.site)
