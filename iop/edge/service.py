@@ -14,7 +14,7 @@ surfaces call. It knows nothing of HTTP.
 
 from typing import Any
 
-from twisted.application.service import MultiService, Service
+from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -99,7 +99,7 @@ class EdgeService(MultiService):
         self.queue = self.pool.queued
         self.site: EdgeSite | None = None
         self.node_port: NodePortFactory | None = None
-        self._listeners: list[Service] = []
+        self._listeners: list[IService] = []
         if listen:
             self._listeners = [child for child in add_listeners(self, reactor) if child is not None]
 
