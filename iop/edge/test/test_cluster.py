@@ -13,6 +13,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
+from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
 from iop.edge.seam import Forward
@@ -167,7 +168,7 @@ class OwnershipTests(TwoEdges):
         pending = []
 
         def slow_create(key, value, lease):
-            d = defer.Deferred()
+            d: defer.Deferred[Created] = defer.Deferred()
             pending.append((d, key, value, lease))
             return d
 
