@@ -50,7 +50,11 @@ class Work:
     avoid: set[tuple[str, str]] = field(default_factory=set)
     ticket: Ticket | None = None
 
-    def wire_id(self) -> str | None:
+    def wire_id(self) -> str:
+        """
+        This attempt's id on the wire (the work has its id once placed).
+        """
+        assert self.id is not None
         return self.id if self.attempts <= 1 else f"{self.id}-{self.attempts}"
 
     def may_retry(self, failure: RunFailure) -> bool:

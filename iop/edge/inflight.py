@@ -21,7 +21,7 @@ from iop.run import RunEventData, RunFailure
 
 #: A node command waiting for its answer: its link, its Deferred and
 #: what to call with each progress answer.
-_Request = tuple[NodeLink, "defer.Deferred[Message]", Callable[[Message], None] | None]
+_Request = tuple[NodeLink, "defer.Deferred[Message]", Callable[[Message], object] | None]
 
 
 class Inflight:
@@ -159,7 +159,7 @@ class Inflight:
         self,
         link: NodeLink,
         request_id: str,
-        on_progress: Callable[[Message], None] | None = None,
+        on_progress: Callable[[Message], object] | None = None,
         on_cancel: Callable[[], None] | None = None,
     ) -> "defer.Deferred[Message]":
         """

@@ -708,12 +708,12 @@ class ProviderPool:
         """
         return self._waiting
 
-    def retry_after(self, group_name: str) -> int:
+    def retry_after(self, group_name: str | None) -> int:
         """
         Whole seconds until a new request for C{group_name} might be served
         (1 for anything but a model group).
         """
-        queue = self._queues.get(group_name) if group_name in self._groups else None
+        queue = self._queues.get(group_name) if group_name is not None and group_name in self._groups else None
         return queue.retry_after() if queue is not None else 1
 
     def has_candidate(
@@ -1038,7 +1038,7 @@ class ProviderPool:
     # -- Node lifecycle (told by the Edge service)
 
     def node_ready(
-        self, node_id: str, generation: int, adopt: Iterable[tuple[str, str, str, str] | None] = ()
+        self, node_id: str, generation: int, adopt: Iterable[tuple[str, str, str | None, str] | None] = ()
     ) -> list[Lease | None]:
         """
         The Node's C{generation} is ready: its resources go live with their
@@ -1070,7 +1070,7 @@ class ProviderPool:
         return leases
 
     def _adopt(
-        self, node_id: str, generation: int, provider_id: str, klass: str, group: str, target: str
+        self, node_id: str, generation: int, provider_id: str, klass: str, group: str | None, target: str
     ) -> Lease | None:
         resource = self._resources.get((node_id, provider_id))
         if resource is None or resource.generation != generation or klass not in CLASSES:

@@ -50,6 +50,8 @@ class Wire(Protocol):
 
     def send(self, message: Message) -> None: ...
 
+    def close(self, reason: str) -> None: ...
+
 
 @dataclass(eq=False)
 class NodeLink:

@@ -265,7 +265,7 @@ class Follower:
         run turns out to be over with nothing more to write).
     """
 
-    def __init__(self, write: Callable[[int, Payload], None], end: Callable[[], None], after: int = 0) -> None:
+    def __init__(self, write: Callable[[int, Payload], object], end: Callable[[], object], after: int = 0) -> None:
         self.write = write
         self.end = end
         self.after = after
@@ -526,8 +526,8 @@ class RunBook:
         self,
         run_id: str,
         after: int,
-        write: Callable[[int, Payload], None],
-        end: Callable[[], None],
+        write: Callable[[int, Payload], object],
+        end: Callable[[], object],
         owner: str | None = None,
     ) -> "defer.Deferred[Follower]":
         """

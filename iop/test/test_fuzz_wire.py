@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge import service as service_module
+from iop.edge import commands, starter
 from iop.edge.spec import RunSpec, TunnelSpec
 from iop.protocols import messages
 from iop.protocols.wire import MAX_FRAME_BYTES, WIRE_VERSION
@@ -126,7 +126,8 @@ class WireFuzzTests(SynchronousTestCase):
         globalLogPublisher.addObserver(observe)
         self.addCleanup(globalLogPublisher.removeObserver, observe)
         self.counter = 0
-        self.patch(service_module, "new_id", self.new_id)
+        for module in (starter, commands):
+            self.patch(module, "new_id", self.new_id)
 
     def new_id(self, prefix):
         work_id = f"{prefix}-f{self.counter}"

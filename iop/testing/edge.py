@@ -5,6 +5,8 @@ ends, wired together by L{twisted.test.iosim} on a L{Clock}. No process,
 thread or socket.
 """
 
+from typing import Any
+
 from twisted.internet.task import Clock
 from twisted.test import iosim
 from zope.interface import implementer
@@ -16,7 +18,7 @@ from iop.edge.service import EdgeService
 from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
 
-EDGE_YAML = {
+EDGE_YAML: dict[str, Any] = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
     "admin_keys": ["admin"],
     "nodes": [
@@ -83,7 +85,7 @@ class EdgeHarness:
         self.clock = clock if clock is not None else Clock()
         self.config = edge_config(data)
         self.bus = EventBus(self.clock)
-        self.node_events = []
+        self.node_events: list[dict[str, Any]] = []
         self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
         self.service = EdgeService(self.config, self.clock, self.bus, etcd=etcd)
         self.site = self.service.site
@@ -96,7 +98,9 @@ class EdgeHarness:
         """
         node = node if node is not None else ScriptedNode()
         # The Edge's own factory: the same limits as on a real Node port.
-        edge_protocol = self.service.node_port.buildProtocol(None)
+        port = self.service.node_port
+        assert port is not None, "the harness's service has its listeners"
+        edge_protocol = port.buildProtocol(None)
         node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
         pump = iosim.connect(
             edge_protocol,

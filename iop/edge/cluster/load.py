@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from iop.edge.config import EdgeConfig
 from iop.edge.pool import CLASSES, ProviderPool, ProviderSpec
 from iop.edge.registry import NodeRegistry
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 
 
@@ -35,18 +36,6 @@ class ClusterView(Protocol):
     def loads(self) -> dict[str, dict[str, Any]]: ...
 
     def owner(self, node_id: str) -> str | None: ...
-
-
-class Forward(Exception):
-    """
-    The service's answer for a request another Edge should serve: the
-    surface proxies it to C{url} (that Edge's C{listen.peer}).
-    """
-
-    def __init__(self, edge_id: str, url: str, why: str) -> None:
-        super().__init__(f"forwarded to Edge {edge_id}: {why}")
-        self.edge_id = edge_id
-        self.url = url
 
 
 def local_load(config: EdgeConfig, pool: ProviderPool) -> dict[str, Any]:

@@ -29,7 +29,7 @@ here or elsewhere, and joins again with a new lease.
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -41,11 +41,7 @@ from twisted.python.failure import Failure
 
 from iop.edge.cluster.config import ClusterSpec
 from iop.edge.cluster.etcd import Created, EtcdUnavailable, IEtcd, IWatch, KeyValue, WatchEvent
-from iop.edge.config import EdgeConfig
-from iop.edge.pool import ProviderPool
-
-if TYPE_CHECKING:
-    from iop.edge.cluster.forward import Forwarder
+from iop.edge.seam import NotOwner
 
 #: How soon a failed join or watch is tried again.
 RETRY_SEC = 1.0
@@ -59,18 +55,6 @@ LEAVE_TIMEOUT_SEC = 3.0
 OK = "ok"
 LOST = "lost"
 STARTING = "starting"
-
-
-class NotOwner(Exception):
-    """
-    This Edge may not own the node now: another Edge does, or etcd cannot
-    be reached (C{unreachable}).
-    """
-
-    def __init__(self, reason: str, unreachable: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.unreachable = unreachable
 
 
 def _json(value: bytes) -> dict[str, Any]:
@@ -514,63 +498,3 @@ class Membership(Service):
             node["edge"] = self.owner(node["id"])
         status["cluster"] = self.view()
         return status
-
-
-class NodeLinksOf(Protocol):
-    """
-    The Edge's Node links (L{iop.edge.links.NodeLinks}), which ask the
-    membership before taking a registration.
-    """
-
-    cluster: Membership | None
-
-    def close_all(self, reason: str) -> None: ...
-
-
-class ClusterHost(Protocol):
-    """
-    What joining a cluster wires up in the Edge
-    (L{iop.edge.service.EdgeService}, of which the membership becomes a
-    child service).
-    """
-
-    @property
-    def config(self) -> EdgeConfig: ...
-
-    @property
-    def links(self) -> NodeLinksOf: ...
-
-    @property
-    def pool(self) -> ProviderPool: ...
-
-    forwarder: "Forwarder | None"
-
-
-def join_cluster(edge: ClusterHost, reactor: IReactorTime, etcd: IEtcd | None = None) -> Membership:
-    """
-    Give the L{iop.edge.service.EdgeService} C{edge} its L{Membership}
-    (a child service, so it joins when the tree starts): registrations
-    then need the node's claim, a void lease closes every Node link, and
-    the load of its pool is published.
-    """
-    from iop.edge.cluster.etcd import EtcdClient
-    from iop.edge.cluster.load import local_load
-
-    spec = edge.config.cluster
-    assert spec is not None  # (joined only with a cluster configured)
-    if etcd is None:
-        etcd = EtcdClient(spec.etcd, reactor)
-    membership = Membership(
-        spec,
-        etcd,
-        reactor,
-        on_void=lambda reason: edge.links.close_all(reason),
-        load=lambda: local_load(edge.config, edge.pool),
-    )
-    membership.setServiceParent(edge)
-    edge.links.cluster = membership
-    from iop.edge.cluster.forward import Forwarder
-
-    # The surfaces proxy what the service says goes elsewhere.
-    edge.forwarder = Forwarder(spec.secret, reactor)
-    return membership

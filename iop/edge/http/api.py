@@ -12,13 +12,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from iop.edge.bus import EventBus
-from iop.edge.cluster.load import Forward
 from iop.edge.config import EdgeConfig
 from iop.edge.dispatch import IRunListener, ITunnelListener
-from iop.edge.http.request import EdgeRequest
 from iop.edge.inflight import Inflight
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import Follower, RunBook
+from iop.edge.seam import ICluster
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import TokenBudgets
 
@@ -28,15 +27,6 @@ ListenerFor = Callable[[str, str], IRunListener | ITunnelListener]
 
 #: C{on_queued(position, eta_ms)}: where waiting work stands.
 OnQueued = Callable[[int, int], None]
-
-
-class Proxy(Protocol):
-    """
-    What relays a request another Edge of the cluster serves
-    (L{iop.edge.cluster.forward.Forwarder}).
-    """
-
-    def proxy(self, request: EdgeRequest, forward: Forward) -> object: ...
 
 
 class EdgeAPI(Protocol):
@@ -66,7 +56,7 @@ class EdgeAPI(Protocol):
     def budgets(self) -> TokenBudgets: ...
 
     @property
-    def forwarder(self) -> Proxy | None: ...
+    def cluster(self) -> ICluster: ...
 
     def submit(
         self,

@@ -17,7 +17,6 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
 from iop.edge.flow import ReceiveWindow
 from iop.edge.http.api import EdgeAPI, ListenerFor, OnQueued
@@ -25,6 +24,7 @@ from iop.edge.http.notes import note
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import ANONYMOUS, Tenant
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
@@ -295,11 +295,11 @@ def hold_until_ended(request: EdgeRequest, service: EdgeAPI, run_id: str | None)
 def proxy(service: EdgeAPI, request: EdgeRequest, failure: Failure) -> None:
     """
     Relay C{request} to the Edge the L{Forward} C{failure} names (the
-    service answers so only in a cluster, where it has its forwarder).
+    service answers so only in a cluster).
     """
-    forward, forwarder = failure.value, service.forwarder
-    assert isinstance(forward, Forward) and forwarder is not None
-    forwarder.proxy(request, forward)
+    forward = failure.value
+    assert isinstance(forward, Forward)
+    service.cluster.proxy(request, forward)
 
 
 def _spec(key: KeySpec | str) -> KeySpec:

@@ -27,7 +27,6 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.edge.cluster.load import Forward
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
 from iop.edge.flow import ReceiveWindow
@@ -52,6 +51,7 @@ from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import Follower, event_json
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Tenant
 from iop.run import ERROR, TERMINAL_TYPES, RunEventData

@@ -15,9 +15,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
 from iop.edge.cluster.etcd import Created
-from iop.edge.cluster.load import Forward
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
@@ -75,12 +75,12 @@ class MembershipTests(TwoEdges):
         address; each sees the other.
         """
         for harness, edge_id in ((self.a, "edge-a"), (self.b, "edge-b")):
-            cluster = harness.service.cluster
+            cluster = harness.service.cluster.membership
             self.assertEqual(cluster.session, OK)
             kv = self.etcd.data[f"/iop/edges/{edge_id}"]
             self.assertEqual(kv.lease, cluster.lease)
             self.assertEqual(json.loads(kv.value)["advertise"], f"http://{edge_id}.example:7180")
-        self.assertEqual(set(self.a.service.cluster.edges), {"edge-a", "edge-b"})
+        self.assertEqual(set(self.a.service.cluster.membership.edges), {"edge-a", "edge-b"})
 
     def test_keepalive(self):
         """
@@ -88,7 +88,7 @@ class MembershipTests(TwoEdges):
         """
         self.advance(30)
         self.assertIn("/iop/edges/edge-a", self.etcd.data)
-        self.assertEqual(self.a.service.cluster.session, OK)
+        self.assertEqual(self.a.service.cluster.membership.session, OK)
 
 
 class OwnershipTests(TwoEdges):
@@ -101,7 +101,7 @@ class OwnershipTests(TwoEdges):
         self.assertTrue(node.of("node_ready_response")[0].ready)
         kv = self.owner_key("n1")
         self.assertEqual(json.loads(kv.value)["edge"], "edge-a")
-        self.assertEqual(kv.lease, self.a.service.cluster.lease)
+        self.assertEqual(kv.lease, self.a.service.cluster.membership.lease)
         self.assertEqual(self.a.service.registry.owner("n1").generation, kv.mod_revision)
 
     def test_duplicate_across_edges(self):
@@ -142,7 +142,7 @@ class OwnershipTests(TwoEdges):
         """
         self.b.register("tok-1")
         kv = self.owner_key("n1")
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         cluster.claims["n1"] = kv.mod_revision - 1  # what a stale owner believes
         cluster.release("n1", kv.mod_revision - 1)
         self.assertEqual(self.owner_key("n1"), kv)
@@ -152,7 +152,7 @@ class OwnershipTests(TwoEdges):
         A ready from a link whose claim is no longer held is refused.
         """
         node, pump, _ = self.a.register("tok-1", ready=False)
-        self.a.service.cluster.claims.clear()
+        self.a.service.cluster.membership.claims.clear()
         node.wire.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
@@ -165,7 +165,7 @@ class OwnershipTests(TwoEdges):
         """
         from twisted.internet import defer
 
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         real_create = cluster.etcd.create
         pending = []
 
@@ -195,7 +195,7 @@ class SessionTests(TwoEdges):
         self.a.register("tok-1")
         self.etcd.stop()
         self.advance(3)
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         self.assertEqual(cluster.session, LOST)
         status = self.a.service.status()
         self.assertFalse(status["cluster"]["accepting_registrations"])
@@ -233,7 +233,7 @@ class SessionTests(TwoEdges):
         gone it closes its Node links and joins again with a new lease.
         """
         node, _, _ = self.a.register("tok-1")
-        client = self.a.service.cluster.etcd
+        client = self.a.service.cluster.membership.etcd
         client.cut()
         self.advance(4)
         self.assertIsNone(self.owner_key("n1"))
@@ -241,7 +241,7 @@ class SessionTests(TwoEdges):
         client.heal()
         self.advance(2)
         self.assertTrue(node.lost)
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         self.assertEqual(cluster.voids, 1)
         self.assertEqual(cluster.session, OK)
         self.assertIn("/iop/edges/edge-a", self.etcd.data)
@@ -266,7 +266,7 @@ class StatusTests(TwoEdges):
         """
         An Edge whose lease expired shows as down.
         """
-        self.a.service.cluster.etcd.cut()
+        self.a.service.cluster.membership.etcd.cut()
         self.advance(4)
         edges = {e["id"]: e["state"] for e in self.b.service.status()["cluster"]["edges"]}
         self.assertEqual(edges, {"edge-a": "down", "edge-b": "up"})
@@ -289,8 +289,10 @@ class DrainTests(TwoEdges):
         """
         self.a.register("tok-1")
         states = []
-        self.b.service.cluster.etcd.watch("/iop/edges/", 0, lambda e: states.append(json.loads(e.kv.value or "{}")))
-        client = self.a.service.cluster.etcd
+        self.b.service.cluster.membership.etcd.watch(
+            "/iop/edges/", 0, lambda e: states.append(json.loads(e.kv.value or "{}"))
+        )
+        client = self.a.service.cluster.membership.etcd
         seen = []
         self.a.service.links.close_all = lambda reason: seen.append((self.owner_key("n1"), client.calls[-1]))
         self.a.service.stopService()
@@ -298,7 +300,7 @@ class DrainTests(TwoEdges):
         self.assertEqual(states[0]["state"], "draining")
         self.assertEqual(seen, [(None, "revoke")])
         self.assertNotIn("/iop/edges/edge-a", self.etcd.data)
-        self.assertEqual(self.b.service.cluster.edges.keys(), {"edge-b"})
+        self.assertEqual(self.b.service.cluster.membership.edges.keys(), {"edge-b"})
 
 
 class ForwardTests(TwoEdges):

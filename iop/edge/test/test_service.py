@@ -5,6 +5,7 @@ generation fencing, run relay, cancel and disconnects.
 
 import copy
 import json
+from typing import Any
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
@@ -374,7 +375,7 @@ class RunTests(SynchronousTestCase):
         Node's progress answers reach the callback in order before the
         final answer fires the Deferred; a cancel aborts it on the Node.
         """
-        updates = []
+        updates: list[dict[str, Any]] = []
         d = self.edge.service.command("n1", "ollama_pull", "ollama", {"model": "m"}, progress=updates.append)
         self.pump.flush()
         (request,) = self.node.of("node_command_request")
