@@ -44,7 +44,7 @@ class CommandError(Exception):
     Edge.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code, message) -> None:
         super().__init__(message)
         self.code = code
 
@@ -59,7 +59,7 @@ class CommandHandler:
 
     log = Logger()
 
-    def __init__(self, context, send):
+    def __init__(self, context, send) -> None:
         self.context = context
         self.send = send
         self._pending = {}
@@ -82,7 +82,7 @@ class CommandHandler:
         d.addErrback(lambda f: self.log.failure("answering command {command} failed", f, command=request.command))
         return d
 
-    def cancel(self, request_id):
+    def cancel(self, request_id) -> None:
         """
         The Edge gave up on C{request_id}: abort it (it answers
         C{cancelled}, which the Edge ignores).
@@ -92,7 +92,7 @@ class CommandHandler:
             self.log.info("command {id} cancelled by the Edge", id=request_id)
             d.cancel()
 
-    def cancel_all(self):
+    def cancel_all(self) -> None:
         """
         The connection is gone: stop waiting for adapter commands.
         """
@@ -100,7 +100,7 @@ class CommandHandler:
             d.cancel()
 
     def _progress_sender(self, request):
-        def progress(update):
+        def progress(update) -> None:
             if request.request_id in self._pending:
                 message = iop_pb2.NodeCommandResponse(
                     request_id=request.request_id, ok=True, progress=True, result_json=json.dumps(update)

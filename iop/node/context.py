@@ -77,6 +77,6 @@ class NodeContext:
     #: Background runs kept across a lost link (L{iop.node.detached}).
     detached: DetachedRuns | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.detached is None:
             self.detached = DetachedRuns(self.clock)

@@ -35,18 +35,18 @@ class DetachedRuns:
 
     log = Logger()
 
-    def __init__(self, clock):
+    def __init__(self, clock) -> None:
         self.clock = clock
         self._runs = {}
         self._expiry = {}
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._runs)
 
-    def __contains__(self, run_id):
+    def __contains__(self, run_id) -> bool:
         return run_id in self._runs
 
-    def keep(self, relay):
+    def keep(self, relay) -> None:
         """
         Keep C{relay} (a background L{iop.node.runs.RunRelay} whose
         connection was lost) going without a session.
@@ -56,11 +56,11 @@ class DetachedRuns:
         if relay.finished:
             self._ended(relay)
 
-    def _ended(self, relay):
+    def _ended(self, relay) -> None:
         if self._runs.get(relay.run_id) is relay and relay.run_id not in self._expiry:
             self._expiry[relay.run_id] = self.clock.callLater(KEEP_ENDED_SEC, self._forget, relay.run_id)
 
-    def _forget(self, run_id):
+    def _forget(self, run_id) -> None:
         self._expiry.pop(run_id, None)
         self._runs.pop(run_id, None)
 
@@ -92,7 +92,7 @@ class DetachedRuns:
         ]
         return iop_pb2.RunReconcile(runs=runs)
 
-    def cancel(self, run_id, reason):
+    def cancel(self, run_id, reason) -> bool:
         """
         The Edge does not want C{run_id} back: cancel it (if it still runs)
         and forget it. @return: whether it was kept here.
@@ -103,7 +103,7 @@ class DetachedRuns:
         relay.cancel(reason)
         return True
 
-    def cancel_all(self, reason):
+    def cancel_all(self, reason) -> None:
         """
         The Node is stopping: cancel every detached run still going.
         """

@@ -28,7 +28,7 @@ class Drain:
 
     log = Logger()
 
-    def __init__(self, inflight, clock, grace_sec, reason):
+    def __init__(self, inflight, clock, grace_sec, reason) -> None:
         self.inflight = inflight
         self.clock = clock
         self.grace_sec = grace_sec
@@ -56,20 +56,20 @@ class Drain:
         self.inflight.when_empty().addCallback(self._over)
         return self.done
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut the grace period to zero: cancel the work in flight now.
         """
         if self._deadline is not None:
             self._cancel_rest("not waiting any longer")
 
-    def _cancel_rest(self, why):
+    def _cancel_rest(self, why) -> None:
         self._deadline = None
         self.log.info("{why}: cancelling {count} run(s)/tunnel(s) still in flight", why=why, count=len(self.inflight))
         self.inflight.cancel_all(self.reason)
         self._over()
 
-    def _over(self, _=None):
+    def _over(self, _=None) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None

@@ -20,13 +20,13 @@ class EdgeRotation:
         order of C{node.yaml}; the first is dialled first.
     """
 
-    def __init__(self, endpoints):
+    def __init__(self, endpoints) -> None:
         if not endpoints:
             raise ValueError("at least one Edge endpoint is needed")
         self.endpoints = list(endpoints)
         self.index = 0
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.endpoints)
 
     @property

@@ -49,13 +49,13 @@ class ProcessExit:
 
     log = Logger()
 
-    def __init__(self, reactor, register=atexit.register, hard_exit=os._exit):
+    def __init__(self, reactor, register=atexit.register, hard_exit=os._exit) -> None:
         self.reactor = reactor
         self._register = register
         self._hard_exit = hard_exit
         self.status = None
 
-    def __call__(self, status, message):
+    def __call__(self, status, message) -> None:
         if self.status is not None:
             return
         self.status = status
@@ -69,7 +69,7 @@ class ProcessExit:
         except ReactorNotRunning:
             pass
 
-    def _exit_now(self, status):
+    def _exit_now(self, status) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -24,7 +24,7 @@ class SendWindow:
     @param window: the initial credit in bytes; C{None} or 0 for unlimited.
     """
 
-    def __init__(self, send, window=None):
+    def __init__(self, send, window=None) -> None:
         self._send = send
         self.credit = window or None
         self.queue = deque()
@@ -32,7 +32,7 @@ class SendWindow:
         self.paused = False
         self._idle = []
 
-    def send(self, message, size=0):
+    def send(self, message, size: int = 0) -> None:
         """
         Send C{message} now, or queue it behind what waits. C{size} is how
         much credit it spends (0 for frames that carry no body).
@@ -43,14 +43,14 @@ class SendWindow:
         self.queue.append((message, size))
         self._pause()
 
-    def _out(self, message, size):
+    def _out(self, message, size) -> None:
         if size and self.credit is not None:
             self.credit -= size
             if self.credit <= 0:
                 self._pause()
         self._send(message)
 
-    def grant(self, size):
+    def grant(self, size) -> None:
         """
         The Edge granted C{size} more bytes: send what now fits, and resume
         the source once nothing waits and credit is left.
@@ -65,7 +65,7 @@ class SendWindow:
             self._resume()
         self._check_idle()
 
-    def abandon(self):
+    def abandon(self) -> None:
         """
         The stream was cancelled: its body is no longer wanted. Queued body
         frames are dropped, the others (headers, usage, the terminal) go
@@ -79,7 +79,7 @@ class SendWindow:
         self._resume()
         self._check_idle()
 
-    def register_producer(self, producer):
+    def register_producer(self, producer) -> None:
         """
         The source of the stream's body (an C{IPushProducer}, such as a
         provider response's transport): paused while frames wait.
@@ -88,7 +88,7 @@ class SendWindow:
         if self.paused:
             producer.pauseProducing()
 
-    def when_idle(self, callback):
+    def when_idle(self, callback) -> None:
         """
         Call C{callback()} once nothing is queued (at once if nothing is).
         """
@@ -97,19 +97,19 @@ class SendWindow:
         else:
             self._idle.append(callback)
 
-    def _check_idle(self):
+    def _check_idle(self) -> None:
         if not self.queue:
             waiting, self._idle = self._idle, []
             for callback in waiting:
                 callback()
 
-    def _pause(self):
+    def _pause(self) -> None:
         if not self.paused:
             self.paused = True
             if self.producer is not None:
                 self.producer.pauseProducing()
 
-    def _resume(self):
+    def _resume(self) -> None:
         if self.paused:
             self.paused = False
             if self.producer is not None:

@@ -16,11 +16,11 @@ class Slot:
     idempotent, so every exit path may call it and the count stays exact.
     """
 
-    def __init__(self, gate):
+    def __init__(self, gate) -> None:
         self._gate = gate
         self.released = False
 
-    def release(self):
+    def release(self) -> None:
         if not self.released:
             self.released = True
             self._gate._released()
@@ -34,7 +34,7 @@ class CapacityGate:
         (the metrics gauge listens here).
     """
 
-    def __init__(self, limit, on_change=None):
+    def __init__(self, limit, on_change=None) -> None:
         self.limit = limit
         self.in_use = 0
         self.on_change = on_change
@@ -60,7 +60,7 @@ class CapacityGate:
         self._idle_waiters.append(d)
         return d
 
-    def _released(self):
+    def _released(self) -> None:
         self.in_use -= 1
         self._changed()
         if self.in_use == 0:
@@ -68,6 +68,6 @@ class CapacityGate:
             for d in waiters:
                 d.callback(None)
 
-    def _changed(self):
+    def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change(self.in_use)

@@ -60,7 +60,7 @@ class AdapterHost:
 
     log = Logger()
 
-    def __init__(self, reactor, build=build_adapter, metrics=None):
+    def __init__(self, reactor, build=build_adapter, metrics=None) -> None:
         self.reactor = reactor
         self.build = build
         self.metrics = metrics

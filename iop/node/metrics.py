@@ -21,7 +21,7 @@ class NodeMetrics:
     @ivar registry: the C{CollectorRegistry} holding this Node's metrics.
     """
 
-    def __init__(self, registry=None):
+    def __init__(self, registry=None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.runs = Counter(
             "iop_node_runs_total",
@@ -52,19 +52,19 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def run_ended(self, adapter, status):
+    def run_ended(self, adapter, status) -> None:
         self.runs.labels(adapter=adapter, status=status).inc()
 
-    def in_flight(self, adapter, count):
+    def in_flight(self, adapter, count) -> None:
         self.in_flight_gauge.labels(adapter=adapter).set(count)
 
-    def tunnel_body(self, size):
+    def tunnel_body(self, size) -> None:
         self.tunnel_bytes.inc(size)
 
-    def store_ok(self, ok):
+    def store_ok(self, ok) -> None:
         self.store_ok_gauge.set(1 if ok else 0)
 
-    def store_failed(self):
+    def store_failed(self) -> None:
         self.store_failures.inc()
 
     def value(self, name, labels=None):

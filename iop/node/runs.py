@@ -105,13 +105,13 @@ class Emit:
     the Edge's caller is not taking the stream (flow control).
     """
 
-    def __init__(self, relay):
+    def __init__(self, relay) -> None:
         self._relay = relay
 
-    def __call__(self, event):
+    def __call__(self, event) -> None:
         self._relay.emit(event)
 
-    def register_producer(self, producer):
+    def register_producer(self, producer) -> None:
         self._relay.flow.register_producer(producer)
 
 
@@ -121,7 +121,7 @@ class RunRelay(Work):
     terminal has been sent.
     """
 
-    def __init__(self, manager, request, hosted, slot):
+    def __init__(self, manager, request, hosted, slot) -> None:
         super().__init__(manager, request.run_id, hosted, slot, request.window_bytes)
         self.request = request
         self.run_id = request.run_id
@@ -140,7 +140,7 @@ class RunRelay(Work):
         """
         return self.terminal or "running"
 
-    def detach(self, on_end):
+    def detach(self, on_end) -> None:
         """
         The connection is gone but this background run goes on: its
         events now go only to the store (what a resumed stream is replayed
@@ -168,7 +168,7 @@ class RunRelay(Work):
         self._rewire(resumed)
         return resumed
 
-    def _rewire(self, send):
+    def _rewire(self, send) -> None:
         """
         Send through C{send} from now on, without a credit window; the
         adapter's paused source (if any) goes on.
@@ -180,7 +180,7 @@ class RunRelay(Work):
             if old.paused:
                 old.producer.resumeProducing()
 
-    def start(self, run):
+    def start(self, run) -> None:
         self.manager.record(
             "record_start",
             self.run_id,
@@ -192,7 +192,7 @@ class RunRelay(Work):
         )
         self.begin(self.hosted.adapter.execute, run, Emit(self))
 
-    def emit(self, event):
+    def emit(self, event) -> None:
         """
         The adapter's C{emit}: relay one L{RunEventData}.
         """
@@ -209,11 +209,11 @@ class RunRelay(Work):
         else:
             self._send(event)
 
-    def _ended(self, result):
+    def _ended(self, result) -> None:
         if not self.finished:
             self._finish(RunEventData(CANCELLED if self.cancel_reason else COMPLETE, usage=self.usage))
 
-    def _failed(self, failure):
+    def _failed(self, failure) -> None:
         if self.finished:
             if not failure.check(defer.CancelledError):
                 self.log.failure("run {run_id}: adapter failed after its terminal", failure, run_id=self.run_id)
@@ -226,10 +226,10 @@ class RunRelay(Work):
         )
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
-    def _finish(self, event):
+    def _finish(self, event) -> None:
         self.end(self._send_terminal, event)
 
-    def _send_terminal(self, event):
+    def _send_terminal(self, event) -> None:
         self.terminal = event.type
         self._send(event)
         error = event.error.message if event.error is not None else None
@@ -241,7 +241,7 @@ class RunRelay(Work):
         if self.on_end is not None:
             self.on_end(self)
 
-    def _send(self, event):
+    def _send(self, event) -> None:
         self.seq += 1
         self.manager.record_event(self.run_id, self.seq, event)
         size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
@@ -257,20 +257,20 @@ class Resumed:
     @param after: the seq of the Edge's last event of the run.
     """
 
-    def __init__(self, send, after):
+    def __init__(self, send, after) -> None:
         self._send = send
         self.after = after
         self.replaying = True
         self._held = []
 
-    def __call__(self, message):
+    def __call__(self, message) -> None:
         if self.replaying:
             self._held.append(message)
         elif message.seq > self.after:
             self.after = message.seq
             self._send(message)
 
-    def replay(self, history):
+    def replay(self, history) -> None:
         """
         C{history}: the run's stored events after L{after} as wire
         messages; then what was held.
@@ -293,7 +293,7 @@ class RunManager:
 
     log = Logger()
 
-    def __init__(self, host, inflight, send, store, usage, metrics):
+    def __init__(self, host, inflight, send, store, usage, metrics) -> None:
         self.host = host
         self.inflight = inflight
         self.send = send
@@ -342,13 +342,13 @@ class RunManager:
         self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None, code)
         return None
 
-    def record(self, method, *args):
+    def record(self, method, *args) -> None:
         """
         Write to the run store without ever letting it break the relay.
         """
         record_safely(self.store, self.log, "run", method, *args)
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id, seq, event) -> None:
         """
         Keep one event in the run store (never breaking the relay).
         """
@@ -357,7 +357,7 @@ class RunManager:
         except Exception:
             self.log.failure("run {run_id}: run store record_event failed", run_id=run_id)
 
-    def ended(self, adapter, run_id, status, error, usage, code=None):
+    def ended(self, adapter, run_id, status, error, usage, code=None) -> None:
         self.record("record_end", run_id, status, error, code, usage)
         self.usage.run_ended(adapter, status)
         if usage is not None:

@@ -47,7 +47,7 @@ class NodeService(MultiService):
 
     log = Logger()
 
-    def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter, store=None):
+    def __init__(self, config, reactor, exit, source: str = "node.yaml", build=build_adapter, store=None) -> None:
         super().__init__()
         edges = config.edges or (config.edge,)
         endpoints = []
@@ -111,7 +111,7 @@ class NodeService(MultiService):
         d.addBoth(self._logged, "closing the run store")
         return d
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Another stop signal: cut the grace period to zero. During the
         drain the work still in flight is cancelled now and the shutdown

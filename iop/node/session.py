@@ -117,7 +117,7 @@ class NodeSession:
 
     log = Logger()
 
-    def __init__(self, context):
+    def __init__(self, context) -> None:
         self.context = context
         self.ready = defer.Deferred()
         self.lost = defer.Deferred()
@@ -148,7 +148,7 @@ class NodeSession:
 
     # -- IWireReceiver -------------------------------------------------------
 
-    def wire_connected(self, wire):
+    def wire_connected(self, wire) -> None:
         self.wire = wire
         self.state = REGISTERING
         self.send(
@@ -172,7 +172,7 @@ class NodeSession:
         else:
             raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason) -> None:
         previous, self.state = self.state, CLOSED
         self._cancel_timer()
         why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
@@ -188,7 +188,7 @@ class NodeSession:
             self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
         self.lost.callback(why)
 
-    def _keep_background_runs(self):
+    def _keep_background_runs(self) -> None:
         """
         The connection was lost (not closed by a local shutdown): the
         background runs go on without it, for the next Edge connection to
@@ -207,7 +207,7 @@ class NodeSession:
 
     # -- sending -------------------------------------------------------------
 
-    def send(self, message):
+    def send(self, message) -> None:
         """
         Send one message on this connection; a no-op once it is gone (a
         terminal for work cancelled by the disconnect cannot be delivered).
@@ -234,14 +234,14 @@ class NodeSession:
         self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
         return self._drain.start()
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut a drain's grace period to zero (a second stop signal).
         """
         if self._drain is not None:
             self._drain.hurry()
 
-    def shutdown(self, reason):
+    def shutdown(self, reason) -> None:
         """
         The Node is stopping: cancel every run and tunnel of this session,
         still telling the Edge while the connection is up.
@@ -250,7 +250,7 @@ class NodeSession:
         self.inflight.cancel_all(reason)
         self.commands.cancel_all()
 
-    def close(self):
+    def close(self) -> None:
         """
         Close the connection at once.
         """
@@ -259,21 +259,21 @@ class NodeSession:
 
     # -- registration and readiness -------------------------------------------
 
-    def _expect(self, what):
+    def _expect(self, what) -> None:
         timeout = self.context.register_timeout
         self._cancel_timer()
         self._timer = self.context.clock.callLater(timeout, self._timed_out, what, timeout)
 
-    def _cancel_timer(self):
+    def _cancel_timer(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
 
-    def _timed_out(self, what, timeout):
+    def _timed_out(self, what, timeout) -> None:
         self._timer = None
         self._refuse(RetryableRefusal(f"no {what} from the Edge within {timeout:g}s"))
 
-    def _registered(self, response):
+    def _registered(self, response) -> None:
         self._cancel_timer()
         if not response.accepted:
             self._refuse(_refusal(response))
@@ -293,7 +293,7 @@ class NodeSession:
         d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
-    def _configured(self, _):
+    def _configured(self, _) -> None:
         if self.state != CONFIGURING:
             return
         self.state = READYING
@@ -304,7 +304,7 @@ class NodeSession:
         self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
         self._expect("NodeReadyResponse")
 
-    def _config_failed(self, failure):
+    def _config_failed(self, failure) -> None:
         if failure.check(AdapterSetupError):
             text = f"this node cannot run its configuration: {failure.value}"
         else:
@@ -315,7 +315,7 @@ class NodeSession:
         else:
             self._settle(FatalRefusal(text))
 
-    def _readied(self, response):
+    def _readied(self, response) -> None:
         self._cancel_timer()
         if not response.ready:
             self._refuse(RetryableRefusal(f"readiness refused: {response.reason or 'no reason given'}"))
@@ -328,7 +328,7 @@ class NodeSession:
         self.log.info("node {node_id} is ready", node_id=self.node_id)
         self._settle(self)
 
-    def _refuse(self, error):
+    def _refuse(self, error) -> None:
         """
         End the handshake with C{error} and close the connection.
         """
@@ -340,7 +340,7 @@ class NodeSession:
         if self.wire is not None:
             self.wire.drop(str(error))
 
-    def _settle(self, outcome):
+    def _settle(self, outcome) -> None:
         if self.ready.called:
             return
         if isinstance(outcome, Exception):
@@ -348,7 +348,7 @@ class NodeSession:
         else:
             self.ready.callback(outcome)
 
-    def _adopt_heartbeat(self, config):
+    def _adopt_heartbeat(self, config) -> None:
         """
         Take the Edge's heartbeat timings (zero means "keep the default").
         """
@@ -363,7 +363,7 @@ class NodeSession:
 
     # -- after ready -------------------------------------------------------------
 
-    def _cancel(self, request):
+    def _cancel(self, request) -> None:
         if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
             self._terminate_session(request)
         elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
@@ -373,7 +373,7 @@ class NodeSession:
         ):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 
-    def _resume(self, message):
+    def _resume(self, message) -> None:
         """
         The Edge takes a background run back (L{iop.node.detached}): it
         becomes this session's, and its events after the Edge's last one
@@ -403,14 +403,14 @@ class NodeSession:
         d.addCallback(resumed.replay)
         d.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
 
-    def _terminate_session(self, request):
+    def _terminate_session(self, request) -> None:
         """
         End a logical session and say truthfully how it went: done, the
         adapter knew no such session (C{unknown_session}), the adapter
         keeps no sessions (C{not_supported}), no such adapter, or failed.
         """
 
-        def answer(ok, reason="", code=""):
+        def answer(ok, reason: str = "", code: str = "") -> None:
             self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason, code=code))
 
         hosted = self.context.host.get(request.adapter)
@@ -419,13 +419,13 @@ class NodeSession:
             return
         d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
 
-        def done(result):
+        def done(result) -> None:
             if isinstance(result, dict) and result.get("terminated") is False:
                 answer(False, f"adapter {hosted.name} has no session {request.session_id!r}", UNKNOWN_SESSION)
             else:
                 answer(True)
 
-        def failed(failure):
+        def failed(failure) -> None:
             if failure.check(NotSupported):
                 detail = str(failure.value) or f"adapter {hosted.name} does not support sessions"
                 answer(False, f"not supported: {detail}", NOT_SUPPORTED)
@@ -436,7 +436,7 @@ class NodeSession:
         d.addCallbacks(done, failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
 
-    def _on_edge_draining(self, message):
+    def _on_edge_draining(self, message) -> None:
         self.edge_draining = message
         self.log.info(
             "the Edge is draining ({reason}, grace {grace:g}s); it sends no new work",
@@ -444,7 +444,7 @@ class NodeSession:
             reason=message.reason or "no reason given",
         )
 
-    def _refresh(self, message):
+    def _refresh(self, message) -> None:
         """
         Apply a configuration refresh (all or nothing: a refused one leaves
         the running adapters as they were) and, when the Edge asks for it,

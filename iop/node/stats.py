@@ -10,7 +10,7 @@ from iop.run import CANCELLED, COMPLETE, ERROR
 
 
 class UsageBook:
-    def __init__(self):
+    def __init__(self) -> None:
         self._adapters = {}
 
     def _entry(self, adapter):
@@ -24,7 +24,7 @@ class UsageBook:
             },
         )
 
-    def usage(self, adapter, usage):
+    def usage(self, adapter, usage) -> None:
         """
         Add one reported L{iop.run.Usage}.
         """
@@ -36,11 +36,11 @@ class UsageBook:
             if value is not None:
                 entry[name] = entry.get(name, 0) + value
 
-    def run_ended(self, adapter, status):
+    def run_ended(self, adapter, status) -> None:
         runs = self._entry(adapter)["runs"]
         runs[status] = runs.get(status, 0) + 1
 
-    def tunnel_ended(self, adapter):
+    def tunnel_ended(self, adapter) -> None:
         self._entry(adapter)["tunnels"] += 1
 
     def snapshot(self):

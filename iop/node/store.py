@@ -198,7 +198,7 @@ class RunStore(Service):
         batch_max=BATCH_MAX,
         prune_interval=PRUNE_INTERVAL_SEC,
         metrics=None,
-    ):
+    ) -> None:
         self.reactor = reactor
         self.path = path
         self.now = now
@@ -222,7 +222,7 @@ class RunStore(Service):
 
     # -- service --------------------------------------------------------------
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         self.pool = adbapi.ConnectionPool(
             "sqlite3",
@@ -254,7 +254,7 @@ class RunStore(Service):
             return defer.succeed(None)
         d = self.flush()
 
-        def close(_):
+        def close(_) -> None:
             self.pool = None
             # Queued work runs before the pool's thread stops.
             pool.close()
@@ -283,7 +283,7 @@ class RunStore(Service):
             self._identity = (st.st_dev, st.st_ino)
         return txn.rowcount
 
-    def _opened(self, restarted):
+    def _opened(self, restarted) -> None:
         self.restarted = restarted
         if restarted:
             self.log.warn(
@@ -294,7 +294,9 @@ class RunStore(Service):
 
     # -- writing (batched) ----------------------------------------------------
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
+    def record_start(
+        self, run_id, adapter, target: str = "", session_id: str = "", background: bool = False, caller: str = ""
+    ):
         """
         Record that a run started (status C{running}), and the name of the
         caller key it belongs to (C{RunRequest.caller}; C{None} when the
@@ -307,7 +309,7 @@ class RunStore(Service):
             "recording the start of run " + run_id,
         )
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id, seq, event) -> None:
         """
         Record one event of a run (a L{iop.run.RunEventData}) under its
         wire C{seq}. Called for every event, so it allocates nothing to
@@ -338,7 +340,7 @@ class RunStore(Service):
             "recording the end of run " + run_id,
         )
 
-    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target: str = "", caller: str = ""):
         """
         Record that a provider tunnel started (status C{running}), and
         whose it is (as L{record_start}).
@@ -350,7 +352,7 @@ class RunStore(Service):
             "recording the start of tunnel " + tunnel_id,
         )
 
-    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size: int = 0):
         """
         Record a tunnel's end: C{complete}, C{error} or C{cancelled}, the
         usage observed in its body, and how many body bytes it relayed.
@@ -376,7 +378,7 @@ class RunStore(Service):
             "failed_writes": self.failures,
         }
 
-    def _write(self, sql, params, what, wait=True):
+    def _write(self, sql, params, what, wait: bool = True):
         """
         Queue one statement for the next batch.
 
@@ -447,7 +449,7 @@ class RunStore(Service):
                 failures.append((Failure(), what))
         return len(batch) - len(failures), failures
 
-    def _written(self, outcome):
+    def _written(self, outcome) -> None:
         written, failures = outcome
         for failure, what in failures:
             self._failed(failure, what)
@@ -465,7 +467,7 @@ class RunStore(Service):
                 self.metrics.store_ok(True)
         return result
 
-    def _failed(self, failure, what, count=1):
+    def _failed(self, failure, what, count: int = 1):
         self.failures += count
         if self.metrics is not None:
             for _ in range(count):
@@ -494,7 +496,7 @@ class RunStore(Service):
         self.flush()
         return self.pool.runInteraction(interaction, *args)
 
-    def get(self, run_id, after=0):
+    def get(self, run_id, after: int = 0):
         """
         One run or tunnel with its events after C{after} and its whole
         output (the text of its deltas).
@@ -505,7 +507,7 @@ class RunStore(Service):
         """
         return self._read(_get, run_id, after)
 
-    def list_runs(self, status=None, kind=None, limit=50, caller=None):
+    def list_runs(self, status=None, kind=None, limit: int = 50, caller=None):
         """
         @return: a Deferred list of the latest C{limit} runs and tunnels as
             dicts (newest first), only those of C{status}, C{kind} (C{run},
@@ -513,7 +515,7 @@ class RunStore(Service):
         """
         return self._read(_list, status, kind, limit, caller)
 
-    def recent(self, limit=50):
+    def recent(self, limit: int = 50):
         """
         The latest C{limit} runs and tunnels, newest first.
         """
@@ -648,28 +650,30 @@ class NullStore:
     A store that records nothing (tests, or a Node with no history).
     """
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
+    def record_start(
+        self, run_id, adapter, target: str = "", session_id: str = "", background: bool = False, caller: str = ""
+    ):
         return defer.succeed(None)
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id, seq, event) -> None:
         pass
 
     def record_end(self, run_id, status, error=None, code=None, usage=None):
         return defer.succeed(None)
 
-    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target: str = "", caller: str = ""):
         return defer.succeed(None)
 
-    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size: int = 0):
         return defer.succeed(None)
 
-    def get(self, run_id, after=0):
+    def get(self, run_id, after: int = 0):
         return defer.succeed(None)
 
-    def list_runs(self, status=None, kind=None, limit=50, caller=None):
+    def list_runs(self, status=None, kind=None, limit: int = 50, caller=None):
         return defer.succeed([])
 
-    def recent(self, limit=50):
+    def recent(self, limit: int = 50):
         return defer.succeed([])
 
     def health(self):

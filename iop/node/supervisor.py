@@ -37,7 +37,7 @@ STOP_TIMEOUT_SEC = 5.0
 
 
 @provider(ILogObserver)
-def _without_retry_notices(event):
+def _without_retry_notices(event) -> None:
     # ClientService logs its own "Scheduling retry N" line with a count
     # that is not ours; the supervisor logs the real one.
     if not str(event.get("log_format", "")).startswith("Scheduling retry"):
@@ -55,7 +55,7 @@ class _ObservedEndpoint:
     sees the failure (its retry policy is told only the count).
     """
 
-    def __init__(self, endpoint, on_failure):
+    def __init__(self, endpoint, on_failure) -> None:
         self._endpoint = endpoint
         self._on_failure = on_failure
 
@@ -87,7 +87,7 @@ class Supervisor(Service):
 
     log = Logger()
 
-    def __init__(self, endpoint, context, policy, reactor, exit):
+    def __init__(self, endpoint, context, policy, reactor, exit) -> None:
         #: Several Edges (L{EdgeRotation}), tried in turn; else C{None}.
         self.edges = endpoint if isinstance(endpoint, EdgeRotation) and len(endpoint) > 1 else None
         if self.edges is not None:
@@ -115,7 +115,7 @@ class Supervisor(Service):
 
     # -- service ---------------------------------------------------------------
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         self.log.info("connecting to the Edge at {edge}", edge=self.context.transport.edge)
         self.client.startService()
@@ -138,7 +138,7 @@ class Supervisor(Service):
             return defer.succeed(None)
         return self.ready_session.drain(grace_sec, reason)
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut the drain's grace period to zero.
         """
@@ -190,7 +190,7 @@ class Supervisor(Service):
         session.lost.addCallback(self._lost, session)
         return session
 
-    def _ready(self, session):
+    def _ready(self, session) -> None:
         self.ready_session = session
         self.failures = 0
         self._session_was_ready = True
@@ -200,7 +200,7 @@ class Supervisor(Service):
         for waiter in waiters:
             waiter.callback(session)
 
-    def _refused(self, failure):
+    def _refused(self, failure) -> None:
         if failure.check(IncompatibleVersion):
             self._finish(EXIT_INCOMPATIBLE, f"the Edge cannot serve this node's wire version: {failure.value}")
         elif failure.check(FatalRefusal):
@@ -208,7 +208,7 @@ class Supervisor(Service):
         else:
             self._attempt_failed(str(failure.value))
 
-    def _lost(self, why, session):
+    def _lost(self, why, session) -> None:
         if self.session is session:
             self.session = None
         if self.ready_session is session:
@@ -219,7 +219,7 @@ class Supervisor(Service):
                 f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
             )
 
-    def _attempt_failed(self, why):
+    def _attempt_failed(self, why) -> None:
         self._last_failure = why
 
     # -- the policy ----------------------------------------------------------------
@@ -263,7 +263,7 @@ class Supervisor(Service):
         )
         return delay
 
-    def _move_on(self):
+    def _move_on(self) -> str:
         """
         With several Edges, dial the next one from now on.
 
@@ -280,7 +280,7 @@ class Supervisor(Service):
             return self.context.transport.edge
         return ", ".join(description for description, _ in self.edges.endpoints)
 
-    def _finish(self, status, message):
+    def _finish(self, status, message) -> None:
         """
         End the Node. Scheduled rather than called in place: stopping
         C{ClientService} from inside its own retry policy is re-entrant.

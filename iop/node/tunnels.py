@@ -47,35 +47,35 @@ class WireTunnelSink:
     Calls after the tunnel ended are ignored.
     """
 
-    def __init__(self, relay):
+    def __init__(self, relay) -> None:
         self._relay = relay
 
-    def register_producer(self, producer):
+    def register_producer(self, producer) -> None:
         """
         The adapter's source of body bytes (an C{IPushProducer}): paused
         while the Edge's caller is not taking the stream (flow control).
         """
         self._relay.flow.register_producer(producer)
 
-    def status(self, code):
+    def status(self, code) -> None:
         self._relay.frame(status=int(code))
 
-    def headers(self, pairs):
+    def headers(self, pairs) -> None:
         headers = iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name=_text(n), value=_text(v)) for n, v in pairs])
         self._relay.frame(headers=headers)
 
-    def body(self, data):
+    def body(self, data) -> None:
         if not data:
             return
         for piece in chunks(bytes(data)):
             self._relay.frame(body=piece)
         self._relay.body_relayed(len(data))
 
-    def usage(self, usage):
+    def usage(self, usage) -> None:
         self._relay.observed_usage(usage)
         self._relay.frame(usage=usage_to_wire(usage))
 
-    def metadata(self, info):
+    def metadata(self, info) -> None:
         self._relay.frame(metadata_json=json.dumps(info))
 
 
@@ -106,47 +106,47 @@ class TunnelRelay(Work):
     @ivar size: provider body bytes relayed so far.
     """
 
-    def __init__(self, manager, request, hosted, slot):
+    def __init__(self, manager, request, hosted, slot) -> None:
         super().__init__(manager, request.tunnel_id, hosted, slot, request.window_bytes)
         self.tunnel_id = request.tunnel_id
         self.usage = None
         self.size = 0
 
-    def start(self, request):
+    def start(self, request) -> None:
         self.manager.record(
             "record_tunnel_start", self.tunnel_id, self.hosted.name, requested_model(request.body), request.caller
         )
         self.begin(self.hosted.adapter.tunnel, tunnel_input(request), WireTunnelSink(self))
 
-    def frame(self, **field):
+    def frame(self, **field) -> None:
         """
         Send one frame of the provider's response; nothing after the end.
         """
         if not self.finished:
             self._frame(**field)
 
-    def _frame(self, **field):
+    def _frame(self, **field) -> None:
         self.seq += 1
         size = len(field.get("body", b""))
         self.flow.send(iop_pb2.ProviderTunnelFrame(tunnel_id=self.tunnel_id, seq=self.seq, **field), size)
 
-    def body_relayed(self, size):
+    def body_relayed(self, size) -> None:
         if not self.finished:
             self.size += size
             self.manager.metrics.tunnel_body(size)
 
-    def observed_usage(self, usage):
+    def observed_usage(self, usage) -> None:
         if not self.finished:
             self.usage = usage
             self.manager.usage.usage(self.hosted.name, usage)
 
-    def _ended(self, result):
+    def _ended(self, result) -> None:
         if self.cancel_reason:
             self._finish(error=iop_pb2.RunError(code=CANCELLED, message=self.cancel_reason))
         else:
             self._finish(end=iop_pb2.TunnelEnd())
 
-    def _failed(self, failure):
+    def _failed(self, failure) -> None:
         if self.finished:
             return
         if self.cancel_reason or failure.check(defer.CancelledError):
@@ -177,10 +177,10 @@ class TunnelRelay(Work):
                 )
             )
 
-    def _finish(self, **terminal):
+    def _finish(self, **terminal) -> None:
         self.end(self._send_terminal, terminal)
 
-    def _send_terminal(self, terminal):
+    def _send_terminal(self, terminal) -> None:
         self._frame(**terminal)
         self.manager.usage.tunnel_ended(self.hosted.name)
         error = terminal.get("error")
@@ -200,7 +200,7 @@ class TunnelManager:
 
     log = Logger()
 
-    def __init__(self, host, inflight, send, usage, metrics, store=None):
+    def __init__(self, host, inflight, send, usage, metrics, store=None) -> None:
         self.host = host
         self.inflight = inflight
         self.send = send
@@ -208,7 +208,7 @@ class TunnelManager:
         self.metrics = metrics
         self.store = store if store is not None else NullStore()
 
-    def record(self, method, *args):
+    def record(self, method, *args) -> None:
         """
         Write to the run store without ever letting it break the relay.
         """

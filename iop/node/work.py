@@ -26,21 +26,21 @@ class Inflight:
     @ivar admitting: whether new work may start (false once draining).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._work = {}
         self._empty_waiters = []
         self.admitting = True
 
-    def __contains__(self, work_id):
+    def __contains__(self, work_id) -> bool:
         return work_id in self._work
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._work)
 
-    def add(self, work_id, work):
+    def add(self, work_id, work) -> None:
         self._work[work_id] = work
 
-    def discard(self, work_id, work):
+    def discard(self, work_id, work) -> None:
         if self._work.get(work_id) is work:
             del self._work[work_id]
         if not self._work:
@@ -59,7 +59,7 @@ class Inflight:
         self._empty_waiters.append(d)
         return d
 
-    def cancel(self, work_id, reason=None):
+    def cancel(self, work_id, reason=None) -> bool:
         """
         Cancel one run or tunnel. @return: whether it was in flight.
         """
@@ -69,7 +69,7 @@ class Inflight:
         work.cancel(reason)
         return True
 
-    def cancel_all(self, reason=None):
+    def cancel_all(self, reason=None) -> None:
         for work in list(self._work.values()):
             work.cancel(reason)
 
@@ -80,7 +80,7 @@ class Inflight:
         """
         return list(self._work.values())
 
-    def grant(self, work_id, size):
+    def grant(self, work_id, size) -> None:
         """
         A C{WindowUpdate}: the Edge lets C{work_id} send C{size} more bytes
         (ignored for work no longer here).
@@ -96,7 +96,7 @@ class Refused(Exception):
     error terminal.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code, message) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -137,7 +137,7 @@ class Work:
 
     log = Logger()
 
-    def __init__(self, manager, work_id, hosted, slot, window=0):
+    def __init__(self, manager, work_id, hosted, slot, window: int = 0) -> None:
         self.manager = manager
         self.work_id = work_id
         self.hosted = hosted
@@ -149,7 +149,7 @@ class Work:
         self.cancel_reason = None
         manager.inflight.add(work_id, self)
 
-    def begin(self, call, *args):
+    def begin(self, call, *args) -> None:
         """
         Start the adapter's C{call(*args)}; its outcome ends this work.
         """
@@ -157,7 +157,7 @@ class Work:
         self.deferred.addCallbacks(self._ended, self._failed)
         self.deferred.addErrback(lambda f: self.log.failure("{id}: relay failed", f, id=self.work_id))
 
-    def cancel(self, reason=None):
+    def cancel(self, reason=None) -> None:
         """
         Cancel the adapter's work; the terminal will say it was cancelled.
         """
@@ -168,7 +168,7 @@ class Work:
         self.cancel_reason = reason or "cancelled by the Edge"
         self.deferred.cancel()
 
-    def end(self, send_terminal, *args):
+    def end(self, send_terminal, *args) -> None:
         """
         End this work once: free the slot, call C{send_terminal(*args)} to
         send (and record) the terminal, then leave the in-flight registry.
@@ -189,7 +189,7 @@ class Work:
             self.flow.when_idle(lambda: self.manager.inflight.discard(self.work_id, self))
 
 
-def record_safely(store, log, kind, method, *args):
+def record_safely(store, log, kind, method, *args) -> None:
     """
     Call the run store's C{method(*args)} without ever letting it break
     the relay: a failure is logged naming the work (C{args[0]}).

@@ -16,7 +16,6 @@ import struct
 import time
 
 from hypothesis import strategies as st
-from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge import service as service_module
@@ -34,6 +33,7 @@ from iop.test.fuzz import (
     fuzz,
     mutated_bytes,
     random_chunk,
+    watch_critical,
 )
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
@@ -117,14 +117,7 @@ class WireFuzzTests(SynchronousTestCase):
         self.edge = EdgeHarness(YAML)
         self.service = self.edge.service
         self.bystander, self.bystander_pump, _ = self.edge.register("tok-1")
-        self.critical = []
-
-        def observe(event):
-            if event.get("log_level") == LogLevel.critical or "log_failure" in event:
-                self.critical.append(event)
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        self.critical = watch_critical(self)
         self.counter = 0
         self.patch(service_module, "new_id", self.new_id)
 

@@ -56,18 +56,18 @@ class ScriptedNode:
     A Node stand-in that records what the Edge sends it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.wire = None
         self.received = []
         self.lost = False
 
-    def wire_connected(self, wire):
+    def wire_connected(self, wire) -> None:
         self.wire = wire
 
-    def message_received(self, kind, message):
+    def message_received(self, kind, message) -> None:
         self.received.append((kind, message))
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason) -> None:
         self.lost = True
 
     def of(self, kind):
@@ -79,7 +79,7 @@ class EdgeHarness:
     One Edge service and any number of in-memory Node connections.
     """
 
-    def __init__(self, data=EDGE_YAML, clock=None, etcd=None):
+    def __init__(self, data=EDGE_YAML, clock=None, etcd=None) -> None:
         self.clock = clock if clock is not None else Clock()
         self.config = edge_config(data)
         self.bus = EventBus(self.clock)
@@ -109,11 +109,11 @@ class EdgeHarness:
         self.pumps.append(pump)
         return node, pump, edge_protocol
 
-    def flush(self):
+    def flush(self) -> None:
         for pump in self.pumps:
             pump.flush()
 
-    def advance(self, seconds, step=1.0):
+    def advance(self, seconds, step: float = 1.0) -> None:
         """
         Let C{seconds} pass in steps, flushing every connection at each, so
         heartbeats keep live links alive as they would on a real reactor.
@@ -123,7 +123,7 @@ class EdgeHarness:
             seconds -= step
             self.flush()
 
-    def register(self, token="tok-1", ready=True, wire_version=WIRE_VERSION):
+    def register(self, token: str = "tok-1", ready: bool = True, wire_version=WIRE_VERSION):
         node, pump, edge_protocol = self.connect()
         node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=wire_version))
         pump.flush()
@@ -139,7 +139,7 @@ class Recorder:
     C{listener_for} that hands it out and notes the work's id.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.events = []
         self.work_id = None
 
@@ -147,7 +147,7 @@ class Recorder:
         self.work_id = work_id
         return self
 
-    def event(self, event):
+    def event(self, event) -> None:
         self.events.append(event)
 
     def types(self):

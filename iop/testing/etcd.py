@@ -16,7 +16,7 @@ from iop.edge.cluster.etcd import Created, EtcdUnavailable, IEtcd, IWatch, KeyVa
 
 
 class MemoryEtcd:
-    def __init__(self, clock):
+    def __init__(self, clock) -> None:
         self.clock = clock
         self.revision = 1
         self.data = {}  # key -> KeyValue
@@ -30,7 +30,7 @@ class MemoryEtcd:
 
     # -- outages
 
-    def stop(self):
+    def stop(self) -> None:
         """
         The server goes down: every call fails, watches end, lease expiry
         pauses.
@@ -43,7 +43,7 @@ class MemoryEtcd:
         for watch in list(self.watches):
             watch.end(EtcdUnavailable("etcd stopped"))
 
-    def start(self):
+    def start(self) -> None:
         """
         The server is back; every lease gets its whole TTL again.
         """
@@ -53,13 +53,13 @@ class MemoryEtcd:
 
     # -- the store
 
-    def _arm(self, lease_id):
+    def _arm(self, lease_id) -> None:
         lease = self.leases[lease_id]
         if lease[1] is not None and lease[1].active():
             lease[1].cancel()
         lease[1] = self.clock.callLater(lease[0], self.expire, lease_id)
 
-    def expire(self, lease_id):
+    def expire(self, lease_id) -> None:
         """
         The lease ends (its TTL passed, or it was revoked): its keys go.
         """
@@ -79,12 +79,12 @@ class MemoryEtcd:
         self._notify(WatchEvent("put", kv))
         return self.revision
 
-    def _delete(self, key):
+    def _delete(self, key) -> None:
         self.revision += 1
         self.data.pop(key)
         self._notify(WatchEvent("delete", KeyValue(key, b"", 0, self.revision)))
 
-    def _notify(self, event):
+    def _notify(self, event) -> None:
         for watch in list(self.watches):
             if event.kv.key.startswith(watch.prefix):
                 watch.on_event(event)
@@ -97,13 +97,13 @@ class MemoryEtcdClient:
     off alone.
     """
 
-    def __init__(self, server):
+    def __init__(self, server) -> None:
         self.server = server
         self.reachable = True
         self.calls = []
         self.watches = []
 
-    def cut(self):
+    def cut(self) -> None:
         """
         This client alone loses etcd (a partition): calls fail, its
         watches end.
@@ -112,7 +112,7 @@ class MemoryEtcdClient:
         for watch in list(self.watches):
             watch.end(EtcdUnavailable("etcd is not reachable"))
 
-    def heal(self):
+    def heal(self) -> None:
         self.reachable = True
 
     def _check(self, name):
@@ -148,7 +148,7 @@ class MemoryEtcdClient:
     def revoke(self, lease):
         return self._answer("revoke", lambda server: server.expire(lease))
 
-    def put(self, key, value, lease=0):
+    def put(self, key, value, lease: int = 0):
         def put(server):
             if lease and lease not in server.leases:
                 raise EtcdUnavailable("requested lease not found")
@@ -156,7 +156,7 @@ class MemoryEtcdClient:
 
         return self._answer("put", put)
 
-    def range(self, key, prefix=False):
+    def range(self, key, prefix: bool = False):
         def range_(server):
             if prefix:
                 kvs = [server.data[k] for k in sorted(server.data) if k.startswith(key)]
@@ -186,7 +186,7 @@ class MemoryEtcdClient:
         return self._answer("replace", replace)
 
     def delete_if(self, key, mod_revision):
-        def delete_if(server):
+        def delete_if(server) -> bool:
             kv = server.data.get(key)
             if kv is None or kv.mod_revision != mod_revision:
                 return False
@@ -211,13 +211,13 @@ class MemoryEtcdClient:
 
 @implementer(IWatch)
 class MemoryWatch:
-    def __init__(self, server, prefix, on_event):
+    def __init__(self, server, prefix, on_event) -> None:
         self.server = server
         self.prefix = prefix
         self.on_event = on_event
         self.done = defer.Deferred()
 
-    def end(self, error=None):
+    def end(self, error=None) -> None:
         if self in self.server.watches:
             self.server.watches.remove(self)
         if not self.done.called:
@@ -226,5 +226,5 @@ class MemoryWatch:
             else:
                 self.done.errback(error)
 
-    def cancel(self):
+    def cancel(self) -> None:
         self.end()

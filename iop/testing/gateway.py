@@ -66,21 +66,21 @@ class GatewayNode:
     One in-memory Node: its session, store and adapter host.
     """
 
-    def __init__(self, gateway, token):
+    def __init__(self, gateway, token) -> None:
         self.store = RecordingStore(now=gateway.clock.seconds)
         self.host = AdapterHost(gateway.clock, build)
         self.context = make_context(gateway.clock, host=self.host, store=self.store)
         self.context.token = token
         self._dial(gateway)
 
-    def _dial(self, gateway):
+    def _dial(self, gateway) -> None:
         self.session = NodeSession(self.context)
         _, self.pump, _ = gateway.edge.connect(self.session)
 
     def adapter(self, name):
         return self.host.get(name).adapter
 
-    def reconnect(self, gateway):
+    def reconnect(self, gateway) -> None:
         """
         The same Node process dials C{gateway}'s Edge again (after its
         link was lost): a new session on the same context — adapters,
@@ -96,7 +96,7 @@ class Gateway:
     @ivar http: a C{StubTreq} in front of the Edge's HTTP resource.
     """
 
-    def __init__(self, config=GATEWAY_YAML):
+    def __init__(self, config=GATEWAY_YAML) -> None:
         self.edge = EdgeHarness(config)
         self.clock = self.edge.clock
         self.service = self.edge.service
@@ -106,14 +106,14 @@ class Gateway:
         router = self.edge.site.resource
         observer = router.observer
 
-        def observe(route, request):
+        def observe(route, request) -> None:
             self.requests.append(request)
             if observer is not None:
                 observer(route, request)
 
         router.observer = observe
 
-    def node(self, token="tok-1"):
+    def node(self, token: str = "tok-1"):
         """
         Connect a Node with C{token} and let it register and become ready.
         """
@@ -121,7 +121,7 @@ class Gateway:
         self.flush()
         return node
 
-    def flush(self):
+    def flush(self) -> None:
         """
         Deliver everything in flight: wire frames both ways, and HTTP
         requests and responses (a few rounds, since each may cause more).
@@ -130,7 +130,7 @@ class Gateway:
             self.edge.flush()
             self.http.flush()
 
-    def advance(self, seconds, step=0.05):
+    def advance(self, seconds, step: float = 0.05) -> None:
         """
         Let time pass in small steps, delivering everything at each.
         """
@@ -139,7 +139,7 @@ class Gateway:
             seconds -= step
             self.flush()
 
-    def hang_up(self, request=None):
+    def hang_up(self, request=None) -> None:
         """
         The caller of C{request} (the latest one by default) goes away: its
         connection is lost, as when a client disconnects mid-stream.

@@ -34,7 +34,7 @@ class ManualAdapter(AdapterBase):
 
     type = "manual"
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name, max_concurrency, options, reactor) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         self.runs = []  # (RunInput, emit, Deferred)
         self.tunnels = []  # (TunnelInput, sink, Deferred)
@@ -111,7 +111,7 @@ class PlainAdapter(AdapterBase):
 class BrokenAdapter(AdapterBase):
     type = "broken"
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name, max_concurrency, options, reactor) -> None:
         raise ValueError(f"adapters[{name}].base_url is required for type broken")
 
 
@@ -125,13 +125,13 @@ def build(name, type, max_concurrency, options, reactor):
     return TYPES[type](name, max_concurrency, options, reactor)
 
 
-def adapter_config(name, type="manual", max_concurrency=2, **options):
+def adapter_config(name, type: str = "manual", max_concurrency: int = 2, **options):
     return iop_pb2.AdapterConfig(
         name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
     )
 
 
-def node_config(*adapters, node_id="node-1", interval=0.0, timeout=0.0):
+def node_config(*adapters, node_id: str = "node-1", interval: float = 0.0, timeout: float = 0.0):
     return iop_pb2.NodeConfigPayload(
         node_id=node_id, adapters=list(adapters), heartbeat_interval_sec=interval, heartbeat_timeout_sec=timeout
     )
@@ -158,24 +158,24 @@ class FakeEdge:
     @ivar ready_response: likewise for C{NodeReadyRequest}.
     """
 
-    def __init__(self, register_response=None, ready_response=None):
+    def __init__(self, register_response=None, ready_response=None) -> None:
         self.register_response = register_response
         self.ready_response = ready_response
         self.received = []
         self.wire = None
         self.lost_reason = None
 
-    def wire_connected(self, wire):
+    def wire_connected(self, wire) -> None:
         self.wire = wire
 
-    def message_received(self, kind, message):
+    def message_received(self, kind, message) -> None:
         self.received.append((kind, message))
         if kind == "register_request" and self.register_response is not None:
             self.wire.send(self.register_response)
         elif kind == "node_ready_request" and self.ready_response is not None:
             self.wire.send(self.ready_response)
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason) -> None:
         self.lost_reason = reason
 
     def of(self, kind):
@@ -220,7 +220,7 @@ def ready_node(*adapters, clock=None, wire_version=WIRE_VERSION, **context_args)
     return session, edge, pump, context
 
 
-def elapse(clock, pump, seconds, step=1.0):
+def elapse(clock, pump, seconds, step: float = 1.0) -> None:
     """
     Let C{seconds} pass on C{clock} in steps, pumping the connection after
     each so that heartbeats keep it alive.
@@ -232,7 +232,7 @@ def elapse(clock, pump, seconds, step=1.0):
         seconds -= tick
 
 
-def run_request(run_id="r1", adapter="manual", text="hello", **kwargs):
+def run_request(run_id: str = "r1", adapter: str = "manual", text: str = "hello", **kwargs):
     return iop_pb2.RunRequest(
         run_id=run_id,
         adapter=adapter,
@@ -241,7 +241,7 @@ def run_request(run_id="r1", adapter="manual", text="hello", **kwargs):
     )
 
 
-def tunnel_request(tunnel_id="t1", adapter="manual", body=b"{}"):
+def tunnel_request(tunnel_id: str = "t1", adapter: str = "manual", body: bytes = b"{}"):
     return iop_pb2.ProviderTunnelRequest(
         tunnel_id=tunnel_id,
         adapter=adapter,
@@ -262,7 +262,7 @@ class RecordingStore(Service):
         they sort in the order they were made).
     """
 
-    def __init__(self, now=None):
+    def __init__(self, now=None) -> None:
         self.starts = []
         self.ends = []
         self.tunnel_starts = []
@@ -280,11 +280,13 @@ class RecordingStore(Service):
         ended = {run_id for run_id, _, _ in self.ends}
         return [run_id for run_id, *_ in self.starts if run_id not in ended]
 
-    def stopService(self):
+    def stopService(self) -> None:
         super().stopService()
         self.running_when_stopped = self.unfinished()
 
-    def _row(self, work_id, kind, adapter, target="", session_id="", background=False, caller=""):
+    def _row(
+        self, work_id, kind, adapter, target: str = "", session_id: str = "", background: bool = False, caller: str = ""
+    ) -> None:
         self.rows[work_id] = {
             "run_id": work_id,
             "kind": kind,
@@ -302,19 +304,21 @@ class RecordingStore(Service):
             "caller": caller or None,
         }
 
-    def _end(self, work_id, status, error, code, usage, **extra):
+    def _end(self, work_id, status, error, code, usage, **extra) -> None:
         row = self.rows.get(work_id)
         if row is not None:
             row.update(status=status, ended_at=self.now(), error=error, error_code=code, **extra)
             if usage is not None:
                 row["usage"] = usage if isinstance(usage, dict) else usage_to_json(usage)
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
+    def record_start(
+        self, run_id, adapter, target: str = "", session_id: str = "", background: bool = False, caller: str = ""
+    ):
         self.starts.append((run_id, adapter, target, session_id, background))
         self._row(run_id, "run", adapter, target, session_id, background, caller)
         return defer.succeed(None)
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id, seq, event) -> None:
         self.events.setdefault(run_id, []).append((seq, event))
 
     def record_end(self, run_id, status, error=None, code=None, usage=None):
@@ -322,17 +326,17 @@ class RecordingStore(Service):
         self._end(run_id, status, error, code, usage)
         return defer.succeed(None)
 
-    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
+    def record_tunnel_start(self, tunnel_id, adapter, target: str = "", caller: str = ""):
         self.tunnel_starts.append((tunnel_id, adapter, target))
         self._row(tunnel_id, "tunnel", adapter, target, caller=caller)
         return defer.succeed(None)
 
-    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size: int = 0):
         self.tunnel_ends.append((tunnel_id, status, code, size))
         self._end(tunnel_id, status, error, code, usage, bytes=size)
         return defer.succeed(None)
 
-    def get(self, run_id, after=0):
+    def get(self, run_id, after: int = 0):
         row = self.rows.get(run_id)
         if row is None:
             return defer.succeed(None)
@@ -340,7 +344,7 @@ class RecordingStore(Service):
         run = dict(row, output="".join(e.text for _, e in events if e.type == "delta"))
         return defer.succeed({"run": run, "events": [_event_json(seq, e) for seq, e in events if seq > after]})
 
-    def list_runs(self, status=None, kind=None, limit=50, caller=None):
+    def list_runs(self, status=None, kind=None, limit: int = 50, caller=None):
         rows = [
             dict(r)
             for r in reversed(self.rows.values())
@@ -350,7 +354,7 @@ class RecordingStore(Service):
         ]
         return defer.succeed(rows[:limit])
 
-    def recent(self, limit=50):
+    def recent(self, limit: int = 50):
         return self.list_runs(limit=limit)
 
 
@@ -383,8 +387,8 @@ class RecordingExit:
     Stands in for L{iop.node.exit.ProcessExit}.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls = []
 
-    def __call__(self, status, message):
+    def __call__(self, status, message) -> None:
         self.calls.append((status, message))

@@ -19,7 +19,7 @@ class TunnelRecorder:
     @ivar first_body: fires with the first body chunk.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls = []
         self.bodies = []
         self.first_body = defer.Deferred()
@@ -29,28 +29,28 @@ class TunnelRecorder:
         self.work_id = work_id
         return self
 
-    def status(self, code):
+    def status(self, code) -> None:
         self.calls.append(("status", code))
 
-    def headers(self, pairs):
+    def headers(self, pairs) -> None:
         self.calls.append(("headers", pairs))
 
-    def body(self, data):
+    def body(self, data) -> None:
         self.calls.append(("body", data))
         self.bodies.append(data)
         if not self.first_body.called:
             self.first_body.callback(data)
 
-    def usage(self, usage):
+    def usage(self, usage) -> None:
         self.calls.append(("usage", usage))
 
-    def metadata(self, info):
+    def metadata(self, info) -> None:
         self.calls.append(("metadata", info))
 
-    def end(self):
+    def end(self) -> None:
         self.calls.append(("end",))
 
-    def error(self, failure):
+    def error(self, failure) -> None:
         self.calls.append(("error", failure))
 
     def of(self, kind):

@@ -5,7 +5,7 @@ refuses, and what SIGTERM/SIGINT do.
 
 import signal
 
-from twisted.application.service import IServiceMaker
+from twisted.application.service import IServiceMaker, ServiceMaker
 from twisted.plugin import getPlugins
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.daemon import stop_then_hurry
 from iop.node import tap
 from iop.node.service import NodeService
-from iop.testing.reactor import RunningReactor
+from iop.testing.reactor import RunningReactor, deliver_signal
 
 
 class TapTests(SynchronousTestCase):
@@ -33,7 +33,10 @@ class TapTests(SynchronousTestCase):
         """
         makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)}
         self.assertIn("iop-node", makers)
-        self.assertEqual(makers["iop-node"].module, "iop.node.tap")
+        maker = makers["iop-node"]
+
+        assert isinstance(maker, ServiceMaker)
+        self.assertEqual(maker.module, "iop.node.tap")
 
     def test_options(self):
         """
@@ -110,8 +113,8 @@ class TapTests(SynchronousTestCase):
         service = tap.makeService(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
         self.patch(service.supervisor, "hurry", lambda: hurried.append(True))
 
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, hurried), (1, []))
-        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        deliver_signal(signal.SIGINT)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, hurried), (1, [True, True]))
