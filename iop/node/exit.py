@@ -22,8 +22,11 @@ a recorder instead of L{ProcessExit} so nothing kills the test process.
 import atexit
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.error import ReactorNotRunning
+from twisted.internet.interfaces import IReactorCore
 from twisted.logger import Logger
 
 #: A local shutdown (SIGTERM/SIGINT).
@@ -49,13 +52,18 @@ class ProcessExit:
 
     log = Logger()
 
-    def __init__(self, reactor, register=atexit.register, hard_exit=os._exit) -> None:
+    def __init__(
+        self,
+        reactor: IReactorCore,
+        register: Callable[..., Any] = atexit.register,
+        hard_exit: Callable[[int], object] = os._exit,
+    ) -> None:
         self.reactor = reactor
         self._register = register
         self._hard_exit = hard_exit
-        self.status = None
+        self.status: int | None = None
 
-    def __call__(self, status, message) -> None:
+    def __call__(self, status: int, message: str) -> None:
         if self.status is not None:
             return
         self.status = status
@@ -69,7 +77,8 @@ class ProcessExit:
         except ReactorNotRunning:
             pass
 
-    def _exit_now(self, status) -> None:
+    def _exit_now(self, status: int) -> None:
+
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -10,6 +10,7 @@ them over HTTP is optional (C{metrics} in C{node.yaml}).
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IReactorCore
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -21,7 +22,7 @@ class NodeMetrics:
     @ivar registry: the C{CollectorRegistry} holding this Node's metrics.
     """
 
-    def __init__(self, registry=None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.runs = Counter(
             "iop_node_runs_total",
@@ -52,29 +53,29 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def run_ended(self, adapter, status) -> None:
+    def run_ended(self, adapter: str, status: str) -> None:
         self.runs.labels(adapter=adapter, status=status).inc()
 
-    def in_flight(self, adapter, count) -> None:
+    def in_flight(self, adapter: str, count: int) -> None:
         self.in_flight_gauge.labels(adapter=adapter).set(count)
 
-    def tunnel_body(self, size) -> None:
+    def tunnel_body(self, size: int) -> None:
         self.tunnel_bytes.inc(size)
 
-    def store_ok(self, ok) -> None:
+    def store_ok(self, ok: bool) -> None:
         self.store_ok_gauge.set(1 if ok else 0)
 
     def store_failed(self) -> None:
         self.store_failures.inc()
 
-    def value(self, name, labels=None):
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """
         The current value of one sample (for tests and status output).
         """
         return self.registry.get_sample_value(name, labels or {})
 
 
-def metrics_service(reactor, description, metrics):
+def metrics_service(reactor: IReactorCore, description: str, metrics: NodeMetrics) -> StreamServerEndpointService:
     """
     A service listening on the server endpoint C{description} and serving
     C{/metrics}.
