@@ -80,8 +80,7 @@ class NodeContext:
 
     node_version: str = ""
     #: Background runs kept across a lost link (L{iop.node.detached}).
-    detached: DetachedRuns | None = None
+    detached: DetachedRuns = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.detached is None:
-            self.detached = DetachedRuns(self.clock)
+        self.detached = DetachedRuns(self.clock)

@@ -29,7 +29,11 @@ from twisted.internet.error import ReactorNotRunning
 from twisted.internet.interfaces import IReactorCore
 from twisted.logger import Logger
 
+#: How library code ends the process: C{exit(status, message)}.
+Exit = Callable[[int, str], object]
+
 #: A local shutdown (SIGTERM/SIGINT).
+
 EXIT_OK = 0
 #: The local configuration is invalid; reported before anything starts.
 EXIT_BAD_CONFIG = 1

@@ -10,7 +10,7 @@ them over HTTP is optional (C{metrics} in C{node.yaml}).
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IReactorCore
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -75,11 +75,15 @@ class NodeMetrics:
         return self.registry.get_sample_value(name, labels or {})
 
 
-def metrics_service(reactor: IReactorCore, description: str, metrics: NodeMetrics) -> StreamServerEndpointService:
+def metrics_service(reactor: IReactorTime, description: str, metrics: NodeMetrics) -> StreamServerEndpointService:
     """
     A service listening on the server endpoint C{description} and serving
     C{/metrics}.
+
+    @param reactor: the reactor the endpoint listens with (typed by the
+        clock every Node part shares; endpoints take any reactor).
     """
+
     root = Resource()
     root.putChild(b"metrics", MetricsPage(metrics.registry))
     return StreamServerEndpointService(serverFromString(reactor, description), Site(root))

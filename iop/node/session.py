@@ -10,14 +10,21 @@ Deferreds and decides.
 """
 
 import json
+from collections.abc import Callable
+from typing import Any, cast
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported
 from iop.node.commands import CommandHandler
+from iop.node.context import NodeContext
 from iop.node.drain import Drain
+from iop.node.flow import Message
 from iop.node.host import AdapterSetupError
 from iop.node.runs import RunManager, RunRelay
 from iop.node.store import stored_event
@@ -33,6 +40,7 @@ from iop.protocols.wire import (
     Heartbeat,
     IWireReceiver,
     ProtocolViolation,
+    WireProtocol,
     peer_wire_version,
 )
 from iop.run import (
@@ -75,7 +83,7 @@ class IncompatibleVersion(FatalRefusal):
 _FATAL_CODES = {iop_pb2.UNKNOWN_TOKEN, iop_pb2.CONFIG_BUILD_FAILED}
 
 
-def _refusal(response):
+def _refusal(response: Message) -> "RetryableRefusal | FatalRefusal":
     """
     The exception for a C{RegisterResponse(accepted=false)}.
     """
@@ -117,25 +125,25 @@ class NodeSession:
 
     log = Logger()
 
-    def __init__(self, context) -> None:
+    def __init__(self, context: NodeContext) -> None:
         self.context = context
-        self.ready = defer.Deferred()
-        self.lost = defer.Deferred()
+        self.ready: Deferred[NodeSession] = defer.Deferred()
+        self.lost: Deferred[str] = defer.Deferred()
         self.state = CONNECTING
-        self.wire = None
-        self.node_id = None
-        self.edge_wire_version = None
-        self.edge_draining = None
+        self.wire: WireProtocol | None = None
+        self.node_id: str | None = None
+        self.edge_wire_version: int | None = None
+        self.edge_draining: Message | None = None
         self.inflight = Inflight()
         self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
         self.tunnels = TunnelManager(
             context.host, self.inflight, self.send, context.usage, context.metrics, context.store
         )
         self.commands = CommandHandler(context, self.send)
-        self._timer = None
+        self._timer: IDelayedCall | None = None
         self._closing = False
-        self._drain = None
-        self._handlers = {
+        self._drain: Drain | None = None
+        self._handlers: dict[str, Callable[[Message], object]] = {
             "run_request": self.runs.start,
             "provider_tunnel_request": self.tunnels.start,
             "cancel_request": self._cancel,
@@ -148,7 +156,7 @@ class NodeSession:
 
     # -- IWireReceiver -------------------------------------------------------
 
-    def wire_connected(self, wire) -> None:
+    def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
         self.state = REGISTERING
         self.send(
@@ -158,7 +166,7 @@ class NodeSession:
         )
         self._expect("RegisterResponse")
 
-    def message_received(self, kind, message):
+    def message_received(self, kind: str, message: Message) -> None:
         if self.state == READY and kind in self._handlers:
             self._handlers[kind](message)
         elif self.state == REGISTERING and kind == "register_response":
@@ -172,7 +180,7 @@ class NodeSession:
         else:
             raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
 
-    def wire_lost(self, reason) -> None:
+    def wire_lost(self, reason: Failure) -> None:
         previous, self.state = self.state, CLOSED
         self._cancel_timer()
         why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
@@ -207,7 +215,7 @@ class NodeSession:
 
     # -- sending -------------------------------------------------------------
 
-    def send(self, message) -> None:
+    def send(self, message: Message) -> None:
         """
         Send one message on this connection; a no-op once it is gone (a
         terminal for work cancelled by the disconnect cannot be delivered).
@@ -219,7 +227,7 @@ class NodeSession:
         except FrameTooLarge:
             self.log.failure("not sent: {kind} too large", kind=message.DESCRIPTOR.name)
 
-    def drain(self, grace_sec, reason):
+    def drain(self, grace_sec: float, reason: str) -> Deferred[None]:
         """
         The Node is stopping: take no new work (it is refused with
         C{node_draining}), tell an Edge that understands it
@@ -229,7 +237,7 @@ class NodeSession:
 
         @return: a Deferred firing once nothing is in flight any more.
         """
-        if self.state == READY and self.edge_wire_version >= DRAINING_WIRE_VERSION:
+        if self.state == READY and (self.edge_wire_version or 1) >= DRAINING_WIRE_VERSION:
             self.send(iop_pb2.NodeDraining(grace_sec=grace_sec, reason=reason))
         self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
         return self._drain.start()
@@ -241,7 +249,7 @@ class NodeSession:
         if self._drain is not None:
             self._drain.hurry()
 
-    def shutdown(self, reason) -> None:
+    def shutdown(self, reason: str) -> None:
         """
         The Node is stopping: cancel every run and tunnel of this session,
         still telling the Edge while the connection is up.
@@ -255,11 +263,13 @@ class NodeSession:
         Close the connection at once.
         """
         if self.wire is not None and self.state != CLOSED:
-            self.wire.transport.abortConnection()
+            # Every stream transport the wire runs on (TCP, TLS, a test's
+            # loopback) can abort; ITransport does not say so.
+            cast(ITCPTransport, self.wire.transport).abortConnection()
 
     # -- registration and readiness -------------------------------------------
 
-    def _expect(self, what) -> None:
+    def _expect(self, what: str) -> None:
         timeout = self.context.register_timeout
         self._cancel_timer()
         self._timer = self.context.clock.callLater(timeout, self._timed_out, what, timeout)
@@ -269,11 +279,11 @@ class NodeSession:
             self._timer.cancel()
         self._timer = None
 
-    def _timed_out(self, what, timeout) -> None:
+    def _timed_out(self, what: str, timeout: float) -> None:
         self._timer = None
         self._refuse(RetryableRefusal(f"no {what} from the Edge within {timeout:g}s"))
 
-    def _registered(self, response) -> None:
+    def _registered(self, response: Message) -> None:
         self._cancel_timer()
         if not response.accepted:
             self._refuse(_refusal(response))
@@ -293,18 +303,18 @@ class NodeSession:
         d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
-    def _configured(self, _) -> None:
+    def _configured(self, _: object) -> None:
         if self.state != CONFIGURING:
             return
         self.state = READYING
-        if self.edge_wire_version >= RECONCILE_WIRE_VERSION:
+        if (self.edge_wire_version or 1) >= RECONCILE_WIRE_VERSION:
             # Before the ready: the Edge takes their leases back before it
             # gives this node new work.
             self.send(self.context.detached.report())
         self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
         self._expect("NodeReadyResponse")
 
-    def _config_failed(self, failure) -> None:
+    def _config_failed(self, failure: Failure) -> None:
         if failure.check(AdapterSetupError):
             text = f"this node cannot run its configuration: {failure.value}"
         else:
@@ -315,7 +325,7 @@ class NodeSession:
         else:
             self._settle(FatalRefusal(text))
 
-    def _readied(self, response) -> None:
+    def _readied(self, response: Message) -> None:
         self._cancel_timer()
         if not response.ready:
             self._refuse(RetryableRefusal(f"readiness refused: {response.reason or 'no reason given'}"))
@@ -328,7 +338,7 @@ class NodeSession:
         self.log.info("node {node_id} is ready", node_id=self.node_id)
         self._settle(self)
 
-    def _refuse(self, error) -> None:
+    def _refuse(self, error: Exception) -> None:
         """
         End the handshake with C{error} and close the connection.
         """
@@ -340,7 +350,7 @@ class NodeSession:
         if self.wire is not None:
             self.wire.drop(str(error))
 
-    def _settle(self, outcome) -> None:
+    def _settle(self, outcome: "NodeSession | Exception") -> None:
         if self.ready.called:
             return
         if isinstance(outcome, Exception):
@@ -348,10 +358,11 @@ class NodeSession:
         else:
             self.ready.callback(outcome)
 
-    def _adopt_heartbeat(self, config) -> None:
+    def _adopt_heartbeat(self, config: Message) -> None:
         """
         Take the Edge's heartbeat timings (zero means "keep the default").
         """
+        assert self.wire is not None, "the heartbeat comes after the connection"
         current = self.wire.heartbeat
         heartbeat = Heartbeat(
             interval=config.heartbeat_interval_sec or current.interval,
@@ -363,7 +374,7 @@ class NodeSession:
 
     # -- after ready -------------------------------------------------------------
 
-    def _cancel(self, request) -> None:
+    def _cancel(self, request: Message) -> None:
         if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
             self._terminate_session(request)
         elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
@@ -373,7 +384,7 @@ class NodeSession:
         ):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 
-    def _resume(self, message) -> None:
+    def _resume(self, message: Message) -> None:
         """
         The Edge takes a background run back (L{iop.node.detached}): it
         becomes this session's, and its events after the Edge's last one
@@ -392,25 +403,25 @@ class NodeSession:
         resumed = relay.attach(self.runs, message.after_seq)
         d = defer.maybeDeferred(self.context.store.get, message.run_id, message.after_seq)
 
-        def history(found):
+        def history(found: dict[str, Any] | None) -> list[Message]:
             return [event_to_wire(message.run_id, e["seq"], stored_event(e)) for e in (found or {}).get("events", [])]
 
-        def unreadable(failure):
+        def unreadable(failure: Failure) -> list[Message]:
             self.log.failure("run {run_id}: its events could not be read back", failure, run_id=message.run_id)
             return []
 
-        d.addCallbacks(history, unreadable)
-        d.addCallback(resumed.replay)
-        d.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
+        events = d.addCallbacks(history, unreadable)
+        events.addCallback(resumed.replay)
+        events.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
 
-    def _terminate_session(self, request) -> None:
+    def _terminate_session(self, request: Message) -> None:
         """
         End a logical session and say truthfully how it went: done, the
         adapter knew no such session (C{unknown_session}), the adapter
         keeps no sessions (C{not_supported}), no such adapter, or failed.
         """
 
-        def answer(ok, reason: str = "", code: str = "") -> None:
+        def answer(ok: bool, reason: str = "", code: str = "") -> None:
             self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason, code=code))
 
         hosted = self.context.host.get(request.adapter)
@@ -419,13 +430,13 @@ class NodeSession:
             return
         d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
 
-        def done(result) -> None:
+        def done(result: object) -> None:
             if isinstance(result, dict) and result.get("terminated") is False:
                 answer(False, f"adapter {hosted.name} has no session {request.session_id!r}", UNKNOWN_SESSION)
             else:
                 answer(True)
 
-        def failed(failure) -> None:
+        def failed(failure: Failure) -> None:
             if failure.check(NotSupported):
                 detail = str(failure.value) or f"adapter {hosted.name} does not support sessions"
                 answer(False, f"not supported: {detail}", NOT_SUPPORTED)
@@ -436,7 +447,7 @@ class NodeSession:
         d.addCallbacks(done, failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
 
-    def _on_edge_draining(self, message) -> None:
+    def _on_edge_draining(self, message: Message) -> None:
         self.edge_draining = message
         self.log.info(
             "the Edge is draining ({reason}, grace {grace:g}s); it sends no new work",
@@ -444,7 +455,7 @@ class NodeSession:
             reason=message.reason or "no reason given",
         )
 
-    def _refresh(self, message) -> None:
+    def _refresh(self, message: Message) -> None:
         """
         Apply a configuration refresh (all or nothing: a refused one leaves
         the running adapters as they were) and, when the Edge asks for it,
@@ -455,13 +466,14 @@ class NodeSession:
         names = [a.name for a in config.adapters]
         d = self.context.host.apply(config.adapters)
 
-        def applied(_):
+        def applied(_: object) -> Message:
             self.log.info("configuration refreshed ({count} adapter(s))", count=len(names))
             return iop_pb2.NodeCommandResponse(
                 request_id=message.request_id, ok=True, result_json=json.dumps({"applied": names})
             )
 
-        def refused(failure):
+        def refused(failure: Failure) -> Message:
+
             why = failure.getErrorMessage()
             if not failure.check(AdapterSetupError):
                 self.log.failure("applying a configuration refresh failed", failure)

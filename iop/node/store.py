@@ -33,10 +33,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from twisted.application.service import Service
+from twisted.application.service import IServiceCollection, Service
 from twisted.enterprise import adbapi
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
@@ -750,5 +750,62 @@ class NullStore:
         return {"status": "none"}
 
 
-#: What the relays record to: the SQLite store, or one that records nothing.
-Store = RunStore | NullStore
+class Store(Protocol):
+    """
+    What the relays record to and commands read from: the SQLite
+    L{RunStore}, the L{NullStore}, or a test's recorder.
+    """
+
+    def record_start(
+        self,
+        run_id: str,
+        adapter: str,
+        target: str = "",
+        session_id: str = "",
+        background: bool = False,
+        caller: str = "",
+    ) -> Deferred[None]: ...
+
+    def record_event(self, run_id: str, seq: int, event: RunEventData) -> None: ...
+
+    def record_end(
+        self,
+        run_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+    ) -> Deferred[None]: ...
+
+    def record_tunnel_start(
+        self, tunnel_id: str, adapter: str, target: str = "", caller: str = ""
+    ) -> Deferred[None]: ...
+
+    def record_tunnel_end(
+        self,
+        tunnel_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+        size: int = 0,
+    ) -> Deferred[None]: ...
+
+    def get(self, run_id: str, after: int = 0) -> "Deferred[dict[str, Any] | None]": ...
+
+    def list_runs(
+        self, status: str | None = None, kind: str | None = None, limit: int = 50, caller: str | None = None
+    ) -> Deferred[list[Record]]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+class StoreService(Store, Protocol):
+    """
+    A L{Store} that is also a service of the Node's tree (started and
+    stopped with it): the L{RunStore}, or a test's recorder.
+    """
+
+    def setServiceParent(self, parent: IServiceCollection) -> None: ...
+
+    def stopService(self) -> "Deferred[None] | None": ...
