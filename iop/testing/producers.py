@@ -13,7 +13,7 @@ class RecordingProducer:
     """
 
     def __init__(self) -> None:
-        self.calls = []
+        self.calls: list[str] = []
 
     def pauseProducing(self) -> None:
         self.calls.append("pause")
