@@ -23,7 +23,7 @@ from iop.adapters.echo import EchoAdapter
 from iop.adapters.interface import Capabilities, IAdapter, NotSupported, RunInput, TunnelInput
 from iop.node.context import NodeContext
 from iop.node.flow import Message
-from iop.node.host import AdapterHost
+from iop.node.host import AdapterHost, Hosted
 from iop.node.session import NodeSession
 from iop.protocols import iop_pb2
 from iop.protocols.convert import usage_to_json
@@ -142,7 +142,26 @@ def build(name: str, type: str, max_concurrency: int, options: dict[str, Any], r
     return TYPES[type](name, max_concurrency, options, reactor)
 
 
-def adapter_config(name: str, type: str = "manual", max_concurrency: int = 2, **options: Any) -> Message:
+def hosted(host: AdapterHost, name: str) -> Hosted:
+    """
+    The adapter C{name} of C{host}, which the test knows is there.
+    """
+    found = host.get(name)
+    assert found is not None, f"no adapter {name} on this node"
+    return found
+
+
+def manual(host: AdapterHost, name: str = "manual") -> ManualAdapter:
+    """
+    The L{ManualAdapter} called C{name} on C{host}.
+    """
+    adapter = hosted(host, name).adapter
+    assert isinstance(adapter, ManualAdapter), f"adapter {name} is a {type(adapter).__name__}"
+    return adapter
+
+
+def adapter_config(
+name: str, type: str = "manual", max_concurrency: int = 2, **options: Any) -> Message:
     return iop_pb2.AdapterConfig(
         name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
     )

@@ -22,6 +22,8 @@ from iop.testing.node import (
     build,
     dialled,
     elapse,
+    hosted,
+    manual,
     node_config,
     ready_node,
     run_request,
@@ -39,11 +41,11 @@ class SessionDrainTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
         self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def start(self, *requests):
         for request in requests:
-            self.edge.wire.send(request)
+            self.edge.connection.send(request)
         self.pump.flush()
 
     def elapse(self, seconds):
@@ -135,7 +137,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.assertEqual(len(self.adapter.runs), 1)
         self.assertEqual(len(self.adapter.tunnels), 0)
         self.assertEqual(self.store.unfinished(), ["r1"])
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 1)
 
     def test_node_draining_sent(self):
         """
@@ -154,7 +156,7 @@ class SessionDrainTests(SynchronousTestCase):
         the drain works the same.
         """
         session, edge, pump, context = ready_node(wire_version=0)
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
         drained = session.drain(30, REASON)
         elapse(context.clock, pump, 30)
@@ -183,10 +185,10 @@ class ServiceStopTests(SynchronousTestCase):
         self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), iop_pb2.NodeReadyResponse(ready=True))
         self.pump = dialled(self.reactor, self.edge)
         self.successResultOf(self.service.supervisor.when_ready())
-        self.adapter = self.service.host.get("manual").adapter
+        self.adapter = manual(self.service.host, "manual")
 
     def start_run(self, run_id):
-        self.edge.wire.send(run_request(run_id))
+        self.edge.connection.send(run_request(run_id))
         self.pump.flush()
 
     def assert_stopped(self, stopped):
@@ -274,6 +276,6 @@ class ServiceStopTests(SynchronousTestCase):
         self.start_run("r1")
         stopped = self.service.stopService()
         self.pump.flush()
-        self.edge.wire.transport.loseConnection()
+        self.edge.connection.transport.loseConnection()
         self.assert_stopped(stopped)
         self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])

@@ -21,7 +21,9 @@ from iop.testing.node import (
     adapter_config,
     build,
     connect,
+    hosted,
     make_context,
+    manual,
     node_config,
     ready_node,
     run_request,
@@ -220,7 +222,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.transport.loseConnection()
+        edge.connection.transport.loseConnection()
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("connection lost during registration", str(failure.value))
@@ -234,7 +236,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(run_request())
+        edge.connection.send(run_request())
         pump.flush()
         self.assertIsNotNone(edge.lost_reason)
         self.assertIn("run_request is not acceptable", session.wire.close_reason)
@@ -246,7 +248,7 @@ class HandshakeTests(SynchronousTestCase):
         supervisor) and the connection stays up.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
+        edge.connection.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
         pump.flush()
         self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
         self.assertIsNone(edge.lost_reason)
@@ -259,8 +261,8 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15))
-        edge.wire.send(accepted(node_config()))
+        edge.connection.send(iop_pb2.EdgeDraining(grace_sec=15))
+        edge.connection.send(accepted(node_config()))
         pump.flush()
         self.assertIsNone(edge.lost_reason)
         self.assertIsNone(session.edge_draining)
@@ -303,15 +305,15 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         clock = Clock()
         session, edge, pump, context = ready_node(clock=clock)
-        first = context.host.get("manual").adapter
-        edge.wire.transport.loseConnection()
+        first = manual(context.host, "manual")
+        edge.connection.transport.loseConnection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
-        self.assertIs(context.host.get("manual").adapter, first)
+        self.assertIs(manual(context.host, "manual"), first)
         self.assertEqual(first.started, 1)
         self.assertEqual(first.stopped, 0)
 
@@ -321,18 +323,18 @@ class AdapterLifetimeTests(SynchronousTestCase):
         adapter (and stops the old instance) but keeps the unchanged one.
         """
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("b"))
-        a, b = context.host.get("a").adapter, context.host.get("b").adapter
-        edge.wire.transport.loseConnection()
+        a, b = manual(context.host, "a"), manual(context.host, "b")
+        edge.connection.transport.loseConnection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("a"), adapter_config("b", delay=1))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
-        self.assertIs(context.host.get("a").adapter, a)
-        self.assertIsNot(context.host.get("b").adapter, b)
+        self.assertIs(manual(context.host, "a"), a)
+        self.assertIsNot(manual(context.host, "b"), b)
         self.assertEqual(b.stopped, 1)
-        self.assertEqual(context.host.get("b").adapter.options, {"delay": 1})
+        self.assertEqual(manual(context.host, "b").options, {"delay": 1})
 
     def test_config_refresh(self):
         """
@@ -340,13 +342,13 @@ class AdapterLifetimeTests(SynchronousTestCase):
         through the same path as registration.
         """
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("gone"))
-        gone = context.host.get("gone").adapter
-        edge.wire.send(
+        gone = manual(context.host, "gone")
+        edge.connection.send(
             iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
         )
         pump.flush()
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "new"])
-        self.assertEqual(context.host.get("new").gate.limit, 7)
+        self.assertEqual(hosted(context.host, "new").gate.limit, 7)
         self.assertEqual(gone.stopped, 1)
 
     def test_bad_config_refresh_keeps_previous_adapters(self):
@@ -355,10 +357,10 @@ class AdapterLifetimeTests(SynchronousTestCase):
         keeps the connection.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        a = context.host.get("a").adapter
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b", type="broken"))))
+        a = manual(context.host, "a")
+        edge.connection.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b", type="broken"))))
         pump.flush()
-        self.assertIs(context.host.get("a").adapter, a)
+        self.assertIs(manual(context.host, "a"), a)
         self.assertIsNone(context.host.get("b"))
         self.assertIsNone(edge.lost_reason)
         self.flushLoggedErrors()
@@ -370,10 +372,12 @@ class AdapterLifetimeTests(SynchronousTestCase):
         the old adapters kept).
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(
+        edge.connection.send(
             iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
         )
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("c", type="broken")), request_id="r2"))
+        edge.connection.send(
+            iop_pb2.ConfigRefresh(config=node_config(adapter_config("c", type="broken")), request_id="r2")
+        )
         pump.flush()
         applied, refused = edge.of("node_command_response")
         self.assertEqual(
@@ -389,6 +393,6 @@ class AdapterLifetimeTests(SynchronousTestCase):
         An older Edge's refresh (no request id) gets no answer.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b"))))
+        edge.connection.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b"))))
         pump.flush()
         self.assertEqual(edge.of("node_command_response"), [])
