@@ -160,8 +160,7 @@ def manual(host: AdapterHost, name: str = "manual") -> ManualAdapter:
     return adapter
 
 
-def adapter_config(
-name: str, type: str = "manual", max_concurrency: int = 2, **options: Any) -> Message:
+def adapter_config(name: str, type: str = "manual", max_concurrency: int = 2, **options: Any) -> Message:
     return iop_pb2.AdapterConfig(
         name=name, type=type, max_concurrency=max_concurrency, options_json=json.dumps(options) if options else ""
     )
@@ -209,6 +208,14 @@ class FakeEdge:
         assert self.wire is not None, "the Node has not connected"
         return self.wire
 
+    def lose_connection(self) -> None:
+        """
+        The Edge's end drops the connection cleanly.
+        """
+        transport = self.connection.transport
+        assert transport is not None, "the connection is made"
+        transport.loseConnection()
+
     def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
 
@@ -227,6 +234,14 @@ class FakeEdge:
 
     def kinds(self) -> list[str]:
         return [k for k, _ in self.received]
+
+
+def session_wire(session: NodeSession) -> WireProtocol:
+    """
+    The wire of C{session}, which the test has connected.
+    """
+    assert session.wire is not None, "the session is connected"
+    return session.wire
 
 
 def connect(context: NodeContext, edge: FakeEdge) -> tuple[NodeSession, iosim.IOPump]:

@@ -42,7 +42,7 @@ class DetachTests(SynchronousTestCase):
         return emit, d
 
     def lose(self):
-        self.edge.connection.transport.loseConnection()
+        self.edge.lose_connection()
         self.pump.flush()
 
     def reconnect(self):
@@ -135,7 +135,7 @@ class DetachTests(SynchronousTestCase):
         session, edge, pump, context = ready_node(wire_version=3)
         edge.connection.send(run_request("bg", background=True))
         pump.flush()
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.assertEqual(manual(context.host, "manual").cancelled, ["bg"])
         self.assertEqual(len(context.detached), 0)

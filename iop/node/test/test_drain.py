@@ -276,6 +276,6 @@ class ServiceStopTests(SynchronousTestCase):
         self.start_run("r1")
         stopped = self.service.stopService()
         self.pump.flush()
-        self.edge.connection.transport.loseConnection()
+        self.edge.lose_connection()
         self.assert_stopped(stopped)
         self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])

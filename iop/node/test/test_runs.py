@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.node.runs import run_input
 from iop.protocols import iop_pb2
 from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
-from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, run_request
+from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, run_request, session_wire
 
 
 def events(edge, run_id=None):
@@ -126,7 +126,8 @@ class RunRelayTests(SynchronousTestCase):
         def boom(run, emit):
             raise ValueError("bad input")
 
-        adapter.execute = boom
+        self.patch(adapter, "execute", boom)
+
         edge.connection.send(run_request("r1"))
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["error"])
@@ -234,14 +235,15 @@ class CapacityTests(SynchronousTestCase):
         session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
         gate = hosted(context.host, "manual").gate
         seen = []
-        send = session.wire.send
+        wire = session_wire(session)
+        send = wire.send
 
         def spy(message):
             if message.DESCRIPTOR.name == "RunEvent" and message.type in ("complete", "error", "cancelled"):
                 seen.append(gate.in_use)
             send(message)
 
-        session.wire.send = spy
+        self.patch(wire, "send", spy)
         edge.connection.send(run_request("r1"))
         edge.connection.send(run_request("r2"))
         pump.flush()
@@ -282,7 +284,7 @@ class DisconnectTests(SynchronousTestCase):
         pump.flush()
         adapter = manual(context.host, "manual")
         edge.received.clear()
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.assertEqual(sorted(adapter.cancelled), ["r1", "r2"])
         self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)

@@ -27,6 +27,7 @@ from iop.testing.node import (
     node_config,
     ready_node,
     run_request,
+    session_wire,
 )
 
 
@@ -55,7 +56,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIs(self.successResultOf(session.ready), session)
         self.assertEqual(session.state, READY)
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "b"])
-        self.assertTrue(all(h.adapter.started == 1 for h in context.host.all()))
+        self.assertTrue(all(manual(context.host, h.name).started == 1 for h in context.host.all()))
         self.assertTrue(context.transport.connected)
         self.assertEqual(context.transport.node_id, "node-1")
 
@@ -66,7 +67,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         from twisted.internet import defer
 
-        pending = defer.Deferred()
+        pending: defer.Deferred[None] = defer.Deferred()
         context = make_context()
         edge = FakeEdge(accepted(node_config(adapter_config("slow"))), READY_OK)
 
@@ -74,7 +75,7 @@ class HandshakeTests(SynchronousTestCase):
 
         def slow_build(*args):
             adapter = original(*args)
-            adapter.start = lambda: pending
+            self.patch(adapter, "start", lambda: pending)
             return adapter
 
         context.host = AdapterHost(context.clock, slow_build)
@@ -190,13 +191,14 @@ class HandshakeTests(SynchronousTestCase):
         A RegisterRequest with no answer within C{register_timeout} fails
         the attempt (retryable) and closes the connection.
         """
-        context = make_context(register_timeout=10)
+        clock = Clock()
+        context = make_context(clock, register_timeout=10)
         edge = FakeEdge()
         session, pump = connect(context, edge)
         pump.flush()
-        context.clock.advance(9.9)
+        clock.advance(9.9)
         self.assertNoResult(session.ready)
-        context.clock.advance(0.2)
+        clock.advance(0.2)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("no RegisterResponse from the Edge within 10s", str(failure.value))
@@ -206,11 +208,12 @@ class HandshakeTests(SynchronousTestCase):
         """
         The ready request has its own timeout, started when it is sent.
         """
-        context = make_context(register_timeout=3)
+        clock = Clock()
+        context = make_context(clock, register_timeout=3)
         edge = FakeEdge(accepted(node_config()))
         session, pump = connect(context, edge)
         pump.flush()
-        context.clock.advance(3)
+        clock.advance(3)
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("NodeReadyResponse", str(failure.value))
 
@@ -222,7 +225,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("connection lost during registration", str(failure.value))
@@ -239,7 +242,7 @@ class HandshakeTests(SynchronousTestCase):
         edge.connection.send(run_request())
         pump.flush()
         self.assertIsNotNone(edge.lost_reason)
-        self.assertIn("run_request is not acceptable", session.wire.close_reason)
+        self.assertIn("run_request is not acceptable", session_wire(session).close_reason)
         self.failureResultOf(session.ready, RetryableRefusal)
 
     def test_edge_draining_recorded_when_ready(self):
@@ -250,7 +253,9 @@ class HandshakeTests(SynchronousTestCase):
         session, edge, pump, context = ready_node()
         edge.connection.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
         pump.flush()
-        self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
+        draining = session.edge_draining
+        assert draining is not None
+        self.assertEqual((draining.grace_sec, draining.reason), (15, "edge restarting"))
         self.assertIsNone(edge.lost_reason)
 
     def test_edge_draining_before_ready_ignored(self):
@@ -277,7 +282,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge(accepted(node_config(interval=1.5, timeout=0)), READY_OK)
         session, pump = connect(context, edge)
         pump.flush()
-        self.assertEqual(session.wire.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
+        self.assertEqual(session_wire(session).heartbeat, Heartbeat(interval=1.5, timeout=5.0))
         self.assertEqual(context.transport.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
 
     def test_token_never_logged(self):
@@ -306,7 +311,7 @@ class AdapterLifetimeTests(SynchronousTestCase):
         clock = Clock()
         session, edge, pump, context = ready_node(clock=clock)
         first = manual(context.host, "manual")
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
@@ -324,7 +329,7 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("b"))
         a, b = manual(context.host, "a"), manual(context.host, "b")
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("a"), adapter_config("b", delay=1))), READY_OK)

@@ -168,7 +168,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertEqual(supervisor.failures, 0)
         self.assertEqual(self.context.transport.sessions, 1)
 
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.assertIsNone(supervisor.ready_session)
         self.clock.advance(1)
@@ -187,7 +187,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
         first = self.successResultOf(supervisor.when_ready())
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         waiting = supervisor.when_ready()
         self.assertNoResult(waiting)
@@ -211,7 +211,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         edge.connection.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge restarting"))
         pump.flush()
         with capturedLogs() as events:
-            edge.connection.transport.loseConnection()
+            edge.lose_connection()
             pump.flush()
             self.clock.advance(0)
         self.assertEqual(supervisor.failures, 0)
@@ -233,7 +233,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
         with capturedLogs() as events:
-            edge.connection.transport.loseConnection()
+            edge.lose_connection()
             pump.flush()
         [event] = [e for e in events if "reconnecting" in e.get("log_format", "")]
         self.assertEqual(event["log_level"], LogLevel.warn)
@@ -441,7 +441,7 @@ class SeveralEdgesTests(SynchronousTestCase):
         supervisor = self.supervisor()
         edge = ready_edge()
         pump = self.a.accept(edge)
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.clock.advance(1)
         self.assertEqual((self.a.dials, self.b.dials), (1, 1))
@@ -457,7 +457,7 @@ class SeveralEdgesTests(SynchronousTestCase):
         pump = self.a.accept(edge)
         edge.connection.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge stopping"))
         pump.flush()
-        edge.connection.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.clock.advance(1)
         self.assertEqual(self.b.dials, 1)

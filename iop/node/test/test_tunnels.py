@@ -9,7 +9,7 @@ from iop.adapters.interface import NotSupported
 from iop.protocols import iop_pb2
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import Usage
-from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, tunnel_request
+from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, session_wire, tunnel_request
 
 
 def frames(edge, tunnel_id="t1"):
@@ -109,14 +109,15 @@ class TunnelTests(SynchronousTestCase):
         """
         gate = hosted(self.context.host, "manual").gate
         seen = []
-        send = self.session.wire.send
+        wire = session_wire(self.session)
+        send = wire.send
 
         def spy(message):
             if message.DESCRIPTOR.name == "ProviderTunnelFrame" and message.WhichOneof("frame") in ("end", "error"):
                 seen.append(gate.in_use)
             send(message)
 
-        self.session.wire.send = spy
+        self.patch(wire, "send", spy)
         request, sink, d = self.open()
         d.callback(None)
         self.assertEqual(seen, [0])
@@ -126,7 +127,7 @@ class TunnelTests(SynchronousTestCase):
         Losing the connection cancels the tunnel and frees its slot.
         """
         self.open()
-        self.edge.connection.transport.loseConnection()
+        self.edge.lose_connection()
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
         self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
@@ -154,7 +155,8 @@ class TunnelRefusalTests(SynchronousTestCase):
         from twisted.internet import defer
 
         session, edge, pump, context = ready_node()
-        manual(context.host, "manual").tunnel = lambda request, sink: defer.fail(NotSupported("nope"))
+        self.patch(manual(context.host, "manual"), "tunnel", lambda request, sink: defer.fail(NotSupported("nope")))
+
         edge.connection.send(tunnel_request("t1"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "tunnel_not_supported")
