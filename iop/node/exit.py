@@ -23,10 +23,9 @@ import atexit
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.error import ReactorNotRunning
-from twisted.internet.interfaces import IReactorCore
 from twisted.logger import Logger
 
 #: How library code ends the process: C{exit(status, message)}.
@@ -48,6 +47,14 @@ EXIT_EXHAUSTED = 3
 EXIT_INCOMPATIBLE = 4
 
 
+class Stoppable(Protocol):
+    """
+    What L{ProcessExit} needs of the reactor.
+    """
+
+    def stop(self) -> None: ...
+
+
 class ProcessExit:
     """
     C{exit(status, message)}: log C{message}, stop the reactor, and make
@@ -58,7 +65,7 @@ class ProcessExit:
 
     def __init__(
         self,
-        reactor: IReactorCore,
+        reactor: Stoppable,
         register: Callable[..., Any] = atexit.register,
         hard_exit: Callable[[int], object] = os._exit,
     ) -> None:

@@ -141,6 +141,7 @@ class CommandTests(SynchronousTestCase):
         )
         self.pump.flush()
         progress, d = manual(self.context.host, "manual").waiting[-1]
+        assert progress is not None
         progress({"completed": 1})
         progress({"completed": 2})
         d.callback({"status": "success"})

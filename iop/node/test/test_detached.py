@@ -159,7 +159,7 @@ class ResumedTests(SynchronousTestCase):
         Live events held while the history is read go out after it; an
         event the history already had, or the Edge had, is not sent again.
         """
-        sent = []
+        sent: list[iop_pb2.RunEvent] = []
         resumed = Resumed(sent.append, 2)
         for seq in (4, 5):
             resumed(iop_pb2.RunEvent(run_id="r", seq=seq))

@@ -5,6 +5,7 @@ the rest is cancelled with its terminals sent, a second signal ends it at
 once, and the whole Node service stops only when all of that is done.
 """
 
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -40,7 +41,8 @@ def run_events(edge):
 class SessionDrainTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
-        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
+        self.clock = Clock()
+        self.session, self.edge, self.pump, self.context = ready_node(clock=self.clock, store=self.store)
         self.adapter = manual(self.context.host, "manual")
 
     def start(self, *requests):
@@ -49,7 +51,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.pump.flush()
 
     def elapse(self, seconds):
-        elapse(self.context.clock, self.pump, seconds)
+        elapse(self.clock, self.pump, seconds)
 
     def test_nothing_in_flight_ends_at_once(self):
         """
@@ -155,11 +157,12 @@ class SessionDrainTests(SynchronousTestCase):
         connection on a message it does not know: it is not sent one, and
         the drain works the same.
         """
-        session, edge, pump, context = ready_node(wire_version=0)
+        clock = Clock()
+        session, edge, pump, context = ready_node(clock=clock, wire_version=0)
         edge.connection.send(run_request("r1"))
         pump.flush()
         drained = session.drain(30, REASON)
-        elapse(context.clock, pump, 30)
+        elapse(clock, pump, 30)
         self.successResultOf(drained)
         pump.flush()
         self.assertEqual(edge.of("node_draining"), [])

@@ -4,12 +4,16 @@ timed-out handshakes and lost sessions; the attempt count and its reset;
 and how each terminal outcome becomes an exit status.
 """
 
+from collections.abc import Callable
+
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from iop.node.config import ReconnectPolicy
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
@@ -29,6 +33,7 @@ from iop.testing.node import (
 READY_OK = iop_pb2.NodeReadyResponse(ready=True)
 
 
+@implementer(IStreamClientEndpoint)
 class FakeEndpoint:
     """
     A client endpoint whose every dial the test answers: refuse it, or
@@ -42,7 +47,7 @@ class FakeEndpoint:
 
     def connect(self, factory):
         self.dials += 1
-        d = defer.Deferred()
+        d: defer.Deferred[object] = defer.Deferred()
         self.pending.append((factory, d))
         return d
 
@@ -71,7 +76,7 @@ def ready_edge():
     return FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
 
 
-class SupervisorTestsMixin:
+class SupervisorTestsMixin(SynchronousTestCase):
     def supervisor(self, max_attempts=10, interval_sec=10.0, **context_args):
         self.clock = Clock()
         self.context = make_context(self.clock, **context_args)
@@ -360,7 +365,9 @@ class ProcessExitTests(SynchronousTestCase):
         A non-zero status stops the reactor and leaves an atexit hook that
         ends the process with that status.
         """
-        reactor, hooks, exits = FakeReactor(), [], []
+        reactor = FakeReactor()
+        hooks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        exits: list[int] = []
         exit = ProcessExit(reactor, register=lambda f, *a: hooks.append((f, a)), hard_exit=exits.append)
         exit(3, "giving up")
         self.assertEqual(reactor.stopped, 1)
@@ -408,7 +415,12 @@ class SeveralEdgesTests(SynchronousTestCase):
             rotation, self.context, ReconnectPolicy(max_attempts, interval_sec), self.clock, self.exit
         )
         supervisor.startService()
-        self.addCleanup(lambda: (supervisor.stopService(), self.clock.advance(0)))
+
+        def stop():
+            supervisor.stopService()
+            self.clock.advance(0)
+
+        self.addCleanup(stop)
         return supervisor
 
     def test_failed_attempt_moves_on(self):

@@ -16,6 +16,15 @@ from iop.node.service import NodeService
 from iop.testing.reactor import RunningReactor, deliver_signal
 
 
+def node_service(options: tap.Options) -> NodeService:
+    """
+    The tap's service, which is the Node's own (text logs: not wrapped).
+    """
+    service = tap.makeService(options)
+    assert isinstance(service, NodeService)
+    return service
+
+
 class TapTests(SynchronousTestCase):
     def write(self, text):
         path = FilePath(self.mktemp())
@@ -82,8 +91,7 @@ class TapTests(SynchronousTestCase):
         path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\nmetrics: "tcp:0:interface=127.0.0.1"\n')
         options = tap.Options()
         options.parseOptions(["--config", path])
-        service = tap.makeService(options)
-        self.assertIsInstance(service, NodeService)
+        service = node_service(options)
         self.assertEqual(list(service), [service.store, service.supervisor, service.metrics_listener])
         self.assertFalse(service.running)
 
@@ -94,7 +102,7 @@ class TapTests(SynchronousTestCase):
         path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n')
         options = tap.Options()
         options.parseOptions(["--config", path])
-        service = tap.makeService(options)
+        service = node_service(options)
         self.assertIsNone(service.metrics_listener)
         self.assertEqual(len(list(service)), 2)
 
@@ -110,7 +118,7 @@ class TapTests(SynchronousTestCase):
         reactor = RunningReactor()
         hurried = []
         self.patch(tap, "stop_then_hurry", lambda r, hurry: stop_then_hurry(reactor, hurry))
-        service = tap.makeService(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
+        service = node_service(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
         self.patch(service.supervisor, "hurry", lambda: hurried.append(True))
 
         deliver_signal(signal.SIGTERM)
