@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import time
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -149,7 +150,7 @@ def encode(body):
     A generated body as request bytes: JSON, with L{Deep} values spliced
     in as raw text.
     """
-    deep = {}
+    deep: dict[str, Any] = {}
 
     def default(value):
         if isinstance(value, Deep):

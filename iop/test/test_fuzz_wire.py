@@ -150,7 +150,7 @@ class WireFuzzTests(SynchronousTestCase):
         """
         self.bystander_pump.flush()
         for request in self.bystander.of("run_request"):
-            self.bystander.wire.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="complete"))
+            self.bystander.connection.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="complete"))
         self.bystander.received.clear()
         self.bystander_pump.flush()
 
@@ -200,10 +200,10 @@ class WireFuzzTests(SynchronousTestCase):
         for chunk in chunks:
             if node.lost:
                 break
-            node.wire.transport.write(chunk)
+            node.transport.write(chunk)
             pump.flush()
             sent += 1
-        node.wire.transport.loseConnection()
+        node.transport.loseConnection()
         pump.flush()
         self.edge.pumps.remove(pump)
         self.settle()
@@ -211,5 +211,7 @@ class WireFuzzTests(SynchronousTestCase):
         self.assertIsNotNone(self.service.registry.ready_link("n1"))
         self.assertEqual(self.service.pool.active_leases(), [])
         self.assertEqual(len(self.service.inflight), 0)
-        self.assertEqual(self.service.node_port.unregistered, set())
+        node_port = self.service.node_port
+        assert node_port is not None
+        self.assertEqual(node_port.unregistered, set())
         return sent

@@ -7,6 +7,7 @@ thread or socket.
 
 from typing import Any
 
+from twisted.internet.interfaces import ITransport
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.test import iosim
@@ -21,7 +22,7 @@ from iop.protocols import iop_pb2
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
 from iop.run import RunEventData
 
-EDGE_YAML = {
+EDGE_YAML: dict[str, Any] = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
     "admin_keys": ["admin"],
     "nodes": [
@@ -74,6 +75,15 @@ class ScriptedNode:
         assert self.wire is not None, "the Edge has not connected"
         return self.wire
 
+    @property
+    def transport(self) -> ITransport:
+        """
+        The transport of this connection (once it is made).
+        """
+        transport = self.connection.transport
+        assert transport is not None, "the Edge has not connected"
+        return transport
+
     def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
 
@@ -99,7 +109,9 @@ class EdgeHarness:
         self.node_events: list[Any] = []
         self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
         self.service = EdgeService(self.config, self.clock, self.bus, etcd=etcd)
-        self.site = self.service.site
+        site = self.service.site
+        assert site is not None, "the Edge's tree is built"
+        self.site = site
         self.pumps: list[iosim.IOPump] = []
 
     def connect(self, node: Any = None) -> tuple[Any, iosim.IOPump, WireProtocol]:

@@ -35,7 +35,7 @@ BASE = "http://edge.invalid"
 #: Adapter types the in-memory Nodes build.
 GATEWAY_TYPES: dict[str, Callable[..., IAdapter]] = {"echo": EchoAdapter, "openai_compat": ManualAdapter}
 
-GATEWAY_YAML = {
+GATEWAY_YAML: dict[str, Any] = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
     "admin_keys": ["admin"],
     "shutdown_grace_sec": 10,
@@ -115,7 +115,6 @@ class Gateway:
         self.clock = self.edge.clock
         self.service = self.edge.service
         site = self.edge.site
-        assert site is not None, "the Edge's tree is built"
         # StubTreq makes its request functions (get, post, ...) at run time.
         self.http: Any = StubTreq(site.resource)
         #: The Edge's side of every HTTP request made, in order.
