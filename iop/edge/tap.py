@@ -11,7 +11,7 @@ during the drain ends it at once.
 import signal
 from typing import TYPE_CHECKING
 
-from twisted.application.service import MultiService
+from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -44,7 +44,7 @@ def reload(edge: "EdgeService", path: str, why: str) -> None:
         log.failure("reload failed, keeping the running configuration")
 
 
-def makeService(options: Options) -> MultiService:
+def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     from iop.edge.service import EdgeService

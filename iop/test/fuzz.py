@@ -14,9 +14,13 @@ import json
 import os
 import struct
 import time
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import provider
 
 from iop.protocols.wire import MAX_FRAME_BYTES
 
@@ -43,16 +47,17 @@ def fuzz(strategy, check, short, batch=500):
         counted["examples"] += 1
         counted["frames"] += check(value) or 0
 
-    common = {
-        "deadline": None,
-        "database": None,
-        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-    }
+    common = settings(
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     if not LONG:
-        given(strategy)(settings(max_examples=short, derandomize=True, **common)(one))()
+        given(strategy)(settings(common, max_examples=short, derandomize=True)(one))()
         return counted
     started = time.monotonic()
-    run = given(strategy)(settings(max_examples=batch, derandomize=False, **common)(one))
+    run = given(strategy)(settings(common, max_examples=batch, derandomize=False)(one))
+
     while time.monotonic() - started < LONG_SECONDS and counted["frames"] < LONG_FRAMES:
         run()
     print(f"fuzz: {counted['examples']} examples, {counted['frames']} frames in {time.monotonic() - started:.0f}s")
@@ -145,7 +150,7 @@ def encode(body):
     A generated body as request bytes: JSON, with L{Deep} values spliced
     in as raw text.
     """
-    deep = {}
+    deep: dict[str, Any] = {}
 
     def default(value):
         if isinstance(value, Deep):
@@ -409,3 +414,20 @@ def random_chunk(generator):
     if kind == "oversize":
         return struct.pack("!I", rng.choice([65537, MAX_FRAME_BYTES + 1, 2**32 - 1]))
     return struct.pack("!I", rng.randrange(5, 101)) + rng.randbytes(rng.randrange(0, 5))
+
+
+def watch_critical(case: SynchronousTestCase) -> list[LogEvent]:
+    """
+    The events logged as critical or with a failure (an internal error)
+    from now until C{case} ends: a fuzz test expects none.
+    """
+    critical: list[LogEvent] = []
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        if event.get("log_level") == LogLevel.critical or "log_failure" in event:
+            critical.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    case.addCleanup(globalLogPublisher.removeObserver, observe)
+    return critical

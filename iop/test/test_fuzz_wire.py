@@ -16,7 +16,6 @@ import struct
 import time
 
 from hypothesis import strategies as st
-from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge import commands, starter
@@ -34,6 +33,7 @@ from iop.test.fuzz import (
     fuzz,
     mutated_bytes,
     random_chunk,
+    watch_critical,
 )
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
@@ -117,14 +117,7 @@ class WireFuzzTests(SynchronousTestCase):
         self.edge = EdgeHarness(YAML)
         self.service = self.edge.service
         self.bystander, self.bystander_pump, _ = self.edge.register("tok-1")
-        self.critical = []
-
-        def observe(event):
-            if event.get("log_level") == LogLevel.critical or "log_failure" in event:
-                self.critical.append(event)
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        self.critical = watch_critical(self)
         self.counter = 0
         for module in (starter, commands):
             self.patch(module, "new_id", self.new_id)
@@ -208,10 +201,10 @@ class WireFuzzTests(SynchronousTestCase):
         for chunk in chunks:
             if node.lost:
                 break
-            node.wire.transport.write(chunk)
+            node.transport.write(chunk)
             pump.flush()
             sent += 1
-        node.wire.transport.loseConnection()
+        node.transport.loseConnection()
         pump.flush()
         self.edge.pumps.remove(pump)
         self.settle()
@@ -219,5 +212,7 @@ class WireFuzzTests(SynchronousTestCase):
         self.assertIsNotNone(self.service.registry.ready_link("n1"))
         self.assertEqual(self.service.pool.active_leases(), [])
         self.assertEqual(len(self.service.inflight), 0)
-        self.assertEqual(self.service.node_port.unregistered, {})
+        node_port = self.service.node_port
+        assert node_port is not None
+        self.assertEqual(node_port.unregistered, {})
         return sent

@@ -180,7 +180,7 @@ def relay_response_headers(request: Request, pairs: Iterable[tuple[str, str]]) -
     response_headers = request.responseHeaders
     for name in _OWN_HEADERS:
         response_headers.removeHeader(name)
-    relayed = relay_headers(pairs)
+    relayed = relay_headers(list(pairs))
     for name, value in relayed:
         response_headers.addRawHeader(name, value)
     return relayed

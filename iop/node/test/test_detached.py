@@ -16,6 +16,8 @@ from iop.testing.node import (
     accepted,
     adapter_config,
     connect,
+    hosted,
+    manual,
     node_config,
     ready_node,
     run_request,
@@ -28,10 +30,10 @@ class DetachTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
         self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def start(self, run_id, background=True):
-        self.edge.wire.send(run_request(run_id, background=background))
+        self.edge.connection.send(run_request(run_id, background=background))
         self.pump.flush()
         run, emit, d = self.adapter.runs[-1]
         emit(RunEventData(START))
@@ -40,7 +42,7 @@ class DetachTests(SynchronousTestCase):
         return emit, d
 
     def lose(self):
-        self.edge.wire.transport.loseConnection()
+        self.edge.lose_connection()
         self.pump.flush()
 
     def reconnect(self):
@@ -60,7 +62,7 @@ class DetachTests(SynchronousTestCase):
         self.lose()
         self.assertEqual(self.adapter.cancelled, ["fg"])
         self.assertIn("bg", self.context.detached)
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 1)
         emit(RunEventData(DELTA, text="b"))
         session, edge, pump = self.reconnect()
         self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
@@ -101,7 +103,7 @@ class DetachTests(SynchronousTestCase):
         self.lose()
         emit(RunEventData(COMPLETE))
         d.callback(None)
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
         session, edge, pump = self.reconnect()
         self.assertEqual(edge.of("run_reconcile")[0].runs[0].status, "complete")
         edge.wire.send(messages.run_resume(run_id="bg", after_seq=1))
@@ -131,11 +133,11 @@ class DetachTests(SynchronousTestCase):
         sent.
         """
         session, edge, pump, context = ready_node(wire_version=3)
-        edge.wire.send(run_request("bg", background=True))
+        edge.connection.send(run_request("bg", background=True))
         pump.flush()
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
-        self.assertEqual(context.host.get("manual").adapter.cancelled, ["bg"])
+        self.assertEqual(manual(context.host, "manual").cancelled, ["bg"])
         self.assertEqual(len(context.detached), 0)
 
     def test_local_shutdown(self):
@@ -157,7 +159,7 @@ class ResumedTests(SynchronousTestCase):
         Live events held while the history is read go out after it; an
         event the history already had, or the Edge had, is not sent again.
         """
-        sent = []
+        sent: list[messages.RunEvent] = []
         resumed = Resumed(sent.append, 2)
         for seq in (4, 5):
             resumed(messages.run_event("r", seq, "delta"))

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.node.flow import SendWindow
 from iop.protocols import messages
 from iop.run import DELTA, RunEventData
-from iop.testing.node import ready_node, run_request, tunnel_request
+from iop.testing.node import manual, ready_node, run_request, tunnel_request
 from iop.testing.producers import RecordingProducer
 
 
@@ -85,7 +85,7 @@ class SendWindowTests(SynchronousTestCase):
 class RelayFlowTests(SynchronousTestCase):
     def setUp(self):
         self.session, self.edge, self.pump, self.context = ready_node()
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def grant(self, work_id, size):
         self.edge.wire.send(messages.window_update(work_id, size))
@@ -103,7 +103,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = tunnel_request()
         request.window_bytes = 1000
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         producer = RecordingProducer()
@@ -133,7 +133,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = tunnel_request()
         request.window_bytes = 100
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         sink.status(200)
@@ -153,7 +153,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = run_request()
         request.window_bytes = 10
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, emit, d = self.adapter.runs[-1]
         for _ in range(4):
@@ -168,7 +168,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         A request without a window (an older Edge) is not limited.
         """
-        self.edge.wire.send(tunnel_request())
+        self.edge.connection.send(tunnel_request())
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         for _ in range(10):
