@@ -287,13 +287,14 @@ class FakeResponse:
         pass
 
 
-class FakeClient:
+class FakeClient(EdgeClient):
     """
     Answers each request with the next scripted response (or raises the
     scripted CLIError), recording what was asked.
     """
 
     def __init__(self, *answers):
+        super().__init__()
         self.answers = list(answers)
         self.requests = []
 
