@@ -243,7 +243,7 @@ class CLIAdapter(AdapterBase):
         command = self.option("command", kind=list, required=True)
         if not command or not all(isinstance(arg, str) for arg in command):
             raise AdapterConfigError(f"adapters[{name}].command must be a non-empty list of strings")
-        self.argv = list(command)
+        self.argv: list[str] = list(command)
         env = self.option("env", {}, dict)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise AdapterConfigError(f"adapters[{name}].env must map strings to strings")
@@ -263,7 +263,7 @@ class CLIAdapter(AdapterBase):
     def _seconds(self, key: str, default: None, allow_zero: bool = False) -> float | None: ...
 
     def _seconds(self, key: str, default: float | None, allow_zero: bool = False) -> float | None:
-        value = self.option(key, default, (int, float))
+        value: float | None = self.option(key, default, (int, float))
         if value is None:
             return None
         if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):

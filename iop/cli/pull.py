@@ -28,7 +28,7 @@ def ollama_adapter(ctx: Context, node_id: str) -> str:
     nodes = {n["id"]: n for n in status.get("nodes", [])}
     if node_id not in nodes:
         raise CLIError(f"no node {node_id!r} is configured", NOT_FOUND)
-    names = [a["name"] for a in nodes[node_id].get("adapters", []) if a.get("type") == "ollama"]
+    names: list[str] = [a["name"] for a in nodes[node_id].get("adapters", []) if a.get("type") == "ollama"]
     if len(names) != 1:
         found = ", ".join(names) or "none"
         raise CLIError(f"node {node_id} has {len(names)} ollama adapters ({found}): name one with --adapter", USAGE)

@@ -25,7 +25,8 @@ from iop.cli.client import (
     EdgeClient,
     answer_error,
 )
-from iop.cli.main import Context, build_parser, main, run_list
+from iop.cli.context import Context
+from iop.cli.main import build_parser, main, run_list
 from iop.cli.pull import show_progress
 
 
