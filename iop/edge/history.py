@@ -20,8 +20,32 @@ from iop.edge.commands import NodeCommands
 from iop.edge.config import EdgeConfig
 from iop.edge.errors import ServiceError
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import TUNNEL, Follower, RunBook, no_such_run, stored_json, visible
+from iop.edge.runs import QUEUED, RUNNING, TUNNEL, Follower, RunBook, no_such_run, stored_json, visible
 from iop.run import UNKNOWN_COMMAND, UNKNOWN_RUN
+
+
+def merge_listings(listings: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """
+    One C{GET /v1/runs} answer out of several Edges' (this Edge's first):
+    every run once, newest first, at most C{limit}. A run two Edges know
+    (the one that lost its Node, the one the Node moved to) is taken from
+    the one that saw it end, else from the first. A node is
+    C{incomplete} only when no Edge could ask it.
+    """
+    runs: dict[str, dict[str, Any]] = {}
+    incomplete: set[str] | None = None
+    for listing in listings:
+        for run in listing.get("runs", []):
+            seen = runs.get(run["id"])
+            if seen is None or (seen.get("status") in (QUEUED, RUNNING) and run.get("status") not in (QUEUED, RUNNING)):
+                runs[run["id"]] = run
+        missing = set(listing.get("incomplete", ()))
+        incomplete = missing if incomplete is None else incomplete & missing
+    newest = sorted(runs.values(), key=lambda r: r.get("created_at") or 0, reverse=True)[:limit]
+    merged: dict[str, Any] = {"runs": newest}
+    if incomplete:
+        merged["incomplete"] = sorted(incomplete)
+    return merged
 
 
 class RunHistory:

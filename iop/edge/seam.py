@@ -12,17 +12,21 @@ has no peers), L{iop.edge.cluster.joined.EtcdCluster} with C{cluster:}
 in edge.yaml.
 
 L{Forward} is the outcome of a request another Edge should serve: the
-surfaces recognise it here, so they never import the cluster.
+surfaces recognise it here, so they never import the cluster. A read
+that must look at every Edge (a run this Edge does not hold, the list of
+runs) asks the others with L{ICluster.ask_peers}, each answer a
+L{PeerAnswer}.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.application.service import IService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.web.server import Request
 from zope.interface import implementer
 
+from iop.edge.http.request import EdgeRequest
 from iop.edge.spec import RunSpec
 
 
@@ -42,6 +46,21 @@ class Forward(Exception):
         self.url = url
 
 
+@dataclass(frozen=True)
+class PeerAnswer:
+    """
+    What another Edge answered to a read asked of it (L{ICluster.ask_peers}).
+
+    @ivar forward: where that Edge is (to send the caller's request on to it).
+    @ivar code: the HTTP status it answered.
+    @ivar body: its JSON body (C{None} when it was not JSON).
+    """
+
+    forward: Forward
+    code: int
+    body: Any
+
+
 class ICluster(IService):
     """
     The cluster as the Edge sees it. A service started with the Edge's
@@ -55,10 +74,28 @@ class ICluster(IService):
         here, or the L{Forward} to answer it with.
         """
 
-    def proxy(request: Request, forward: Forward) -> None:
+    def node_target(node_id: str) -> Forward | None:
+        """
+        Where a request about C{node_id} (a run on it, a node command)
+        goes: C{None} when it is connected here or to no other Edge, else
+        the L{Forward} to the Edge that owns it.
+        """
+
+    def proxy(request: EdgeRequest, forward: Forward) -> None:
         """
         Send C{request} (its body read) to the Edge C{forward} names and
         relay that Edge's answer to the caller.
+        """
+
+    def ask_peers(request: EdgeRequest, path: bytes) -> "Deferred[list[PeerAnswer]]":
+        """
+        Ask every other Edge that is up or draining for C{GET path}, as
+        the caller of C{request} (with its credentials), answered there
+        and nowhere else (never forwarded again).
+
+        @return: a Deferred firing with the answers of the Edges that
+            answered, in the order of their ids (one that did not answer
+            is left out).
         """
 
     def claim(node_id: str, generation: int) -> "Deferred[int]":
@@ -123,8 +160,14 @@ class SoloEdge(Service):
     def forward_target(self, spec: RunSpec) -> Forward | None:
         return None
 
-    def proxy(self, request: Request, forward: Forward) -> None:
+    def node_target(self, node_id: str) -> Forward | None:
+        return None
+
+    def proxy(self, request: EdgeRequest, forward: Forward) -> None:
         raise RuntimeError(f"an Edge on its own forwards nothing (asked to forward to {forward.edge_id})")
+
+    def ask_peers(self, request: EdgeRequest, path: bytes) -> "Deferred[list[PeerAnswer]]":
+        return defer.succeed([])
 
     def claim(self, node_id: str, generation: int) -> "Deferred[int]":
         return defer.succeed(generation)

@@ -31,7 +31,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IResponse
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import NOT_DONE_YET
 
 from iop.edge.cluster.etcd import body_producer
 from iop.edge.cluster.load import Forward
@@ -101,7 +101,7 @@ class Forwarder:
             )
         self.agent = agent
 
-    def proxy(self, request: Request, forward: Forward) -> Deferred[None]:
+    def proxy(self, request: EdgeRequest, forward: Forward) -> Deferred[None]:
         """
         Send C{request} (a C{twisted.web} request whose body was read) to
         C{forward.url} and relay the answer.

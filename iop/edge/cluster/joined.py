@@ -5,8 +5,9 @@ is given when edge.yaml has C{cluster:} (L{cluster_for} chooses).
 It puts together what the cluster's modules do: the L{Membership} (this
 Edge's lease, the claims on its nodes, the view of the other Edges), the
 load it publishes and reads (L{iop.edge.cluster.load}) to decide where a
-request goes, and the L{Forwarder} that proxies a request to the Edge
-that serves it.
+request goes, the L{Forwarder} that proxies a request to the Edge that
+serves it, and the L{PeerReader} that asks the other Edges for the runs
+this one does not hold.
 """
 
 from collections.abc import Callable
@@ -15,18 +16,19 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.server import Request
 from zope.interface import implementer
 
 from iop.edge.cluster.config import ClusterSpec
 from iop.edge.cluster.etcd import EtcdClient, IEtcd
 from iop.edge.cluster.forward import Forwarder
-from iop.edge.cluster.load import forward_target, local_load
+from iop.edge.cluster.load import forward_target, local_load, node_target
 from iop.edge.cluster.membership import Membership
+from iop.edge.cluster.peers import PeerReader, readable_peers
 from iop.edge.config import EdgeConfig
+from iop.edge.http.request import EdgeRequest
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
-from iop.edge.seam import Forward, ICluster, SoloEdge
+from iop.edge.seam import Forward, ICluster, PeerAnswer, SoloEdge
 from iop.edge.spec import RunSpec
 
 
@@ -45,6 +47,7 @@ class EtcdCluster(Service):
 
     @ivar membership: the L{Membership}.
     @ivar forwarder: the L{Forwarder}.
+    @ivar reader: the L{PeerReader} (on the forwarder's connections).
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class EtcdCluster(Service):
         self.pool = pool
         self.membership = Membership(spec, etcd, reactor, on_void=on_void, load=lambda: local_load(config(), pool))
         self.forwarder = Forwarder(spec.secret, reactor)
+        self.reader = PeerReader(spec.secret, self.forwarder.agent, reactor)
 
     def startService(self) -> None:
         super().startService()
@@ -73,8 +77,14 @@ class EtcdCluster(Service):
     def forward_target(self, spec: RunSpec) -> Forward | None:
         return forward_target(self.membership, self.registry, self.pool, spec)
 
-    def proxy(self, request: Request, forward: Forward) -> None:
+    def node_target(self, node_id: str) -> Forward | None:
+        return node_target(self.membership, self.registry, node_id)
+
+    def proxy(self, request: EdgeRequest, forward: Forward) -> None:
         self.forwarder.proxy(request, forward)
+
+    def ask_peers(self, request: EdgeRequest, path: bytes) -> "Deferred[list[PeerAnswer]]":
+        return self.reader.ask(readable_peers(self.membership), request, path)
 
     def claim(self, node_id: str, generation: int) -> "Deferred[int]":
         # The claim's etcd revision, not the registry's count, is the

@@ -15,7 +15,7 @@ to send a request, never a lease.
 from typing import Any, Protocol
 
 from iop.edge.config import EdgeConfig
-from iop.edge.pool import CLASSES, ProviderPool, ProviderSpec
+from iop.edge.pool import CLASSES, ModelGroupSpec, ProviderPool, ProviderSpec
 from iop.edge.registry import NodeRegistry
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
@@ -104,6 +104,42 @@ def choose_peer(membership: ClusterView, group: str, klass: str) -> tuple[int, s
     return best[0][0], best[1], best[2]
 
 
+def node_target(membership: ClusterView, registry: NodeRegistry, node_id: str) -> Forward | None:
+    """
+    Where a request about C{node_id} goes: here (C{None}) while it is
+    connected here, or when no other Edge that is up owns it; else its
+    owner.
+    """
+    if registry.ready_link(node_id) is not None:
+        return None
+    owner = membership.owner(node_id)
+    url = _peer_url(membership, owner)
+    if owner is None or url is None:
+        return None
+    return Forward(owner, url, f"node {node_id} is connected there")
+
+
+def group_owner(membership: ClusterView, group: ModelGroupSpec) -> tuple[str, str] | None:
+    """
+    The other Edge (up, not draining) that owns the most of C{group}'s
+    nodes (ties: the lower id), whether or not it has published room for
+    them yet.
+
+    @return: C{(edge_id, url)} or C{None} when no other Edge owns one.
+    """
+    owned: dict[str, int] = {}
+    for node_id in dict.fromkeys(member.node_id for member in group.members):
+        owner = membership.owner(node_id)
+        if owner is not None and _peer_url(membership, owner) is not None:
+            owned[owner] = owned.get(owner, 0) + 1
+    if not owned:
+        return None
+    edge_id = min(owned, key=lambda edge: (-owned[edge], edge))
+    url = _peer_url(membership, edge_id)
+    assert url is not None  # (counted only with one)
+    return edge_id, url
+
+
 def forward_target(
     membership: ClusterView, registry: NodeRegistry, pool: ProviderPool, spec: RunSpec
 ) -> Forward | None:
@@ -114,32 +150,34 @@ def forward_target(
       - an explicit node connected to another Edge: that Edge;
       - a model group with room here: here;
       - else the other Edge with the most room, if any has room;
-      - else (nobody has room) the other Edge with the shortest queue,
-        only if no provider here could serve it after a wait.
+      - else, only if no provider here could serve it after a wait: the
+        other Edge with the shortest queue, or, before any other Edge
+        published room for the group, the one that owns its nodes (to
+        wait there rather than fail here).
     """
     if spec.node:
-        if registry.ready_link(spec.node) is not None:
-            return None
-        owner = membership.owner(spec.node)
-        url = _peer_url(membership, owner)
-        if owner is None or url is None:
-            return None
-        return Forward(owner, url, f"node {spec.node} is connected there")
-    if not spec.model or pool.group(spec.model) is None:
+        return node_target(membership, registry, spec.node)
+    group = pool.group(spec.model) if spec.model else None
+    if group is None:
         return None
-    klass = pool.classify(spec.model, spec.input_chars())
+    klass = pool.classify(group.name, spec.input_chars())
 
     def accept(provider: ProviderSpec) -> bool:
         return spec.serves(provider.adapter_type)
 
-    if pool.has_room(spec.model, klass, accept):
+    if pool.has_room(group.name, klass, accept):
         return None
-    best = choose_peer(membership, spec.model, klass)
-    if best is None:
+    best = choose_peer(membership, group.name, klass)
+    if best is not None and best[0] > 0:
+        room, edge_id, url = best
+        return Forward(edge_id, url, f"model group {group.name!r} has no room here and {room} free there")
+    if pool.has_candidate(group.name, klass, None, accept):
         return None
-    room, edge_id, url = best
-    if room > 0:
-        return Forward(edge_id, url, f"model group {spec.model!r} has no room here and {room} free there")
-    if not pool.has_candidate(spec.model, klass, None, accept):
-        return Forward(edge_id, url, f"model group {spec.model!r} has no live provider here")
-    return None
+    if best is not None:
+        _, edge_id, url = best
+        return Forward(edge_id, url, f"model group {group.name!r} has no live provider here")
+    owner = group_owner(membership, group)
+    if owner is None:
+        return None
+    edge_id, url = owner
+    return Forward(edge_id, url, f"model group {group.name!r} has its nodes there")

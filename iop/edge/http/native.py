@@ -17,11 +17,16 @@ node commands, the events feed and the status snapshot.
   GET  /v1/status                   every configured node and model group
   GET  /v1/queue                    the caller's work waiting for room (admin:
                                     everyone's, with a count per key)
+
+In an Edge cluster the runs, their events and cancels, node commands and
+session terminations work at any Edge: a run this Edge does not hold is
+looked for at the others (L{iop.edge.http.anywhere}), a node another Edge
+owns is asked there.
 """
 
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
@@ -30,6 +35,7 @@ from zope.interface import implementer
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
 from iop.edge.flow import ReceiveWindow
+from iop.edge.http import anywhere
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import (
     Call,
@@ -225,7 +231,8 @@ class Runs(JSONResource):
         owner = run_owner(request)
         if owner is None:
             owner = query(request, "key") or None
-        return self.service.list_runs(query(request, "node") or None, status, limit, owner)
+        local = self.service.list_runs(query(request, "node") or None, status, limit, owner)
+        return anywhere.list_runs(self.service, request, local, limit)
 
 
 class Run(JSONResource):
@@ -235,7 +242,7 @@ class Run(JSONResource):
     """
 
     def handle_GET(self, request: EdgeRequest) -> Deferred[dict[str, Any]]:
-        return self.service.get_run(request.path_params["run_id"], run_owner(request))
+        return anywhere.get_run(self.service, request, request.path_params["run_id"], run_owner(request))
 
 
 def resume_point(request: EdgeRequest) -> int:
@@ -293,7 +300,9 @@ class RunEvents(JSONResource):
 
         request.notifyFinish().addErrback(gone)
         d = self.service.follow(run_id, after, write, end, run_owner(request))
-        return d.addCallback(attached)
+        return d.addCallbacks(
+            attached, lambda failure: anywhere.proxy_to_holder(self.service, request, run_id, failure)
+        )
 
 
 #: How often an idle events feed sends a comment, so that proxies keep it.
@@ -400,11 +409,13 @@ class CancelRun(JSONResource):
     key's is a 404, as if it were not in flight.
     """
 
-    def handle_POST(self, request: EdgeRequest) -> dict[str, Any]:
+    def handle_POST(self, request: EdgeRequest) -> object:
         run_id = request.path_params["run_id"]
-        if not self.service.cancel(run_id, run_owner(request)):
-            raise HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found")
-        return {"run_id": run_id, "cancelling": True}
+        if self.service.cancel(run_id, run_owner(request)):
+            return {"run_id": run_id, "cancelling": True}
+        # (Another Edge of the cluster may hold it.)
+        missing = Failure(HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found"))
+        return anywhere.proxy_to_holder(self.service, request, run_id, missing)
 
 
 class Status(JSONResource):
@@ -426,6 +437,8 @@ class TerminateSession(JSONResource):
         adapter = string(body, "adapter", required=True)
         session_id = string(body, "session_id", required=True)
         node, target = string(body, "node") or None, string(body, "target")
+        if node is not None and _proxied_to_owner(self.service, request, node):
+            return succeed(NOT_DONE_YET)
         d = self.service.terminate_session(node, adapter, target, session_id)
         return d.addCallback(self._answer, session_id)
 
@@ -468,6 +481,18 @@ class Queue(JSONResource):
         return answer
 
 
+def _proxied_to_owner(service: EdgeAPI, request: EdgeRequest, node_id: str) -> bool:
+    """
+    Whether a request about C{node_id} went to the Edge of the cluster
+    that owns it (proxied there now), rather than being answered here.
+    """
+    forward = None if forwarded(request) else service.cluster.node_target(node_id)
+    if forward is None:
+        return False
+    service.cluster.proxy(request, forward)
+    return True
+
+
 class NodeCommands(JSONResource):
     """
     Run a node command (admin). With C{"stream": true} the answer is
@@ -486,6 +511,8 @@ class NodeCommands(JSONResource):
         command = string(body, "command", required=True)
         adapter = string(body, "adapter")
         args = mapping(body, "args")
+        if _proxied_to_owner(self.service, request, node_id):
+            return succeed(NOT_DONE_YET)
         if body.get("stream"):
             return self._stream(request, node_id, command, adapter, args)
         d = self.service.command(node_id, command, adapter, args)

@@ -315,6 +315,36 @@ class ForwardTests(TwoEdges):
         self.assertEqual(failure.value.edge_id, "edge-a")
         self.assertEqual(failure.value.url, "http://edge-a.example:7180")
 
+    def test_owned_elsewhere_before_any_room_is_known(self):
+        """
+        A request at B for a group whose only node A owns goes to A as
+        soon as B sees the ownership, before A has published any room
+        (instead of failing at B, where nothing is live).
+        """
+        self.a.register("tok-1")
+        self.assertEqual(self.b.service.cluster.membership.loads, {})
+        failure = self.failureResultOf(self.b.service.submit(group_run(), Recorder().for_run), Forward)
+        self.assertEqual(failure.value.edge_id, "edge-a")
+
+    def test_owned_nowhere_stays_here(self):
+        """
+        With the group's node connected to no Edge, the request stays (and
+        fails) here.
+        """
+        d = self.b.service.submit(group_run(), Recorder().for_run)
+        self.assertEqual(self.failureResultOf(d).value.kind, "unavailable")
+
+    def test_node_target(self):
+        """
+        Requests about a node (its commands, sessions) go to the Edge that
+        owns it; one connected here, or nowhere, stays here.
+        """
+        self.a.register("tok-1")
+        forward = self.b.service.cluster.node_target("n1")
+        self.assertEqual((forward.edge_id, forward.url), ("edge-a", "http://edge-a.example:7180"))
+        self.assertIsNone(self.a.service.cluster.node_target("n1"))
+        self.assertIsNone(self.b.service.cluster.node_target("n2"))
+
     def test_local_room_stays_local(self):
         """
         A request at A, which has room, is placed at A.

@@ -1,0 +1,114 @@
+"""
+Run history at any Edge of a cluster (docs/cluster.md, "Serving a caller
+at any Edge").
+
+A run is held by the Edge that served it (its record, its events) and by
+its Node's store, which only the Edge that Node is connected to can ask.
+When this Edge does not hold a run it asks the others
+(L{iop.edge.seam.ICluster.ask_peers}) and answers with the first that
+does: a run read back is that Edge's answer; a run's events, or its
+cancel, are the caller's request proxied to it. A list of runs is every
+Edge's, merged. A request that came from another Edge is answered from
+what this Edge holds, so a lookup never goes round the cluster twice.
+
+On an Edge alone, nobody is asked: the answers are this Edge's own.
+"""
+
+from typing import Any
+from urllib.parse import quote
+
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.web.server import NOT_DONE_YET
+
+from iop.edge.errors import ServiceError
+from iop.edge.history import merge_listings
+from iop.edge.http.api import EdgeAPI
+from iop.edge.http.common import forwarded
+from iop.edge.http.request import EdgeRequest
+from iop.edge.seam import PeerAnswer
+
+
+def _not_found(failure: Failure) -> bool:
+    return isinstance(failure.value, ServiceError) and failure.value.kind == "not_found"
+
+
+def run_path(run_id: str) -> bytes:
+    """
+    Where a run is read back (C{GET /v1/runs/{id}}).
+    """
+    return f"/v1/runs/{quote(run_id, safe='')}".encode("ascii")
+
+
+def holder(answers: list[PeerAnswer]) -> PeerAnswer | None:
+    """
+    The first Edge that answered a run's read with the run.
+    """
+    for answer in answers:
+        if answer.code == 200 and isinstance(answer.body, dict):
+            return answer
+    return None
+
+
+def _elsewhere(service: EdgeAPI, request: EdgeRequest, run_id: str, failure: Failure) -> "Deferred[PeerAnswer]":
+    """
+    The Edge that holds C{run_id}, which this Edge did not find
+    (C{failure}, its C{not_found}); that failure again when no Edge does.
+    """
+    if forwarded(request) or not _not_found(failure):
+        return defer.fail(failure)
+
+    def found(answers: list[PeerAnswer]) -> PeerAnswer | Failure:
+        answer = holder(answers)
+        return failure if answer is None else answer
+
+    return service.cluster.ask_peers(request, run_path(run_id)).addCallback(found)
+
+
+def get_run(service: EdgeAPI, request: EdgeRequest, run_id: str, owner: str | None) -> "Deferred[dict[str, Any]]":
+    """
+    C{GET /v1/runs/{id}}: this Edge's answer, else the Edge's that holds
+    the run.
+    """
+    d = service.get_run(run_id, owner)
+    return d.addErrback(lambda failure: _elsewhere(service, request, run_id, failure).addCallback(_body))
+
+
+def _body(answer: PeerAnswer) -> dict[str, Any]:
+    body: dict[str, Any] = answer.body
+    return body
+
+
+def proxy_to_holder(service: EdgeAPI, request: EdgeRequest, run_id: str, failure: Failure) -> "Deferred[object]":
+    """
+    A request about a run this Edge does not hold (C{failure}, its
+    C{not_found}): proxied to the Edge that does, else that failure.
+    """
+
+    def proxy(answer: PeerAnswer) -> object:
+        service.cluster.proxy(request, answer.forward)
+        return NOT_DONE_YET
+
+    return _elsewhere(service, request, run_id, failure).addCallback(proxy)
+
+
+def list_runs(
+    service: EdgeAPI, request: EdgeRequest, local: "Deferred[dict[str, Any]]", limit: int
+) -> "Deferred[dict[str, Any]]":
+    """
+    C{GET /v1/runs}: this Edge's list (C{local}) merged with every other
+    Edge's answer to the same request.
+    """
+    if forwarded(request):
+        return local
+    peers = service.cluster.ask_peers(request, request.uri)
+
+    def merged(mine: dict[str, Any]) -> "Deferred[dict[str, Any]]":
+        def answered(answers: list[PeerAnswer]) -> dict[str, Any]:
+            theirs = [a.body for a in answers if a.code == 200 and isinstance(a.body, dict)]
+            return merge_listings([mine, *theirs], limit)
+
+        return peers.addCallback(answered)
+
+    return local.addCallback(merged)
