@@ -24,7 +24,7 @@ import time
 
 import pytest
 from support.daemons import echo_node, holds_for, sse_events, wait_for
-from support.etcd import Etcd, cluster_edge, etcd_binary, node_endpoints
+from support.etcd import cluster_edge, cluster_node, etcd_binary, owner_seen, running_etcd
 
 pytestmark = pytest.mark.skipif(
     etcd_binary() is None,
@@ -48,13 +48,7 @@ def config(delay_ms=50):
 
 @pytest.fixture
 def etcd(tmp_path, launch):
-    server = Etcd(str(tmp_path / "etcd")).start()
-    try:
-        yield server
-    finally:
-        # The Edges first, so they leave the cluster while etcd is there.
-        launch.stop_all()
-        server.stop()
+    yield from running_etcd(str(tmp_path / "etcd"), launch)
 
 
 def two_edges(launch, etcd, cfg=None):
@@ -65,17 +59,7 @@ def two_edges(launch, etcd, cfg=None):
 
 
 def node_on(launch, edges, token, **kwargs):
-    return launch.node(
-        edges[0].node_port,
-        token,
-        reconnect=kwargs.pop("reconnect", {"max_attempts": 0, "interval_sec": INTERVAL}),
-        extra={"edge": node_endpoints(*edges)},
-        **kwargs,
-    )
-
-
-def owner_seen(edge, node_id):
-    return {n["id"]: n for n in edge.status()["nodes"]}[node_id]["edge"]
+    return cluster_node(launch, edges, token, INTERVAL, **kwargs)
 
 
 def in_use(edge, node_id):

@@ -96,6 +96,20 @@ class Etcd:
             return f.read().decode("utf-8", "replace")[-4000:]
 
 
+def running_etcd(workdir, launch):
+    """
+    The body of a test's C{etcd} fixture: an L{Etcd} started in C{workdir}
+    for the test, stopped after it — after the Edges C{launch} started,
+    so that they leave the cluster while etcd is there.
+    """
+    server = Etcd(workdir).start()
+    try:
+        yield server
+    finally:
+        launch.stop_all()
+        server.stop()
+
+
 #: The cluster secret every test Edge shares.
 SECRET = "test-cluster-secret-0123456789"
 
@@ -124,3 +138,24 @@ def node_endpoints(*edges):
     node.yaml C{edge} listing every given Edge, in order.
     """
     return [f"tcp:host=127.0.0.1:port={edge.node_port}" for edge in edges]
+
+
+def cluster_node(launch, edges, token, interval=0.3, **kwargs):
+    """
+    A Node that knows every one of C{edges} (dialled in that order) and
+    retries for ever, as a cluster's Nodes should.
+    """
+    return launch.node(
+        edges[0].node_port,
+        token,
+        reconnect=kwargs.pop("reconnect", {"max_attempts": 0, "interval_sec": interval}),
+        extra={"edge": node_endpoints(*edges)},
+        **kwargs,
+    )
+
+
+def owner_seen(edge, node_id):
+    """
+    The Edge that C{edge}'s status says owns C{node_id} (or C{None}).
+    """
+    return {n["id"]: n for n in edge.status()["nodes"]}[node_id]["edge"]
