@@ -21,7 +21,8 @@ from iop.edge.config import EdgeConfig
 from iop.edge.errors import ServiceError
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import QUEUED, RUNNING, TUNNEL, Follower, RunBook, no_such_run, stored_json, visible
-from iop.run import UNKNOWN_COMMAND, UNKNOWN_RUN
+from iop.edge.seam import Forward, ICluster
+from iop.run import NODE_DISCONNECTED, UNKNOWN_COMMAND, UNKNOWN_RUN
 
 
 def merge_listings(listings: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -54,29 +55,69 @@ class RunHistory:
     @param runs: the run book.
     @param registry: which nodes are ready to be asked.
     @param commands: what asks them.
+    @param cluster: which Edge holds a node this Edge lost.
     """
 
     log = Logger()
 
     def __init__(
-        self, config: Callable[[], EdgeConfig], runs: RunBook, registry: NodeRegistry, commands: NodeCommands
+        self,
+        config: Callable[[], EdgeConfig],
+        runs: RunBook,
+        registry: NodeRegistry,
+        commands: NodeCommands,
+        cluster: ICluster,
     ) -> None:
         self._config = config
         self.runs = runs
         self.registry = registry
         self.commands = commands
+        self.cluster = cluster
 
-    def get_run(self, run_id: str, owner: str | None = None) -> "Deferred[dict[str, Any]]":
+    def held_elsewhere(self, run_id: str) -> Forward | None:
+        """
+        Where a run this Edge has on record is read now, when that is
+        another Edge: the one its Node is connected to, when this Edge
+        lost that Node while the run went on (it waits for the Node, or
+        ended here as C{node_disconnected}) — the Node kept the run and
+        handed it to its new Edge.
+        """
+        record = self.runs.get(run_id)
+        if record is None or record.kind == TUNNEL or not record.node:
+            return None
+        if record.done and (record.error or {}).get("code") != NODE_DISCONNECTED:
+            return None
+        return self.cluster.node_target(record.node)
+
+    def _moved(self, run_id: str, owner: str | None, may_forward: bool) -> Exception | None:
+        """
+        The failure that sends a read of C{run_id} to the Edge that holds
+        it now (L{held_elsewhere}): a L{Forward}, or, for a read another
+        Edge forwarded here, C{not_found} (the asker reads the holder's
+        answer). C{None} when it is read here.
+        """
+        forward = self.held_elsewhere(run_id)
+        record = self.runs.get(run_id)
+        if forward is None or (record is not None and not visible(owner, record.caller)):
+            return None
+        return forward if may_forward else no_such_run(run_id)
+
+    def get_run(self, run_id: str, owner: str | None = None, may_forward: bool = True) -> "Deferred[dict[str, Any]]":
         """
         One run or tunnel: from the run book while it is in memory (and
         its log whole), else from the store of the Node it ran on.
 
         @param owner: only work of this caller key's (C{None}: any).
+        @param may_forward: whether a run another Edge holds now may be
+            answered with a L{Forward} there (else: C{not_found} here).
         @return: a Deferred firing with its JSON object (C{GET
             /v1/runs/{id}}), or failing with a L{ServiceError}
             (C{not_found}, also for another key's run; C{unavailable} when
-            its node is offline).
+            its node is offline), or a L{Forward}.
         """
+        moved = self._moved(run_id, owner, may_forward)
+        if moved is not None:
+            return defer.fail(moved)
         record = self.runs.get(run_id)
         if record is not None and not visible(owner, record.caller):
             return defer.fail(no_such_run(run_id))
@@ -170,11 +211,16 @@ class RunHistory:
         write: Callable[[int, dict[str, Any]], object],
         end: Callable[[], object],
         owner: str | None = None,
+        may_forward: bool = True,
     ) -> "Deferred[Follower]":
         """
         Replay a run's events after C{after} and follow it to its terminal
-        (see L{RunBook.follow}); only C{owner}'s run when given.
+        (see L{RunBook.follow}); only C{owner}'s run when given. A run
+        another Edge holds now fails as in L{get_run}.
         """
+        moved = self._moved(run_id, owner, may_forward)
+        if moved is not None:
+            return defer.fail(moved)
         return self.runs.follow(run_id, after, write, end, owner)
 
     def fetch_run(self, run_id: str, node_id: str | None, after: int) -> "Deferred[tuple[str, dict[str, Any]]]":

@@ -87,7 +87,7 @@ class EdgeService(MultiService):
         )
         self.budgets = self.intake.budgets
         self.commands = NodeCommands(running, reactor, self.registry, self.placer, self.inflight, self.drain)
-        self.history = RunHistory(running, self.runs, self.registry, self.commands)
+        self.history = RunHistory(running, self.runs, self.registry, self.commands, self.cluster)
         self.submit = self.intake.submit
         self.cancel = self.intake.cancel
         self.command = self.commands.command

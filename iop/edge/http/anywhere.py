@@ -7,8 +7,9 @@ its Node's store, which only the Edge that Node is connected to can ask.
 When this Edge does not hold a run it asks the others
 (L{iop.edge.seam.ICluster.ask_peers}) and answers with the first that
 does: a run read back is that Edge's answer; a run's events, or its
-cancel, are the caller's request proxied to it. A list of runs is every
-Edge's, merged. A request that came from another Edge is answered from
+cancel, are the caller's request proxied to it. A run whose Node this
+Edge lost to another Edge is read there (the service answers with a
+L{Forward}). A list of runs is every Edge's, merged. A request that came from another Edge is answered from
 what this Edge holds, so a lookup never goes round the cluster twice.
 
 On an Edge alone, nobody is asked: the answers are this Edge's own.
@@ -27,7 +28,7 @@ from iop.edge.history import merge_listings
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import forwarded
 from iop.edge.http.request import EdgeRequest
-from iop.edge.seam import PeerAnswer
+from iop.edge.seam import Forward, PeerAnswer
 
 
 def _not_found(failure: Failure) -> bool:
@@ -66,31 +67,38 @@ def _elsewhere(service: EdgeAPI, request: EdgeRequest, run_id: str, failure: Fai
     return service.cluster.ask_peers(request, run_path(run_id)).addCallback(found)
 
 
-def get_run(service: EdgeAPI, request: EdgeRequest, run_id: str, owner: str | None) -> "Deferred[dict[str, Any]]":
+def get_run(service: EdgeAPI, request: EdgeRequest, run_id: str, owner: str | None) -> "Deferred[object]":
     """
     C{GET /v1/runs/{id}}: this Edge's answer, else the Edge's that holds
     the run.
     """
-    d = service.get_run(run_id, owner)
-    return d.addErrback(lambda failure: _elsewhere(service, request, run_id, failure).addCallback(_body))
+    d = service.get_run(run_id, owner, may_forward=not forwarded(request))
+
+    def elsewhere(failure: Failure) -> object:
+        if isinstance(failure.value, Forward):
+            return _proxy(service, request, failure.value)
+        return _elsewhere(service, request, run_id, failure).addCallback(lambda answer: answer.body)
+
+    found: Deferred[object] = d.addErrback(elsewhere)
+    return found
 
 
-def _body(answer: PeerAnswer) -> dict[str, Any]:
-    body: dict[str, Any] = answer.body
-    return body
+def _proxy(service: EdgeAPI, request: EdgeRequest, forward: Forward) -> object:
+    service.cluster.proxy(request, forward)
+    return NOT_DONE_YET
 
 
 def proxy_to_holder(service: EdgeAPI, request: EdgeRequest, run_id: str, failure: Failure) -> "Deferred[object]":
     """
-    A request about a run this Edge does not hold (C{failure}, its
-    C{not_found}): proxied to the Edge that does, else that failure.
+    A request about a run this Edge does not hold (C{failure}: its
+    C{not_found}, or the L{Forward} to the Edge that holds it now):
+    proxied to the Edge that does, else that failure.
     """
-
-    def proxy(answer: PeerAnswer) -> object:
-        service.cluster.proxy(request, answer.forward)
-        return NOT_DONE_YET
-
-    return _elsewhere(service, request, run_id, failure).addCallback(proxy)
+    if isinstance(failure.value, Forward):
+        return defer.succeed(_proxy(service, request, failure.value))
+    return _elsewhere(service, request, run_id, failure).addCallback(
+        lambda answer: _proxy(service, request, answer.forward)
+    )
 
 
 def list_runs(

@@ -81,7 +81,7 @@ class EdgeAPI(Protocol):
         self, node_id: str | None, adapter: str, target: str, session_id: str
     ) -> Deferred[tuple[bool, str, str]]: ...
 
-    def get_run(self, run_id: str, owner: str | None = None) -> Deferred[dict[str, Any]]: ...
+    def get_run(self, run_id: str, owner: str | None = None, may_forward: bool = True) -> Deferred[dict[str, Any]]: ...
 
     def list_runs(
         self, node_id: str | None = None, status: str | None = None, limit: int = 50, owner: str | None = None
@@ -94,6 +94,7 @@ class EdgeAPI(Protocol):
         write: Callable[[int, dict[str, Any]], None],
         end: Callable[[], None],
         owner: str | None = None,
+        may_forward: bool = True,
     ) -> Deferred[Follower]: ...
 
     def status(self) -> dict[str, Any]: ...

@@ -241,7 +241,7 @@ class Run(JSONResource):
     key's is a 404, as if it did not exist.
     """
 
-    def handle_GET(self, request: EdgeRequest) -> Deferred[dict[str, Any]]:
+    def handle_GET(self, request: EdgeRequest) -> Deferred[object]:
         return anywhere.get_run(self.service, request, request.path_params["run_id"], run_owner(request))
 
 
@@ -299,7 +299,7 @@ class RunEvents(JSONResource):
                 self.service.runs.unfollow(run_id, state["follower"])
 
         request.notifyFinish().addErrback(gone)
-        d = self.service.follow(run_id, after, write, end, run_owner(request))
+        d = self.service.follow(run_id, after, write, end, run_owner(request), may_forward=not forwarded(request))
         return d.addCallbacks(
             attached, lambda failure: anywhere.proxy_to_holder(self.service, request, run_id, failure)
         )

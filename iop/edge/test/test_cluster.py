@@ -17,9 +17,12 @@ from iop.config import ConfigError, Section
 from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
+from iop.edge.errors import ServiceError
+from iop.edge.runs import RUN
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.protocols import messages
+from iop.run import NODE_DISCONNECTED
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.etcd import MemoryEtcd
 
@@ -385,6 +388,54 @@ class ForwardTests(TwoEdges):
         self.advance(1)
         failure = self.failureResultOf(self.b.service.submit(group_run(), Recorder().for_run), Forward)
         self.assertEqual(failure.value.edge_id, "edge-a")
+
+
+class HeldElsewhereTests(TwoEdges):
+    def lost_run(self, status="running", code=None):
+        """
+        A run on A's record whose node, n1, A does not hold.
+        """
+        record = self.a.service.runs.open("run-x", RUN, node="n1", caller=None, status=status)
+        if code is not None:
+            record.error = {"code": code, "message": "gone"}
+        return record
+
+    def test_read_where_its_node_went(self):
+        """
+        A run A lost its node for, while that node is at B, is read at B:
+        a L{Forward} for a caller at A, C{not_found} for a read B forwarded.
+        """
+        self.lost_run()
+        self.b.register("tok-1")
+        failure = self.failureResultOf(self.a.service.history.get_run("run-x"), Forward)
+        self.assertEqual(failure.value.edge_id, "edge-b")
+        failure = self.failureResultOf(
+            self.a.service.history.follow("run-x", 0, lambda seq, event: None, lambda: None), Forward
+        )
+        self.assertEqual(failure.value.edge_id, "edge-b")
+        failure = self.failureResultOf(self.a.service.history.get_run("run-x", may_forward=False), ServiceError)
+        self.assertEqual(failure.value.kind, "not_found")
+
+    def test_ended_here_as_lost(self):
+        """
+        One A ended as node_disconnected (it gave up waiting) is read at B
+        too; one that ended with its Node's own terminal is A's.
+        """
+        record = self.lost_run("error", NODE_DISCONNECTED)
+        record.ended_at = self.clock.seconds()
+        self.b.register("tok-1")
+        forward = self.a.service.history.held_elsewhere("run-x")
+        self.assertEqual(forward.edge_id if forward is not None else None, "edge-b")
+        record.error = None
+        record.status = "complete"
+        self.assertIsNone(self.a.service.history.held_elsewhere("run-x"))
+
+    def test_node_nowhere(self):
+        """
+        While its node is connected to no Edge, the run is read here.
+        """
+        self.lost_run()
+        self.assertIsNone(self.a.service.history.held_elsewhere("run-x"))
 
 
 class ConfigTests(SynchronousTestCase):
