@@ -205,10 +205,12 @@ class Intake:
     def _cancel_detached(self, work_id: str) -> bool:
         """
         A background run waiting for its Node to come back ends here; the
-        Node is told when it reports the run.
+        Node is told when it reports the run. One whose Node went to
+        another Edge of the cluster is not in flight here: that Edge took
+        it on, and is where it is cancelled.
         """
         where = self.inflight.detached_for_caller(work_id)
-        if where is None:
+        if where is None or self.cluster.node_target(where[0]) is not None:
             return False
         dispatch = self.inflight.take_detached(*where)
         assert dispatch is not None  # (found waiting just now)

@@ -430,6 +430,24 @@ class HeldElsewhereTests(TwoEdges):
         record.status = "complete"
         self.assertIsNone(self.a.service.history.held_elsewhere("run-x"))
 
+    def test_cancelled_where_its_node_went(self):
+        """
+        A background run waiting at A for n1, which went to B, is not
+        cancelled at A (B took it on); while n1 is nowhere, it is.
+        """
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", background=True)
+        _, pump, edge_protocol = self.a.register("tok-1")
+        run_id = self.successResultOf(self.a.service.submit(spec, Recorder().for_run))
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        _, pump, edge_protocol = self.b.register("tok-1")
+        self.assertFalse(self.a.service.cancel(run_id))
+        forward = self.a.service.history.held_elsewhere(run_id)
+        self.assertEqual(forward.edge_id if forward is not None else None, "edge-b")
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.assertTrue(self.a.service.cancel(run_id))
+
     def test_node_nowhere(self):
         """
         While its node is connected to no Edge, the run is read here.
