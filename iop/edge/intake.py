@@ -7,7 +7,8 @@ refuses work a draining or overloaded Edge cannot take, hands a request
 another Edge of the cluster should serve back as a L{Forward}, reserves
 the caller key's tokens, puts a background run on record while it waits,
 and queues the work in the admission line, which hands it to its
-L{Starter} when there is room.
+L{Starter} when there is room. Work another Edge forwarded here for nodes
+still registering here waits for them first (L{iop.edge.arrivals}).
 """
 
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from iop.edge.admission import Admission
+from iop.edge.arrivals import Arrivals
 from iop.edge.bus import EventBus
 from iop.edge.config import EdgeConfig
 from iop.edge.drain import Drain, shutting_down
@@ -52,6 +54,7 @@ class Intake:
     @ivar starter: the L{Starter} of the work admitted.
     @ivar admission: the line work waits in before it is placed.
     @ivar budgets: the caller keys' L{TokenBudgets}.
+    @ivar arrivals: the nodes on their way in that forwarded work waits for.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class Intake:
         self.starter = Starter(placer, pool, runs, inflight, bus, drain)
         self.admission = Admission(clock, self.starter.place)
         self.budgets = TokenBudgets(clock.seconds)
+        self.arrivals = Arrivals(clock, bus, placer.registry)
         self._queued: dict[str, Deferred[str]] = {}
         pool.on_wait_end = self._wait_ended
 
@@ -149,13 +153,38 @@ class Intake:
             queued = record
             self.runs.when_ended(record, lambda: ticket.settle_usage(queued.usage))
         work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
-        d = self.admission.submit(work)
+        arriving = self._arriving(spec, may_forward)
+        if arriving is None:
+            d = self.admission.submit(work)
+        else:
+            d = arriving.addCallback(lambda _: self.admission.submit(work))
         d.addErrback(_never_ran, ticket)
         if record is not None:
             self._queued[record.id] = d
             d.addErrback(self._not_started, record)
             d.addBoth(self._left_queue, record.id)
         return d
+
+    def _arriving(self, spec: RunSpec, may_forward: bool) -> "Deferred[None] | None":
+        """
+        If C{spec} was forwarded here (not C{may_forward}) and only nodes
+        still registering here could serve it: the wait for their news
+        (see L{iop.edge.arrivals}). Else C{None}: it is placed at once.
+        """
+        if may_forward:
+            return None
+        if spec.node:
+            nodes, timeout = [spec.node], self._config().direct_queue_timeout_sec
+        else:
+            group = self.pool.group(spec.model) if spec.model else None
+            if group is None:
+                return None
+            klass = self.pool.classify(group.name, spec.input_chars())
+            if self.pool.has_candidate(group.name, klass, None, lambda p: spec.serves(p.adapter_type)):
+                return None
+            nodes, timeout = [m.node_id for m in group.members], group.queue_timeout_sec
+        registering = self.arrivals.registering(nodes)
+        return self.arrivals.wait(registering, timeout) if registering else None
 
     def _wait_ended(self, ticket: Ticket, queue: str, seconds: float, outcome: str) -> None:
         """

@@ -390,6 +390,40 @@ class ForwardTests(TwoEdges):
         self.assertEqual(failure.value.edge_id, "edge-a")
 
 
+class ArrivalTests(TwoEdges):
+    def test_forwarded_waits_for_a_registering_node(self):
+        """
+        Work forwarded to A (on ownership) while A's only node of the
+        group is registered but not ready yet waits for its ready, then is
+        placed; work asked at A itself is placed (and refused) at once, as
+        ever.
+        """
+        node, pump, _ = self.a.register("tok-1", ready=False)
+        d = self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
+        self.assertNoResult(d)
+        self.assertEqual(
+            self.failureResultOf(self.a.service.submit(group_run(), Recorder().for_run)).value.kind, "unavailable"
+        )
+        node.connection.send(messages.ready_request("n1"))
+        pump.flush()
+        self.clock.advance(0)
+        self.assertIsInstance(self.successResultOf(d), str)
+        self.assertEqual(len(self.a.service.intake.arrivals), 0)
+
+    def test_bounded_by_the_queue_timeout(self):
+        """
+        The wait lasts at most the group's queue timeout; a cancel ends it.
+        """
+        self.a.register("tok-1", ready=False)
+        d = self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
+        self.clock.advance(self.a.service.pool.group("grp").queue_timeout_sec)
+        self.assertEqual(self.failureResultOf(d).value.kind, "unavailable")
+        cancelled = self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
+        cancelled.cancel()
+        self.failureResultOf(cancelled)
+        self.assertEqual(len(self.a.service.intake.arrivals), 0)
+
+
 class HeldElsewhereTests(TwoEdges):
     def lost_run(self, status="running", code=None):
         """
