@@ -220,7 +220,9 @@ def test_run_survives_its_edge(launch, etcd):
     )
     elapsed = time.monotonic() - start
     sys.stderr.write(f"\nre-home after SIGKILL: {elapsed:.2f}s (lease TTL {TTL}s, reconnect interval {INTERVAL}s)\n")
-    assert elapsed < 3.0, elapsed
+    # Typically 1.7-2.6 s (docs/cluster.md); the bound leaves room for a
+    # loaded machine.
+    assert elapsed < TTL + 1.5, elapsed
     resume([c], run_id, events)
     assert_whole(events, text)
     run = read_back(b, run_id)
