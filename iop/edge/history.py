@@ -25,20 +25,31 @@ from iop.edge.seam import Forward, ICluster
 from iop.run import NODE_DISCONNECTED, UNKNOWN_COMMAND, UNKNOWN_RUN
 
 
+def _truth(run: dict[str, Any]) -> int:
+    """
+    How much one Edge's view of a run is worth against another's: one
+    that saw it end beats one that has it in flight, which beats one that
+    ended it only because it lost its Node (which took the run elsewhere).
+    """
+    if (run.get("error") or {}).get("code") == NODE_DISCONNECTED:
+        return 0
+    return 1 if run.get("status") in (QUEUED, RUNNING) else 2
+
+
 def merge_listings(listings: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     """
     One C{GET /v1/runs} answer out of several Edges' (this Edge's first):
     every run once, newest first, at most C{limit}. A run two Edges know
     (the one that lost its Node, the one the Node moved to) is taken from
-    the one that saw it end, else from the first. A node is
-    C{incomplete} only when no Edge could ask it.
+    the one whose view is worth most (L{_truth}), else from the first. A
+    node is C{incomplete} only when no Edge could ask it.
     """
     runs: dict[str, dict[str, Any]] = {}
     incomplete: set[str] | None = None
     for listing in listings:
         for run in listing.get("runs", []):
             seen = runs.get(run["id"])
-            if seen is None or (seen.get("status") in (QUEUED, RUNNING) and run.get("status") not in (QUEUED, RUNNING)):
+            if seen is None or _truth(run) > _truth(seen):
                 runs[run["id"]] = run
         missing = set(listing.get("incomplete", ()))
         incomplete = missing if incomplete is None else incomplete & missing
@@ -78,12 +89,13 @@ class RunHistory:
         """
         Where a run this Edge has on record is read now, when that is
         another Edge: the one its Node is connected to, when this Edge
-        lost that Node while the run went on (it waits for the Node, or
+        lost that Node while the background run went on (it waits for the Node, or
         ended here as C{node_disconnected}) — the Node kept the run and
         handed it to its new Edge.
         """
         record = self.runs.get(run_id)
-        if record is None or record.kind == TUNNEL or not record.node:
+        # (Only a background run goes on at its Node without its link.)
+        if record is None or not record.background or not record.node:
             return None
         if record.done and (record.error or {}).get("code") != NODE_DISCONNECTED:
             return None

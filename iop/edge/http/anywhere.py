@@ -1,6 +1,6 @@
 """
-Run history at any Edge of a cluster (docs/cluster.md, "Serving a caller
-at any Edge").
+Run history and node commands at any Edge of a cluster (docs/cluster.md,
+"Everything at any Edge").
 
 A run is held by the Edge that served it (its record, its events) and by
 its Node's store, which only the Edge that Node is connected to can ask.
@@ -9,8 +9,10 @@ When this Edge does not hold a run it asks the others
 does: a run read back is that Edge's answer; a run's events, or its
 cancel, are the caller's request proxied to it. A run whose Node this
 Edge lost to another Edge is read there (the service answers with a
-L{Forward}). A list of runs is every Edge's, merged. A request that came from another Edge is answered from
-what this Edge holds, so a lookup never goes round the cluster twice.
+L{Forward}). A list of runs is every Edge's, merged. A request about a
+node another Edge owns (a node command, a session's end) is proxied to
+that Edge. A request that came from another Edge is answered from what
+this Edge holds, so a lookup never goes round the cluster twice.
 
 On an Edge alone, nobody is asked: the answers are this Edge's own.
 """
@@ -120,3 +122,15 @@ def list_runs(
         return peers.addCallback(answered)
 
     return local.addCallback(merged)
+
+
+def proxied_to_owner(service: EdgeAPI, request: EdgeRequest, node_id: str) -> bool:
+    """
+    Whether a request about C{node_id} went to the Edge of the cluster
+    that owns it (proxied there now), rather than being answered here.
+    """
+    forward = None if forwarded(request) else service.cluster.node_target(node_id)
+    if forward is None:
+        return False
+    _proxy(service, request, forward)
+    return True

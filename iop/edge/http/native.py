@@ -437,7 +437,7 @@ class TerminateSession(JSONResource):
         adapter = string(body, "adapter", required=True)
         session_id = string(body, "session_id", required=True)
         node, target = string(body, "node") or None, string(body, "target")
-        if node is not None and _proxied_to_owner(self.service, request, node):
+        if node is not None and anywhere.proxied_to_owner(self.service, request, node):
             return succeed(NOT_DONE_YET)
         d = self.service.terminate_session(node, adapter, target, session_id)
         return d.addCallback(self._answer, session_id)
@@ -481,18 +481,6 @@ class Queue(JSONResource):
         return answer
 
 
-def _proxied_to_owner(service: EdgeAPI, request: EdgeRequest, node_id: str) -> bool:
-    """
-    Whether a request about C{node_id} went to the Edge of the cluster
-    that owns it (proxied there now), rather than being answered here.
-    """
-    forward = None if forwarded(request) else service.cluster.node_target(node_id)
-    if forward is None:
-        return False
-    service.cluster.proxy(request, forward)
-    return True
-
-
 class NodeCommands(JSONResource):
     """
     Run a node command (admin). With C{"stream": true} the answer is
@@ -511,7 +499,7 @@ class NodeCommands(JSONResource):
         command = string(body, "command", required=True)
         adapter = string(body, "adapter")
         args = mapping(body, "args")
-        if _proxied_to_owner(self.service, request, node_id):
+        if anywhere.proxied_to_owner(self.service, request, node_id):
             return succeed(NOT_DONE_YET)
         if body.get("stream"):
             return self._stream(request, node_id, command, adapter, args)

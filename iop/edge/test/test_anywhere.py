@@ -155,6 +155,15 @@ class MergeTests(SynchronousTestCase):
         self.assertNotIn("incomplete", merged)
         self.assertEqual(len(merge_listings([mine, theirs], 2)["runs"]), 2)
 
+    def test_lost_node_is_worth_least(self) -> None:
+        """
+        An Edge's record of a run it ended for losing the Node is worth
+        less than the one of the Edge the Node took it to, even running.
+        """
+        lost = dict(stored_run("r1", "error"), error={"code": "node_disconnected", "message": "gone"})
+        merged = merge_listings([{"runs": [lost]}, {"runs": [stored_run("r1", "running")]}], 10)
+        self.assertEqual([r["status"] for r in merged["runs"]], ["running"])
+
     def test_incomplete_only_where_no_edge_could_ask(self) -> None:
         merged = merge_listings([{"runs": [], "incomplete": ["n1", "n2"]}, {"runs": [], "incomplete": ["n2"]}], 5)
         self.assertEqual(merged["incomplete"], ["n2"])

@@ -429,7 +429,7 @@ class HeldElsewhereTests(TwoEdges):
         """
         A run on A's record whose node, n1, A does not hold.
         """
-        record = self.a.service.runs.open("run-x", RUN, node="n1", caller=None, status=status)
+        record = self.a.service.runs.open("run-x", RUN, node="n1", caller=None, status=status, background=True)
         if code is not None:
             record.error = {"code": code, "message": "gone"}
         return record
@@ -481,6 +481,15 @@ class HeldElsewhereTests(TwoEdges):
         edge_protocol.transport.loseConnection()
         pump.flush()
         self.assertTrue(self.a.service.cancel(run_id))
+
+    def test_foreground_is_read_here(self):
+        """
+        A foreground run ended with its link: it is A's to answer.
+        """
+        record = self.lost_run("error", NODE_DISCONNECTED)
+        record.background = False
+        self.b.register("tok-1")
+        self.assertIsNone(self.a.service.history.held_elsewhere("run-x"))
 
     def test_node_nowhere(self):
         """
