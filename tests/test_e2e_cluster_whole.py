@@ -11,6 +11,9 @@ Edges, Nodes that know every Edge.
     re-homes (measured, lease TTL 2 s) and hands it to its new Edge: its
     reader resumes at a third Edge with Last-Event-ID and gets every
     event, those emitted while no Edge held the Node included;
+  - A's link to its Node cut (a frozen proxy): the Node takes its
+    background run to B; A's reader is let go and, resuming at A, is sent
+    to B, and A answers the run with B's record;
   - chaos: three Edges, two Nodes, background runs (read whole, and
     streamed to callers who are cut off) while Edges are SIGKILLed one
     after the other (the first restarted): every run is read back whole
@@ -25,7 +28,8 @@ import time
 
 import pytest
 from support.daemons import echo_node, wait_for
-from support.etcd import cluster_edge, cluster_node, etcd_binary, owner_seen, running_etcd
+from support.etcd import cluster_edge, cluster_node, etcd_binary, node_endpoints, owner_seen, running_etcd
+from support.proxy import FreezableProxy
 
 pytestmark = pytest.mark.skipif(
     etcd_binary() is None,
@@ -228,6 +232,46 @@ def test_run_survives_its_edge(launch, etcd):
     run = read_back(b, run_id)
     assert (run["status"], run["output"]) == ("complete", text)
     assert "taken back" in b.output() + c.output()
+
+
+def test_run_read_where_its_node_went(launch, etcd):
+    """
+    A's link to node-1 is cut without a FIN (a frozen proxy); each side
+    notices by heartbeat, node-1 registers at B and hands it its
+    background run. A lets its reader go; the reader resumes at A with
+    Last-Event-ID and is sent to B: every event once, the text whole. A
+    answers the run with B's record, and a cancel at A would go to B.
+    """
+    cfg = dict(config(delay_ms=60), heartbeat={"interval_sec": 0.5, "timeout_sec": 1.5})
+    a, b = cluster(launch, etcd, 2, cfg)
+    proxy = FreezableProxy(a.node_port)
+    try:
+        endpoints = [f"tcp:host=127.0.0.1:port={proxy.port}", *node_endpoints(b)]
+        launch.node(
+            proxy.port, "tok-1", reconnect={"max_attempts": 0, "interval_sec": INTERVAL}, extra={"edge": endpoints}
+        )
+        a.wait_connected("node-1")
+        text = words("p", 100)
+        run_id = background(a, text)
+        events = []
+        conn, response = a.stream("GET", f"/v1/runs/{run_id}/events", None)
+        try:
+            while len(events) < 5:
+                assert not read_events_one(response, events)
+            proxy.freeze()
+            b.wait_connected("node-1", timeout=20)
+            # Let go: the stream ends, without a terminal.
+            assert not read_events(response, events)
+        finally:
+            conn.close()
+        assert resume([a], run_id, events) is a
+        assert_whole(events, text)
+        run = read_back(a, run_id)
+        assert (run["status"], run["output"]) == ("complete", text)
+        assert "letting its readers go there" in a.output()
+        assert "taken back" in b.output()
+    finally:
+        proxy.close()
 
 
 def read_events_one(response, into):

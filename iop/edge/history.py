@@ -101,6 +101,24 @@ class RunHistory:
             return None
         return self.cluster.node_target(record.node)
 
+    def node_moved(self, node_id: str) -> None:
+        """
+        Another Edge has C{node_id} now: the readers following its
+        background runs here, which wait for the Node, are let go (their
+        streams end without a terminal), to resume with C{Last-Event-ID}
+        where the runs are now (L{held_elsewhere}).
+        """
+        for record in self.runs.records():
+            if record.node == node_id and record.background and not record.done and record.followers:
+                self.log.info(
+                    "run {run_id}: node {node} is at another Edge now; letting its readers go there",
+                    run_id=record.id,
+                    node=node_id,
+                )
+                for follower in list(record.followers):
+                    record.followers.remove(follower)
+                    follower.close()
+
     def _moved(self, run_id: str, owner: str | None, may_forward: bool) -> Exception | None:
         """
         The failure that sends a read of C{run_id} to the Edge that holds

@@ -78,7 +78,7 @@ class EdgeService(MultiService):
         self.runs = RunBook(reactor, self.bus, self._fetch_run, log.max_bytes, log.max_age_sec, log.max_runs)
         self.inflight = Inflight(reactor, self.runs)
         running = self._running
-        self.cluster = cluster_for(running, reactor, self.registry, self.pool, self._void, etcd)
+        self.cluster = cluster_for(running, reactor, self.registry, self.pool, self._void, self._moved, etcd)
         self.links = NodeLinks(running, self.registry, self.pool, self.inflight, self.bus, self.cluster)
         self.placer = Placer(running, self.registry, self.pool)
         self.drain = Drain(running, reactor, self.pool, self.links, self.inflight, self.cluster)
@@ -113,6 +113,10 @@ class EdgeService(MultiService):
     def _void(self, reason: str) -> None:
         # The cluster took this Edge's claims away: its Nodes register again.
         self.links.close_all(reason)
+
+    def _moved(self, node_id: str) -> None:
+        # Another Edge has the node now, and the runs it kept.
+        self.history.node_moved(node_id)
 
     def status(self) -> dict[str, Any]:
         """Every node with its providers, every model group, the cluster."""

@@ -44,6 +44,8 @@ class EtcdCluster(Service):
     @param pool: whose room decides whether a request stays here.
     @param on_void: C{on_void(reason)}, called when this Edge's lease is
         gone: every claim is void and every Node link must close.
+    @param on_moved: C{on_moved(node_id)}, called when another Edge claims
+        a node.
 
     @ivar membership: the L{Membership}.
     @ivar forwarder: the L{Forwarder}.
@@ -59,10 +61,13 @@ class EtcdCluster(Service):
         registry: NodeRegistry,
         pool: ProviderPool,
         on_void: Callable[[str], object],
+        on_moved: Callable[[str], object],
     ) -> None:
         self.registry = registry
         self.pool = pool
-        self.membership = Membership(spec, etcd, reactor, on_void=on_void, load=lambda: local_load(config(), pool))
+        self.membership = Membership(
+            spec, etcd, reactor, on_void=on_void, load=lambda: local_load(config(), pool), on_moved=on_moved
+        )
         self.forwarder = Forwarder(spec.secret, reactor)
         self.reader = PeerReader(spec.secret, self.forwarder.agent, reactor)
 
@@ -113,6 +118,7 @@ def cluster_for(
     registry: NodeRegistry,
     pool: ProviderPool,
     on_void: Callable[[str], object],
+    on_moved: Callable[[str], object],
     etcd: IEtcd | None = None,
 ) -> ICluster:
     """
@@ -125,4 +131,4 @@ def cluster_for(
         return SoloEdge()
     if etcd is None:
         etcd = EtcdClient(spec.etcd, reactor)
-    return EtcdCluster(spec, etcd, reactor, config, registry, pool, on_void)
+    return EtcdCluster(spec, etcd, reactor, config, registry, pool, on_void, on_moved)

@@ -74,6 +74,8 @@ class Membership(Service):
         gone: every claim is void and every Node link must close.
     @param load: C{load()} returns the document this Edge publishes about
         its room (L{iop.edge.cluster.load.local_load}), or C{None}.
+    @param on_moved: C{on_moved(node_id)}, called when another Edge claims
+        a node (it registered there).
 
     @ivar session: L{STARTING}, L{OK} or L{LOST}.
     @ivar claims: C{{node_id: revision}} of the nodes this Edge owns.
@@ -91,6 +93,7 @@ class Membership(Service):
         clock: IReactorTime,
         on_void: Callable[[str], object] | None = None,
         load: Callable[[], dict[str, Any] | None] | None = None,
+        on_moved: Callable[[str], object] | None = None,
     ) -> None:
         self.spec = spec
         self.edge_id = spec.edge_id
@@ -98,6 +101,7 @@ class Membership(Service):
         self.clock = clock
         self.on_void: Callable[[str], object] = on_void or (lambda reason: None)
         self.load = load
+        self.on_moved: Callable[[str], object] = on_moved or (lambda node_id: None)
         self.session = STARTING
         self.session_error: str | None = "not joined yet"
         self.lost_since: float | None = clock.seconds()
@@ -276,7 +280,10 @@ class Membership(Service):
                     self.log.info("Edge {edge} left the cluster", edge=name)
         elif section == "nodes":
             if kind == "put":
-                self.owners[name] = {"edge": _json(kv.value).get("edge"), "revision": kv.mod_revision}
+                edge = _json(kv.value).get("edge")
+                self.owners[name] = {"edge": edge, "revision": kv.mod_revision}
+                if edge != self.edge_id:
+                    self.on_moved(name)
             else:
                 self.owners.pop(name, None)
         elif section == "load":

@@ -482,6 +482,24 @@ class HeldElsewhereTests(TwoEdges):
         pump.flush()
         self.assertTrue(self.a.service.cancel(run_id))
 
+    def test_readers_let_go_when_the_node_moves(self):
+        """
+        A reader following at A a background run that waits for n1 is let
+        go (its stream ends, no terminal) once n1 registers at B.
+        """
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", background=True)
+        _, pump, edge_protocol = self.a.register("tok-1")
+        run_id = self.successResultOf(self.a.service.submit(spec, Recorder().for_run))
+        ended: list[bool] = []
+        self.successResultOf(self.a.service.follow(run_id, 0, lambda seq, event: None, lambda: ended.append(True)))
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(ended, [])
+        self.b.register("tok-1")
+        self.assertEqual(ended, [True])
+        record = self.a.service.runs.get(run_id)
+        self.assertEqual((record.status, record.followers) if record is not None else None, ("running", []))
+
     def test_foreground_is_read_here(self):
         """
         A foreground run ended with its link: it is A's to answer.
