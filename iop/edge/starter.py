@@ -93,6 +93,8 @@ class Starter:
         """
         spec = work.spec
         work.attempts += 1
+        clock = self.inflight.clock
+        spec.timing.place(clock.seconds())
         record = None
         dispatch: RunDispatch | TunnelDispatch
         try:
@@ -139,8 +141,10 @@ class Starter:
             raise error from None
         self.inflight.add(dispatch)
         self.runs.started(record)
+        dispatch.timing = spec.timing
         try:
             dispatch.send(message)
+            spec.timing.sent = clock.seconds()
         except FrameTooLarge as e:
             # The request itself is too big for the wire: the caller's
             # mistake, said before anything reached the Node.
