@@ -214,7 +214,7 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.assertEqual(json.loads(answer)["error"]["code"], "key_rate_limited")
         self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
         run_id = self.node.of("run_request")[-1].run_id
-        self.node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
+        self.node.connection.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(self.result(running)[0], 200)
         self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)

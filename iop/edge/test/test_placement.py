@@ -116,7 +116,7 @@ class PlacementTests(SynchronousTestCase):
         With one ready node, an adapter name alone places there, with a
         lease.
         """
-        self.n2.wire.transport.loseConnection()
+        self.n2.transport.loseConnection()
         self.edge.flush()
         self.successResultOf(self.submit(adapter="echo"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)

@@ -99,7 +99,7 @@ class RegistrationTests(SynchronousTestCase):
         closes it.
         """
         node, pump, edge_protocol = self.edge.register(ready=False)
-        node.wire.send(messages.run_event("x", 0, "start"))
+        node.connection.send(messages.run_event("x", 0, "start"))
         pump.flush()
         self.assertTrue(node.lost)
         self.assertIn("run_event", edge_protocol.close_reason)
@@ -128,7 +128,7 @@ class FencingTests(SynchronousTestCase):
         (no second "ready" event, capacity not doubled).
         """
         node, pump, _ = self.edge.register()
-        node.wire.send(messages.ready_request(node_id="n1"))
+        node.connection.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertEqual([r.ready for r in node.of("node_ready_response")], [True, True])
         self.assertEqual([e["event"] for e in self.edge.node_events].count("ready"), 1)
@@ -140,7 +140,7 @@ class FencingTests(SynchronousTestCase):
         A ready naming another node than the registration is refused.
         """
         node, pump, _ = self.edge.register(ready=False)
-        node.wire.send(messages.ready_request(node_id="n2"))
+        node.connection.send(messages.ready_request(node_id="n2"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.edge.service.status()["nodes"][1]["connected"])
@@ -192,7 +192,7 @@ class RunTests(SynchronousTestCase):
 
     def reply(self, run_id, *events):
         for seq, (kind, text) in enumerate(events, 1):
-            self.node.wire.send(messages.run_event(run_id=run_id, seq=seq, type=kind, text=text))
+            self.node.connection.send(messages.run_event(run_id=run_id, seq=seq, type=kind, text=text))
         self.pump.flush()
 
     def test_run_request_and_relay_order(self):
@@ -310,7 +310,7 @@ class RunTests(SynchronousTestCase):
         d = self.edge.service.command("n1", "capabilities")
         self.pump.flush()
         (request,) = self.node.of("node_command_request")
-        self.node.wire.send(messages.command_result(request.request_id, '{"a": 1}'))
+        self.node.connection.send(messages.command_result(request.request_id, '{"a": 1}'))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), {"a": 1})
 
@@ -325,13 +325,13 @@ class RunTests(SynchronousTestCase):
         (request,) = self.node.of("cancel_request")
         self.assertEqual(request.kind, messages.TERMINATE_SESSION)
         answer = messages.cancel_response(request_id=request.request_id, ok=False, reason="no", code="not_supported")
-        self.node.wire.send(answer)
+        self.node.connection.send(answer)
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "no", "not_supported"))
         d = self.edge.service.terminate_session("n1", "echo", "", "s1")
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
-        self.node.wire.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
+        self.node.connection.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "?", "failed"))
 
@@ -350,7 +350,7 @@ class RunTests(SynchronousTestCase):
             d = self.edge.service.command("n1", "x")
             self.pump.flush()
             request = self.node.of("node_command_request")[-1]
-            self.node.wire.send(messages.command_error(request.request_id, code, "e"))
+            self.node.connection.send(messages.command_error(request.request_id, code, "e"))
             self.pump.flush()
             failure = self.failureResultOf(d, ServiceError)
             self.assertEqual((failure.value.kind, failure.value.code), (kind, code))
@@ -381,7 +381,7 @@ class RunTests(SynchronousTestCase):
         (request,) = self.node.of("node_command_request")
         self.assertTrue(request.stream)
         for n in (1, 2):
-            self.node.wire.send(messages.command_result(request.request_id, f'{{"n": {n}}}', progress=True))
+            self.node.connection.send(messages.command_result(request.request_id, f'{{"n": {n}}}', progress=True))
         self.pump.flush()
         self.assertEqual(updates, [{"n": 1}, {"n": 2}])
         self.assertNoResult(d)
@@ -469,7 +469,7 @@ class ReloadTests(SynchronousTestCase):
         (refresh,) = self.ready.of("config_refresh")
         if answer is not None:
             answer.request_id = refresh.request_id
-            self.ready.wire.send(answer)
+            self.ready.connection.send(answer)
             self.pump.flush()
         return self.edge.service.status()["nodes"][0]
 
