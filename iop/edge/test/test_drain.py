@@ -199,11 +199,15 @@ class NodeDrainingTests(OneNodeTestCase):
         self.node.connection.send(messages.node_draining(grace_sec=30))
         self.pump.flush()
         self.assertNoResult(waiting)
-        on_n2 = first if self.service.inflight.get(first).link.node_id == "n2" else second
+        dispatch = self.service.inflight.get(first)
+        assert dispatch is not None
+        on_n2 = first if dispatch.link.node_id == "n2" else second
         other.connection.send(messages.run_event(run_id=on_n2, seq=1, type="complete"))
         other_pump.flush()
         run_id = self.successResultOf(waiting)
-        self.assertEqual(self.service.inflight.get(run_id).link.node_id, "n2")
+        dispatch = self.service.inflight.get(run_id)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n2")
 
 
 class WireVersionTests(SynchronousTestCase):
@@ -231,4 +235,6 @@ class WireVersionTests(SynchronousTestCase):
         (response,) = node.of("register_response")
         self.assertTrue(response.accepted)
         self.assertEqual(response.wire_version, WIRE_VERSION)
-        self.assertEqual(edge.service.registry.owner("n1").wire_version, 1)
+        owner = edge.service.registry.owner("n1")
+        assert owner is not None
+        self.assertEqual(owner.wire_version, 1)

@@ -5,7 +5,7 @@ generation fencing, run relay, cancel and disconnects.
 
 import copy
 import json
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.config import token_digest
 from iop.edge.errors import ServiceError
+from iop.edge.registry import Wire
 from iop.edge.spec import RunSpec
 from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
@@ -149,7 +150,8 @@ class FencingTests(SynchronousTestCase):
         """
         A ready from a connection that is no longer the owner is refused.
         """
-        link = self.edge.service.registry.register("tok-1", wire=None)
+        # No wire: the link is lost before anything is sent on it.
+        link = self.edge.service.registry.register("tok-1", wire=cast(Wire, None))
         self.edge.service.registry.lost(link)
         response, first = self.edge.service.links.ready(link, "n1")
         self.assertFalse(first)
@@ -181,7 +183,9 @@ class FencingTests(SynchronousTestCase):
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
         second, _, _ = self.edge.register()
         self.assertTrue(second.of("node_ready_response")[0].ready)
-        self.assertEqual(self.edge.service.registry.owner("n1").generation, 2)
+        owner = self.edge.service.registry.owner("n1")
+        assert owner is not None
+        self.assertEqual(owner.generation, 2)
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
 
 
@@ -228,7 +232,9 @@ class RunTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo")
         run = self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
-        self.assertEqual(self.edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         self.edge.register(token="tok-2")
         f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertIn("name a node", f.value.message)
@@ -274,7 +280,9 @@ class RunTests(SynchronousTestCase):
         self.edge_protocol.transport.loseConnection()
         self.pump.flush()
         self.assertEqual(recorder.types(), ["error"])
-        self.assertEqual(recorder.events[0].error.code, "node_disconnected")
+        error = recorder.events[0].error
+        assert error is not None
+        self.assertEqual(error.code, "node_disconnected")
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(self.edge.node_events[-1]["event"], "disconnected")
         status = self.edge.service.status()["nodes"][0]
@@ -287,7 +295,10 @@ class RunTests(SynchronousTestCase):
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
         run = self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
-        lease = self.edge.service.inflight.get(run).placement.lease
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        lease = dispatch.placement.lease
+        assert lease is not None
         self.reply(run, ("complete", ""))
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertFalse(lease.release())
@@ -418,7 +429,9 @@ class ReadyOrderTests(SynchronousTestCase):
         self.assertNoResult(waiting)
         node, _, _ = edge.register(token="tok-1")
         run = self.successResultOf(waiting)
-        self.assertEqual(edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         kinds = [kind for kind, _ in node.received]
         self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
 
