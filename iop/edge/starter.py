@@ -70,9 +70,8 @@ class Starter:
         """
         if self.drain.draining:
             return defer.fail(shutting_down())
-        d = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
-        d.addCallback(self._start, work)
-        return d
+        placed = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
+        return placed.addCallback(self._start, work)
 
     def cancel(self, work_id: str) -> bool:
         """
