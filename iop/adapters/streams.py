@@ -525,13 +525,13 @@ class HTTPAdapter(AdapterBase):
         problem = http_url_problem(base_url)
         if problem is not None:
             raise AdapterConfigError(f"adapters[{name}].base_url {problem}")
-        self.base_url = base_url.rstrip("/")
-        self.api_key = self.option("api_key", None, str)
-        self.extra_headers = self.option("headers", {}, dict)
+        self.base_url: str = base_url.rstrip("/")
+        self.api_key: str | None = self.option("api_key", None, str)
+        self.extra_headers: dict[str, str] = self.option("headers", {}, dict)
         for key, value in self.extra_headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
-        self.drop_headers = self.option("drop_headers", [], list)
+        self.drop_headers: list[str] = self.option("drop_headers", [], list)
         if not all(isinstance(h, str) for h in self.drop_headers):
             raise AdapterConfigError(f"adapters[{name}].drop_headers must be a list of header names")
         timeout = self.option("connect_timeout_sec", 10, (int, float))
@@ -540,8 +540,8 @@ class HTTPAdapter(AdapterBase):
         idle = self.option("idle_timeout_sec", 300, (int, float))
         if idle < 0:
             raise AdapterConfigError(f"adapters[{name}].idle_timeout_sec must not be negative")
-        self.idle_timeout = idle or None
-        self.clock = reactor
+        self.idle_timeout: float | None = idle or None
+        self.clock: IReactorTime = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
