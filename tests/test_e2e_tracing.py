@@ -115,9 +115,11 @@ def test_spans_exported_and_context_sent_on(launch, fake_provider, collector):
     run_context = sent_traceparent(llm)
 
     spans = wait_for(
-        lambda: len(found := collector.spans_named("POST /v1/chat/completions") + collector.spans_named("POST /v1/runs"))
-        == 2
-        and found,
+        lambda: (
+            len(found := collector.spans_named("POST /v1/chat/completions") + collector.spans_named("POST /v1/runs"))
+            == 2
+            and found
+        ),
         timeout=15,
         what="both spans at the collector",
     )

@@ -7,7 +7,7 @@ tests/test_e2e_tracing.py).
 """
 
 import copy
-from typing import cast
+from typing import Any, cast
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -37,7 +37,8 @@ def traced(headers=()):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    request = DummyRequest([b"v1", b"chat", b"completions"])
+    # (twisted.web's test double stands in for its Request.)
+    request: Any = DummyRequest([b"v1", b"chat", b"completions"])
     request.method = b"POST"
     for name, value in headers:
         request.requestHeaders.addRawHeader(name, value)
@@ -113,7 +114,7 @@ class PropagationTests(SynchronousTestCase):
         headers = dict((name.lower(), value) for name, value in caller_headers(request))
         self.assertEqual(headers["traceparent"], request.traceparent)
         self.assertEqual(headers["x-team"], "ops")
-        plain = DummyRequest([b""])
+        plain: Any = DummyRequest([b""])
         plain.requestHeaders.addRawHeader(b"traceparent", CALLER.encode())
         self.assertIn(("traceparent", CALLER), [(n.lower(), v) for n, v in caller_headers(plain)])
 
@@ -127,7 +128,7 @@ class PropagationTests(SynchronousTestCase):
         spec.traceparent = outgoing_traceparent(request)
         placement = Placement(link=cast(NodeLink, None), adapter="llm", adapter_type="openai_compat")
         self.assertEqual(_run_request("r1", placement, spec).traceparent, request.traceparent)
-        plain = DummyRequest([b""])
+        plain: Any = DummyRequest([b""])
         plain.requestHeaders.addRawHeader(b"traceparent", CALLER.encode())
         self.assertEqual(outgoing_traceparent(plain), CALLER)
-        self.assertEqual(outgoing_traceparent(DummyRequest([b""])), "")
+        self.assertEqual(outgoing_traceparent(cast(Any, DummyRequest([b""]))), "")
