@@ -70,9 +70,8 @@ class Starter:
         """
         if self.drain.draining:
             return defer.fail(shutting_down())
-        d = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
-        d.addCallback(self._start, work)
-        return d
+        placed = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
+        return placed.addCallback(self._start, work)
 
     def cancel(self, work_id: str) -> bool:
         """
@@ -93,6 +92,8 @@ class Starter:
         """
         spec = work.spec
         work.attempts += 1
+        clock = self.inflight.clock
+        spec.timing.place(clock.seconds())
         record = None
         dispatch: RunDispatch | TunnelDispatch
         try:
@@ -139,8 +140,10 @@ class Starter:
             raise error from None
         self.inflight.add(dispatch)
         self.runs.started(record)
+        dispatch.timing = spec.timing
         try:
             dispatch.send(message)
+            spec.timing.sent = clock.seconds()
         except FrameTooLarge as e:
             # The request itself is too big for the wire: the caller's
             # mistake, said before anything reached the Node.
@@ -244,6 +247,7 @@ def _run_request(run_id: str, placement: Placement, spec: RunSpec) -> messages.R
         background=spec.background,
         options_json=json.dumps(spec.options) if spec.options else "",
         caller=spec.caller or "",
+        traceparent=spec.traceparent,
     )
 
 
