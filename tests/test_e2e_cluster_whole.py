@@ -11,6 +11,8 @@ Edges, Nodes that know every Edge.
     re-homes (measured, lease TTL 2 s) and hands it to its new Edge: its
     reader resumes at a third Edge with Last-Event-ID and gets every
     event, those emitted while no Edge held the Node included;
+  - a native run streamed to its caller (not in the background) whose
+    Edge is SIGKILLed is resumed by its caller at another Edge, whole;
   - A's link to its Node cut (a frozen proxy): the Node takes its
     background run to B; A's reader is let go and, resuming at A, is sent
     to B, and A answers the run with B's record;
@@ -232,6 +234,31 @@ def test_run_survives_its_edge(launch, etcd):
     run = read_back(b, run_id)
     assert (run["status"], run["output"]) == ("complete", text)
     assert "taken back" in b.output() + c.output()
+
+
+def test_native_stream_survives_its_edge(launch, etcd):
+    """
+    A native run streamed to its caller at A (not a background run); A
+    is SIGKILLed mid-run, cutting the caller off. The Node kept the run
+    and hands it to B, where the caller resumes with Last-Event-ID: every
+    event once, the text whole.
+    """
+    a, b = cluster(launch, etcd, 2, config(delay_ms=60))
+    cluster_node(launch, [a, b], "tok-1", INTERVAL)
+    a.wait_connected("node-1")
+    text = words("f", 80)
+    conn, response = a.stream("POST", "/v1/runs", {"model": "one", "input": text, "stream": True})
+    assert response.status == 200
+    events = []
+    while len(events) < 6:
+        assert not read_events_one(response, events)
+    run_id = events[0][1]["run_id"]
+    a.stop(signal.SIGKILL)
+    conn.close()
+    resume([b], run_id, events)
+    assert_whole(events, text)
+    run = read_back(b, run_id)
+    assert (run["status"], run["output"]) == ("complete", text)
 
 
 def test_run_read_where_its_node_went(launch, etcd):

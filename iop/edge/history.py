@@ -89,13 +89,12 @@ class RunHistory:
         """
         Where a run this Edge has on record is read now, when that is
         another Edge: the one its Node is connected to, when this Edge
-        lost that Node while the background run went on (it waits for the Node, or
+        lost that Node while the run went on (it waits for the Node, or
         ended here as C{node_disconnected}) — the Node kept the run and
         handed it to its new Edge.
         """
         record = self.runs.get(run_id)
-        # (Only a background run goes on at its Node without its link.)
-        if record is None or not record.background or not record.node:
+        if record is None or record.kind == TUNNEL or not record.node:
             return None
         if record.done and (record.error or {}).get("code") != NODE_DISCONNECTED:
             return None

@@ -24,7 +24,7 @@ from typing import Any
 from twisted.application.service import IService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from zope.interface import implementer
+from zope.interface import Attribute, implementer
 
 from iop.edge.http.request import EdgeRequest
 from iop.edge.spec import RunSpec
@@ -67,6 +67,10 @@ class ICluster(IService):
     tree; a stopping Edge says L{start_draining} at once and L{leave}s
     once its work is over.
     """
+
+    keeps_runs = Attribute(
+        "Whether a native run should outlive its Edge (RunSpec.outlives_edge): another Edge may take it on."
+    )
 
     def forward_target(spec: RunSpec) -> Forward | None:
         """
@@ -154,8 +158,10 @@ class SoloEdge(Service):
     """
     The cluster of an Edge on its own: it owns every node under the
     generation the registry gives it, forwards nothing and shows nothing
-    of a cluster in its status.
+    of a cluster in its status; no other Edge could take a run on.
     """
+
+    keeps_runs = False
 
     def forward_target(self, spec: RunSpec) -> Forward | None:
         return None

@@ -78,6 +78,11 @@ class RunSpec:
     @ivar background: the run goes on when its caller leaves (never a
         tunnel: a background run is always a normalized run, so that its
         events can be kept and read back).
+    @ivar outlives_edge: its Node keeps it going when its link is lost,
+        as it keeps a background run (a native run in an Edge cluster):
+        should its Edge die, the Node's next Edge takes it on, and its
+        caller, cut off, resumes its events at any Edge. The Edge that
+        lost the link still ends it for its caller, as ever.
     @ivar caller: the name of the caller's key, for the token metrics.
     @ivar tenant: the caller's key as a L{Tenant} (share, priority,
         budgets); C{None}: an anonymous caller.
@@ -98,6 +103,7 @@ class RunSpec:
     model: str | None = None
     session_id: str = ""
     background: bool = False
+    outlives_edge: bool = False
     options: dict = field(default_factory=dict)
     tunnel: TunnelSpec | None = None
     runs: bool = True

@@ -244,7 +244,8 @@ def _run_request(run_id: str, placement: Placement, spec: RunSpec) -> messages.R
         chat,
         target=placement.target or spec.target,
         session_id=spec.session_id,
-        background=spec.background,
+        # (The wire's background is what the Node keeps across a lost link.)
+        background=spec.background or spec.outlives_edge,
         options_json=json.dumps(spec.options) if spec.options else "",
         caller=spec.caller or "",
         traceparent=spec.traceparent,

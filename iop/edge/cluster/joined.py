@@ -52,6 +52,9 @@ class EtcdCluster(Service):
     @ivar reader: the L{PeerReader} (on the forwarder's connections).
     """
 
+    #: A Node that loses this Edge takes its runs to another.
+    keeps_runs = True
+
     def __init__(
         self,
         spec: ClusterSpec,

@@ -181,6 +181,9 @@ class Runs(JSONResource):
     def handle_POST(self, request: EdgeRequest) -> object:
         body = self.read_json(request)
         spec = claim(parse_run(body), request)
+        # A native run may be resumed: in a cluster its Node keeps it
+        # should its Edge die (background runs are kept anyway).
+        spec.outlives_edge = not spec.background and self.service.cluster.keeps_runs
         stream = boolean(body, "stream", True)
         if spec.background and not stream:
             return self._background(request, spec)

@@ -500,14 +500,21 @@ class HeldElsewhereTests(TwoEdges):
         record = self.a.service.runs.get(run_id)
         self.assertEqual((record.status, record.followers) if record is not None else None, ("running", []))
 
-    def test_foreground_is_read_here(self):
+    def test_native_runs_outlive_their_edge(self):
         """
-        A foreground run ended with its link: it is A's to answer.
+        In a cluster a native run is sent as one its Node keeps across a
+        lost link (the wire's background), though not a background run
+        here.
         """
-        record = self.lost_run("error", NODE_DISCONNECTED)
-        record.background = False
-        self.b.register("tok-1")
-        self.assertIsNone(self.a.service.history.held_elsewhere("run-x"))
+        self.assertTrue(self.a.service.cluster.keeps_runs)
+        node, pump, _ = self.a.register("tok-1")
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", outlives_edge=True)
+        self.successResultOf(self.a.service.submit(spec, Recorder().for_run))
+        pump.flush()
+        [request] = node.of("run_request")
+        self.assertTrue(request.background)
+        record = self.a.service.runs.get(request.run_id)
+        self.assertFalse(record.background if record is not None else True)
 
     def test_node_nowhere(self):
         """
