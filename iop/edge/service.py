@@ -115,8 +115,10 @@ class EdgeService(MultiService):
         self.links.close_all(reason)
 
     def _moved(self, node_id: str) -> None:
-        # Another Edge has the node now, and the runs it kept.
-        self.history.node_moved(node_id)
+        # Another Edge has the node now, and the runs it kept (those this
+        # Edge waits for, if any: a claim elsewhere is mostly not news).
+        if self.inflight.detached_on(node_id):
+            self.history.node_moved(node_id)
 
     def status(self) -> dict[str, Any]:
         """Every node with its providers, every model group, the cluster."""
