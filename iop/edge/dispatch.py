@@ -26,7 +26,7 @@ from zope.interface import Interface, implementer
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
 from iop.protocols import iop_pb2
-from iop.protocols.convert import usage_from_wire, usage_to_json
+from iop.protocols.convert import failure_from_wire, usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
     ADAPTER_ERROR,
@@ -109,8 +109,8 @@ class Placement:
 
     def record_failure(self, failure):
         """
-        Tell the provider's health about a failure before any output (only
-        the provider's own failures count: see L{provider_failed}).
+        Tell the provider's health about a failure, before or after output
+        (only the provider's own failures count: see L{provider_failed}).
         """
         if self.lease is not None and provider_failed(failure):
             self.lease.report(failure.code, failure.message)
@@ -142,6 +142,9 @@ class Dispatch:
         returns a callable to take the work over (the dispatch ends
         quietly, then calls it: the Edge places the work again), or
         C{None} to let the listener get the failure.
+    @ivar on_failure: when set, called as C{on_failure(dispatch, failure)}
+        for every failure of the provider itself (L{provider_failed}),
+        before or after output.
     @ivar window: the stream's flow-control window (L{iop.edge.flow}), on
         links of wire version 3 or later.
     """
@@ -162,16 +165,25 @@ class Dispatch:
         self.done = False
         self.output = False
         self.on_early_failure = None
+        self.on_failure = None
         self.window = None
         self._grace = None
 
     def _first_output(self):
         """
-        The provider answered: from now on nothing is retried, and its
-        health hears of a success.
+        The provider answered: from now on nothing is retried (its health
+        hears of a success when the answer is whole).
         """
         self.output = True
-        self.placement.record_success()
+
+    def _provider_failure(self, failure):
+        """
+        Tell the provider's health, and L{on_failure}, of C{failure} when
+        it is the provider's own.
+        """
+        self.placement.record_failure(failure)
+        if self.on_failure is not None and provider_failed(failure):
+            self.on_failure(self, failure)
 
     def _taken_over(self, failure):
         """
@@ -182,7 +194,7 @@ class Dispatch:
         """
         if self.output:
             return False
-        self.placement.record_failure(failure)
+        self._provider_failure(failure)
         then = self.on_early_failure(self, failure) if self.on_early_failure is not None else None
         if then is None:
             return False
@@ -345,11 +357,17 @@ class RunDispatch(Dispatch):
             # A terminal without its reason: give it a generic one.
             code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
             event = replace(event, error=RunFailure(code=code, message=message))
-        if event.type == ERROR and self._taken_over(event.error):
-            return
+        if event.type == ERROR:
+            if self.output:
+                # Cut, stalled or malformed mid-answer: it counts too.
+                self._provider_failure(event.error)
+            elif self._taken_over(event.error):
+                return
         if not self.output and event.type != ERROR:
             self._first_output()
         self.output = True
+        if event.type == COMPLETE:
+            self.placement.record_success()
         if event.type in TERMINAL_TYPES:
             self.finish()
             if event.type == ERROR:
@@ -383,11 +401,25 @@ class RunDispatch(Dispatch):
 
 
 class TunnelDispatch(Dispatch):
+    """
+    A provider tunnel. The provider's status and headers are held until
+    its first body byte (or its end), so that a failure before then (a
+    missed deadline, a body cut before it was whole) can still be placed
+    again, or answered as an error instead of a 200 with part of a body.
+    A 429's decision waits for its headers (its C{Retry-After}).
+    """
+
     kind = "tunnel"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.usage = None
+        self._status = None
+        self._headers = None
+        #: A 429 waiting for its headers before it is decided on.
+        self._refusal = None
+        #: The provider answered a failure status the caller is given.
+        self._failed_status = False
 
     def frame(self, frame):
         """
@@ -396,36 +428,28 @@ class TunnelDispatch(Dispatch):
         if self.done:
             return
         which = frame.WhichOneof("frame")
+        if self._refusal is not None and which != "headers":
+            refusal, self._refusal = self._refusal, None
+            if self._refused(refusal):
+                return
         if which == "error":
-            error = frame.error
-            self.fail(error.code or ADAPTER_ERROR, error.message or "no reason given", error.status)
+            failure = failure_from_wire(frame.error)
+            self.fail_with(
+                replace(failure, code=failure.code or ADAPTER_ERROR, message=failure.message or "no reason given")
+            )
             return
         if which is None:
             self.violation("empty tunnel frame")
             return
         if which == "status":
-            if not 100 <= frame.status <= 599:
-                self.violation(f"tunnel status {frame.status} is not an HTTP status")
-                return
-            if not self.output and (frame.status >= 500 or frame.status == 429):
-                failure = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {frame.status}", frame.status)
-                if self._taken_over(failure):
-                    self._cancel_on_node()
-                    return
-        if not self.output:
-            self._first_output()
-        if which == "status":
-            self._tell(self.listener.status, frame.status)
+            self._on_status(frame.status)
         elif which == "headers":
-            pairs = [(h.name, h.value) for h in frame.headers.headers]
-            for name, value in pairs:
-                if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
-                    self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
-                    return
-            self._tell(self.listener.headers, pairs)
+            self._on_headers([(h.name, h.value) for h in frame.headers.headers])
         elif which == "body":
-            self._tell(self.listener.body, frame.body)
-            self.delivered(len(frame.body))
+            self._open()
+            if not self.done:
+                self._tell(self.listener.body, frame.body)
+                self.delivered(len(frame.body))
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
             self.usage = usage_to_json(usage)
@@ -439,14 +463,85 @@ class TunnelDispatch(Dispatch):
                 return
             self._tell(self.listener.metadata, info)
         elif which == "end":
+            self._open()
+            if self.done:
+                return
+            if not self._failed_status:
+                self.placement.record_success()
             self.finish()
             self.tracker.tunnel_ended(self, COMPLETE, None)
             self._tell(self.listener.end)
 
+    def _on_status(self, status):
+        if not 100 <= status <= 599:
+            self.violation(f"tunnel status {status} is not an HTTP status")
+            return
+        if self.output:
+            self._tell(self.listener.status, status)
+            return
+        self._status = status
+        if status == 429:
+            self._refusal = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status)
+        elif status >= 500:
+            self._refused(RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status))
+
+    def _on_headers(self, pairs):
+        for name, value in pairs:
+            if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
+                self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
+                return
+        if self.output:
+            self._tell(self.listener.headers, pairs)
+            return
+        self._headers = pairs
+        if self._refusal is not None:
+            refusal, self._refusal = self._refusal, None
+            self._refused(replace(refusal, retry_after_sec=retry_after(pairs)))
+
+    def _refused(self, failure):
+        """
+        The provider answered a failure status before its body: place the
+        work again if that is planned (the Node is told to drop this
+        attempt); else the caller gets the provider's own answer.
+
+        @return: whether the work was taken over.
+        """
+        self._failed_status = True
+        if self._taken_over(failure):
+            self._cancel_on_node()
+            return True
+        self._open()
+        return False
+
+    def _open(self):
+        """
+        The caller's answer begins: the held status and headers go to the
+        listener, and nothing is retried any more.
+        """
+        if self.output:
+            return
+        self._first_output()
+        if self._status is not None:
+            self._tell(self.listener.status, self._status)
+        if self._headers is not None and not self.done:
+            self._tell(self.listener.headers, self._headers)
+
     def fail(self, code, message, status=0):
-        failure = RunFailure(code=code, message=message, status=status)
+        self.fail_with(RunFailure(code=code, message=message, status=status))
+
+    def fail_with(self, failure):
+        """
+        End the tunnel with C{failure}: placed again if it came before the
+        first body byte and that is planned; else its listener is told
+        (mid-answer: the surface ends the caller's answer with an explicit
+        error).
+        """
+        late = self.output
         if self._taken_over(failure) or not self.finish():
             return
+        if late:
+            self._provider_failure(failure)
+        code, message = failure.code, failure.message
         (self.log.info if code in (CANCELLED, SHUTTING_DOWN) else self.log.warn)(
             "tunnel {tunnel_id} on node {node} ({adapter}) ended: {code}: {reason}",
             tunnel_id=self.id,
@@ -464,3 +559,17 @@ class TunnelDispatch(Dispatch):
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)
+
+
+def retry_after(pairs):
+    """
+    The delay a C{Retry-After} header among C{pairs} asks for, in seconds
+    (its delay-seconds form; 0 when absent or an HTTP date).
+    """
+    for name, value in pairs:
+        if name.lower() == "retry-after":
+            try:
+                return max(float(value.strip()), 0.0)
+            except ValueError:
+                return 0.0
+    return 0.0

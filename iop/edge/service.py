@@ -26,7 +26,7 @@ its caller (L{EdgeService.hurry} ends it at once).
 import json
 
 from twisted.application.service import MultiService, Service
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 
@@ -34,11 +34,12 @@ from iop.edge.admission import Admission
 from iop.edge.bus import EventBus
 from iop.edge.dispatch import RunDispatch, TunnelDispatch
 from iop.edge.errors import ServiceError
-from iop.edge.failover import Work
+from iop.edge.failover import Failover, Work
 from iop.edge.inflight import Inflight
 from iop.edge.links import NodeLinks
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
+from iop.edge.probes import probe_provider
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import QUEUED, RUN, TUNNEL, RunBook, no_such_run, stored_json, visible
 from iop.edge.spec import new_id
@@ -48,8 +49,8 @@ from iop.protocols import iop_pb2
 from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     CANCELLED,
-    CAPACITY_EXCEEDED,
     FAILED,
+    INCOMPLETE,
     INVALID_ARGS,
     NOT_SUPPORTED,
     SHUTTING_DOWN,
@@ -110,7 +111,12 @@ class EdgeService(MultiService):
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
         self.pool = ProviderPool(
-            reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec, config.health
+            reactor,
+            config.providers(),
+            config.model_groups,
+            config.direct_queue_timeout_sec,
+            config.health,
+            prober=lambda spec: probe_provider(self, spec),
         )
         run_log = config.run_log
         self.runs = RunBook(
@@ -119,6 +125,7 @@ class EdgeService(MultiService):
         self.inflight = Inflight(reactor, self.runs)
         self.links = NodeLinks(lambda: self.config, self.registry, self.pool, self.inflight, self.bus)
         self.placer = Placer(lambda: self.config, self.registry, self.pool)
+        self.failover = Failover(self.pool, self.placer, reactor, self.bus)
         self.admission = Admission(reactor, self._place)
         self.budgets = TokenBudgets(reactor.seconds)
         self.pool.on_wait_end = self._wait_ended
@@ -209,7 +216,14 @@ class EdgeService(MultiService):
             ticket.work_id = spec.run_id
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **self._labels(spec))
             self.runs.when_ended(record, lambda: ticket.settle_usage(record.usage))
-        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
+        work = Work(
+            spec,
+            listener_for,
+            retries=self.placer.retries(spec),
+            id=spec.run_id or None,
+            ticket=ticket,
+            since=self.clock.seconds(),
+        )
         d = self.admission.submit(work)
         d.addErrback(_never_ran, ticket)
         if record is not None:
@@ -293,6 +307,7 @@ class EdgeService(MultiService):
                 listener = work.listener_for(RUN, work.id)
                 dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work.id, record)
             dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
+            dispatch.on_failure = self._provider_failed
         except ServiceError as e:
             placement.release()
             self._abandon(record, work, e)
@@ -332,44 +347,31 @@ class EdgeService(MultiService):
 
     def _failed_early(self, failed, failure, work):
         """
-        An attempt failed before its caller saw a byte. If the failure
-        qualifies and the work has retries left, @return: what places it
-        again (on another provider for a provider failure; anywhere for a
-        Node that refused admitted work); else C{None}.
+        An attempt failed before its caller saw a byte. @return: what
+        places it again when L{Failover.plan} says where (another provider
+        of its group, the same one after a delay, a fallback group; or
+        anywhere for a Node that refused admitted work); else C{None}.
         """
         if self.draining:
             return None
-        if failure.code != CAPACITY_EXCEEDED and not self.placer.elsewhere(
-            work.spec, work.avoid | {failed.placement.key}
-        ):
-            # No other provider could take it: the caller gets the
-            # provider's own answer, unchanged.
+        delay = self.failover.plan(failed, failure, work)
+        if delay is None:
             return None
-        if not work.may_retry(failure):
-            return None
-        if failure.code == CAPACITY_EXCEEDED:
-            self.log.warn(
-                "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
-                " placing it again (check the node's max_concurrency against its providers' capacity)",
-                node=failed.link.node_id,
-                id=work.id,
-            )
-        else:
-            work.avoid.add(failed.placement.key)
-            self.log.info(
-                "{id}: provider {node}/{provider} failed before answering ({code}); placing it elsewhere",
-                id=work.id,
-                node=failed.link.node_id,
-                provider=failed.placement.provider_id,
-                code=failure.code,
-            )
-            self.bus.publish(
-                "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
-            )
-        return lambda: self._place_again(failed, failure, work)
+        return lambda: self._place_again(failed, failure, work, delay)
 
-    def _place_again(self, failed, failure, work):
-        d = self._place(work)
+    def _provider_failed(self, failed, failure):
+        """
+        A provider failed a piece of work (before or after its first
+        byte): deadline hits and cut answers are published (for metrics).
+        """
+        where = {"node": failed.link.node_id, "provider": failed.placement.provider_id}
+        if failure.deadline:
+            self.bus.publish("provider", dict(where, event="deadline", kind=failure.deadline))
+        if failure.code == INCOMPLETE:
+            self.bus.publish("provider", dict(where, event="incomplete", continued=False))
+
+    def _place_again(self, failed, failure, work, delay=0.0):
+        d = task.deferLater(self.clock, delay, self._place, work) if delay > 0 else self._place(work)
         self._placing_again[work.id] = d
 
         def not_placed(outcome):
