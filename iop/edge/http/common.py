@@ -622,13 +622,19 @@ class EventStream:
         """
         self.send_raw("[DONE]")
 
-    def fail(self, failure):
+    def fail(self, failure, usage=None):
         """
         End a stream that already began with an error event for the
-        L{iop.run.RunFailure} C{failure}, then the end-of-stream marker, so
-        an SDK ends its iteration cleanly.
+        L{iop.run.RunFailure} C{failure} (with C{usage}, the usage so far
+        as the caller's dialect shows it, when known: an answer cut
+        mid-way, code C{incomplete}), then the end-of-stream marker, so an
+        SDK ends its iteration cleanly and never takes it for a whole
+        answer.
         """
-        self.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
+        event = {"error": {"message": failure.message, "type": "api_error", "code": failure.code}}
+        if usage is not None:
+            event["usage"] = usage
+        self.send(event)
         self.done()
 
     def send_bytes(self, event):

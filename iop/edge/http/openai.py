@@ -192,6 +192,8 @@ _KIND_BY_FAILURE = {
     "shutting_down": "unavailable",
     "cancelled": "unavailable",
     "unknown_adapter": "not_found",
+    # A provider deadline passed before anything reached the caller.
+    "provider_timeout": "timeout",
     # A second placement that failed (see EdgeService._place_again).
     "queue_timeout": "busy",
     "queue_full": "busy",
@@ -252,6 +254,7 @@ class ChatCompletions(JSONResource):
         call = Call(self.service, request, background=background)
         on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
         created = int(self.clock.seconds())
+        runs = self.service.runs
 
         def listener_for(kind, work_id):
             if kind == TUNNEL:
@@ -262,7 +265,10 @@ class ChatCompletions(JSONResource):
             if choices not in (None, 1):
                 # A normalized run produces one answer: never silently one of n.
                 raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
-            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
+            # The model group that serves it (a fallback's, once one took it).
+            record = runs.get(work_id)
+            served = record.model if record is not None and record.model else model
+            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, served, created, include_usage)
 
         return call.submit(spec, listener_for, on_queued)
 
@@ -374,8 +380,9 @@ class ChunkRenderer(_Renderer):
             self.stream.done()
             self.call.finish()
         elif event.type in (ERROR, CANCELLED):
-            # The stream began: it ends with an error event.
-            self.stream.fail(event.error)
+            # The stream began: it ends with an error event (with the
+            # usage so far of an answer cut mid-way).
+            self.stream.fail(event.error, openai_usage(event.usage) if event.usage is not None else None)
             self.call.finish()
 
 
@@ -433,6 +440,8 @@ class TunnelPassthrough:
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+        #: The usage the relayed stream reported so far.
+        self.usage_so_far = None
         #: A provider's error answer to a caller already told it was
         #: queued: C{(status, body parts)}, ended as an SSE error event.
         self.refused = None
@@ -472,6 +481,7 @@ class TunnelPassthrough:
             self.tail = (self.tail + data)[-2:]
 
     def usage(self, usage):
+        self.usage_so_far = usage
         note_usage(self.request, usage)
 
     def metadata(self, info):
@@ -496,7 +506,8 @@ class TunnelPassthrough:
                     self.request.write(b"\n\n")
                 stream = EventStream(self.request)
                 stream.open = True
-                stream.fail(failure)
+                usage = self.usage_so_far
+                stream.fail(failure, openai_usage(usage) if usage is not None else None)
                 self.call.finish()
             else:
                 # Mid-body of one JSON document: the only honest signal
