@@ -406,7 +406,12 @@ class TunnelDispatch(Dispatch):
     its first body byte (or its end), so that a failure before then (a
     missed deadline, a body cut before it was whole) can still be placed
     again, or answered as an error instead of a 200 with part of a body.
-    A 429's decision waits for its headers (its C{Retry-After}).
+
+    A failure status (5xx, 429, 400) is decided on at the first frame
+    after its status and headers: the Node's C{failure} observation (a
+    metadata frame saying its code, such as C{context_length_exceeded},
+    and C{retry_after_sec}), or else the status itself with the
+    C{Retry-After} of its headers.
     """
 
     kind = "tunnel"
@@ -416,7 +421,7 @@ class TunnelDispatch(Dispatch):
         self.usage = None
         self._status = None
         self._headers = None
-        #: A 429 waiting for its headers before it is decided on.
+        #: A failure status waiting for the frame after its headers.
         self._refusal = None
         #: The provider answered a failure status the caller is given.
         self._failed_status = False
@@ -428,9 +433,9 @@ class TunnelDispatch(Dispatch):
         if self.done:
             return
         which = frame.WhichOneof("frame")
-        if self._refusal is not None and which != "headers":
+        if self._refusal is not None and which not in ("status", "headers"):
             refusal, self._refusal = self._refusal, None
-            if self._refused(refusal):
+            if self._refused(self._observed(refusal, frame, which)):
                 return
         if which == "error":
             failure = failure_from_wire(frame.error)
@@ -455,10 +460,8 @@ class TunnelDispatch(Dispatch):
             self.usage = usage_to_json(usage)
             self._tell(self.listener.usage, usage)
         elif which == "metadata_json":
-            # An observation, never part of the body: a bad one is ignored.
-            try:
-                info = json.loads(frame.metadata_json)
-            except ValueError:
+            info = _metadata(frame)
+            if info is None:
                 self.log.warn("tunnel {id}: metadata from the node is not JSON; ignored", id=self.id)
                 return
             self._tell(self.listener.metadata, info)
@@ -480,10 +483,8 @@ class TunnelDispatch(Dispatch):
             self._tell(self.listener.status, status)
             return
         self._status = status
-        if status == 429:
+        if status >= 500 or status in (400, 429):
             self._refusal = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status)
-        elif status >= 500:
-            self._refused(RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status))
 
     def _on_headers(self, pairs):
         for name, value in pairs:
@@ -494,9 +495,25 @@ class TunnelDispatch(Dispatch):
             self._tell(self.listener.headers, pairs)
             return
         self._headers = pairs
-        if self._refusal is not None:
-            refusal, self._refusal = self._refusal, None
-            self._refused(replace(refusal, retry_after_sec=retry_after(pairs)))
+
+    def _observed(self, refusal, frame, which):
+        """
+        The failure a held failure status stands for: what the Node's
+        C{failure} observation says (when C{frame} is one), else the status
+        with its headers' C{Retry-After}.
+        """
+        said = (_metadata(frame) or {}).get("failure") if which == "metadata_json" else None
+        if isinstance(said, dict) and isinstance(said.get("code"), str) and said["code"]:
+            try:
+                return RunFailure(
+                    said["code"],
+                    str(said.get("message") or refusal.message),
+                    int(said.get("status") or refusal.status),
+                    retry_after_sec=max(float(said.get("retry_after_sec") or 0.0), 0.0),
+                )
+            except (TypeError, ValueError):
+                pass
+        return replace(refusal, retry_after_sec=retry_after(self._headers or ()))
 
     def _refused(self, failure):
         """
@@ -506,7 +523,7 @@ class TunnelDispatch(Dispatch):
 
         @return: whether the work was taken over.
         """
-        self._failed_status = True
+        self._failed_status = provider_failed(failure)
         if self._taken_over(failure):
             self._cancel_on_node()
             return True
@@ -559,6 +576,17 @@ class TunnelDispatch(Dispatch):
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)
+
+
+def _metadata(frame):
+    """
+    A tunnel metadata frame's JSON object, or C{None} when it is not one.
+    """
+    try:
+        info = json.loads(frame.metadata_json)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def retry_after(pairs):

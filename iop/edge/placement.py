@@ -70,13 +70,14 @@ class Placer:
 
     def elsewhere(self, spec, avoid):
         """
-        Whether C{spec}'s model group has a live provider outside C{avoid}
-        that could serve it (so that placing it again can succeed).
+        Whether C{spec}'s model group has a healthy live provider outside
+        C{avoid} that could serve it (so that placing it again can succeed;
+        an ejected one, which panic mode would give it, does not count).
         """
         if not spec.model or self.pool.group(spec.model) is None:
             return False
         klass = self.pool.classify(spec.model, spec.input_chars())
-        return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid))
+        return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid), panic=False)
 
     def _lease(self, spec, avoid, ticket):
         model, node_id = spec.model, spec.node

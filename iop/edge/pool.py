@@ -237,7 +237,6 @@ class Lease:
         self.adapter = spec.adapter
         self.adapter_type = spec.adapter_type
         self.target = member.target
-        self._priority = member.priority
         self.klass = klass
         self.generation = generation
         self.queue = queue
@@ -257,13 +256,6 @@ class Lease:
         Return the slot. C{True} the first time only.
         """
         return self._pool._release(self)
-
-    @property
-    def priority(self):
-        """
-        The member's priority in the group it was leased for.
-        """
-        return self._priority
 
     def report(self, code=None, message=""):
         """
@@ -793,30 +785,32 @@ class ProviderPool:
         queue = self._queues.get(group_name) if group_name in self._groups else None
         return queue.retry_after() if queue is not None else 1
 
-    def has_candidate(self, group_name, klass, node_id=None, accept=None):
+    def has_candidate(self, group_name, klass, node_id=None, accept=None, panic=True):
         """
         Whether a live provider of C{group_name} (filtered as for
         L{acquire}) could serve a request of class C{klass}, now or after
-        a wait.
+        a wait (an ejected one too, in panic mode, unless C{panic} is
+        false).
         """
         queue = self._queues[self._group(group_name).name]
         try:
-            return self._has_candidate(self._members(queue, node_id, accept), klass)
+            return self._has_candidate(self._members(queue, node_id, accept), klass, panic)
         except KeyError:
             return False
 
     def has_room(self, group_name, klass, accept=None):
         """
-        Whether a live provider of C{group_name} (only those C{accept}
-        accepts, when given) has room for a request of class C{klass} now
-        (an Edge of a cluster forwards what finds none here).
+        Whether a healthy live provider of C{group_name} (only those
+        C{accept} accepts, when given) has room for a request of class
+        C{klass} now (an Edge of a cluster forwards what finds none here;
+        panic mode does not count as room).
         """
         queue = self._queues[self._group(group_name).name]
         try:
             members = self._members(queue, None, accept)
         except KeyError:
             return False
-        return self._best(queue, members, klass) is not None
+        return self._best(queue, members, klass, panic=False) is not None
 
     def _members(self, queue, node_id, accept):
         members = queue.members
@@ -887,23 +881,23 @@ class ProviderPool:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _has_candidate(self, members, klass):
+    def _has_candidate(self, members, klass, panic=True):
         """
         Whether a live member could serve C{klass}, now or after a wait (an
-        ejected one too: panic mode).
+        ejected one too, with C{panic}: panic mode).
         """
-        return any(
-            self._resources[m.key].candidate(klass) or self._resources[m.key].panic_candidate(klass) for m in members
-        )
+        resources = [self._resources[m.key] for m in members]
+        return any(r.candidate(klass) or (panic and r.panic_candidate(klass)) for r in resources)
 
     def _unavailable(self, queue, klass):
         return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
 
-    def _best(self, queue, members, klass):
+    def _best(self, queue, members, klass, panic=True):
         """
         The least loaded member with room of the best priority, as
-        C{(resource, member)}; in panic mode the ejected member with room
-        that failed longest ago; else C{None}.
+        C{(resource, member)}; in panic mode (unless C{panic} is false)
+        the ejected member with room that failed longest ago; else
+        C{None}.
         """
         if members is queue.members:
             best = queue.index(klass, self._resources).best()
@@ -917,7 +911,7 @@ class ProviderPool:
                     rank = (member.priority, resource.load(klass))
                     if best is None or rank < (best[1].priority, best[0].load(klass)):
                         best = (resource, member)
-        if best is None and not any(self._resources[m.key].candidate(klass) for m in members):
+        if best is None and panic and not self._has_candidate(members, klass, panic=False):
             return self._panic_choice(members, klass)
         return best
 

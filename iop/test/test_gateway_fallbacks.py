@@ -276,6 +276,24 @@ class FallbackTests(SynchronousTestCase):
         self.complete_run(run)
         self.assertEqual(json.loads(self.result(d)[2])["model"], "long")
 
+    def test_tunnel_context_fallback_from_node_observation(self):
+        """
+        A tunnel's held 400 that the Node says is C{context_length_exceeded}
+        (its C{failure} observation) goes to the context fallback.
+        """
+        d = self.chat()
+        ((_, (_, sink, done)),) = self.new_tunnels()
+        sink.status(400)
+        sink.headers([("content-type", "application/json")])
+        sink.metadata({"failure": {"code": "context_length_exceeded", "status": 400, "message": "too long"}})
+        sink.body(b'{"error": {"message": "too long"}}')
+        done.callback(None)
+        self.gateway.flush()
+        ((name, tunnel),) = self.new_tunnels()
+        self.assertEqual((name, json.loads(tunnel[0].body)["model"]), ("d", "long-d"))
+        self.answer_tunnel(tunnel)
+        self.assertEqual(self.result(d)[0], 200)
+
     def test_other_client_error_passed_through(self):
         """
         Any other 4xx is the caller's answer, unchanged and not retried.
