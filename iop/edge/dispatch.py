@@ -35,13 +35,16 @@ from iop.run import (
     DELTA,
     ERROR,
     EVENT_TYPES,
+    INCOMPLETE,
     NODE_DISCONNECTED,
     PROTOCOL_ERROR,
     PROVIDER_ERROR,
     REASONING_DELTA,
     SEND_FAILED,
     SHUTTING_DOWN,
+    START,
     TERMINAL_TYPES,
+    TOOL_CALL,
     ITunnelSink,
     RunEventData,
     RunFailure,
@@ -145,6 +148,8 @@ class Dispatch:
     @ivar on_failure: when set, called as C{on_failure(dispatch, failure)}
         for every failure of the provider itself (L{provider_failed}),
         before or after output.
+    @ivar continued: whether its answer, cut mid-way, goes on in another
+        attempt.
     @ivar window: the stream's flow-control window (L{iop.edge.flow}), on
         links of wire version 3 or later.
     """
@@ -166,6 +171,7 @@ class Dispatch:
         self.output = False
         self.on_early_failure = None
         self.on_failure = None
+        self.continued = False
         self.window = None
         self._grace = None
 
@@ -328,7 +334,29 @@ class Dispatch:
 
 
 class RunDispatch(Dispatch):
+    """
+    A normalized run.
+
+    @ivar on_late_failure: when set, called as C{on_late_failure(dispatch,
+        failure, text)} for a failure after output, with the text the
+        caller got of this attempt; it returns a callable to take the
+        work over (the answer goes on in another attempt: the dispatch
+        ends quietly, then calls it), or C{None}.
+    @ivar continuing: this attempt continues an answer the caller already
+        has part of: its C{start} is not passed on, its events are
+        numbered after those of the attempts before (from C{seq_base}),
+        and a failure that ends it is the caller's C{incomplete}.
+    """
+
     kind = "run"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_late_failure = None
+        self.continuing = False
+        self.seq_base = 0
+        self._text = []
+        self._tool_called = False
 
     @property
     def background(self):
@@ -357,12 +385,21 @@ class RunDispatch(Dispatch):
             # A terminal without its reason: give it a generic one.
             code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
             event = replace(event, error=RunFailure(code=code, message=message))
+        if self.continuing:
+            if event.type == START:
+                return  # the caller's answer started long ago
+            seq = None if seq is None else seq + self.seq_base
         if event.type == ERROR:
             if self.output:
-                # Cut, stalled or malformed mid-answer: it counts too.
+                # Cut, stalled or malformed mid-answer: it counts too, and
+                # may go on elsewhere.
+                if self._goes_on(event.error):
+                    return
                 self._provider_failure(event.error)
             elif self._taken_over(event.error):
                 return
+            if self.continuing and event.error.code != INCOMPLETE:
+                event = replace(event, error=_incomplete(event.error))
         if not self.output and event.type != ERROR:
             self._first_output()
         self.output = True
@@ -381,8 +418,30 @@ class RunDispatch(Dispatch):
                 )
         self.tracker.run_event(self, event, seq)
         self._tell(self.listener.event, event)
+        if event.type == TOOL_CALL:
+            self._tool_called = True
+        elif event.type == DELTA and event.text and self.on_late_failure is not None:
+            self._text.append(event.text)
         if event.type in (DELTA, REASONING_DELTA) and event.text:
             self.delivered(len(event.text.encode("utf-8")))
+
+    def _goes_on(self, failure):
+        """
+        Offer a failure after output to L{on_late_failure}: a cut text
+        answer (no tool call in it) may go on in another attempt.
+
+        @return: whether it does (this dispatch has ended).
+        """
+        if self.on_late_failure is None or self._tool_called or not self._text:
+            return False
+        then = self.on_late_failure(self, failure, "".join(self._text))
+        if then is None:
+            return False
+        self.continued = True
+        self._provider_failure(failure)
+        if self.finish():
+            then()
+        return True
 
     def fail(self, code, message, status=0):
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
@@ -392,7 +451,7 @@ class RunDispatch(Dispatch):
         Give the listener a terminal error for work that ended here without
         one (its second placement failed).
         """
-        event = RunEventData(ERROR, error=failure)
+        event = RunEventData(ERROR, error=_incomplete(failure) if self.continuing else failure)
         self.tracker.run_event(self, event, None)
         self._tell(self.listener.event, event)
 
@@ -576,6 +635,16 @@ class TunnelDispatch(Dispatch):
 
     def end_cancelled(self, message, code=CANCELLED):
         self.fail(code, message)
+
+
+def _incomplete(failure):
+    """
+    The caller's view of C{failure} ending the continuation of an answer
+    it has part of: the answer is C{incomplete}.
+    """
+    if failure.code == INCOMPLETE:
+        return failure
+    return RunFailure(INCOMPLETE, f"the answer was cut and its continuation failed: {failure.code}: {failure.message}")
 
 
 def _metadata(frame):

@@ -24,6 +24,13 @@ Where a failed attempt goes (L{Failover.plan}), in this order:
 
 Any other failure (a 4xx other than 429) is the caller's answer,
 unchanged.
+
+An answer cut after the caller saw part of it (C{incomplete}) is, for a
+normalized run that is not a background run, continued when a provider
+that can continue it (C{continuation: true} on its adapter) can take it
+(L{Failover.continuation}): another provider of the group, else a
+fallback group, in order, with the text so far as C{assistant_prefix};
+the caller's answer goes on where it was cut.
 """
 
 from dataclasses import dataclass, field, replace
@@ -43,6 +50,11 @@ from iop.run import (
 #: Why work moved to another model group, by the group field that sent it.
 FALLBACKS = "fallbacks"
 CONTEXT_FALLBACKS = "context_fallbacks"
+
+#: The run option (C{RunRequest.options_json}) carrying the part of a cut
+#: answer the caller has: an adapter with C{continuation: true} sends it
+#: as a final assistant message, and its model goes on from there.
+ASSISTANT_PREFIX = "assistant_prefix"
 
 
 def provider_failed(failure):
@@ -75,6 +87,8 @@ class Work:
     @ivar tried: the model groups it was placed in.
     @ivar pending: for each of L{FALLBACKS} and L{CONTEXT_FALLBACKS}, the
         groups still to try, in order.
+    @ivar listener: the listener of its latest attempt (an attempt that
+        continues a cut answer keeps it: the caller's answer goes on).
     """
 
     spec: object
@@ -88,6 +102,7 @@ class Work:
     since: float = 0.0
     tried: set = field(default_factory=set)
     pending: dict = field(default_factory=dict)
+    listener: object = None
 
     def wire_id(self):
         return self.id if self.attempts <= 1 else f"{self.id}-{self.attempts}"
@@ -178,6 +193,47 @@ class Failover:
             "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
         )
 
+    def continuation(self, failed, failure, work, text):
+        """
+        An answer cut after its caller saw C{text} of it (C{incomplete}):
+        where the rest may come from.
+
+        @return: 0 (place the rest at once, C{work} changed to continue
+            from C{text}), or C{None}: the caller gets the explicit error.
+        """
+        spec = work.spec
+        if failure.code != INCOMPLETE or not text or spec.background:
+            return None
+        group = self.pool.group(spec.model) if spec.model else None
+        if group is None:
+            return None
+        prefix = spec.options.get(ASSISTANT_PREFIX, "") + text
+        # (Always a normalized run: the caller's answer is being rendered.)
+        rest = replace(spec, tunnel=None, options=dict(spec.options, **{ASSISTANT_PREFIX: prefix}), continues=True)
+        avoid = work.avoid | {failed.placement.key}
+        if self.placer.elsewhere(rest, avoid):
+            work.spec, work.avoid = rest, avoid
+            return 0.0
+        self._track(work, group)
+        for name in list(work.pending[FALLBACKS]):
+            fallback = self.pool.group(name)
+            if fallback is None or name in work.tried or not self.placer.elsewhere(served_by(rest, name), avoid):
+                continue
+            work.pending[FALLBACKS].remove(name)
+            work.avoid = avoid
+            self._move(work, rest, group, fallback, FALLBACKS, failure)
+            return 0.0
+        return None
+
+    def _track(self, work, group):
+        """
+        Start keeping which groups C{work} tried, from its first one.
+        """
+        if not work.tried:
+            work.tried.add(group.name)
+            for name in (FALLBACKS, CONTEXT_FALLBACKS):
+                work.pending[name] = list(getattr(group, name))
+
     def _fall_back(self, work, reason, failure):
         """
         Move C{work} to the next model group of its C{reason} list.
@@ -187,33 +243,36 @@ class Failover:
         group = self.pool.group(work.spec.model) if work.spec.model else None
         if group is None:
             return None
-        if not work.tried:
-            work.tried.add(group.name)
-            for name in (FALLBACKS, CONTEXT_FALLBACKS):
-                work.pending[name] = list(getattr(group, name))
+        self._track(work, group)
         pending = work.pending[reason]
         while pending:
             fallback = self.pool.group(pending.pop(0))
             if fallback is None or fallback.name in work.tried:
                 continue
-            work.tried.add(fallback.name)
-            for name in (FALLBACKS, CONTEXT_FALLBACKS):
-                work.pending[name][:0] = [g for g in getattr(fallback, name) if g not in work.tried]
-            work.spec = served_by(work.spec, fallback.name)
-            work.retries = fallback.retries
-            self.log.info(
-                "{id}: model group {group} failed it ({code}); falling back to {fallback}",
-                id=work.id,
-                group=group.name,
-                code=failure.code,
-                fallback=fallback.name,
-            )
-            self.bus.publish(
-                "provider",
-                {"event": "fallback", "model_group": group.name, "fallback": fallback.name, "reason": reason},
-            )
+            self._move(work, work.spec, group, fallback, reason, failure)
             return 0.0
         return None
+
+    def _move(self, work, spec, group, fallback, reason, failure):
+        """
+        C{work} goes on as C{spec} in the model group C{fallback}: its own
+        fallbacks come next, and it has that group's retries.
+        """
+        work.tried.add(fallback.name)
+        for name in (FALLBACKS, CONTEXT_FALLBACKS):
+            work.pending[name][:0] = [g for g in getattr(fallback, name) if g not in work.tried]
+        work.spec = served_by(spec, fallback.name)
+        work.retries = fallback.retries
+        self.log.info(
+            "{id}: model group {group} failed it ({code}); falling back to {fallback}",
+            id=work.id,
+            group=group.name,
+            code=failure.code,
+            fallback=fallback.name,
+        )
+        self.bus.publish(
+            "provider", {"event": "fallback", "model_group": group.name, "fallback": fallback.name, "reason": reason}
+        )
 
 
 def served_by(spec, group):

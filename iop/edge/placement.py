@@ -77,7 +77,7 @@ class Placer:
         if not spec.model or self.pool.group(spec.model) is None:
             return False
         klass = self.pool.classify(spec.model, spec.input_chars())
-        return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid), panic=False)
+        return self.pool.has_candidate(spec.model, klass, spec.node, self._acceptor(spec, avoid), panic=False)
 
     def _lease(self, spec, avoid, ticket):
         model, node_id = spec.model, spec.node
@@ -101,7 +101,7 @@ class Placer:
     def _pooled(self, spec, avoid, ticket, node_id=None):
         # Every provider will do (the common case): the pool's index then
         # chooses without scanning the group.
-        accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
+        accept = None if spec.runs and not avoid and not spec.continues else self._acceptor(spec, avoid)
         try:
             klass = self.pool.classify(spec.model, spec.input_chars())
             return self.pool.acquire(spec.model, klass, node_id, accept, ticket)
@@ -145,6 +145,29 @@ class Placer:
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
         return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
+    def _acceptor(self, spec, avoid):
+        """
+        The providers C{spec} may go to: of a type that serves it, not one
+        that already failed it, and for a run that continues a cut answer
+        only one whose adapter can continue it (C{continuation: true}).
+        """
+
+        def accept(provider):
+            if not spec.serves(provider.adapter_type) or provider.key in avoid:
+                return False
+            return not spec.continues or self.continues(provider)
+
+        return accept
+
+    def continues(self, provider):
+        """
+        Whether C{provider}'s adapter continues a partial answer given as a
+        final assistant message (its C{continuation: true} option).
+        """
+        node = self._config().node(provider.node_id)
+        adapter = node.adapter(provider.adapter) if node is not None else None
+        return adapter is not None and adapter.options.get("continuation") is True
+
     def _pool_failure(self, failure):
         # When to come back: from the queue's measured drain rate.
         if failure.check(NoLiveProvider):
@@ -154,18 +177,6 @@ class Placer:
         if failure.check(QueueFull):
             raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)
         return failure
-
-
-def _acceptor(spec, avoid):
-    """
-    The providers C{spec} may go to: of a type that serves it, and not one
-    that already failed it.
-    """
-
-    def accept(provider):
-        return spec.serves(provider.adapter_type) and provider.key not in avoid
-
-    return accept
 
 
 def _cannot_serve(what, spec):

@@ -304,8 +304,15 @@ class EdgeService(MultiService):
                 dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work.id, record)
             else:
                 message = _run_request(wire_id, placement, spec)
-                listener = work.listener_for(RUN, work.id)
+                # An attempt that continues a cut answer goes on with the
+                # listener the caller's answer is being rendered by.
+                listener = work.listener if spec.continues else work.listener_for(RUN, work.id)
                 dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work.id, record)
+                dispatch.on_late_failure = lambda failed, failure, text: self._failed_late(failed, failure, text, work)
+                if spec.continues:
+                    dispatch.continuing = True
+                    dispatch.seq_base = record.last_seq
+            work.listener = listener
             dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
             dispatch.on_failure = self._provider_failed
         except ServiceError as e:
@@ -359,6 +366,27 @@ class EdgeService(MultiService):
             return None
         return lambda: self._place_again(failed, failure, work, delay)
 
+    def _failed_late(self, failed, failure, text, work):
+        """
+        A run's answer was cut after its caller got C{text} of it.
+        @return: what places the rest when L{Failover.continuation} says
+            where; else C{None} (the caller gets the explicit error).
+        """
+        if self.draining:
+            return None
+        delay = self.failover.continuation(failed, failure, work, text)
+        if delay is None:
+            return None
+        self.log.info(
+            "{id}: the answer was cut on {node}/{provider} ({reason}); continuing it on model group {group}",
+            id=work.id,
+            node=failed.link.node_id,
+            provider=failed.placement.provider_id,
+            reason=failure.message,
+            group=work.spec.model,
+        )
+        return lambda: self._place_again(failed, failure, work, delay)
+
     def _provider_failed(self, failed, failure):
         """
         A provider failed a piece of work (before or after its first
@@ -368,7 +396,7 @@ class EdgeService(MultiService):
         if failure.deadline:
             self.bus.publish("provider", dict(where, event="deadline", kind=failure.deadline))
         if failure.code == INCOMPLETE:
-            self.bus.publish("provider", dict(where, event="incomplete", continued=False))
+            self.bus.publish("provider", dict(where, event="incomplete", continued=failed.continued))
 
     def _place_again(self, failed, failure, work, delay=0.0):
         d = task.deferLater(self.clock, delay, self._place, work) if delay > 0 else self._place(work)

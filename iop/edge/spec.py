@@ -84,6 +84,10 @@ class RunSpec:
         already capped at its key's own; C{None}: the key's.
     @ivar run_id: the run's id once known: a background run gets it when
         submitted, so the caller can be told before the run is placed.
+    @ivar continues: the run goes on with an answer cut mid-way (its
+        C{options} carry the part the caller has as C{assistant_prefix}):
+        only a provider whose adapter has C{continuation: true} may take
+        it.
     """
 
     messages: list
@@ -101,6 +105,7 @@ class RunSpec:
     tenant: Tenant | None = None
     priority: int | None = None
     run_id: str = ""
+    continues: bool = False
 
     def serves(self, adapter_type):
         """

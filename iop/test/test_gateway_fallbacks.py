@@ -212,17 +212,27 @@ class FallbackTests(SynchronousTestCase):
         answer = json.loads(body)
         self.assertEqual((code, answer["status"], answer["text"], answer["model"]), (200, "complete", "whole", "small"))
 
+    def normalized(self, continuation=(), **changes):
+        """
+        The same gateway with providers that run normalized runs (type
+        C{ollama}, played by hand); those named in C{continuation} can
+        continue a cut answer.
+        """
+        self.patch(gateway_module, "GATEWAY_TYPES", {"openai_compat": ProbedAdapter, "ollama": ProbedAdapter})
+        data = config(**changes)
+        for adapter in data["nodes"][0]["adapters"]:
+            adapter["type"] = "ollama"
+            if adapter["name"] in continuation:
+                adapter["continuation"] = True
+        self.gateway = Gateway(data)
+        self.node = self.gateway.node()
+
     def test_fallback_names_the_serving_model(self):
         """
         A normalized chat completion served by a fallback names the model
         group that served it.
         """
-        self.patch(gateway_module, "GATEWAY_TYPES", {"openai_compat": ProbedAdapter, "ollama": ProbedAdapter})
-        data = config(main={"retries": 0})
-        for adapter in data["nodes"][0]["adapters"]:
-            adapter["type"] = "ollama"
-        self.gateway = Gateway(data)
-        self.node = self.gateway.node()
+        self.normalized(main={"retries": 0})
         d = self.chat()
         ((_, run),) = self.new_runs()
         self.fail_run(run, "provider_timeout")
@@ -436,6 +446,90 @@ class FallbackTests(SynchronousTestCase):
         self.assertEqual([e["type"] for e in events], ["start", "delta", "error"])
         self.assertEqual(events[-1]["error"]["code"], "incomplete")
         self.assertEqual(events[-1]["usage"]["output_tokens"], 1)
+
+    # -- continuation
+
+    def cut(self, run, text="Hello, "):
+        _, emit, _ = run
+        emit(RunEventData(START))
+        emit(RunEventData(DELTA, text=text))
+        emit(RunEventData(ERROR, usage=Usage(5, 2), error=RunFailure("incomplete", "the stream stalled")))
+        self.gateway.flush()
+
+    def test_stream_continued_on_another_provider(self):
+        """
+        A streamed answer cut mid-way goes on on a provider that can
+        continue it (the text so far as its assistant prefix): the caller
+        gets the whole answer, one start, no error.
+        """
+        self.normalized(continuation=("b",))
+        d = self.chat(stream=True)
+        ((name, run),) = self.new_runs()
+        self.assertEqual(name, "a")
+        self.cut(run)
+        ((name, run),) = self.new_runs()
+        self.assertEqual((name, run[0].options.get("assistant_prefix")), ("b", "Hello, "))
+        self.complete_run(run, "world")
+        code, _, body = self.result(d)
+        payloads = sse_payloads(body)
+        self.assertEqual(payloads[-1], "[DONE]")
+        chunks = [json.loads(p) for p in payloads[:-1]]
+        self.assertEqual([c for c in chunks if "error" in c], [])
+        deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+        self.assertEqual("".join(delta.get("content", "") for delta in deltas), "Hello, world")
+        self.assertEqual(sum(1 for delta in deltas if delta.get("role")), 1)
+        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "stop")
+        text = self.successResultOf(self.gateway.read(self.gateway.get("/metrics")))[2].decode()
+        self.assertIn('iop_edge_incompletes_total{continued="true",node="n1",provider="a"} 1.0', text)
+
+    def test_non_streamed_continued_on_a_fallback(self):
+        """
+        A non-streamed answer cut mid-way goes on on a fallback group that
+        can continue it: one whole answer.
+        """
+        self.normalized(continuation=("c",))
+        d = self.chat()
+        ((_, run),) = self.new_runs()
+        self.cut(run)
+        ((name, run),) = self.new_runs()
+        self.assertEqual(name, "c")
+        self.complete_run(run, "world")
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["choices"][0]["message"]["content"]), (200, "Hello, world"))
+
+    def test_no_continuation_is_explicit(self):
+        """
+        With no provider that can continue, the cut answer ends with the
+        explicit error: an C{incomplete} event in the stream, a 502 for a
+        non-streamed answer.
+        """
+        self.normalized()
+        d = self.chat(stream=True)
+        ((_, run),) = self.new_runs()
+        self.cut(run)
+        self.assertEqual(self.new_runs(), [])
+        payloads = sse_payloads(self.result(d)[2])
+        event = json.loads(payloads[-2])
+        self.assertEqual((event["error"]["code"], event["usage"]["completion_tokens"]), ("incomplete", 2))
+        d = self.chat()
+        ((_, run),) = self.new_runs()
+        self.cut(run)
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (502, "incomplete"))
+
+    def test_continuation_that_fails_is_incomplete(self):
+        """
+        A continuation that fails before adding anything ends the caller's
+        answer as C{incomplete}.
+        """
+        self.normalized(continuation=("b",), main={"retries": 0, "fallbacks": []})
+        d = self.chat(stream=True)
+        ((_, run),) = self.new_runs()
+        self.cut(run)
+        ((name, run),) = self.new_runs()
+        self.fail_run(run, "provider_unreachable")
+        event = json.loads(sse_payloads(self.result(d)[2])[-2])
+        self.assertEqual(event["error"]["code"], "incomplete")
 
     # -- health
 

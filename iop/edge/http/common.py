@@ -553,7 +553,12 @@ class Call:
         takes nothing for its stall timeout is cut off (which cancels the
         work).
         """
-        if not self.gone and not self.request.finished and self.request.producer is None:
+        if self.gone or self.request.finished:
+            return
+        if getattr(self.request.producer, "closed", False):
+            # The window of an attempt whose answer another one continues.
+            self.request.unregisterProducer()
+        if self.request.producer is None:
             self.request.registerProducer(producer, True)
             producer.on_stall = self._stalled
 
