@@ -116,7 +116,7 @@ class Placement:
         (only the provider's own failures count: see L{provider_failed}).
         """
         if self.lease is not None and provider_failed(failure):
-            self.lease.report(failure.code, failure.message)
+            self.lease.report(failure.code, failure.message, failure.deadline)
 
 
 @implementer(IRunListener)

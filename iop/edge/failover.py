@@ -263,6 +263,7 @@ class Failover:
             work.pending[name][:0] = [g for g in getattr(fallback, name) if g not in work.tried]
         work.spec = served_by(spec, fallback.name)
         work.retries = fallback.retries
+        self.pool.fallback_taken(group.name, fallback.name)
         self.log.info(
             "{id}: model group {group} failed it ({code}); falling back to {fallback}",
             id=work.id,

@@ -257,13 +257,14 @@ class Lease:
         """
         return self._pool._release(self)
 
-    def report(self, code=None, message=""):
+    def report(self, code=None, message="", deadline=""):
         """
         Tell the provider's health how its answer went: no C{code} for a
         whole answer; the failure's C{code} and C{message} when it failed
-        (before answering, or cut or stalled mid-answer).
+        (before answering, or cut or stalled mid-answer), and the
+        C{deadline} it missed, if any (L{iop.run.DEADLINES}).
         """
-        self._pool._report(self, code, message)
+        self._pool._report(self, code, message, deadline)
 
     def __repr__(self):
         return (
@@ -292,6 +293,7 @@ class _Resource:
         self.failures_total = {}  # failure code -> count since start
         self.ejections_total = 0
         self.probes_total = {}  # probe outcome (passed, failed) -> count
+        self.deadlines_total = {}  # deadline kind (first_byte, stall, idle) -> count
         #: Bumped on every change of room or load; the L{_LoadIndex}es that
         #: hold this resource are told (stale entries are dropped lazily).
         self.version = 0
@@ -555,6 +557,8 @@ class ProviderPool:
         #: left its queue (for metrics), or C{None}.
         self.on_wait_end = None
         self._positions_call = None
+        #: group name -> {fallback group name: times it took the group's work}
+        self._fallbacks_taken = {}
 
     # -- questions
 
@@ -609,8 +613,13 @@ class ProviderPool:
                 providers[-1]["last_error"] = resource.last_error
             if resource.ejected is not None:
                 providers[-1]["ejected_for_sec"] = round(max(resource.ejected.getTime() - self._clock.seconds(), 0), 1)
-            if resource.probes_total:
-                providers[-1]["probes"] = dict(resource.probes_total)
+            for name, counts in (
+                ("failures", resource.failures_total),
+                ("deadline_hits", resource.deadlines_total),
+                ("probes", resource.probes_total),
+            ):
+                if counts:
+                    providers[-1][name] = dict(counts)
         groups = []
         for name, group in self._groups.items():
             entry = {"name": name, "queued": len(self._queues[name].waiters)}
@@ -618,6 +627,8 @@ class ProviderPool:
                 entry["fallbacks"] = list(group.fallbacks)
             if group.context_fallbacks:
                 entry["context_fallbacks"] = list(group.context_fallbacks)
+            if name in self._fallbacks_taken:
+                entry["fallbacks_taken"] = dict(self._fallbacks_taken[name])
             if self._in_panic(group):
                 entry["panic"] = True
             groups.append(entry)
@@ -649,11 +660,21 @@ class ProviderPool:
 
     # -- health
 
-    def _report(self, lease, code, message):
+    def fallback_taken(self, group, fallback):
+        """
+        Work of the model group C{group} went to its fallback group
+        C{fallback} (counted for the status).
+        """
+        taken = self._fallbacks_taken.setdefault(group, {})
+        taken[fallback] = taken.get(fallback, 0) + 1
+
+    def _report(self, lease, code, message, deadline):
         resource = self._resources[(lease.node_id, lease.provider_id)]
         if code is None:
             self._healthy(resource, "answered")
             return
+        if deadline:
+            resource.deadlines_total[deadline] = resource.deadlines_total.get(deadline, 0) + 1
         resource.failures += 1
         resource.failed_at = self._clock.seconds()
         resource.failures_total[code] = resource.failures_total.get(code, 0) + 1

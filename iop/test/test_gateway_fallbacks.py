@@ -603,7 +603,8 @@ class FallbackTests(SynchronousTestCase):
 
     def test_metrics(self):
         """
-        Fallbacks taken, deadline hits by kind and incompletes are counted.
+        Fallbacks taken, deadline hits by kind and incompletes are counted,
+        in the metrics and in the status.
         """
         self.start(main={"retries": 0})
         d = self.native()
@@ -620,3 +621,7 @@ class FallbackTests(SynchronousTestCase):
         self.assertIn('iop_edge_fallbacks_total{fallback="small",model_group="main",reason="fallbacks"} 1.0', text)
         self.assertIn('iop_edge_deadline_hits_total{kind="first_byte",node="n1",provider="a"} 1.0', text)
         self.assertIn('iop_edge_incompletes_total{continued="false",node="n1",provider="c"} 1.0', text)
+        status = self.gateway.service.status()
+        self.assertEqual(status["model_groups"][0]["fallbacks_taken"], {"small": 1})
+        self.assertEqual(self.provider("a")["deadline_hits"], {"first_byte": 1})
+        self.assertEqual(self.provider("c")["failures"], {"incomplete": 1})
