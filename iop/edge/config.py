@@ -507,8 +507,8 @@ def _cycle(start, by_name, field_name):
     """
     A path of C{field_name} links from C{start} back to it, or C{None}.
     """
-    stack = [(start, (start,))]
-    seen = set()
+    stack: list[tuple[str, tuple[str, ...]]] = [(start, (start,))]
+    seen: set[str] = set()
     while stack:
         name, path = stack.pop()
         for step in getattr(by_name[name], field_name):

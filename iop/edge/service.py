@@ -301,17 +301,20 @@ class EdgeService(MultiService):
             if tunnel:
                 message = _tunnel_request(wire_id, placement, spec.tunnel, spec.caller)
                 listener = work.listener_for(TUNNEL, work.id)
-                dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work.id, record)
+                dispatch: RunDispatch | TunnelDispatch = TunnelDispatch(
+                    self.inflight, wire_id, placement, listener, work.id, record
+                )
             else:
                 message = _run_request(wire_id, placement, spec)
                 # An attempt that continues a cut answer goes on with the
                 # listener the caller's answer is being rendered by.
                 listener = work.listener if spec.continues else work.listener_for(RUN, work.id)
-                dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work.id, record)
-                dispatch.on_late_failure = lambda failed, failure, text: self._failed_late(failed, failure, text, work)
+                run = RunDispatch(self.inflight, wire_id, placement, listener, work.id, record)
+                run.on_late_failure = lambda failed, failure, text: self._failed_late(failed, failure, text, work)
                 if spec.continues:
-                    dispatch.continuing = True
-                    dispatch.seq_base = record.last_seq
+                    run.continuing = True
+                    run.seq_base = record.last_seq
+                dispatch = run
             work.listener = listener
             dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
             dispatch.on_failure = self._provider_failed

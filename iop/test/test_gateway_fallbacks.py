@@ -9,6 +9,7 @@ ends like a success. Every lease is back at rest at the end.
 """
 
 import json
+from typing import Any
 
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
@@ -62,7 +63,7 @@ def config(**changes):
         {"name": name, "type": "openai_compat", "max_concurrency": 2, "base_url": "http://provider.invalid/v1"}
         for name in PROVIDERS
     ]
-    data = {
+    data: dict[str, Any] = {
         "listen": {"nodes": "tcp:0", "http": "tcp:0"},
         "admin_keys": ["admin"],
         "health": {"probe_interval_sec": 5},

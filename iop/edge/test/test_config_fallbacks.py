@@ -5,6 +5,7 @@ its key named when wrong.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -14,7 +15,7 @@ from iop.testing.edge import EDGE_YAML
 
 
 def parsed(mutate):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     group = data["model_groups"][0]
     data["model_groups"] += [
         dict(copy.deepcopy(group), name="small"),

@@ -86,8 +86,8 @@ class PanicTests(SynchronousTestCase):
 
 class ProbeTests(SynchronousTestCase):
     def setUp(self):
-        self.answers = []
-        self.probed = []
+        self.answers: list[bool | None] = []
+        self.probed: list[str] = []
 
         def prober(spec):
             self.probed.append(spec.provider_id)
