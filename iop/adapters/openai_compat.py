@@ -214,7 +214,9 @@ class ChatEvents:
             return
         index = call.get("index", position)
         entry = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         if isinstance(call.get("id"), str):
             entry["id"] = call["id"]
         if isinstance(function.get("name"), str):

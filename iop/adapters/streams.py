@@ -118,7 +118,7 @@ class SSEParser:
         @return: the data strings of the events completed by C{data}.
         """
         buf = self._buffer + data
-        events = []
+        events: list[str] = []
         pos = 0
         while True:
             match = _EOL.search(buf, pos)
@@ -137,7 +137,7 @@ class SSEParser:
         The body ended: be lenient and dispatch an unterminated last event
         (some servers omit the final blank line).
         """
-        events = []
+        events: list[str] = []
         if self._buffer:
             self._line(self._buffer.rstrip(b"\r"), events)
             self._buffer = b""

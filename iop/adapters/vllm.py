@@ -11,9 +11,12 @@ class exists so that operators can say C{type: vllm} and so that vLLM's
 model list is one node command away.
 """
 
+from typing import Any
+
+from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from iop.adapters.interface import Capabilities, IAdapter
+from iop.adapters.interface import Capabilities, IAdapter, Progress
 from iop.adapters.openai_compat import OpenAICompatAdapter
 
 
@@ -26,10 +29,10 @@ class VLLMAdapter(OpenAICompatAdapter):
 
     type = "vllm"
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         return Capabilities(max_concurrency=self.max_concurrency, tunnel=True, commands=("models",))
 
-    def command(self, name, args, progress=None):
+    def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "Deferred[Any]":
         if name == "models":
             return self.fetch_json("GET", "/models")
         return super().command(name, args)

@@ -18,14 +18,20 @@ raises (a bug) ends only its own work too.
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger, LogLevel
 from zope.interface import Interface, implementer
 
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
-from iop.protocols import iop_pb2
+from iop.edge.pool import Lease
+from iop.edge.registry import NodeLink
+from iop.edge.runs import RunRecord
+from iop.protocols import messages
 from iop.protocols.convert import failure_from_wire, usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
@@ -56,19 +62,19 @@ _BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class IRunListener(Interface):
-    def event(event):
+    def event(event: RunEventData) -> None:
         """
         One L{RunEventData}, in order; the last one is a terminal.
         """
 
 
 class ITunnelListener(ITunnelSink):
-    def end():
+    def end() -> None:
         """
         The provider's body is complete.
         """
 
-    def error(failure):
+    def error(failure: RunFailure) -> None:
         """
         The tunnel failed (a L{RunFailure}); no more calls follow.
         """
@@ -81,36 +87,36 @@ class Placement:
     node, the back-end target, and the lease it holds (if any).
     """
 
-    link: object
+    link: NodeLink
     adapter: str
     adapter_type: str
     target: str = ""
-    lease: object = None
+    lease: Lease | None = None
 
     @property
-    def node_id(self):
+    def node_id(self) -> str:
         return self.link.node_id
 
     @property
-    def provider_id(self):
+    def provider_id(self) -> str:
         return self.lease.provider_id if self.lease is not None else self.adapter
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, str]:
         """
         The provider resource this work is on, C{(node_id, provider_id)}.
         """
         return (self.node_id, self.provider_id)
 
-    def release(self):
+    def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
 
-    def record_success(self):
+    def record_success(self) -> None:
         if self.lease is not None:
             self.lease.report()
 
-    def record_failure(self, failure):
+    def record_failure(self, failure: RunFailure) -> None:
         """
         Tell the provider's health about a failure, before or after output
         (only the provider's own failures count: see L{provider_failed}).
@@ -127,8 +133,26 @@ class Unheard:
     keeps what it says.
     """
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         pass
+
+
+class Tracker(Protocol):
+    """
+    The table a dispatch belongs to and reports its ends to
+    (L{iop.edge.inflight.Inflight}; named by its shape, since that table
+    holds dispatches).
+    """
+
+    clock: IReactorTime
+
+    def forget(self, dispatch: "Dispatch") -> None: ...
+
+    def run_event(self, dispatch: "Dispatch", event: RunEventData, seq: int | None) -> None: ...
+
+    def abandoned(self, dispatch: "Dispatch", code: str, message: str) -> None: ...
+
+    def tunnel_ended(self, dispatch: "TunnelDispatch", status: str, failure: RunFailure | None) -> None: ...
 
 
 class Dispatch:
@@ -155,12 +179,22 @@ class Dispatch:
     """
 
     log = Logger()
-    background = False
+
+    #: What the run book and the logs call it (C{run} or C{tunnel}).
+    kind: str
 
     #: The request messages that start a stream (and carry its window).
-    _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
+    _REQUESTS = (messages.RunRequest, messages.ProviderTunnelRequest)
 
-    def __init__(self, tracker, dispatch_id, placement, listener, caller_id=None, record=None):
+    def __init__(
+        self,
+        tracker: Tracker,
+        dispatch_id: str,
+        placement: Placement,
+        listener: Any,
+        caller_id: str | None = None,
+        record: RunRecord | None = None,
+    ) -> None:
         self.tracker = tracker
         self.id = dispatch_id
         self.caller_id = caller_id or dispatch_id
@@ -169,20 +203,46 @@ class Dispatch:
         self.record = record
         self.done = False
         self.output = False
-        self.on_early_failure = None
-        self.on_failure = None
+        self.on_early_failure: Callable[[Any, RunFailure], Callable[[], None] | None] | None = None
+        self.on_failure: Callable[[Any, RunFailure], None] | None = None
         self.continued = False
-        self.window = None
-        self._grace = None
+        self.window: ReceiveWindow | None = None
+        self._grace: IDelayedCall | None = None
 
-    def _first_output(self):
+    @property
+    def background(self) -> bool:
+        """
+        Whether it goes on when its caller leaves (only a run can).
+        """
+        return False
+
+    def fail(self, code: str, message: str, status: int = 0) -> None:
+        """
+        End it here with an error of C{code} (told to its listener).
+        """
+        raise NotImplementedError
+
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
+        """
+        End it here as cancelled (C{code}: why, e.g. C{shutting_down}).
+        """
+        raise NotImplementedError
+
+    def tell_failure(self, failure: RunFailure) -> None:
+        """
+        Give the listener a terminal error for work that ended here without
+        one (its second placement failed).
+        """
+        raise NotImplementedError
+
+    def _first_output(self) -> None:
         """
         The provider answered: from now on nothing is retried (its health
         hears of a success when the answer is whole).
         """
         self.output = True
 
-    def _provider_failure(self, failure):
+    def _provider_failure(self, failure: RunFailure) -> None:
         """
         Tell the provider's health, and L{on_failure}, of C{failure} when
         it is the provider's own.
@@ -191,7 +251,7 @@ class Dispatch:
         if self.on_failure is not None and provider_failed(failure):
             self.on_failure(self, failure)
 
-    def _taken_over(self, failure):
+    def _taken_over(self, failure: RunFailure) -> bool:
         """
         A failure before any output: record it against the provider's
         health and offer it to L{on_early_failure}.
@@ -209,11 +269,11 @@ class Dispatch:
         return True
 
     @property
-    def link(self):
+    def link(self) -> NodeLink:
         return self.placement.link
 
     @property
-    def outlives_link(self):
+    def outlives_link(self) -> bool:
         """
         Whether its Node keeps it running when the link is lost (a
         background run on wire version 4 or later): the Edge waits for the
@@ -221,7 +281,7 @@ class Dispatch:
         """
         return self.background and self.link.wire_version >= RECONCILE_WIRE_VERSION
 
-    def send(self, message):
+    def send(self, message: Any) -> None:
         """
         Send one message to the Node. The request that starts the work
         opens its flow-control window on a link of wire version 3 or later
@@ -238,7 +298,7 @@ class Dispatch:
                     use_producer(self.window)
         self.link.wire.send(message)
 
-    def delivered(self, size):
+    def delivered(self, size: int) -> None:
         """
         C{size} body bytes were handed to the listener: count them against
         the window.
@@ -246,7 +306,7 @@ class Dispatch:
         if self.window is not None:
             self.window.received(size)
 
-    def cancel(self, grace):
+    def cancel(self, grace: float) -> None:
         """
         Ask the Node to cancel; end locally as C{cancelled} if no terminal
         arrives within C{grace} seconds (the lease must come back anyway).
@@ -260,11 +320,11 @@ class Dispatch:
             return
         self._grace = self.tracker.clock.callLater(grace, self.cancelled_locally)
 
-    def cancelled_locally(self):
+    def cancelled_locally(self) -> None:
         self._grace = None
         self.end_cancelled("cancelled; the node did not confirm in time")
 
-    def shut_down(self, message):
+    def shut_down(self, message: str) -> None:
         """
         The Edge is stopping and this work outlived the grace: ask the Node
         to cancel (best effort) and end it here at once with a
@@ -275,10 +335,10 @@ class Dispatch:
         self._cancel_on_node()
         self.end_cancelled(message, SHUTTING_DOWN)
 
-    def node_lost(self, message):
+    def node_lost(self, message: str) -> None:
         self.fail(NODE_DISCONNECTED, message)
 
-    def violation(self, reason):
+    def violation(self, reason: str) -> None:
         """
         The Node sent a malformed message for this work: end it with
         C{protocol_error} and ask the Node to cancel it. The connection is
@@ -296,13 +356,13 @@ class Dispatch:
         self._cancel_on_node()
         self.fail(PROTOCOL_ERROR, f"the node sent a malformed message: {reason}")
 
-    def _cancel_on_node(self):
+    def _cancel_on_node(self) -> None:
         self.link.send_quietly(self._cancel_request())
 
-    def _cancel_request(self):
-        return iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id)
+    def _cancel_request(self) -> messages.CancelRequest:
+        return messages.cancel_run(self.id)
 
-    def _tell(self, method, *args):
+    def _tell(self, method: Callable[..., object], *args: Any) -> None:
         """
         Call the listener; if it raises (a bug), log it and end this work
         alone: the lease returns and the Node is asked to cancel.
@@ -316,7 +376,7 @@ class Dispatch:
                 self.finish()
                 self.tracker.abandoned(self, "internal_error", "the caller's listener failed")
 
-    def finish(self):
+    def finish(self) -> bool:
         """
         Bookkeeping at the end: exactly once, returns the lease.
         """
@@ -350,19 +410,19 @@ class RunDispatch(Dispatch):
 
     kind = "run"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.on_late_failure = None
+        self.on_late_failure: Callable[[RunDispatch, RunFailure, str], Callable[[], None] | None] | None = None
         self.continuing = False
         self.seq_base = 0
-        self._text = []
+        self._text: list[str] = []
         self._tool_called = False
 
     @property
-    def background(self):
+    def background(self) -> bool:
         return self.record is not None and self.record.background
 
-    def reattach(self, placement):
+    def reattach(self, placement: Placement) -> None:
         """
         The run's Node came back and reported it (it ran on without a
         link): it goes on here, on the new connection and lease, without a
@@ -371,7 +431,7 @@ class RunDispatch(Dispatch):
         self.placement = placement
         self.window = None
 
-    def deliver(self, event, seq=None):
+    def deliver(self, event: RunEventData, seq: int | None = None) -> None:
         """
         One event of the run (C{seq}: its number on the wire; C{None} for
         one the Edge makes up).
@@ -389,17 +449,19 @@ class RunDispatch(Dispatch):
             if event.type == START:
                 return  # the caller's answer started long ago
             seq = None if seq is None else seq + self.seq_base
-        if event.type == ERROR:
+        failure = event.error if event.type == ERROR else None
+        if failure is not None:
             if self.output:
                 # Cut, stalled or malformed mid-answer: it counts too, and
                 # may go on elsewhere.
-                if self._goes_on(event.error):
+                if self._goes_on(failure):
                     return
-                self._provider_failure(event.error)
-            elif self._taken_over(event.error):
+                self._provider_failure(failure)
+            elif self._taken_over(failure):
                 return
-            if self.continuing and event.error.code != INCOMPLETE:
-                event = replace(event, error=_incomplete(event.error))
+            if self.continuing and failure.code != INCOMPLETE:
+                failure = _incomplete(failure)
+                event = replace(event, error=failure)
         if not self.output and event.type != ERROR:
             self._first_output()
         self.output = True
@@ -407,14 +469,14 @@ class RunDispatch(Dispatch):
             self.placement.record_success()
         if event.type in TERMINAL_TYPES:
             self.finish()
-            if event.type == ERROR:
+            if failure is not None:
                 self.log.warn(
                     "run {run_id} on node {node} ({adapter}) failed: {code}: {reason}",
                     run_id=self.id,
                     node=self.placement.node_id,
                     adapter=self.placement.adapter,
-                    code=event.error.code,
-                    reason=event.error.message,
+                    code=failure.code,
+                    reason=failure.message,
                 )
         self.tracker.run_event(self, event, seq)
         self._tell(self.listener.event, event)
@@ -425,7 +487,7 @@ class RunDispatch(Dispatch):
         if event.type in (DELTA, REASONING_DELTA) and event.text:
             self.delivered(len(event.text.encode("utf-8")))
 
-    def _goes_on(self, failure):
+    def _goes_on(self, failure: RunFailure) -> bool:
         """
         Offer a failure after output to L{on_late_failure}: a cut text
         answer (no tool call in it) may go on in another attempt.
@@ -443,19 +505,19 @@ class RunDispatch(Dispatch):
             then()
         return True
 
-    def fail(self, code, message, status=0):
+    def fail(self, code: str, message: str, status: int = 0) -> None:
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
 
-    def tell_failure(self, failure):
+    def tell_failure(self, failure: RunFailure) -> None:
         """
         Give the listener a terminal error for work that ended here without
-        one (its second placement failed).
+        one (its next placement failed).
         """
         event = RunEventData(ERROR, error=_incomplete(failure) if self.continuing else failure)
         self.tracker.run_event(self, event, None)
         self._tell(self.listener.event, event)
 
-    def end_cancelled(self, message, code=CANCELLED):
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
 
 
@@ -475,19 +537,19 @@ class TunnelDispatch(Dispatch):
 
     kind = "tunnel"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.usage = None
-        self._status = None
-        self._headers = None
+        self.usage: dict[str, Any] | None = None
+        self._status: int | None = None
+        self._headers: list[tuple[str, str]] | None = None
         #: A failure status waiting for the frame after its headers.
-        self._refusal = None
+        self._refusal: RunFailure | None = None
         #: The provider answered a failure status the caller is given.
         self._failed_status = False
 
-    def frame(self, frame):
+    def frame(self, frame: messages.ProviderTunnelFrame) -> None:
         """
-        One L{iop_pb2.ProviderTunnelFrame} from the Node.
+        One L{messages.ProviderTunnelFrame} from the Node.
         """
         if self.done:
             return
@@ -534,7 +596,7 @@ class TunnelDispatch(Dispatch):
             self.tracker.tunnel_ended(self, COMPLETE, None)
             self._tell(self.listener.end)
 
-    def _on_status(self, status):
+    def _on_status(self, status: int) -> None:
         if not 100 <= status <= 599:
             self.violation(f"tunnel status {status} is not an HTTP status")
             return
@@ -545,7 +607,7 @@ class TunnelDispatch(Dispatch):
         if status >= 500 or status in (400, 429):
             self._refusal = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status)
 
-    def _on_headers(self, pairs):
+    def _on_headers(self, pairs: list[tuple[str, str]]) -> None:
         for name, value in pairs:
             if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
                 self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
@@ -555,7 +617,7 @@ class TunnelDispatch(Dispatch):
             return
         self._headers = pairs
 
-    def _observed(self, refusal, frame, which):
+    def _observed(self, refusal: RunFailure, frame: messages.ProviderTunnelFrame, which: str | None) -> RunFailure:
         """
         The failure a held failure status stands for: what the Node's
         C{failure} observation says (when C{frame} is one), else the status
@@ -574,7 +636,7 @@ class TunnelDispatch(Dispatch):
                 pass
         return replace(refusal, retry_after_sec=retry_after(self._headers or ()))
 
-    def _refused(self, failure):
+    def _refused(self, failure: RunFailure) -> bool:
         """
         The provider answered a failure status before its body: place the
         work again if that is planned (the Node is told to drop this
@@ -589,7 +651,7 @@ class TunnelDispatch(Dispatch):
         self._open()
         return False
 
-    def _open(self):
+    def _open(self) -> None:
         """
         The caller's answer begins: the held status and headers go to the
         listener, and nothing is retried any more.
@@ -602,10 +664,10 @@ class TunnelDispatch(Dispatch):
         if self._headers is not None and not self.done:
             self._tell(self.listener.headers, self._headers)
 
-    def fail(self, code, message, status=0):
+    def fail(self, code: str, message: str, status: int = 0) -> None:
         self.fail_with(RunFailure(code=code, message=message, status=status))
 
-    def fail_with(self, failure):
+    def fail_with(self, failure: RunFailure) -> None:
         """
         End the tunnel with C{failure}: placed again if it came before the
         first body byte and that is planned; else its listener is told
@@ -629,15 +691,15 @@ class TunnelDispatch(Dispatch):
         self.tracker.tunnel_ended(self, CANCELLED if code in (CANCELLED, SHUTTING_DOWN) else ERROR, failure)
         self._tell(self.listener.error, failure)
 
-    def tell_failure(self, failure):
+    def tell_failure(self, failure: RunFailure) -> None:
         self.tracker.tunnel_ended(self, ERROR, failure)
         self._tell(self.listener.error, failure)
 
-    def end_cancelled(self, message, code=CANCELLED):
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.fail(code, message)
 
 
-def _incomplete(failure):
+def _incomplete(failure: RunFailure) -> RunFailure:
     """
     The caller's view of C{failure} ending the continuation of an answer
     it has part of: the answer is C{incomplete}.
@@ -647,7 +709,7 @@ def _incomplete(failure):
     return RunFailure(INCOMPLETE, f"the answer was cut and its continuation failed: {failure.code}: {failure.message}")
 
 
-def _metadata(frame):
+def _metadata(frame: messages.ProviderTunnelFrame) -> dict[str, Any] | None:
     """
     A tunnel metadata frame's JSON object, or C{None} when it is not one.
     """
@@ -658,7 +720,7 @@ def _metadata(frame):
     return info if isinstance(info, dict) else None
 
 
-def retry_after(pairs):
+def retry_after(pairs: Iterable[tuple[str, str]]) -> float:
     """
     The delay a C{Retry-After} header among C{pairs} asks for, in seconds
     (its delay-seconds form; 0 when absent or an HTTP date).

@@ -33,10 +33,14 @@ fallback group, in order, with the text so far as C{assistant_prefix};
 the caller's answer goes on where it was cut.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
 from iop.run import (
     CAPACITY_EXCEEDED,
@@ -45,7 +49,12 @@ from iop.run import (
     PROVIDER_ERROR,
     PROVIDER_TIMEOUT,
     PROVIDER_UNREACHABLE,
+    RunFailure,
 )
+
+if TYPE_CHECKING:
+    from iop.edge.bus import EventBus
+    from iop.edge.pool import ModelGroupSpec, ProviderPool
 
 #: Why work moved to another model group, by the group field that sent it.
 FALLBACKS = "fallbacks"
@@ -57,7 +66,7 @@ CONTEXT_FALLBACKS = "context_fallbacks"
 ASSISTANT_PREFIX = "assistant_prefix"
 
 
-def provider_failed(failure):
+def provider_failed(failure: RunFailure) -> bool:
     """
     Whether C{failure} (a L{iop.run.RunFailure}) is the provider's own
     failure to serve: no connection, no answer in time, an HTTP 5xx or 429
@@ -68,6 +77,40 @@ def provider_failed(failure):
     if failure.code in (PROVIDER_UNREACHABLE, PROVIDER_TIMEOUT, INCOMPLETE):
         return True
     return failure.code == PROVIDER_ERROR and (failure.status >= 500 or failure.status == 429)
+
+
+class Where(Protocol):
+    """
+    Where a failed attempt ran (an L{iop.edge.dispatch.Placement}).
+    """
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def provider_id(self) -> str: ...
+
+    @property
+    def key(self) -> tuple[str, str]: ...
+
+
+class Attempt(Protocol):
+    """
+    What L{Failover} reads of a failed attempt (an
+    L{iop.edge.dispatch.Dispatch}).
+    """
+
+    @property
+    def placement(self) -> Where: ...
+
+
+class Elsewhere(Protocol):
+    """
+    Whether another provider could take a piece of work (the
+    L{iop.edge.placement.Placer}).
+    """
+
+    def elsewhere(self, spec: RunSpec, avoid: set[tuple[str, str]]) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -91,20 +134,24 @@ class Work:
         continues a cut answer keeps it: the caller's answer goes on).
     """
 
-    spec: object
-    listener_for: object
+    spec: RunSpec
+    listener_for: Callable[[str, str], Any]
     retries: int
     id: str | None = None
     attempts: int = 0
     refused_once: bool = False
-    avoid: set = field(default_factory=set)
+    avoid: set[tuple[str, str]] = field(default_factory=set)
     ticket: Ticket | None = None
     since: float = 0.0
-    tried: set = field(default_factory=set)
-    pending: dict = field(default_factory=dict)
-    listener: object = None
+    tried: set[str] = field(default_factory=set)
+    pending: dict[str, list[str]] = field(default_factory=dict)
+    listener: Any = None
 
-    def wire_id(self):
+    def wire_id(self) -> str:
+        """
+        This attempt's id on the wire (the work has its id once placed).
+        """
+        assert self.id is not None
         return self.id if self.attempts <= 1 else f"{self.id}-{self.attempts}"
 
 
@@ -123,13 +170,13 @@ class Failover:
 
     log = Logger()
 
-    def __init__(self, pool, placer, clock, bus):
+    def __init__(self, pool: "ProviderPool", placer: Elsewhere, clock: IReactorTime, bus: "EventBus") -> None:
         self.pool = pool
         self.placer = placer
         self.clock = clock
         self.bus = bus
 
-    def plan(self, failed, failure, work):
+    def plan(self, failed: Attempt, failure: RunFailure, work: Work) -> float | None:
         """
         @param failed: the failed attempt's L{iop.edge.dispatch.Dispatch}.
         @return: in how many seconds to place C{work} again (having
@@ -144,7 +191,7 @@ class Failover:
             self.log.warn(
                 "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
                 " placing it again (check the node's max_concurrency against its providers' capacity)",
-                node=failed.link.node_id,
+                node=failed.placement.node_id,
                 id=work.id,
             )
             return 0.0
@@ -166,7 +213,7 @@ class Failover:
                 return delay
         return self._fall_back(work, FALLBACKS, failure)
 
-    def _same_again(self, failure, work):
+    def _same_again(self, failure: RunFailure, work: Work) -> float | None:
         """
         The delay before the same provider may be tried again: its
         C{Retry-After} when it gave one and the queue deadline allows
@@ -180,20 +227,20 @@ class Failover:
             return 0.0
         return None
 
-    def _retrying(self, failed, failure, work, what):
+    def _retrying(self, failed: Attempt, failure: RunFailure, work: Work, what: str) -> None:
         self.log.info(
             "{id}: provider {node}/{provider} failed before answering ({code}); {what}",
             id=work.id,
-            node=failed.link.node_id,
+            node=failed.placement.node_id,
             provider=failed.placement.provider_id,
             code=failure.code,
             what=what,
         )
         self.bus.publish(
-            "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
+            "provider", {"event": "retry", "node": failed.placement.node_id, "provider": failed.placement.provider_id}
         )
 
-    def continuation(self, failed, failure, work, text):
+    def continuation(self, failed: Attempt, failure: RunFailure, work: Work, text: str) -> float | None:
         """
         An answer cut after its caller saw C{text} of it (C{incomplete}):
         where the rest may come from.
@@ -225,7 +272,7 @@ class Failover:
             return 0.0
         return None
 
-    def _track(self, work, group):
+    def _track(self, work: Work, group: "ModelGroupSpec") -> None:
         """
         Start keeping which groups C{work} tried, from its first one.
         """
@@ -234,7 +281,7 @@ class Failover:
             for name in (FALLBACKS, CONTEXT_FALLBACKS):
                 work.pending[name] = list(getattr(group, name))
 
-    def _fall_back(self, work, reason, failure):
+    def _fall_back(self, work: Work, reason: str, failure: RunFailure) -> float | None:
         """
         Move C{work} to the next model group of its C{reason} list.
 
@@ -253,7 +300,15 @@ class Failover:
             return 0.0
         return None
 
-    def _move(self, work, spec, group, fallback, reason, failure):
+    def _move(
+        self,
+        work: Work,
+        spec: RunSpec,
+        group: "ModelGroupSpec",
+        fallback: "ModelGroupSpec",
+        reason: str,
+        failure: RunFailure,
+    ) -> None:
         """
         C{work} goes on as C{spec} in the model group C{fallback}: its own
         fallbacks come next, and it has that group's retries.
@@ -276,7 +331,7 @@ class Failover:
         )
 
 
-def served_by(spec, group):
+def served_by(spec: RunSpec, group: str) -> RunSpec:
     """
     C{spec} for the model group C{group}: its C{model}, and a tunnel's body
     naming it (a provider without a C{target} gets the group's name, as

@@ -11,6 +11,8 @@ conf/prometheus/alerts.yml (tests/test_dashboards.py checks every name
 they use against a live scrape).
 """
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -294,7 +296,7 @@ def build_metrics(service, bus, clock=None):
             if payload["event"] == "disconnected":
                 disconnects.labels(payload["node"] or "", disconnect_cause(payload.get("reason"))).inc()
 
-    def provider_event(payload):
+    def provider_event(payload: dict[str, Any]) -> None:
         event = payload.get("event")
         if event == "retry":
             retries.labels(payload["node"], payload["provider"]).inc()

@@ -22,11 +22,14 @@ The placer only chooses and leases; starting the work is the service's
 job, and the lease belongs to whoever starts the work.
 """
 
+from collections.abc import Callable, Set
+
 from twisted.internet import defer
 
 from iop.edge.dispatch import Placement
 from iop.edge.errors import ServiceError
-from iop.edge.pool import NoLiveProvider, QueueFull, QueueTimeout
+from iop.edge.pool import NoLiveProvider, ProviderSpec, QueueFull, QueueTimeout
+from iop.edge.spec import RunSpec
 
 
 class Placer:
@@ -145,21 +148,21 @@ class Placer:
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
         return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
-    def _acceptor(self, spec, avoid):
+    def _acceptor(self, spec: RunSpec, avoid: Set[tuple[str, str]]) -> Callable[[ProviderSpec], bool]:
         """
         The providers C{spec} may go to: of a type that serves it, not one
         that already failed it, and for a run that continues a cut answer
         only one whose adapter can continue it (C{continuation: true}).
         """
 
-        def accept(provider):
+        def accept(provider: ProviderSpec) -> bool:
             if not spec.serves(provider.adapter_type) or provider.key in avoid:
                 return False
             return not spec.continues or self.continues(provider)
 
         return accept
 
-    def continues(self, provider):
+    def continues(self, provider: ProviderSpec) -> bool:
         """
         Whether C{provider}'s adapter continues a partial answer given as a
         final assistant message (its C{continuation: true} option).

@@ -19,7 +19,7 @@ from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def new_id(prefix):
+def new_id(prefix: str) -> str:
     """
     A fresh, unguessable id such as C{run-3f2a...}.
     """
@@ -47,13 +47,13 @@ class TunnelSpec:
     raw: bytes | None = None
 
     @property
-    def types(self):
+    def types(self) -> frozenset[str]:
         """
         The adapter types that carry this request as a tunnel.
         """
         return ENDPOINT_TYPES.get(self.path, TUNNEL_TYPES)
 
-    def encoded_body(self, target):
+    def encoded_body(self, target: str) -> bytes:
         """
         The body to send to a provider that knows the model as C{target}:
         the caller's own bytes when the model keeps its name, else encoded
@@ -107,19 +107,19 @@ class RunSpec:
     run_id: str = ""
     continues: bool = False
 
-    def serves(self, adapter_type):
+    def serves(self, adapter_type: str) -> bool:
         """
         Whether a provider of C{adapter_type} can serve this request.
         """
         return self.runs or (self.tunnel is not None and adapter_type in self.tunnel.types)
 
-    def tunnels_on(self, adapter_type):
+    def tunnels_on(self, adapter_type: str) -> bool:
         """
         Whether this request travels as a tunnel to C{adapter_type}.
         """
         return self.tunnel is not None and adapter_type in self.tunnel.types
 
-    def token_estimate(self, answer_tokens):
+    def token_estimate(self, answer_tokens: int) -> int:
         """
         The tokens this request is expected to cost, for fair share and
         budgets: its input by length, plus its own cap on the answer
@@ -132,7 +132,7 @@ class RunSpec:
             cap = 0 if self.tunnel is not None and self.tunnel.path == "/embeddings" else answer_tokens
         return -(-self.input_chars() // CHARS_PER_TOKEN) + max(cap, 0)
 
-    def input_chars(self):
+    def input_chars(self) -> int:
         """
         How long the input is, for a model group's long/normal threshold:
         C{size} when the surface measured it, else the messages' text.

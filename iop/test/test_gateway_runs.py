@@ -379,7 +379,7 @@ class EventsFeedTests(SynchronousTestCase):
         self.bus = EventBus(self.clock)
         self.request = DummyRequest([b""])
         # DummyRequest drives only pull producers; the feed is a push one.
-        self.request.registerProducer = lambda producer, streaming: None
+        self.patch(self.request, "registerProducer", lambda producer, streaming: None)
 
     def feed(self, types=frozenset(), node=None, deltas=False):
         return EventFeed(FeedService(self.clock, self.bus), self.request, types, node, deltas)

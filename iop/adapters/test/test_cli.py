@@ -8,10 +8,11 @@ import os
 import sys
 
 from twisted.internet import defer, reactor
+from twisted.internet.process import Process
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.cli import CLIAdapter, _RunProcess
+from iop.adapters.cli import CLIAdapter
 from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput
 from iop.adapters.test.providers import Events
 from iop.adapters.test.test_echo import PausingEvents
@@ -94,12 +95,15 @@ class RunTests(CLITestCase):
         """
         events = PausingEvents()
         code = "import sys; sys.stdout.write('x' * 1_000_000); sys.stdout.flush()"
-        d = self.adapter(**python(code)).execute(run_input(), events)
+        adapter = self.adapter(**python(code))
+        d = adapter.execute(run_input(), events)
         yield events.first("delta")
-        process = events.producer
-        self.assertIsInstance(process, _RunProcess)
+        process = adapter.running["r1"]
+        self.assertIs(events.producer, process)
+        transport = process.transport
+        assert isinstance(transport, Process)
         readers = set(reactor.getReaders())
-        self.assertFalse(readers & set(process.transport.pipes.values()))
+        self.assertFalse(readers & set(transport.pipes.values()))
         process.resumeProducing()
         yield d
         self.assertEqual(events.text(), "x" * 1_000_000)

@@ -39,7 +39,7 @@ class Connection:
 
 class DoorsTests(SynchronousTestCase):
     def setUp(self):
-        self.reasons = []
+        self.reasons: list[str] = []
         self.doors = Doors(per_address=2, total=6, refused=self.reasons.append)
 
     def arrive(self, host):
@@ -156,7 +156,7 @@ class HallTests(SynchronousTestCase):
     """
 
     def setUp(self):
-        self.reasons = []
+        self.reasons: list[str] = []
         self.doors = Doors(per_address=2, total=4, refused=self.reasons.append, line=4, hall=3)
 
     def arrive(self, host):

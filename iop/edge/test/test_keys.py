@@ -8,6 +8,7 @@ its own endpoint.
 import copy
 import hashlib
 import json
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.internet import defer
@@ -18,7 +19,7 @@ from iop.config import ConfigError
 from iop.edge.http.site import EdgeSite
 from iop.edge.keys import KeyLimiter, KeySpec, RateLimited, key_digest
 from iop.edge.test.test_config import parsed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
 BASE = "http://edge.invalid"
@@ -163,7 +164,7 @@ class LimiterTests(SynchronousTestCase):
 
 class KeyedHTTPTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["api_keys"] = [
             {"sha256": sha("caller")},
             {"key": "one-at-a-time", "max_concurrent": 1},
@@ -213,7 +214,7 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.assertEqual(json.loads(answer)["error"]["code"], "key_rate_limited")
         self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
         run_id = self.node.of("run_request")[-1].run_id
-        self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        self.node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(self.result(running)[0], 200)
         self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)
@@ -247,7 +248,7 @@ class MetricsEndpointTests(SynchronousTestCase):
         With C{listen.metrics}, C{/metrics} is served there and not on the
         HTTP port.
         """
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["listen"]["metrics"] = "tcp:0:interface=127.0.0.1"
         edge = EdgeHarness(data)
         http = StubTreq(edge.site.resource)

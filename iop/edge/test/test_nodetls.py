@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.nodetls import identities, mismatch
 from iop.edge.test.test_config import parsed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
@@ -90,7 +90,7 @@ class RegistrationTests(SynchronousTestCase):
     def register(self, token, certificate):
         node, pump, edge_protocol = self.edge.connect()
         edge_protocol.transport.getPeerCertificate = FakeTLS(certificate).getPeerCertificate
-        node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=WIRE_VERSION))
+        node.wire.send(messages.register_request(token=token, wire_version=WIRE_VERSION))
         pump.flush()
         return node.of("register_response")[0]
 
@@ -108,7 +108,7 @@ class RegistrationTests(SynchronousTestCase):
         """
         response = self.register("tok-1", load(os.path.join(self.out, "n2.pem")))
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.UNKNOWN_TOKEN)
+        self.assertEqual(response.code, messages.UNKNOWN_TOKEN)
         self.assertIn("names 'n2', not node 'n1'", response.reason)
         self.assertIsNone(self.edge.service.registry.owner("n1"))
 

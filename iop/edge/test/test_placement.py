@@ -5,12 +5,13 @@ the single-node fallback; direct work counts in C{in_use} and queues.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 
 
@@ -20,7 +21,7 @@ def spec(**kwargs):
 
 class PlacementTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["model_groups"].append({"name": "only1", "providers": [{"node": "n1", "provider": "p1", "target": "o1"}]})
         self.edge = EdgeHarness(data)
         self.service = self.edge.service
@@ -36,7 +37,7 @@ class PlacementTests(SynchronousTestCase):
         }
 
     def finish(self, node, pump, run_id):
-        node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         pump.flush()
 
     def test_explicit_node_with_group(self):
