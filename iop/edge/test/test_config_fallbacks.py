@@ -55,6 +55,9 @@ class FallbackConfigTests(SynchronousTestCase):
         self.assertEqual(parsed(lambda d: None).health.probe_interval_sec, 5.0)
 
     def test_unknown_group(self):
+        """
+        A fallback must name a configured model group.
+        """
         self.assert_refused(
             lambda d: groups(d)["grp"].update(fallbacks=["nope"]),
             "model_groups[0].fallbacks[0]",
@@ -62,6 +65,9 @@ class FallbackConfigTests(SynchronousTestCase):
         )
 
     def test_self_reference(self):
+        """
+        A group cannot fall back to itself.
+        """
         self.assert_refused(
             lambda d: groups(d)["grp"].update(context_fallbacks=["grp"]),
             "model_groups[0].context_fallbacks[0]",
@@ -69,6 +75,10 @@ class FallbackConfigTests(SynchronousTestCase):
         )
 
     def test_circle(self):
+        """
+        Fallbacks that lead back to their group are refused, naming the
+        circle.
+        """
         def mutate(data):
             groups(data)["grp"]["fallbacks"] = ["small"]
             groups(data)["small"]["fallbacks"] = ["long"]
@@ -77,15 +87,24 @@ class FallbackConfigTests(SynchronousTestCase):
         self.assert_refused(mutate, "model_groups[0].fallbacks", "grp -> small -> long -> grp")
 
     def test_repeat_and_type(self):
+        """
+        A list of distinct group names, nothing else.
+        """
         self.assert_refused(lambda d: groups(d)["grp"].update(fallbacks=["small", "small"]), "duplicate model group")
         self.assert_refused(lambda d: groups(d)["grp"].update(fallbacks="small"), "model_groups[0].fallbacks")
         self.assert_refused(lambda d: groups(d)["grp"].update(fallbacks=[3]), "model_groups[0].fallbacks[0]")
 
     def test_priority(self):
+        """
+        A provider's priority is a non-negative integer.
+        """
         self.assert_refused(
             lambda d: groups(d)["grp"]["providers"][0].update(priority=-1), "providers[0].priority", "negative"
         )
         self.assert_refused(lambda d: groups(d)["grp"]["providers"][0].update(priority="high"), "priority")
 
     def test_probe_interval(self):
+        """
+        health.probe_interval_sec is a number of at least 0.
+        """
         self.assert_refused(lambda d: d.update(health={"probe_interval_sec": -1}), "health.probe_interval_sec")
