@@ -432,6 +432,46 @@ class FallbackTests(SynchronousTestCase):
         self.assertEqual(event["usage"]["prompt_tokens"], 3)
         self.assertEqual(self.provider("a")["last_error"], "incomplete: the stream was cut")
 
+    def test_responses_stream_incomplete(self):
+        """
+        A Responses API stream cut mid-way ends with that API's own
+        C{error} event (no C{[DONE]}, which it does not use).
+        """
+        d = self.gateway.post("/v1/responses", {"model": "solo", "stream": True, "input": "hi"})
+        ((_, (_, sink, done)),) = self.new_tunnels()
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream")])
+        sink.body(b'event: response.created\ndata: {"type": "response.created"}\n\n')
+        done.errback(Fault("incomplete", "the stream was cut"))
+        self.gateway.flush()
+        code, _, body = self.result(d)
+        self.assertEqual(code, 200)
+        self.assertTrue(body.endswith(b"\n\n"))
+        self.assertIn(b"event: error\n", body)
+        self.assertNotIn(b"[DONE]", body)
+        event = json.loads(sse_payloads(body)[-1])
+        self.assertEqual((event["type"], event["code"]), ("error", "incomplete"))
+
+    def test_stream_first_byte_deadline_fails_over(self):
+        """
+        A streamed tunnel whose provider sent its headers but no first
+        event in time is placed again: the caller gets the other
+        provider's stream only.
+        """
+        d = self.chat(stream=True)
+        ((_, (_, sink, done)),) = self.new_tunnels()
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream")])
+        done.errback(Fault("provider_timeout", "no first event"))
+        self.gateway.flush()
+        ((name, tunnel),) = self.new_tunnels()
+        self.assertEqual(name, "b")
+        self.answer_tunnel(
+            tunnel, body=b"data: {}\n\ndata: [DONE]\n\n", headers=[("content-type", "text/event-stream")]
+        )
+        code, _, body = self.result(d)
+        self.assertEqual((code, body), (200, b"data: {}\n\ndata: [DONE]\n\n"))
+
     def test_run_stream_incomplete(self):
         """
         A streamed native run cut mid-way ends with its C{error} event

@@ -457,10 +457,14 @@ class TunnelPassthrough:
     """
     The provider's own response, relayed to the caller as it comes:
     status, headers (minus hop-by-hop) and raw body bytes.
+
+    @param path: the endpoint relayed (C{/chat/completions}, ...): a
+        stream cut mid-way ends with an error event in its dialect.
     """
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, path: str = "/chat/completions") -> None:
         self.call = call
+        self.path = path
         self.request = call.request
         self.event_stream = False
         self.tail = b""
@@ -530,8 +534,7 @@ class TunnelPassthrough:
                     self.request.write(b"\n\n")
                 stream = EventStream(self.request)
                 stream.open = True
-                usage = self.usage_so_far
-                stream.fail(failure, openai_usage(usage) if usage is not None else None)
+                _end_stream(stream, self.path, failure, self.usage_so_far)
                 self.call.finish()
             else:
                 # Mid-body of one JSON document: the only honest signal
@@ -539,6 +542,25 @@ class TunnelPassthrough:
                 cut_off(self.request.channel.transport)
             return
         write_error(self.request, run_failure_error(failure))
+
+
+def _end_stream(stream: EventStream, path: str, failure: RunFailure, usage: Usage | None) -> None:
+    """
+    End a relayed event stream cut mid-way with an error event in the
+    endpoint's dialect (with the usage so far, when known): the Responses
+    API's C{error} event, else OpenAI's error chunk and C{[DONE]}.
+    """
+    if path == "/responses":
+        event: dict[str, Any] = {"type": "error", "code": failure.code, "message": failure.message, "param": None}
+        if usage is not None:
+            event["usage"] = {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            }
+        stream.send_event(event, name="error")
+        return
+    stream.fail(failure, openai_usage(usage) if usage is not None else None)
 
 
 def _error_message(body: bytes, status: int) -> str:

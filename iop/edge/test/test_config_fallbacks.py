@@ -79,6 +79,7 @@ class FallbackConfigTests(SynchronousTestCase):
         Fallbacks that lead back to their group are refused, naming the
         circle.
         """
+
         def mutate(data):
             groups(data)["grp"]["fallbacks"] = ["small"]
             groups(data)["small"]["fallbacks"] = ["long"]
