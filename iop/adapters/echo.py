@@ -47,6 +47,9 @@ class EchoAdapter(AdapterBase):
     @defer.inlineCallbacks
     def execute(self, run: RunInput, emit: Emit) -> Generator["defer.Deferred[Any]", Any, None]:
         text = run.last_user_text()
+        if not isinstance(text, str):
+            # The same failure as splitting it into words would be.
+            raise TypeError(f"echo takes text content, not {type(text).__name__}")
         pieces = words(text)
         gate = OutputGate.registered(emit)
         emit(RunEventData(START))

@@ -44,13 +44,16 @@ class RunInput:
     background: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
-    def last_user_text(self) -> str:
+    def last_user_text(self) -> object:
         """
-        The content of the last user message, or C{""}.
+        The content of the last user message, or C{""}: as the message
+        carries it, so usually a string but possibly OpenAI-style content
+        (a list of parts) or any other JSON value; callers that need text
+        check or convert it.
         """
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                content: str = message.get("content") or ""
+                content: object = message.get("content") or ""
                 return content
         return ""
 

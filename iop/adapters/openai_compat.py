@@ -14,13 +14,18 @@ Two paths, on purpose:
 import json
 import re
 import zlib
+from collections.abc import Callable
+from typing import Any, Self
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
+from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, IAdapter, RunInput, TunnelInput
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
+    ChunkReceiver,
     HTTPAdapter,
     ProviderError,
     SSEParser,
@@ -28,10 +33,15 @@ from iop.adapters.streams import (
     response_headers,
 )
 from iop.httpheaders import provider_request_headers
-from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
+
+#: Where a parsed chat completion chunk (a JSON object) goes.
+ChunkHandler = Callable[[dict[str, Any]], None]
+#: Whether a streamed event's text is worth parsing.
+Wanted = Callable[[str], bool]
 
 
-def _count(value):
+def _count(value: object) -> int | None:
     """
     A reported token count, or C{None} when it was not reported.
     """
@@ -40,13 +50,13 @@ def _count(value):
     return None
 
 
-def openai_message(message):
+def openai_message(message: dict[str, Any]) -> dict[str, Any]:
     """
     A run's chat message back in OpenAI's form: images as C{image_url}
     parts beside the text, and C{name}, C{tool_call_id}, C{tool_calls} as
     they came.
     """
-    result = {"role": message["role"], "content": message.get("content") or ""}
+    result: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
     if message.get("images"):
         parts = [{"type": "text", "text": result["content"]}] if result["content"] else []
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in message["images"]]
@@ -64,7 +74,7 @@ _NULL_FINISH = re.compile(r'"finish_reason"\s*:\s*null')
 _FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
-def usage_from(data):
+def usage_from(data: object) -> Usage | None:
     """
     An OpenAI C{usage} object as a L{Usage}, or C{None}.
 
@@ -84,7 +94,7 @@ def usage_from(data):
     )
 
 
-def _stream_error(chunk):
+def _stream_error(chunk: dict[str, Any]) -> ProviderError:
     """
     An error object sent inside a 2xx stream, as a L{ProviderError}.
     """
@@ -104,15 +114,15 @@ class ChatResponse:
     @raise ProviderError: for data that is not JSON.
     """
 
-    def __init__(self, on_chunk, content_type, wanted=None):
+    def __init__(self, on_chunk: ChunkHandler, content_type: str, wanted: Wanted | None = None) -> None:
         self.on_chunk = on_chunk
         self.wanted = wanted
-        self.sse = SSEParser() if "event-stream" in content_type else None
+        self.sse: SSEParser | None = SSEParser() if "event-stream" in content_type else None
         self.body = bytearray()
         self.done = False
 
     @classmethod
-    def for_response(cls, on_chunk, response, wanted=None):
+    def for_response(cls, on_chunk: ChunkHandler, response: IResponse, wanted: Wanted | None = None) -> Self:
         """
         @param wanted: when given, C{wanted(payload)} says whether a
             streamed event's text needs parsing at all (a cheap check that
@@ -121,7 +131,7 @@ class ChatResponse:
         content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).decode("latin-1")
         return cls(on_chunk, content_type.lower(), wanted)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         if self.sse is None:
             if len(self.body) + len(data) > JSON_BODY_LIMIT:
                 raise ProviderError(f"response body larger than {JSON_BODY_LIMIT} bytes")
@@ -132,7 +142,7 @@ class ChatResponse:
             if wanted is None or wanted(payload):
                 self._payload(payload)
 
-    def finish(self):
+    def finish(self) -> None:
         if self.sse is None:
             if self.body.strip():
                 self._payload(bytes(self.body).decode("utf-8", "replace"))
@@ -140,7 +150,7 @@ class ChatResponse:
         for payload in self.sse.finish():
             self._payload(payload)
 
-    def _payload(self, payload):
+    def _payload(self, payload: str) -> None:
         if self.done:
             return
         if payload.strip() == "[DONE]":
@@ -160,17 +170,17 @@ class ChatEvents:
     C{reasoning_delta} events; remembers the last usage reported.
     """
 
-    def __init__(self, emit, response):
+    def __init__(self, emit: Emit, response: IResponse) -> None:
         self.emit = emit
-        self.usage = None
-        self.finish_reason = None
-        self.calls = {}  # index -> {"id", "name", "arguments"} as they stream in
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.framing.feed(data)
 
-    def finish(self):
+    def finish(self) -> Usage | None:
         """
         The stream ended: the tool calls streamed in pieces are emitted
         whole, in index order. @return: the usage reported, if any.
@@ -182,7 +192,7 @@ class ChatEvents:
             self.emit(RunEventData(TOOL_CALL, tool_call=tool_call))
         return self.usage
 
-    def chunk(self, chunk):
+    def chunk(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk and chunk["error"]:
             raise _stream_error(chunk)
         usage = usage_from(chunk.get("usage"))
@@ -205,7 +215,7 @@ class ChatEvents:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def _tool_call_piece(self, call, position):
+    def _tool_call_piece(self, call: object, position: int) -> None:
         """
         One tool call, or a piece of one (a streamed delta carries its id
         and name first, then its arguments in pieces, keyed by index).
@@ -235,15 +245,15 @@ class TunnelObserver:
 
     log = Logger()
 
-    def __init__(self, sink, response):
+    def __init__(self, sink: ITunnelSink, response: IResponse) -> None:
         self.sink = sink
-        self.usage = None
-        self.metadata = {}
+        self.usage: Usage | None = None
+        self.metadata: dict[str, Any] = {}
         self.broken = False
         self.parsed_any = False
         self.tail = b""  # a streamed event not complete yet
         self.framing = ChatResponse.for_response(self.chunk, response, self.wanted)
-        self.inflate = None
+        self.inflate: zlib._Decompress | None = None
         coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
         if coding == b"gzip":
             self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -251,7 +261,7 @@ class TunnelObserver:
             self.broken = True
             self.log.info("tunnel body encoded as {coding}: usage not observed", coding=coding.decode("latin-1"))
 
-    def wanted(self, payload):
+    def wanted(self, payload: str) -> bool:
         """
         Whether a streamed event can tell anything not yet known: the model
         (the first event says it), usage, or a finish reason that is not
@@ -261,7 +271,7 @@ class TunnelObserver:
             return True
         return '"finish_reason"' in payload and _NULL_FINISH.search(payload) is None
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         if self.inflate is not None and not self.broken:
             try:
                 data = self.inflate.decompress(data)
@@ -287,7 +297,7 @@ class TunnelObserver:
         if not self.parsed_any or b'"usage"' in events or _FINISH_SET.search(events):
             self._guard(self.framing.feed, events)
 
-    def finish(self):
+    def finish(self) -> None:
         """
         Report what was seen: the last usage, then model and finish reason.
         """
@@ -300,7 +310,7 @@ class TunnelObserver:
         if self.metadata:
             self.sink.metadata(dict(self.metadata))
 
-    def _guard(self, method, *args):
+    def _guard(self, method: Callable[..., None], *args: bytes) -> None:
         if self.broken:
             return
         try:
@@ -309,7 +319,7 @@ class TunnelObserver:
             self.broken = True
             self.log.info("tunnel body not observable, usage not reported: {why}", why=e.message)
 
-    def chunk(self, chunk):
+    def chunk(self, chunk: dict[str, Any]) -> None:
         self.parsed_any = True
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
@@ -330,7 +340,7 @@ USAGE_AS_ASKED = "as_asked"
 FILTER_EVENT_LIMIT = 1024 * 1024
 
 
-def with_usage(body):
+def with_usage(body: bytes) -> bytes | None:
     """
     The body of a streamed chat completion asking for usage
     (C{stream_options.include_usage}) when the caller did not ask for it
@@ -361,15 +371,15 @@ class UsageChunkFilter:
     boundaries.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buffer = b""
         self.passing = False
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> bytes:
         if self.passing:
             return data
         self.buffer += data
-        out = []
+        out: list[bytes] = []
         while True:
             ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := self.buffer.find(sep)) >= 0]
             if not ends:
@@ -384,12 +394,12 @@ class UsageChunkFilter:
             self.buffer = b""
         return b"".join(out)
 
-    def finish(self):
+    def finish(self) -> bytes:
         rest, self.buffer = self.buffer, b""
         return b"" if _usage_only(rest) else rest
 
 
-def _usage_only(event):
+def _usage_only(event: bytes) -> bool:
     data = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
     if not data:
         return False
@@ -400,7 +410,7 @@ def _usage_only(event):
     return isinstance(chunk, dict) and chunk.get("choices") == [] and bool(chunk.get("usage"))
 
 
-def _plain_event_stream(response):
+def _plain_event_stream(response: IResponse) -> bool:
     """
     Whether a response body is an uncompressed event stream of unknown
     length (the only kind a usage chunk is taken out of).
@@ -424,18 +434,18 @@ class OpenAICompatAdapter(HTTPAdapter):
 
     type = "openai_compat"
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
-        self.usage_mode = self.option("usage", USAGE_AS_ASKED, str)
+        self.usage_mode: str = self.option("usage", USAGE_AS_ASKED, str)
         if self.usage_mode not in (USAGE_AS_ASKED, USAGE_ALWAYS):
             raise AdapterConfigError(
                 f"adapters[{name}].usage must be {USAGE_AS_ASKED} or {USAGE_ALWAYS}, got {self.usage_mode!r}"
             )
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         return Capabilities(max_concurrency=self.max_concurrency, tunnel=True)
 
-    def chat_payload(self, run):
+    def chat_payload(self, run: RunInput) -> dict[str, Any]:
         """
         The streamed chat completion request for C{run}. Generation options
         pass through, but never replace the model, the messages or
@@ -449,7 +459,7 @@ class OpenAICompatAdapter(HTTPAdapter):
         payload.update(model=run.target, messages=messages, stream=True, stream_options=stream_options)
         return payload
 
-    def execute(self, run, emit):
+    def execute(self, run: RunInput, emit: Emit) -> "Deferred[None]":
         return self.stream_run(
             "/chat/completions",
             self.chat_payload(run),
@@ -457,7 +467,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             emit,
         )
 
-    def tunnel(self, request, sink):
+    def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "Deferred[None]":
         """
         Relay C{request} to the provider and its response into C{sink}:
         C{status}, C{headers}, then every body chunk exactly as received.
@@ -469,14 +479,14 @@ class OpenAICompatAdapter(HTTPAdapter):
         """
         headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
         body = request.body
-        added = None
+        added: bytes | None = None
         if self.usage_mode == USAGE_ALWAYS and request.path.rstrip("/").endswith("/chat/completions"):
             added = with_usage(body)
             body = added or body
-        observer = None
-        strip = None
+        observer: TunnelObserver | None = None
+        strip: UsageChunkFilter | None = None
 
-        def on_response(response):
+        def on_response(response: IResponse) -> ChunkReceiver:
             nonlocal observer, strip
             sink.status(response.code)
             sink.headers(response_headers(response))
@@ -485,14 +495,14 @@ class OpenAICompatAdapter(HTTPAdapter):
                 if added is not None and _plain_event_stream(response):
                     strip = UsageChunkFilter()
 
-            def on_chunk(data):
+            def on_chunk(data: bytes) -> None:
                 sink.body(data if strip is None else strip.feed(data))
                 if observer is not None:
                     observer.feed(data)
 
             return on_chunk
 
-        def ended(response):
+        def ended(response: IResponse) -> None:
             if strip is not None:
                 sink.body(strip.finish())
             if observer is not None:

@@ -14,14 +14,18 @@ covers both phases behind one C{Deferred(canceller)}.
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from http.cookiejar import DefaultCookiePolicy
 from io import BytesIO
+from typing import Any, TypeVar, cast
+from typing import Protocol as Shape
 
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet import defer
 from twisted.internet.error import ConnectError, DNSLookupError
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -35,12 +39,13 @@ from twisted.web.client import (
     ResponseNeverReceived,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.interface import AdapterConfigError
+from iop.adapters.interface import AdapterConfigError, Emit
 from iop.config import http_url_problem
-from iop.httpheaders import header_pairs, relay_headers
+from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
     COMPLETE,
     ERROR,
@@ -50,6 +55,7 @@ from iop.run import (
     START,
     RunEventData,
     RunFailure,
+    Usage,
 )
 
 #: How much of an error response body is kept for the error message.
@@ -64,14 +70,14 @@ class ProviderError(Exception):
     inside the stream). C{code} becomes L{RunFailure.code}.
     """
 
-    code = PROVIDER_ERROR
+    code: str = PROVIDER_ERROR
 
-    def __init__(self, message, status=0):
+    def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
 
-    def failure(self):
+    def failure(self) -> RunFailure:
         return RunFailure(code=self.code, message=self.message, status=self.status)
 
 
@@ -109,11 +115,11 @@ class SSEParser:
         broken stream cannot grow the buffer without bound.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = b""
-        self._data = []
+        self._data: list[str] = []
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[str]:
         """
         @return: the data strings of the events completed by C{data}.
         """
@@ -132,7 +138,7 @@ class SSEParser:
             raise ProviderError(f"stream line longer than {JSON_BODY_LIMIT} bytes")
         return events
 
-    def finish(self):
+    def finish(self) -> list[str]:
         """
         The body ended: be lenient and dispatch an unterminated last event
         (some servers omit the final blank line).
@@ -144,7 +150,7 @@ class SSEParser:
         self._line(b"", events)
         return events
 
-    def _line(self, raw, events):
+    def _line(self, raw: bytes, events: list[str]) -> None:
         if not raw:
             if self._data:
                 events.append("\n".join(self._data))
@@ -165,20 +171,20 @@ class NDJSONParser:
     @raise ValueError: for a line that is not JSON.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = b""
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[Any]:
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
         return [json.loads(line) for line in lines if line.strip()]
 
-    def finish(self):
+    def finish(self) -> list[Any]:
         rest, self._buffer = self._buffer, b""
         return [json.loads(rest)] if rest.strip() else []
 
 
-def error_message(body):
+def error_message(body: bytes) -> str:
     """
     The human-readable message in a provider's error body: OpenAI's
     C{{"error": {"message"}}}, vLLM's C{{"message"}}, Ollama's
@@ -201,6 +207,11 @@ def error_message(body):
 
 # -- a cancellable body reader -------------------------------------------------
 
+#: What receives a response body's chunks; what it returns is ignored.
+ChunkReceiver = Callable[[bytes], object]
+
+_T = TypeVar("_T")
+
 
 class _BodyReader(Protocol):
     """
@@ -210,13 +221,29 @@ class _BodyReader(Protocol):
     whoever waits on C{result} and then closes the pool finds it settled.
     """
 
-    def __init__(self, on_chunk, result, response, failure=None):
+    def __init__(
+        self,
+        on_chunk: ChunkReceiver,
+        result: "defer.Deferred[IResponse]",
+        response: IResponse,
+        failure: Failure | None = None,
+    ) -> None:
         self.on_chunk = on_chunk
         self.result = result
         self.response = response
         self.failure = failure
 
-    def dataReceived(self, data):
+    @property
+    def body_transport(self) -> IPushProducer | None:
+        """
+        The body's transport, C{None} until C{deliverBody} connects this
+        reader: the HTTP client's C{TransportProxyProducer}, a push
+        producer (which the C{ITransport} that L{Protocol} declares does
+        not say).
+        """
+        return cast("IPushProducer | None", self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
         if self.failure is not None or self.result.called:
             return
         try:
@@ -224,16 +251,16 @@ class _BodyReader(Protocol):
         except Exception:
             self.abort(Failure())
 
-    def abort(self, failure=None):
+    def abort(self, failure: Failure | None = None) -> None:
         """
         Close the provider connection; C{result} will fail with C{failure}.
         """
         if failure is not None and self.failure is None:
             self.failure = failure
-        if self.transport is not None:
-            self.transport.stopProducing()
+        if self.body_transport is not None:
+            self.body_transport.stopProducing()
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.result.called:
             return
         if self.failure is not None:
@@ -245,6 +272,7 @@ class _BodyReader(Protocol):
             self.result.errback(reason)
 
 
+@implementer(IPushProducer)
 class _BodyProducer:
     """
     The C{IPushProducer} of one response body, for flow control: pausing
@@ -252,22 +280,28 @@ class _BodyProducer:
     it, since silence is then ours); resuming reads on.
     """
 
-    def __init__(self, pause, resume, stop):
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None], stop: Callable[[], None]) -> None:
         self._pause = pause
         self._resume = resume
         self._stop = stop
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self._pause()
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self._resume()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         self._stop()
 
 
-def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=None):
+def read_body(
+    request: "defer.Deferred[IResponse]",
+    on_response: Callable[[IResponse], ChunkReceiver],
+    idle_timeout: float | None = None,
+    clock: IReactorTime | None = None,
+    on_producer: Callable[[IPushProducer], object] | None = None,
+) -> "defer.Deferred[IResponse]":
     """
     Drive one unbuffered treq request to the end of its body.
 
@@ -287,14 +321,14 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         the headers by cancelling C{request}, after them by stopping the
         body's transport.
     """
-    reader = None
+    reader: _BodyReader | None = None
     cancelled = False
-    stalled = None
-    timer = None
-    heard = None
+    stalled: Failure | None = None
+    timer: IDelayedCall | None = None
+    heard: float | None = None
     paused = False
 
-    def cancel(result):
+    def cancel(result: "defer.Deferred[IResponse]") -> None:
         nonlocal cancelled
         cancelled = True
         if reader is None:
@@ -302,10 +336,12 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         else:
             reader.abort()
 
-    result = defer.Deferred(cancel)
+    result: defer.Deferred[IResponse] = defer.Deferred(cancel)
 
-    def expire():
+    def expire() -> None:
         nonlocal timer, stalled
+        # Only touch sets the timer, and only with a timeout and a clock.
+        assert clock is not None and idle_timeout is not None and heard is not None
         timer = None
         quiet = clock.seconds() - heard
         if quiet < idle_timeout:
@@ -319,30 +355,34 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         else:
             reader.abort(stalled)
 
-    def touch():
+    def touch() -> None:
         # A clock read per chunk; the timer is not moved on every chunk.
         nonlocal timer, heard
         if idle_timeout is None or result.called or paused:
             return
+        assert clock is not None, "an idle timeout needs a clock"
         heard = clock.seconds()
         if timer is None:
             timer = clock.callLater(idle_timeout, expire)
 
-    def settled(outcome):
+    def settled(outcome: _T) -> _T:
         if timer is not None and timer.active():
             timer.cancel()
         return outcome
 
-    def got_response(response):
+    def got_response(response: IResponse) -> None:
         nonlocal reader
         touch()
         failure = None
+        on_chunk: ChunkReceiver | None
         try:
             on_chunk = on_response(response)
         except Exception:
             on_chunk, failure = None, Failure()
 
-        def on_data(data):
+        def on_data(data: bytes) -> None:
+            # Without a chunk callable the reader fails and reads nothing.
+            assert on_chunk is not None
             touch()
             on_chunk(data)
 
@@ -355,27 +395,31 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         elif on_producer is not None:
             on_producer(_BodyProducer(pause, resume, reader.abort))
 
-    def pause():
+    # pause and resume are only handed out (as a _BodyProducer) once the
+    # reader exists.
+    def pause() -> None:
         nonlocal paused, timer
+        assert reader is not None
         if paused or result.called:
             return
         paused = True
         if timer is not None and timer.active():
             timer.cancel()
         timer = None
-        if reader.transport is not None:
-            reader.transport.pauseProducing()
+        if reader.body_transport is not None:
+            reader.body_transport.pauseProducing()
 
-    def resume():
+    def resume() -> None:
         nonlocal paused
+        assert reader is not None
         if not paused or result.called:
             return
         paused = False
         touch()
-        if reader.transport is not None:
-            reader.transport.resumeProducing()
+        if reader.body_transport is not None:
+            reader.body_transport.resumeProducing()
 
-    def request_failed(failure):
+    def request_failed(failure: Failure) -> None:
         # A cancelled request fails with whatever the Agent says; the
         # caller sees CancelledError from Deferred.cancel, or the stall.
         if result.called:
@@ -391,7 +435,7 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
     return result
 
 
-def as_provider_error(failure):
+def as_provider_error(failure: Failure) -> Failure:
     """
     Errback: name connection failures as L{ProviderUnreachable} and a body
     cut short as L{ProviderError}; let everything else (notably
@@ -404,19 +448,19 @@ def as_provider_error(failure):
     return failure
 
 
-def _reason(failure):
+def _reason(failure: Failure) -> str:
     reasons = getattr(failure.value, "reasons", None)
     if reasons:
         return "; ".join(r.getErrorMessage() for r in reasons)
     return failure.getErrorMessage()
 
 
-def capped_appender(buffer, limit):
+def capped_appender(buffer: bytearray, limit: int) -> Callable[[bytes], None]:
     """
     A chunk callable that keeps at most C{limit} bytes in C{buffer}.
     """
 
-    def append(data):
+    def append(data: bytes) -> None:
         room = limit - len(buffer)
         if room > 0:
             buffer.extend(data[:room])
@@ -424,7 +468,7 @@ def capped_appender(buffer, limit):
     return append
 
 
-def response_headers(response):
+def response_headers(response: IResponse) -> HeaderPairs:
     """
     A response's headers as C{[(name, value)]} strings, minus hop-by-hop
     headers. Twisted's client keeps C{Content-Length} apart from the other
@@ -437,6 +481,24 @@ def response_headers(response):
 
 
 # -- the HTTP adapter base -----------------------------------------------------
+
+
+class StreamDecoder(Shape):
+    """
+    What L{HTTPAdapter.stream_run} asks of a decoder (it may also have a
+    C{finish_reason}, read when present).
+    """
+
+    def feed(self, data: bytes) -> None:
+        """
+        Emit the events that C{data} completes. @raise ProviderError: for
+        a stream that cannot be read.
+        """
+
+    def finish(self) -> Usage | None:
+        """
+        The body ended: emit what is left. @return: the usage reported.
+        """
 
 
 class HTTPAdapter(AdapterBase):
@@ -457,19 +519,19 @@ class HTTPAdapter(AdapterBase):
 
     log = Logger()
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         base_url = self.option("base_url", kind=str, required=True)
         problem = http_url_problem(base_url)
         if problem is not None:
             raise AdapterConfigError(f"adapters[{name}].base_url {problem}")
-        self.base_url = base_url.rstrip("/")
-        self.api_key = self.option("api_key", None, str)
-        self.extra_headers = self.option("headers", {}, dict)
+        self.base_url: str = base_url.rstrip("/")
+        self.api_key: str | None = self.option("api_key", None, str)
+        self.extra_headers: dict[str, str] = self.option("headers", {}, dict)
         for key, value in self.extra_headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
-        self.drop_headers = self.option("drop_headers", [], list)
+        self.drop_headers: list[str] = self.option("drop_headers", [], list)
         if not all(isinstance(h, str) for h in self.drop_headers):
             raise AdapterConfigError(f"adapters[{name}].drop_headers must be a list of header names")
         timeout = self.option("connect_timeout_sec", 10, (int, float))
@@ -478,8 +540,8 @@ class HTTPAdapter(AdapterBase):
         idle = self.option("idle_timeout_sec", 300, (int, float))
         if idle < 0:
             raise AdapterConfigError(f"adapters[{name}].idle_timeout_sec must not be negative")
-        self.idle_timeout = idle or None
-        self.clock = reactor
+        self.idle_timeout: float | None = idle or None
+        self.clock: IReactorTime = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
@@ -489,32 +551,41 @@ class HTTPAdapter(AdapterBase):
         self.agent = Agent(reactor, connectTimeout=timeout, pool=self.pool)
         self.http = HTTPClient(self.agent, cookiejar=jar)
 
-    def stop(self):
-        return self.pool.closeCachedConnections()
+    def stop(self) -> "defer.Deferred[None]":
+        closed: defer.Deferred[None] = self.pool.closeCachedConnections()
+        return closed
 
-    def url(self, path):
+    def url(self, path: str) -> str:
         """
         C{path} appended to C{base_url}.
         """
         return self.base_url + (path if path.startswith("/") else "/" + path)
 
-    def default_headers(self):
+    def default_headers(self) -> HeaderPairs:
         """
         The configured headers plus the bearer token, as C{[(name, value)]}.
         """
-        pairs = list(self.extra_headers.items())
+        pairs: HeaderPairs = list(self.extra_headers.items())
         if self.api_key and not any(name.lower() == "authorization" for name, _ in pairs):
             pairs.append(("Authorization", f"Bearer {self.api_key}"))
         return pairs
 
-    def request(self, method, path, headers=None, **kwargs):
+    def request(
+        self, method: str, path: str, headers: Iterable[tuple[str, str]] | None = None, **kwargs: Any
+    ) -> "defer.Deferred[IResponse]":
         """
         An unbuffered treq request to C{path}; C{headers} as pairs.
         """
         raw = _raw_headers(self.default_headers() if headers is None else headers)
-        return self.http.request(method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs)
+        response = self.http.request(
+            method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs
+        )
+        # (treq's response proxies IResponse; its Deferred is typed by the proxy.)
+        return cast("defer.Deferred[IResponse]", response)
 
-    def raw_request(self, method, path, headers, body=b""):
+    def raw_request(
+        self, method: str, path: str, headers: Iterable[tuple[str, str]], body: bytes = b""
+    ) -> "defer.Deferred[IResponse]":
         """
         A request straight on the connection pool's C{Agent}, for a byte
         relay: no cookie handling and no content decoding (which would
@@ -525,13 +596,18 @@ class HTTPAdapter(AdapterBase):
             method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
         )
 
-    def read(self, request, on_response, on_producer=None):
+    def read(
+        self,
+        request: "defer.Deferred[IResponse]",
+        on_response: Callable[[IResponse], ChunkReceiver],
+        on_producer: Callable[[IPushProducer], object] | None = None,
+    ) -> "defer.Deferred[IResponse]":
         """
         L{read_body} with this adapter's idle timeout.
         """
         return read_body(request, on_response, self.idle_timeout, self.clock, on_producer)
 
-    def fetch_json(self, method, path, payload=None):
+    def fetch_json(self, method: str, path: str, payload: Any = None) -> "defer.Deferred[Any]":
         """
         A whole JSON response (C{None} for an empty body).
 
@@ -540,17 +616,19 @@ class HTTPAdapter(AdapterBase):
             response.
         """
         body = bytearray()
-        kwargs = {} if payload is None else {"json": payload}
+        kwargs: dict[str, Any] = {} if payload is None else {"json": payload}
         d = self.read(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
 
-        def parse(response):
+        def parse(response: IResponse) -> Any:
             if not 200 <= response.code < 300:
                 raise ProviderError(error_message(bytes(body)) or f"HTTP {response.code}", response.code)
             return json.loads(bytes(body)) if body.strip() else None
 
         return d.addCallback(parse).addErrback(as_provider_error)
 
-    def stream_run(self, path, payload, make_decoder, emit):
+    def stream_run(
+        self, path: str, payload: dict[str, Any], make_decoder: Callable[[IResponse], StreamDecoder], emit: Emit
+    ) -> "defer.Deferred[None]":
         """
         POST C{payload} and turn the streamed answer into run events:
         C{start} once the provider accepted (2xx), whatever the decoder
@@ -564,10 +642,10 @@ class HTTPAdapter(AdapterBase):
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
-        decoder = None
+        decoder: StreamDecoder | None = None
         error_body = bytearray()
 
-        def on_response(response):
+        def on_response(response: IResponse) -> ChunkReceiver:
             nonlocal decoder
             if not 200 <= response.code < 300:
                 return capped_appender(error_body, ERROR_BODY_LIMIT)
@@ -575,16 +653,17 @@ class HTTPAdapter(AdapterBase):
             decoder = make_decoder(response)
             return decoder.feed
 
-        def ended(response):
+        def ended(response: IResponse) -> None:
             if decoder is None:
                 message = error_message(bytes(error_body)) or f"HTTP {response.code}"
                 raise ProviderError(message, response.code)
             usage = decoder.finish()
             emit(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(ProviderError)
             error = failure.value
+            assert isinstance(error, ProviderError)
             self.log.info(
                 "adapter {adapter} run failed: {code} {message}",
                 adapter=self.name,
@@ -595,13 +674,10 @@ class HTTPAdapter(AdapterBase):
 
         # An emit that does flow control pauses the provider read with it.
         d = self.read(self.request("POST", path, json=payload), on_response, getattr(emit, "register_producer", None))
-        d.addCallback(ended)
-        d.addErrback(as_provider_error)
-        d.addErrback(failed)
-        return d
+        return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)
 
 
-def _raw_headers(pairs):
+def _raw_headers(pairs: Iterable[tuple[str | bytes, str | bytes]]) -> Headers:
     """
     C{[(name, value)]} (text or bytes) as Twisted C{Headers}, repeats kept.
     """
@@ -611,7 +687,7 @@ def _raw_headers(pairs):
     return raw
 
 
-def _header_bytes(value):
+def _header_bytes(value: str | bytes) -> bytes:
     if isinstance(value, bytes):
         return value
     try:

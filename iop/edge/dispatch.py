@@ -31,6 +31,7 @@ from iop.edge.flow import ReceiveWindow
 from iop.edge.pool import Lease
 from iop.edge.registry import NodeLink
 from iop.edge.runs import RunRecord
+from iop.edge.timing import Timing
 from iop.protocols import messages
 from iop.protocols.convert import failure_from_wire, usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
@@ -182,6 +183,8 @@ class Dispatch:
 
     #: What the run book and the logs call it (C{run} or C{tunnel}).
     kind: str
+    #: Its caller request's L{Timing}, when it has one.
+    timing: Timing | None = None
 
     #: The request messages that start a stream (and carry its window).
     _REQUESTS = (messages.RunRequest, messages.ProviderTunnelRequest)
@@ -280,6 +283,15 @@ class Dispatch:
         Node to report it again instead of ending it.
         """
         return self.background and self.link.wire_version >= RECONCILE_WIRE_VERSION
+
+    def heard(self, first_byte_ms: float) -> None:
+        """
+        A frame of this work came from the Node (C{first_byte_ms}: what
+        the first one says of the back end's time): its caller request's
+        L{Timing} notes the first.
+        """
+        if self.timing is not None and self.timing.answered is None:
+            self.timing.heard(self.tracker.clock.seconds(), first_byte_ms)
 
     def send(self, message: Any) -> None:
         """

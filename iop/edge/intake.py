@@ -67,6 +67,7 @@ class Intake:
         bus: EventBus,
     ) -> None:
         self._config = config
+        self.clock = clock
         self.drain = drain
         self.cluster = cluster
         self.placer = placer
@@ -117,6 +118,7 @@ class Intake:
         forward = self.cluster.forward_target(spec) if may_forward else None
         if forward is not None:
             return defer.fail(forward)
+        spec.timing.submitted = self.clock.seconds()
         config = self._config()
         if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting:
             return defer.fail(

@@ -359,11 +359,13 @@ class NodeLinks:
     def run_event(self, link: NodeLink, message: messages.RunEvent) -> None:
         dispatch = self._dispatch_on(link, message.run_id, RunDispatch)
         if dispatch is not None:
+            dispatch.heard(message.first_byte_ms)
             dispatch.deliver(event_from_wire(message), message.seq or None)
 
     def tunnel_frame(self, link: NodeLink, message: messages.ProviderTunnelFrame) -> None:
         dispatch = self._dispatch_on(link, message.tunnel_id, TunnelDispatch)
         if dispatch is not None:
+            dispatch.heard(message.first_byte_ms)
             dispatch.frame(message)
 
     def _dispatch_on(self, link: NodeLink, dispatch_id: str, kind: type[_Kind]) -> _Kind | None:

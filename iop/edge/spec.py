@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from iop.edge.tenants import CHARS_PER_TOKEN, Tenant
+from iop.edge.timing import Timing
 from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
 
 #: Request fields that cap an answer's tokens, by API (chat, responses).
@@ -84,6 +85,8 @@ class RunSpec:
         already capped at its key's own; C{None}: the key's.
     @ivar run_id: the run's id once known: a background run gets it when
         submitted, so the caller can be told before the run is placed.
+    @ivar timing: its caller request's L{Timing}, marked as the work is
+        placed, sent and answered (a fresh one when nobody reads it).
     @ivar continues: the run goes on with an answer cut mid-way (its
         C{options} carry the part the caller has as C{assistant_prefix}):
         only a provider whose adapter has C{continuation: true} may take
@@ -105,6 +108,7 @@ class RunSpec:
     tenant: Tenant | None = None
     priority: int | None = None
     run_id: str = ""
+    timing: Timing = field(default_factory=Timing)
     continues: bool = False
 
     def serves(self, adapter_type: str) -> bool:

@@ -86,9 +86,8 @@ class Starter:
         """
         if self.drain.draining:
             return defer.fail(shutting_down())
-        d = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
-        d.addCallback(self._start, work)
-        return d
+        placed = self.placer.place(work.spec, avoid=work.avoid, ticket=work.ticket)
+        return placed.addCallback(self._start, work)
 
     def cancel(self, work_id: str) -> bool:
         """
@@ -109,6 +108,8 @@ class Starter:
         """
         spec = work.spec
         work.attempts += 1
+        clock = self.inflight.clock
+        spec.timing.place(clock.seconds())
         record = None
         dispatch: RunDispatch | TunnelDispatch
         try:
@@ -164,8 +165,10 @@ class Starter:
             raise error from None
         self.inflight.add(dispatch)
         self.runs.started(record)
+        dispatch.timing = spec.timing
         try:
             dispatch.send(message)
+            spec.timing.sent = clock.seconds()
         except FrameTooLarge as e:
             # The request itself is too big for the wire: the caller's
             # mistake, said before anything reached the Node.

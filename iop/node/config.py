@@ -127,7 +127,7 @@ def parse_reconnect(section: Section) -> ReconnectPolicy:
     return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval), jitter=_jitter(section))
 
 
-def _jitter(section):
+def _jitter(section: Section) -> float:
     """
     C{reconnect.jitter}: C{true} (the default, L{DEFAULT_JITTER}), C{false}
     (a fixed interval), or the fraction itself, from 0 to 1.

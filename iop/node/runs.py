@@ -257,7 +257,8 @@ class RunRelay(Work):
         self.seq += 1
         self.manager.record_event(self.run_id, self.seq, event)
         size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
-        self.flow.send(event_to_wire(self.run_id, self.seq, event), size)
+        first_byte_ms = self.since_arrival_ms() if self.seq == 1 else 0.0
+        self.flow.send(event_to_wire(self.run_id, self.seq, event, first_byte_ms), size)
 
 
 class Resumed:

@@ -67,7 +67,7 @@ class WireTunnelSink:
         self._relay.flow.register_producer(producer)
 
     def status(self, code: int) -> None:
-        self._relay.frame(status=int(code))
+        self._relay.frame(status=int(code), first_byte_ms=self._relay.since_arrival_ms())
 
     def headers(self, pairs: Iterable[tuple[str | bytes, str | bytes]]) -> None:
         self._relay.frame(headers=[(_text(n), _text(v)) for n, v in pairs])

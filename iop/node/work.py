@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 class WorkManager(Protocol):
     """
     What a L{Work} needs of the manager that started it (a run's or a
-    tunnel's): where its frames go and the registry it lives in.
+    tunnel's): where its frames go, the registry it lives in, and the
+    host whose clock times it.
     """
 
     inflight: "Inflight"
+    host: "AdapterHost"
 
     def send(self, message: Message) -> object: ...
 
@@ -168,7 +170,16 @@ class Work:
         self.finished = False
         self.deferred: Deferred[Any] | None = None
         self.cancel_reason: str | None = None
+        self.arrived = manager.host.reactor.seconds()
         manager.inflight.add(work_id, self)
+
+    def since_arrival_ms(self) -> float:
+        """
+        Milliseconds since the request arrived: on the first frame, the
+        back end's time to its first answer as the Node saw it (the Edge
+        puts it in its C{Server-Timing}).
+        """
+        return (self.manager.host.reactor.seconds() - self.arrived) * 1000
 
     def begin(self, call: Callable[..., Any], *args: object) -> None:
         """

@@ -48,7 +48,7 @@ def failure_from_wire(message: messages.RunError) -> RunFailure:
     )
 
 
-def event_to_wire(run_id: str, seq: int, event: RunEventData) -> messages.RunEvent:
+def event_to_wire(run_id: str, seq: int, event: RunEventData, first_byte_ms: float = 0.0) -> messages.RunEvent:
     call = event.tool_call
     return messages.run_event(
         run_id,
@@ -59,6 +59,7 @@ def event_to_wire(run_id: str, seq: int, event: RunEventData) -> messages.RunEve
         error=None if event.error is None else failure_to_wire(event.error),
         finish_reason=event.finish_reason or "",
         tool_call=None if call is None else messages.tool_call(call.id, call.name, call.arguments),
+        first_byte_ms=first_byte_ms,
     )
 
 

@@ -284,10 +284,12 @@ def run_event(
     error: RunError | None = None,
     finish_reason: str = "",
     tool_call: ToolCall | None = None,
+    first_byte_ms: float = 0.0,
 ) -> RunEvent:
     """
     Event C{seq} of run C{run_id} (C{start}, C{delta}, ..., C{complete});
-    the parts left C{None} are absent.
+    the parts left C{None} are absent. C{first_byte_ms}, on the first
+    event only: the Node's time from the request to it.
     """
     return iop_pb2.RunEvent(
         run_id=run_id,
@@ -298,6 +300,7 @@ def run_event(
         error=error,
         finish_reason=finish_reason,
         tool_call=tool_call,
+        first_byte_ms=first_byte_ms,
     )
 
 
@@ -435,11 +438,14 @@ def tunnel_frame(
     error: RunError | None = None,
     usage: Usage | None = None,
     metadata_json: str | None = None,
+    first_byte_ms: float = 0.0,
 ) -> ProviderTunnelFrame:
     """
     Frame C{seq} of a tunnel's response. A frame carries one part (they
     are a C{oneof}): the status, the headers, a piece of the body, the
-    end, an error, observed usage or metadata (a JSON object).
+    end, an error, observed usage or metadata (a JSON object); the status
+    frame also C{first_byte_ms}, the Node's time from the request to the
+    provider's answer.
     """
     return iop_pb2.ProviderTunnelFrame(
         tunnel_id=tunnel_id,
@@ -451,6 +457,7 @@ def tunnel_frame(
         error=error,
         usage=usage,
         metadata_json=metadata_json,
+        first_byte_ms=first_byte_ms,
     )
 
 

@@ -151,7 +151,7 @@ class WireFuzzTests(SynchronousTestCase):
         """
         self.bystander_pump.flush()
         for request in self.bystander.of("run_request"):
-            self.bystander.wire.send(messages.run_event(run_id=request.run_id, seq=1, type="complete"))
+            self.bystander.connection.send(messages.run_event(run_id=request.run_id, seq=1, type="complete"))
         self.bystander.received.clear()
         self.bystander_pump.flush()
 

@@ -133,6 +133,7 @@ class RunTests(CLITestCase):
         yield self.adapter(**python(code)).execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "error"])
         error = events.events[-1].error
+        assert error is not None
         self.assertEqual((error.code, error.status), ("exit_status", 3))
         self.assertIn("the real reason", error.message)
         self.assertLess(len(error.message), 2200)
@@ -145,6 +146,7 @@ class RunTests(CLITestCase):
         events = Events()
         yield self.adapter(command=["iop-no-such-command-xyz"]).execute(run_input(), events)
         self.assertEqual(events.types(), ["error"])
+        assert events.events[0].error is not None
         self.assertEqual(events.events[0].error.code, "spawn_failed")
 
     def test_start_refuses_a_missing_command(self):
@@ -198,6 +200,7 @@ class RunTests(CLITestCase):
         events = Events()
         yield adapter.execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "timeout")
 
     @defer.inlineCallbacks
@@ -271,6 +274,7 @@ class SessionTests(CLITestCase):
         yield started
         second = Events()
         yield adapter.execute(run_input(session_id="s1", run_id="r2"), second)
+        assert second.events[0].error is not None
         self.assertEqual(second.events[0].error.code, "session_busy")
         d.cancel()
         self.failureResultOf(d, defer.CancelledError)

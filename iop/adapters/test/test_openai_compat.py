@@ -5,6 +5,7 @@ loopback sockets.
 
 import gzip
 import json
+from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -72,7 +73,7 @@ class ExecuteTests(OpenAICompatTestCase):
             headers=SSE_HEADERS,
             chunks=[b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in pieces) + b"data: [DONE]\n\n"],
         )
-        messages = [
+        messages: list[dict[str, Any]] = [
             {"role": "user", "content": "look", "images": ["data:image/png;base64,AA"]},
             {"role": "tool", "content": "42", "tool_call_id": "c0"},
         ]
@@ -80,6 +81,7 @@ class ExecuteTests(OpenAICompatTestCase):
         yield self.adapter(script).execute(RunInput(run_id="r1", target="m", messages=messages), events)
         self.assertEqual(events.types(), ["start", "tool_call", "complete"])
         call = events.events[1].tool_call
+        assert call is not None
         self.assertEqual((call.id, call.name, call.arguments), ("c1", "f", '{"a": 1}'))
         self.assertEqual(events.events[-1].finish_reason, "tool_calls")
         sent = script.json_body()["messages"]
@@ -160,6 +162,7 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(script).execute(run_input(), events)
         self.assertEqual(events.events[-1].usage, Usage(input_tokens=7, output_tokens=3))
+        assert events.events[-1].usage is not None
         self.assertIsNone(events.events[-1].usage.reasoning_tokens)
         self.assertIsNone(events.events[-1].usage.cached_input_tokens)
 
@@ -226,6 +229,7 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(base_url=closed_port(self) + "/v1").execute(run_input(), events)
         self.assertEqual(events.types(), ["error"])
+        assert events.events[0].error is not None
         self.assertEqual(events.events[0].error.code, "provider_unreachable")
 
     @defer.inlineCallbacks
@@ -305,6 +309,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield d
         yield script.closed_early
         self.assertEqual(events.types(), ["error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "provider_timeout")
 
     @defer.inlineCallbacks
@@ -325,6 +330,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield d
         yield script.closed_early
         self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "provider_timeout")
 
     def test_disabled_and_invalid(self):

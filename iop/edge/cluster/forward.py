@@ -20,6 +20,7 @@ that a request goes elsewhere.
 
 import hmac
 from io import BytesIO
+from typing import cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -115,7 +116,8 @@ class Forwarder:
         headers.addRawHeader(PEER_HEADER, self.secret)
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
-        relay = _Relay(request, forward)
+        # The surfaces hand over their EdgeRequest (ICluster says Request).
+        relay = _Relay(cast(EdgeRequest, request), forward)
         d = self.agent.request(request.method, url, headers, FileBodyProducer(BytesIO(body)))
         relay.pending = d
         request.notifyFinish().addErrback(relay.caller_gone)

@@ -522,6 +522,9 @@ class Call:
         @return: C{NOT_DONE_YET}.
         """
         note(self.request, model=spec.model or spec.adapter)
+        timing = getattr(self.request, "timing", None)
+        if timing is not None:
+            spec.timing = timing
         self.submitting = submitting = self.service.submit(
             spec, listener_for, may_forward=not forwarded(self.request), on_queued=on_queued
         )

@@ -13,9 +13,11 @@ read before anything set it is read with C{getattr} and a default.
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request, Site
 
 from iop.edge.keys import KeySpec
+from iop.edge.timing import Timing, server_timing
 
 
 class _OnSite(Protocol):
@@ -46,6 +48,10 @@ class EdgeRequest(Request):
         (L{iop.edge.cluster.forward.PeerGate}).
     @ivar refused: the error code of work the Edge refused, for the access
         log and C{iop_edge_refusals_total}.
+    @ivar timing: where its time went (L{iop.edge.timing.Timing}), sent as
+        its C{Server-Timing} header with the answer's headers.
+    @ivar gateway_seconds: the gateway's own time by then, for
+        C{iop_edge_gateway_seconds} (C{None} until the headers are sent).
     """
 
     _parsePOSTFormSubmission = False
@@ -62,7 +68,29 @@ class EdgeRequest(Request):
         super().__init__(*args, **kwargs)
         self.arrived: float | None = None
         self.notes: dict[str, object] = {}
+        self.timing = Timing()
+        self.gateway_seconds: float | None = None
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        self.arrived = cast(_OnSite, self.channel).site.reactor.seconds()
+        self.arrived = self.timing.arrived = self._clock().seconds()
         super().requestReceived(command, path, version)
+
+    def _clock(self) -> IReactorTime:
+        return cast(IReactorTime, cast(_OnSite, self.channel).site.reactor)
+
+    def write(self, data: bytes) -> None:
+        if not self.startedWriting:
+            self._time_headers()
+        super().write(data)
+
+    def _time_headers(self) -> None:
+        """
+        The headers are about to go out: say where the time went, after
+        any C{Server-Timing} already there (a provider's own, relayed by a
+        tunnel, or the owning Edge's on an answer forwarded from it).
+        """
+        if self.channel is None:
+            return
+        now = self._clock().seconds()
+        self.responseHeaders.addRawHeader(b"server-timing", server_timing(self.timing.parts(now)))
+        self.gateway_seconds = self.timing.gateway_seconds(now)

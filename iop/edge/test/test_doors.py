@@ -220,6 +220,7 @@ class SiteDoorsTests(SynchronousTestCase):
 
     def connect(self, host):
         protocol = self.site.buildProtocol(IPv4Address("TCP", host, 40000))
+        assert protocol is not None
         transport = StringTransport()
         protocol.makeConnection(transport)
         return protocol, transport
@@ -283,6 +284,7 @@ class SiteDoorsTests(SynchronousTestCase):
         """
         for _ in range(3):
             protocol = self.site.buildProtocol(UNIXAddress(None))
+            assert protocol is not None
             transport = StringTransport()
             protocol.makeConnection(transport)
             self.assertEqual(transport.producerState, "producing")
@@ -294,6 +296,7 @@ class SiteDoorsTests(SynchronousTestCase):
         site = EdgeSite(self.resource, limits=LIMITS, per_address=False, reactor=self.clock)
         for _ in range(5):
             protocol = site.buildProtocol(IPv4Address("TCP", STRANGER, 40000))
+            assert protocol is not None
             transport = StringTransport()
             protocol.makeConnection(transport)
             self.assertEqual(transport.producerState, "producing")

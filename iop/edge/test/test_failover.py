@@ -62,7 +62,7 @@ class FailoverTests(SynchronousTestCase):
             message = messages.run_event(run_id=run_id, seq=seq, type=kind)
             if kind == "error" and error is not None:
                 message.error.CopyFrom(error)
-            node.wire.send(message)
+            node.connection.send(message)
         pump.flush()
         self.edge.flush()
 
@@ -105,20 +105,20 @@ class FailoverTests(SynchronousTestCase):
         self.edge.flush()
         first_node, first = self.last_request("provider_tunnel_request")
         node, pump = self.nodes[first_node]
-        node.wire.send(messages.tunnel_frame(first.tunnel_id, 1, status=503))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 1, status=503))
         # (A failure status is decided on at the frame after its headers.)
-        node.wire.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"down"))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"down"))
         self.edge.flush()
         self.assertEqual([c.run_id for c in node.of("cancel_request")], [first.tunnel_id])
         other, second = self.last_request("provider_tunnel_request")
         self.assertNotEqual(other, first_node)
         other_node, other_pump = self.nodes[other]
         for frame in (dict(status=200), dict(body=b"ok"), dict(end=True)):
-            other_node.wire.send(messages.tunnel_frame(second.tunnel_id, 0, **frame))
+            other_node.connection.send(messages.tunnel_frame(second.tunnel_id, 0, **frame))
         other_pump.flush()
         self.assertEqual(listener.calls, [("status", 200), ("body", b"ok"), ("end",)])
         # A late frame of the abandoned attempt reaches nobody.
-        node.wire.send(messages.tunnel_frame(first.tunnel_id, 3, body=b"stale"))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 3, body=b"stale"))
         pump.flush()
         self.assertEqual(len(listener.calls), 3)
 

@@ -42,7 +42,7 @@ class SurfaceTests(SynchronousTestCase):
                 message.usage.CopyFrom(usage)
             if kind == "error" and error is not None:
                 message.error.CopyFrom(error)
-            self.node.wire.send(message)
+            self.node.connection.send(message)
         self.pump.flush()
         self.http.flush()
 
@@ -273,7 +273,7 @@ class SurfaceTests(SynchronousTestCase):
         request = self.node.of("node_command_request")[-1]
         for response in responses:
             response.request_id = request.request_id
-            self.node.wire.send(response)
+            self.node.connection.send(response)
         self.pump.flush()
         self.http.flush()
         return request
@@ -314,7 +314,7 @@ class SurfaceTests(SynchronousTestCase):
         d = self.post("/v1/sessions/terminate", {"node": "n1", "adapter": "echo", "session_id": "ghost"})
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
-        self.node.wire.send(
+        self.node.connection.send(
             messages.cancel_response(
                 request_id=request.request_id, ok=False, code="unknown_session", reason="no session"
             )

@@ -52,7 +52,7 @@ class MalformedTests(SynchronousTestCase):
 
     def send(self, *messages):
         for message in messages:
-            self.node.wire.send(message)
+            self.node.connection.send(message)
         self.pump.flush()
 
     def cancels(self):

@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import os
 import tempfile
+from typing import Any
 
 from cryptography import x509
 from OpenSSL import crypto
@@ -26,6 +27,7 @@ _SCRIPT = os.path.join(os.path.dirname(__file__), *[os.pardir] * 3, "scripts", "
 
 def certs_module():
     spec = importlib.util.spec_from_file_location("make_test_certs", _SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -89,7 +91,9 @@ class RegistrationTests(SynchronousTestCase):
 
     def register(self, token, certificate):
         node, pump, edge_protocol = self.edge.connect()
-        edge_protocol.transport.getPeerCertificate = FakeTLS(certificate).getPeerCertificate
+        # In-memory, given the method a TLS transport has.
+        transport: Any = edge_protocol.transport
+        transport.getPeerCertificate = FakeTLS(certificate).getPeerCertificate
         node.wire.send(messages.register_request(token=token, wire_version=WIRE_VERSION))
         pump.flush()
         return node.of("register_response")[0]

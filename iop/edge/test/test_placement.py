@@ -73,7 +73,9 @@ class PlacementTests(SynchronousTestCase):
         run_id = self.successResultOf(self.submit(adapter="echo", node="n1"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)
         pooled = self.successResultOf(self.submit(model="grp"))
-        self.assertEqual(self.service.inflight.get(pooled).link.node_id, "n2")
+        dispatch = self.service.inflight.get(pooled)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n2")
         self.edge.flush()
         self.finish(self.n1, self.pump1, run_id)
         self.assertEqual(self.in_use()[("n1", "p1")], 0)
@@ -116,7 +118,7 @@ class PlacementTests(SynchronousTestCase):
         With one ready node, an adapter name alone places there, with a
         lease.
         """
-        self.n2.wire.transport.loseConnection()
+        self.n2.transport.loseConnection()
         self.edge.flush()
         self.successResultOf(self.submit(adapter="echo"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)

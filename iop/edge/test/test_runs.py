@@ -272,7 +272,7 @@ class OlderNodeTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", background=True)
         run_id = self.successResultOf(harness.service.submit(spec, recorder.for_run))
-        node.wire.transport.loseConnection()
+        node.transport.loseConnection()
         pump.flush()
         record = harness.service.runs.get(run_id)
         assert record is not None and record.error is not None

@@ -5,7 +5,7 @@ generation fencing, run relay, cancel and disconnects.
 
 import copy
 import json
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.config import token_digest
 from iop.edge.errors import ServiceError
+from iop.edge.registry import Wire
 from iop.edge.spec import RunSpec
 from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
@@ -99,7 +100,7 @@ class RegistrationTests(SynchronousTestCase):
         closes it.
         """
         node, pump, edge_protocol = self.edge.register(ready=False)
-        node.wire.send(messages.run_event("x", 0, "start"))
+        node.connection.send(messages.run_event("x", 0, "start"))
         pump.flush()
         self.assertTrue(node.lost)
         self.assertIn("run_event", edge_protocol.close_reason)
@@ -128,7 +129,7 @@ class FencingTests(SynchronousTestCase):
         (no second "ready" event, capacity not doubled).
         """
         node, pump, _ = self.edge.register()
-        node.wire.send(messages.ready_request(node_id="n1"))
+        node.connection.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertEqual([r.ready for r in node.of("node_ready_response")], [True, True])
         self.assertEqual([e["event"] for e in self.edge.node_events].count("ready"), 1)
@@ -140,7 +141,7 @@ class FencingTests(SynchronousTestCase):
         A ready naming another node than the registration is refused.
         """
         node, pump, _ = self.edge.register(ready=False)
-        node.wire.send(messages.ready_request(node_id="n2"))
+        node.connection.send(messages.ready_request(node_id="n2"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.edge.service.status()["nodes"][1]["connected"])
@@ -149,7 +150,8 @@ class FencingTests(SynchronousTestCase):
         """
         A ready from a connection that is no longer the owner is refused.
         """
-        link = self.edge.service.registry.register("tok-1", wire=None)
+        # No wire: the link is lost before anything is sent on it.
+        link = self.edge.service.registry.register("tok-1", wire=cast(Wire, None))
         self.edge.service.registry.lost(link)
         response, first = self.edge.service.links.ready(link, "n1")
         self.assertFalse(first)
@@ -181,7 +183,9 @@ class FencingTests(SynchronousTestCase):
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
         second, _, _ = self.edge.register()
         self.assertTrue(second.of("node_ready_response")[0].ready)
-        self.assertEqual(self.edge.service.registry.owner("n1").generation, 2)
+        owner = self.edge.service.registry.owner("n1")
+        assert owner is not None
+        self.assertEqual(owner.generation, 2)
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
 
 
@@ -192,7 +196,7 @@ class RunTests(SynchronousTestCase):
 
     def reply(self, run_id, *events):
         for seq, (kind, text) in enumerate(events, 1):
-            self.node.wire.send(messages.run_event(run_id=run_id, seq=seq, type=kind, text=text))
+            self.node.connection.send(messages.run_event(run_id=run_id, seq=seq, type=kind, text=text))
         self.pump.flush()
 
     def test_run_request_and_relay_order(self):
@@ -228,7 +232,9 @@ class RunTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo")
         run = self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
-        self.assertEqual(self.edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         self.edge.register(token="tok-2")
         f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertIn("name a node", f.value.message)
@@ -274,7 +280,9 @@ class RunTests(SynchronousTestCase):
         self.edge_protocol.transport.loseConnection()
         self.pump.flush()
         self.assertEqual(recorder.types(), ["error"])
-        self.assertEqual(recorder.events[0].error.code, "node_disconnected")
+        error = recorder.events[0].error
+        assert error is not None
+        self.assertEqual(error.code, "node_disconnected")
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(self.edge.node_events[-1]["event"], "disconnected")
         status = self.edge.service.status()["nodes"][0]
@@ -287,7 +295,10 @@ class RunTests(SynchronousTestCase):
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
         run = self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
-        lease = self.edge.service.inflight.get(run).placement.lease
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        lease = dispatch.placement.lease
+        assert lease is not None
         self.reply(run, ("complete", ""))
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertFalse(lease.release())
@@ -310,7 +321,7 @@ class RunTests(SynchronousTestCase):
         d = self.edge.service.command("n1", "capabilities")
         self.pump.flush()
         (request,) = self.node.of("node_command_request")
-        self.node.wire.send(messages.command_result(request.request_id, '{"a": 1}'))
+        self.node.connection.send(messages.command_result(request.request_id, '{"a": 1}'))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), {"a": 1})
 
@@ -325,13 +336,13 @@ class RunTests(SynchronousTestCase):
         (request,) = self.node.of("cancel_request")
         self.assertEqual(request.kind, messages.TERMINATE_SESSION)
         answer = messages.cancel_response(request_id=request.request_id, ok=False, reason="no", code="not_supported")
-        self.node.wire.send(answer)
+        self.node.connection.send(answer)
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "no", "not_supported"))
         d = self.edge.service.terminate_session("n1", "echo", "", "s1")
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
-        self.node.wire.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
+        self.node.connection.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "?", "failed"))
 
@@ -350,7 +361,7 @@ class RunTests(SynchronousTestCase):
             d = self.edge.service.command("n1", "x")
             self.pump.flush()
             request = self.node.of("node_command_request")[-1]
-            self.node.wire.send(messages.command_error(request.request_id, code, "e"))
+            self.node.connection.send(messages.command_error(request.request_id, code, "e"))
             self.pump.flush()
             failure = self.failureResultOf(d, ServiceError)
             self.assertEqual((failure.value.kind, failure.value.code), (kind, code))
@@ -381,7 +392,7 @@ class RunTests(SynchronousTestCase):
         (request,) = self.node.of("node_command_request")
         self.assertTrue(request.stream)
         for n in (1, 2):
-            self.node.wire.send(messages.command_result(request.request_id, f'{{"n": {n}}}', progress=True))
+            self.node.connection.send(messages.command_result(request.request_id, f'{{"n": {n}}}', progress=True))
         self.pump.flush()
         self.assertEqual(updates, [{"n": 1}, {"n": 2}])
         self.assertNoResult(d)
@@ -418,7 +429,9 @@ class ReadyOrderTests(SynchronousTestCase):
         self.assertNoResult(waiting)
         node, _, _ = edge.register(token="tok-1")
         run = self.successResultOf(waiting)
-        self.assertEqual(edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         kinds = [kind for kind, _ in node.received]
         self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
 
@@ -469,7 +482,7 @@ class ReloadTests(SynchronousTestCase):
         (refresh,) = self.ready.of("config_refresh")
         if answer is not None:
             answer.request_id = refresh.request_id
-            self.ready.wire.send(answer)
+            self.ready.connection.send(answer)
             self.pump.flush()
         return self.edge.service.status()["nodes"][0]
 

@@ -160,7 +160,7 @@ class CommandTests(SynchronousTestCase):
         """
         Without C{stream}, the adapter is given no progress callback.
         """
-        self.edge.wire.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.connection.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
         progress, _ = manual(self.context.host, "manual").waiting[-1]
         self.assertIsNone(progress)
@@ -170,9 +170,9 @@ class CommandTests(SynchronousTestCase):
         CANCEL_COMMAND from the Edge cancels the adapter's command (its
         back-end request is aborted); the answer says C{cancelled}.
         """
-        self.edge.wire.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.connection.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
-        self.edge.wire.send(messages.cancel_command("c9"))
+        self.edge.connection.send(messages.cancel_command("c9"))
         self.pump.flush()
         adapter = manual(self.context.host, "manual")
         self.assertEqual(adapter.cancelled, ["command:0"])
@@ -183,7 +183,7 @@ class CommandTests(SynchronousTestCase):
         """
         Unparsable args_json is an error answer, not a dropped connection.
         """
-        self.edge.wire.send(messages.command_request(request_id="c1", command="capabilities", args_json="{"))
+        self.edge.connection.send(messages.command_request(request_id="c1", command="capabilities", args_json="{"))
         self.pump.flush()
         [response] = self.edge.of("node_command_response")
         self.assertFalse(response.ok)

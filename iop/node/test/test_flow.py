@@ -88,7 +88,7 @@ class RelayFlowTests(SynchronousTestCase):
         self.adapter = manual(self.context.host, "manual")
 
     def grant(self, work_id, size):
-        self.edge.wire.send(messages.window_update(work_id, size))
+        self.edge.connection.send(messages.window_update(work_id, size))
         self.pump.flush()
 
     def body_bytes(self):
@@ -140,7 +140,7 @@ class RelayFlowTests(SynchronousTestCase):
         for _ in range(5):
             sink.body(b"y" * 100)
         self.pump.flush()
-        self.edge.wire.send(messages.cancel_run("t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         frames = self.edge.of("provider_tunnel_frame")
         self.assertEqual(frames[-1].error.code, "cancelled")

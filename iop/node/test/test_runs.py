@@ -145,7 +145,7 @@ class RunRelayTests(SynchronousTestCase):
         adapter = manual(context.host, "manual")
         run, emit, d = adapter.runs[0]
         emit(RunEventData(START))
-        edge.wire.send(messages.cancel_run("r1"))
+        edge.connection.send(messages.cancel_run("r1"))
         pump.flush()
         self.assertEqual(adapter.cancelled, ["r1"])
         self.assertEqual([e.type for e in events(edge)], ["start", "cancelled"])
@@ -158,8 +158,8 @@ class RunRelayTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
         edge.connection.send(run_request("r1", adapter="echo"))
-        edge.wire.send(messages.cancel_run("r1"))
-        edge.wire.send(messages.cancel_run("nope"))
+        edge.connection.send(messages.cancel_run("r1"))
+        edge.connection.send(messages.cancel_run("nope"))
         pump.flush()
         self.assertEqual(events(edge)[-1].type, "complete")
         self.assertIsNone(edge.lost_reason)

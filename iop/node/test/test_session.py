@@ -251,7 +251,7 @@ class HandshakeTests(SynchronousTestCase):
         supervisor) and the connection stays up.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(messages.edge_draining(grace_sec=15, reason="edge restarting"))
+        edge.connection.send(messages.edge_draining(grace_sec=15, reason="edge restarting"))
         pump.flush()
         draining = session.edge_draining
         assert draining is not None
@@ -266,7 +266,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(messages.edge_draining(grace_sec=15))
+        edge.connection.send(messages.edge_draining(grace_sec=15))
         edge.connection.send(accepted(node_config()))
         pump.flush()
         self.assertIsNone(edge.lost_reason)
@@ -363,7 +363,7 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
         a = manual(context.host, "a")
-        edge.wire.send(messages.config_refresh(config=node_config(adapter_config("b", type="broken"))))
+        edge.connection.send(messages.config_refresh(config=node_config(adapter_config("b", type="broken"))))
         pump.flush()
         self.assertIs(manual(context.host, "a"), a)
         self.assertIsNone(context.host.get("b"))
@@ -398,6 +398,6 @@ class AdapterLifetimeTests(SynchronousTestCase):
         An older Edge's refresh (no request id) gets no answer.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(messages.config_refresh(config=node_config(adapter_config("b"))))
+        edge.connection.send(messages.config_refresh(config=node_config(adapter_config("b"))))
         pump.flush()
         self.assertEqual(edge.of("node_command_response"), [])

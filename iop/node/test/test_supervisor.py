@@ -5,6 +5,7 @@ and how each terminal outcome becomes an exit status.
 """
 
 from collections.abc import Callable
+from random import Random
 
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
@@ -161,8 +162,8 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.endpoint = FakeEndpoint(self.clock)
         draws = []
 
-        class Drawn:
-            def uniform(self, low, high):
+        class Drawn(Random):
+            def uniform(self, low: float, high: float) -> float:
                 draws.append((low, high))
                 return high
 

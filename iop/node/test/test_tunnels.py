@@ -96,7 +96,7 @@ class TunnelTests(SynchronousTestCase):
         """
         request, sink, d = self.open()
         sink.status(200)
-        self.edge.wire.send(messages.cancel_run("t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
         self.assertEqual(kinds(self.edge), ["status", "error"])
@@ -206,7 +206,7 @@ class TunnelStoreTests(SynchronousTestCase):
         self.edge.connection.send(tunnel_request("t1", body=b"not json"))
         self.edge.connection.send(tunnel_request("t2", adapter="nope"))
         self.pump.flush()
-        self.edge.wire.send(messages.cancel_run("t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.store.tunnel_starts, [("t1", "manual", ""), ("t2", "nope", "")])
         self.assertEqual(
