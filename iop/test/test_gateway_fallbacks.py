@@ -334,6 +334,18 @@ class FallbackTests(SynchronousTestCase):
         self.complete_run(run)
         self.assertEqual(json.loads(self.result(d)[2])["status"], "complete")
 
+    def test_caller_gone_during_retry_after(self):
+        """
+        A caller who leaves while its work waits out a Retry-After cancels
+        it: no second attempt is made.
+        """
+        self.native("solo")
+        ((_, run),) = self.new_runs()
+        self.fail_run(run, "provider_error", 429, retry_after=2)
+        self.gateway.hang_up()
+        self.gateway.advance(3)
+        self.assertEqual(self.new_runs(), [])
+
     def test_tunnel_retry_after_header(self):
         """
         A tunnel's 429 is decided with its headers: its Retry-After is
