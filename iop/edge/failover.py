@@ -158,7 +158,8 @@ class Work:
 class Failover:
     """
     Decides where an attempt that failed before its caller saw a byte goes
-    next (L{plan}).
+    next (L{plan}), and where the rest of an answer cut after it comes
+    from (L{continuation}).
 
     @param pool: the L{iop.edge.pool.ProviderPool} (the model groups).
     @param placer: the L{iop.edge.placement.Placer} (whether another
