@@ -152,4 +152,6 @@ class EdgeService(MultiService):
     def stopService(self) -> "Deferred[list[Any]]":
         """Drain, then stop (L{Drain.start}; a second signal L{hurry}s it)."""
         Service.stopService(self)
-        return self.drain.start(self._listeners, self.site)
+        stopped = self.drain.start(self._listeners, self.site)
+        self.intake.starter.stop_resting()
+        return stopped

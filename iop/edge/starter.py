@@ -54,6 +54,8 @@ class Starter:
 
     @ivar placing_again: C{{work id: Deferred}} of the work being placed
         again after a failure (cancelled with L{cancel}).
+    @ivar resting: the ids of those waiting out a provider's Retry-After
+        first (L{stop_resting} ends their wait).
     @ivar failover: the L{Failover} that says where.
     """
 
@@ -78,6 +80,7 @@ class Starter:
         self.bus = bus
         self.drain = drain
         self.placing_again: dict[str, Deferred[str]] = {}
+        self.resting: set[str] = set()
 
     def place(self, work: Work) -> "Deferred[str]":
         """
@@ -249,22 +252,35 @@ class Starter:
         if delay > 0:
             # (After the provider's Retry-After, on the Edge's clock.)
             d = task.deferLater(self.clock, delay, lambda: None).addCallback(lambda _: self.place(work))
+            self.resting.add(work_id)
         else:
             d = self.place(work)
         self.placing_again[work_id] = d
 
         def not_placed(outcome: Failure) -> None:
-            # Nowhere else to go (or the caller left): the caller gets the
-            # provider's own failure.
-            if not outcome.check(CancelledError):
-                if not outcome.check(ServiceError):
+            # Nowhere else to go (or the caller left, or a drain ended its
+            # wait): the caller gets the provider's own failure.
+            if not outcome.check(CancelledError) or self.drain.draining:
+                if not outcome.check(ServiceError, CancelledError):
                     self.log.failure("placing {id} again failed", outcome, id=work_id)
                 failed.tell_failure(failure)
             elif failed.record is not None:
                 self.runs.not_started(failed.record, CANCELLED, "cancelled while placed again", CANCELLED)
 
+        def done(_: object) -> None:
+            self.placing_again.pop(work_id, None)
+            self.resting.discard(work_id)
+
         d.addErrback(not_placed)
-        d.addBoth(lambda _: self.placing_again.pop(work_id, None))
+        d.addBoth(done)
+
+    def stop_resting(self) -> None:
+        """
+        The Edge is draining: work waiting out a provider's Retry-After is
+        not placed again; its caller gets that provider's failure now.
+        """
+        for work_id in list(self.resting):
+            self.cancel(work_id)
 
 
 def _run_request(run_id: str, placement: Placement, spec: RunSpec) -> messages.RunRequest:

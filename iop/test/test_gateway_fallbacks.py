@@ -346,6 +346,21 @@ class FallbackTests(SynchronousTestCase):
         self.gateway.advance(3)
         self.assertEqual(self.new_runs(), [])
 
+    def test_drain_ends_retry_after_wait(self):
+        """
+        A stopping Edge does not keep work waiting out a Retry-After: its
+        caller gets the provider's 429 at once.
+        """
+        d = self.native("solo")
+        ((_, run),) = self.new_runs()
+        self.fail_run(run, "provider_error", 429, retry_after=2)
+        self.gateway.service.stopService()
+        self.gateway.flush()
+        answer = json.loads(self.result(d)[2])
+        self.assertEqual((answer["status"], answer["events"][-1]["error"]["status"]), ("error", 429))
+        self.gateway.advance(3)
+        self.assertEqual(self.new_runs(), [])
+
     def test_tunnel_retry_after_header(self):
         """
         A tunnel's 429 is decided with its headers: its Retry-After is
