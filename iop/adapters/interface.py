@@ -35,6 +35,9 @@ class RunInput:
     @ivar messages: chat messages as C{{"role": ..., "content": ...}} dicts;
         a plain text input arrives as one user message.
     @ivar options: extra generation parameters (temperature, max_tokens...).
+    @ivar traceparent: the W3C trace context of the Edge's span for the
+        request (empty: none); an HTTP adapter sends it to the provider as
+        its C{traceparent} header.
     """
 
     run_id: str
@@ -43,6 +46,7 @@ class RunInput:
     session_id: str = ""
     background: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    traceparent: str = ""
 
     def last_user_text(self) -> object:
         """

@@ -223,7 +223,7 @@ class OllamaAdapter(HTTPAdapter):
         return payload
 
     def execute(self, run: RunInput, emit: Emit) -> "defer.Deferred[None]":
-        return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit)
+        return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit, run)
 
     def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "defer.Deferred[None]":
         """

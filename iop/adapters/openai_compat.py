@@ -465,6 +465,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             self.chat_payload(run),
             lambda response: ChatEvents(emit, response),
             emit,
+            run,
         )
 
     def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "Deferred[None]":

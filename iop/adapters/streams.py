@@ -43,7 +43,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.interface import AdapterConfigError, Emit
+from iop.adapters.interface import AdapterConfigError, Emit, RunInput
 from iop.config import http_url_problem
 from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
@@ -627,7 +627,12 @@ class HTTPAdapter(AdapterBase):
         return d.addCallback(parse).addErrback(as_provider_error)
 
     def stream_run(
-        self, path: str, payload: dict[str, Any], make_decoder: Callable[[IResponse], StreamDecoder], emit: Emit
+        self,
+        path: str,
+        payload: dict[str, Any],
+        make_decoder: Callable[[IResponse], StreamDecoder],
+        emit: Emit,
+        run: RunInput | None = None,
     ) -> "defer.Deferred[None]":
         """
         POST C{payload} and turn the streamed answer into run events:
@@ -639,6 +644,8 @@ class HTTPAdapter(AdapterBase):
             object with C{feed(bytes)} and C{finish() -> Usage | None},
             both of which may raise L{ProviderError}, and optionally a
             C{finish_reason} for the C{complete} terminal.
+        @param run: the run, whose trace context (if any) goes to the
+            provider as its C{traceparent} header.
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
@@ -673,7 +680,14 @@ class HTTPAdapter(AdapterBase):
             emit(RunEventData(ERROR, error=error.failure()))
 
         # An emit that does flow control pauses the provider read with it.
-        d = self.read(self.request("POST", path, json=payload), on_response, getattr(emit, "register_producer", None))
+        headers = None
+        if run is not None and run.traceparent:
+            headers = [*self.default_headers(), ("traceparent", run.traceparent)]
+        d = self.read(
+            self.request("POST", path, headers=headers, json=payload),
+            on_response,
+            getattr(emit, "register_producer", None),
+        )
         return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)
 
 

@@ -17,6 +17,7 @@ from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
 from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
+from iop.edge.tracing import TracingSpec, parse_tracing
 from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES, HTTP_TYPES
 
@@ -145,6 +146,8 @@ class EdgeConfig:
     cluster: ClusterSpec | None = None
     #: Where other Edges of the cluster forward requests (C{listen.peer}).
     listen_peer: str | None = None
+    #: OpenTelemetry spans of caller requests (C{tracing:}), if configured.
+    tracing: TracingSpec | None = None
 
     def node(self, node_id: str) -> NodeSpec | None:
         for node in self.nodes:
@@ -199,6 +202,7 @@ def parse(top: Section) -> EdgeConfig:
             "limits",
             "node_tls",
             "cluster",
+            "tracing",
         }
     )
     listen = top.section("listen")
@@ -238,6 +242,7 @@ def parse(top: Section) -> EdgeConfig:
     config.health = _health(top.section("health", None))
     config.run_log = _run_log(top.section("run_log", None))
     config.reattach_timeout_sec = float(top.number("reattach_timeout_sec", 120.0, positive=True))
+    config.tracing = parse_tracing(top.section("tracing", None))
     if top.data.get("node_tls") is not None:
         config.node_tls = parse_node_tls(top.section("node_tls"), listen)
     if top.data.get("cluster") is not None:

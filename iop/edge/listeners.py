@@ -19,6 +19,7 @@ from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
+from iop.edge.tracing import build_tracing
 
 #: The L{iop.edge.service.EdgeService} the children are for: not imported,
 #: since it imports this module to build them.
@@ -64,7 +65,8 @@ def metrics_resource(edge: Edge) -> Resource | None:
 
 def http_site(edge: Edge, reactor: Any, metrics: Resource | None = None) -> EdgeSite:
     config = edge.config
-    root = build_root(edge, config, reactor, metrics)
+    tracing = build_tracing(config.tracing) if config.tracing is not None else None
+    root = build_root(edge, config, reactor, metrics, tracing)
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 

@@ -304,6 +304,7 @@ def _run_request(run_id: str, placement: Placement, spec: RunSpec) -> messages.R
         background=spec.background,
         options_json=json.dumps(spec.options) if spec.options else "",
         caller=spec.caller or "",
+        traceparent=spec.traceparent,
     )
 
 

@@ -63,6 +63,7 @@ def run_input(request: Message) -> RunInput:
         session_id=request.session_id,
         background=request.background,
         options=options,
+        traceparent=request.traceparent,
     )
 
 

@@ -215,6 +215,7 @@ def run_request(
     options_json: str = "",
     caller: str = "",
     window_bytes: int = 0,
+    traceparent: str = "",
 ) -> RunRequest:
     """
     Start a normalized run on adapter C{adapter}.
@@ -223,6 +224,8 @@ def run_request(
         empty.
     @param caller: the name of the caller key that owns the run.
     @param window_bytes: the flow-control credit (0: unlimited).
+    @param traceparent: the trace context to send to the provider (empty:
+        none).
     """
     return iop_pb2.RunRequest(
         run_id=run_id,
@@ -234,6 +237,7 @@ def run_request(
         options_json=options_json,
         caller=caller,
         window_bytes=window_bytes,
+        traceparent=traceparent,
     )
 
 

@@ -120,14 +120,7 @@ class Gateway:
         #: The Edge's side of every HTTP request made, in order.
         self.requests: list[Request] = []
         router = site.resource
-        observer = router.observer
-
-        def observe(route: object, request: Request) -> None:
-            self.requests.append(request)
-            if observer is not None:
-                observer(route, request)
-
-        router.observer = observe
+        router.observers = (lambda route, request: self.requests.append(request), *router.observers)
 
     def node(self, token: str = "tok-1") -> GatewayNode:
         """

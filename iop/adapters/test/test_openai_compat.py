@@ -125,6 +125,24 @@ class ExecuteTests(OpenAICompatTestCase):
         )
 
     @defer.inlineCallbacks
+    def test_trace_context_reaches_the_provider(self):
+        """
+        A run that carries a trace context sends it as the provider
+        request's C{traceparent}, beside the configured headers; a run
+        without one sends none.
+        """
+        trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="x"), chunk(finish="stop")))
+        adapter = self.adapter(script, api_key="sk-1")
+        run = run_input()
+        run.traceparent = trace
+        yield adapter.execute(run, Events())
+        yield adapter.execute(run_input(), Events())
+        traced, plain = script.requests[0][2], script.requests[1][2]
+        self.assertEqual((traced["traceparent"], traced["authorization"]), ([trace], ["Bearer sk-1"]))
+        self.assertNotIn("traceparent", plain)
+
+    @defer.inlineCallbacks
     def test_reasoning(self):
         """
         delta.reasoning_content and delta.reasoning both become

@@ -27,6 +27,7 @@ from iop.edge.keys import KeyLimiter, KeySpec, find
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import ANONYMOUS, Tenant
+from iop.edge.tracing import TRACEPARENT, outgoing_traceparent
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
 from iop.run import RunFailure
 
@@ -158,9 +159,14 @@ def read_json(request: EdgeRequest, max_bytes: int) -> dict[str, Any]:
 def caller_headers(request: Request) -> list[tuple[str, str]]:
     """
     The caller's request headers that travel on to a provider through a
-    tunnel (see L{iop.httpheaders}).
+    tunnel (see L{iop.httpheaders}), with the Edge's own trace context in
+    place of the caller's when tracing is on (L{iop.edge.tracing}).
     """
-    return caller_request_headers(header_pairs(request.requestHeaders))
+    pairs = caller_request_headers(header_pairs(request.requestHeaders))
+    own = getattr(request, "traceparent", None)
+    if not own:
+        return pairs
+    return [(name, value) for name, value in pairs if name.lower() != TRACEPARENT] + [(TRACEPARENT, own)]
 
 
 #: Headers the Edge's own HTTP server sets on every response; a relayed
@@ -525,6 +531,7 @@ class Call:
         timing = getattr(self.request, "timing", None)
         if timing is not None:
             spec.timing = timing
+        spec.traceparent = outgoing_traceparent(self.request)
         self.submitting = submitting = self.service.submit(
             spec, listener_for, may_forward=not forwarded(self.request), on_queued=on_queued
         )

@@ -52,6 +52,8 @@ class EdgeRequest(Request):
         its C{Server-Timing} header with the answer's headers.
     @ivar gateway_seconds: the gateway's own time by then, for
         C{iop_edge_gateway_seconds} (C{None} until the headers are sent).
+    @ivar traceparent: the trace context of its span, when tracing is on
+        (L{iop.edge.tracing}).
     """
 
     _parsePOSTFormSubmission = False
@@ -63,6 +65,7 @@ class EdgeRequest(Request):
     raw_body: bytes
     iop_forwarded: bool
     refused: str
+    traceparent: str
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -27,6 +27,7 @@ from iop.edge.http.openai import ChatCompletions, Model, Models
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.tunnelled import TunnelledEndpoint
 from iop.edge.http.ui import add_ui_routes
+from iop.edge.tracing import RequestTracing
 
 
 class Router(Resource):
@@ -40,11 +41,12 @@ class Router(Resource):
     #: keys' spending from), once L{build_root} built it.
     keys: Keys
 
-    def __init__(self, observer: Callable[[str, EdgeRequest], object] | None = None) -> None:
+    def __init__(self, *observers: Callable[[str, EdgeRequest], object]) -> None:
         super().__init__()
-        #: called as C{observer(route, request)} before each request is
-        #: rendered (the request metrics); the route is the pattern.
-        self.observer = observer
+        #: each called as C{observer(route, request)} before each request
+        #: is rendered (the request metrics, the tracing spans); the route
+        #: is the pattern.
+        self.observers = observers
         self._exact: dict[tuple[str, ...], tuple[str, Resource]] = {}
         self._patterns: list[tuple[tuple[str, ...], tuple[str, Resource]]] = []
 
@@ -85,8 +87,8 @@ class Router(Resource):
                     found, request.path_params = candidate, params
                     break
         route, resource = found if found is not None else ("unmatched", NotFound())
-        if self.observer is not None:
-            self.observer(route, request)
+        for observer in self.observers:
+            observer(route, request)
         return resource.render(request)
 
 
@@ -112,11 +114,20 @@ def _match(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str
 
 
 def build_root(
-    service: EdgeAPI, config: EdgeConfig, clock: IReactorTime, metrics_resource: Resource | None = None
+    service: EdgeAPI,
+    config: EdgeConfig,
+    clock: IReactorTime,
+    metrics_resource: Resource | None = None,
+    tracing: RequestTracing | None = None,
 ) -> Router:
+    """
+    The caller API's routes; C{metrics_resource}'s request metrics and
+    C{tracing}'s spans, when given, observe every request.
+    """
     keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
     http_metrics = getattr(metrics_resource, "http", None)
-    router = Router(http_metrics.observe if http_metrics is not None else None)
+    observers = [o.observe for o in (http_metrics, tracing) if o is not None]
+    router = Router(*observers)
     router.keys = keys
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     for path in ("/completions", "/embeddings", "/responses"):
