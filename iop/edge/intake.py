@@ -78,7 +78,8 @@ class Intake:
         self.runs = runs
         self.inflight = inflight
         self.bus = bus
-        self.starter = Starter(placer, pool, runs, inflight, bus, drain)
+        self._clock = clock
+        self.starter = Starter(placer, pool, runs, inflight, bus, drain, clock)
         self.admission = Admission(clock, self.starter.place)
         self.budgets = TokenBudgets(clock.seconds)
         self.arrivals = Arrivals(clock, bus, placer.registry)
@@ -154,7 +155,14 @@ class Intake:
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **labels(self.pool, spec))
             queued = record
             self.runs.when_ended(record, lambda: ticket.settle_usage(queued.usage))
-        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
+        work = Work(
+            spec,
+            listener_for,
+            retries=self.placer.retries(spec),
+            id=spec.run_id or None,
+            ticket=ticket,
+            since=self._clock.seconds(),
+        )
         arriving = self._arriving(spec, may_forward)
         if arriving is None:
             d = self.admission.submit(work)
