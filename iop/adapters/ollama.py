@@ -110,6 +110,8 @@ class ChatLines(Lines):
         self.usage = None
         self.finish_reason = None
         self.tool_calls = 0
+        #: The C{done} line came.
+        self.finished = False
 
     def finish(self):
         self.flush()
@@ -133,6 +135,7 @@ class ChatLines(Lines):
                     RunEventData(TOOL_CALL, tool_call=ToolCall(f"call_{secrets.token_hex(8)}", function["name"], text))
                 )
         if line.get("done"):
+            self.finished = True
             reason = line.get("done_reason")
             self.finish_reason = "tool_calls" if self.tool_calls else _FINISH.get(reason, "stop" if reason else None)
             # Ollama reports no breakdown: reasoning and cached stay None.
@@ -214,7 +217,7 @@ class OllamaAdapter(HTTPAdapter):
         return payload
 
     def execute(self, run, emit):
-        return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit)
+        return self.stream_run("/api/chat", self.chat_payload(run), lambda response, output: ChatLines(output), emit)
 
     def tunnel(self, request, sink):
         """

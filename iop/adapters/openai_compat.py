@@ -109,6 +109,7 @@ class ChatResponse:
         self.wanted = wanted
         self.sse = SSEParser() if "event-stream" in content_type else None
         self.body = bytearray()
+        #: C{[DONE]} came, or the one JSON document was read whole.
         self.done = False
 
     @classmethod
@@ -136,6 +137,7 @@ class ChatResponse:
         if self.sse is None:
             if self.body.strip():
                 self._payload(bytes(self.body).decode("utf-8", "replace"))
+                self.done = True
             return
         for payload in self.sse.finish():
             self._payload(payload)
@@ -166,6 +168,21 @@ class ChatEvents:
         self.finish_reason = None
         self.calls = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
+
+    @property
+    def finished(self):
+        """
+        Whether the answer said it is finished: C{[DONE]}, a finish
+        reason, or a whole JSON answer.
+        """
+        return self.framing.done or self.finish_reason is not None
+
+    @classmethod
+    def for_run(cls, response, emit):
+        """
+        The decoder of L{HTTPAdapter.stream_run}.
+        """
+        return cls(emit, response)
 
     def feed(self, data):
         self.framing.feed(data)
@@ -448,12 +465,7 @@ class OpenAICompatAdapter(HTTPAdapter):
         return payload
 
     def execute(self, run, emit):
-        return self.stream_run(
-            "/chat/completions",
-            self.chat_payload(run),
-            lambda response: ChatEvents(emit, response),
-            emit,
-        )
+        return self.stream_run("/chat/completions", self.chat_payload(run), ChatEvents.for_run, emit)
 
     def tunnel(self, request, sink):
         """

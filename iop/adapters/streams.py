@@ -38,12 +38,16 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
+from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Watch, deadline_options
 from iop.adapters.interface import AdapterConfigError
+from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
 from iop.httpheaders import header_pairs, relay_headers
 from iop.run import (
     COMPLETE,
+    CONTEXT_LENGTH_EXCEEDED,
     ERROR,
+    INCOMPLETE,
     PROVIDER_ERROR,
     PROVIDER_TIMEOUT,
     PROVIDER_UNREACHABLE,
@@ -62,24 +66,46 @@ class ProviderError(Exception):
     """
     The provider answered with an error (an HTTP status or an error object
     inside the stream). C{code} becomes L{RunFailure.code}.
+
+    @ivar deadline: for a missed deadline, its kind (L{iop.run.DEADLINES}).
+    @ivar retry_after_sec: the delay the provider asked for (Retry-After).
     """
 
     code = PROVIDER_ERROR
 
-    def __init__(self, message, status=0):
+    def __init__(self, message, status=0, code=None, deadline="", retry_after_sec=0.0):
         super().__init__(message)
         self.message = message
         self.status = status
+        self.deadline = deadline
+        self.retry_after_sec = retry_after_sec
+        if code is not None:
+            self.code = code
 
     def failure(self):
-        return RunFailure(code=self.code, message=self.message, status=self.status)
+        return RunFailure(
+            code=self.code,
+            message=self.message,
+            status=self.status,
+            deadline=self.deadline,
+            retry_after_sec=self.retry_after_sec,
+        )
+
+    def incomplete(self):
+        """
+        This failure once part of the answer reached the caller: the answer
+        is C{incomplete} (a missed deadline keeps its kind).
+        """
+        return ProviderError(
+            f"the answer is incomplete: {self.message}", self.status, INCOMPLETE, self.deadline, self.retry_after_sec
+        )
 
 
 class ProviderStalled(ProviderError):
     """
-    The provider sent nothing (no headers, no body bytes) for longer than
-    the adapter's C{idle_timeout_sec}; its connection was closed so that a
-    hung back end cannot hold capacity forever.
+    The provider missed one of the adapter's deadlines (L{iop.adapters.deadlines});
+    its connection was closed so that a hung back end cannot hold capacity
+    forever.
     """
 
     code = PROVIDER_TIMEOUT
@@ -92,6 +118,30 @@ class ProviderUnreachable(ProviderError):
     """
 
     code = PROVIDER_UNREACHABLE
+
+
+#: The status of an answer that broke (cut, malformed) before any of it
+#: reached the caller: what a gateway says of such an upstream.
+BROKEN_ANSWER_STATUS = 502
+
+
+def broken_answer(message):
+    """
+    A L{ProviderError} for an answer that broke before its end: cut short,
+    malformed, or ended without saying it was finished.
+    """
+    return ProviderError(message, BROKEN_ANSWER_STATUS)
+
+
+def status_error(response, body, clock):
+    """
+    The L{ProviderError} of a non-2xx answer: the provider's message and
+    status, the delay its C{Retry-After} asks for, and
+    C{context_length_exceeded} for a 400 that says the prompt is too long.
+    """
+    message = error_message(body) or f"HTTP {response.code}"
+    code = CONTEXT_LENGTH_EXCEEDED if response.code == 400 and says_context_length(body) else None
+    return ProviderError(message, response.code, code, retry_after_sec=retry_after(response.headers, clock.seconds()))
 
 
 # -- incremental parsers ------------------------------------------------------
@@ -267,7 +317,14 @@ class _BodyProducer:
         self._stop()
 
 
-def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=None):
+class _Finished(Exception):
+    """
+    The answer said it was finished and its body did not end within
+    L{FINISH_GRACE_SEC}: it is ended here, as complete.
+    """
+
+
+def read_body(request, on_response, deadlines=None, clock=None, on_producer=None):
     """
     Drive one unbuffered treq request to the end of its body.
 
@@ -275,11 +332,14 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         C{unbuffered=True}.
     @param on_response: called once with the response; returns the callable
         that receives each body chunk. It or that callable may raise to
-        close the connection and fail the result.
-    @param idle_timeout: seconds the provider may stay silent (before its
-        headers, or between body chunks) before the connection is closed
-        and the result fails with L{ProviderStalled}; C{None} waits forever.
-    @param clock: the C{IReactorTime} for C{idle_timeout}.
+        close the connection and fail the result. The chunk callable
+        returns true once the answer said it is finished: if the body then
+        does not end within L{FINISH_GRACE_SEC} of its last byte, the
+        connection is closed and the result fires as if it had ended.
+    @param deadlines: the L{Deadlines} of the request: when one passes the
+        connection is closed and the result fails with L{ProviderStalled}
+        (its C{deadline} saying which); C{None} waits forever.
+    @param clock: the C{IReactorTime} for the deadlines.
     @param on_producer: called with an C{IPushProducer} of the body once
         it starts: pausing it stops reading the provider (flow control).
     @return: a Deferred firing with the response once the body ended.
@@ -290,9 +350,8 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
     reader = None
     cancelled = False
     stalled = None
-    timer = None
-    heard = None
     paused = False
+    grace = None
 
     def cancel(result):
         nonlocal cancelled
@@ -304,38 +363,36 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
 
     result = defer.Deferred(cancel)
 
-    def expire():
-        nonlocal timer, stalled
-        timer = None
-        quiet = clock.seconds() - heard
-        if quiet < idle_timeout:
-            # Data came since the timer was set: look again when the
-            # provider would have been silent for the whole timeout.
-            timer = clock.callLater(idle_timeout - quiet, expire)
-            return
-        stalled = Failure(ProviderStalled(f"provider sent nothing for {idle_timeout:g}s; connection closed"))
+    def expired(kind, seconds):
+        nonlocal stalled
+        option = OPTION_NAMES[kind]
+        stalled = Failure(ProviderStalled(f"provider missed {option} ({seconds:g}s); connection closed", deadline=kind))
         if reader is None:
             request.cancel()
         else:
             reader.abort(stalled)
 
-    def touch():
-        # A clock read per chunk; the timer is not moved on every chunk.
-        nonlocal timer, heard
-        if idle_timeout is None or result.called or paused:
-            return
-        heard = clock.seconds()
-        if timer is None:
-            timer = clock.callLater(idle_timeout, expire)
+    watch = Watch(deadlines, clock, expired) if deadlines is not None else None
+
+    def finished():
+        nonlocal grace
+        grace = None
+        if reader is not None and not result.called:
+            reader.abort(Failure(_Finished()))
 
     def settled(outcome):
-        if timer is not None and timer.active():
-            timer.cancel()
+        if watch is not None:
+            watch.stop()
+        if grace is not None and grace.active():
+            grace.cancel()
+        if isinstance(outcome, Failure) and outcome.check(_Finished):
+            return reader.response
         return outcome
 
     def got_response(response):
         nonlocal reader
-        touch()
+        if watch is not None:
+            watch.touch()
         failure = None
         try:
             on_chunk = on_response(response)
@@ -343,8 +400,13 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
             on_chunk, failure = None, Failure()
 
         def on_data(data):
-            touch()
-            on_chunk(data)
+            nonlocal grace
+            if watch is not None and data:
+                watch.touch(body=True)
+            if on_chunk(data) and clock is not None:
+                if grace is not None and grace.active():
+                    grace.cancel()
+                grace = clock.callLater(FINISH_GRACE_SEC, finished)
 
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
@@ -356,13 +418,12 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
             on_producer(_BodyProducer(pause, resume, reader.abort))
 
     def pause():
-        nonlocal paused, timer
+        nonlocal paused
         if paused or result.called:
             return
         paused = True
-        if timer is not None and timer.active():
-            timer.cancel()
-        timer = None
+        if watch is not None:
+            watch.pause()
         if reader.transport is not None:
             reader.transport.pauseProducing()
 
@@ -371,7 +432,8 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         if not paused or result.called:
             return
         paused = False
-        touch()
+        if watch is not None:
+            watch.resume()
         if reader.transport is not None:
             reader.transport.resumeProducing()
 
@@ -385,7 +447,6 @@ def read_body(request, on_response, idle_timeout=None, clock=None, on_producer=N
         elif not cancelled:
             result.errback(failure)
 
-    touch()
     result.addBoth(settled)
     request.addCallbacks(got_response, request_failed)
     return result
@@ -400,7 +461,7 @@ def as_provider_error(failure):
     if failure.check(ConnectError, DNSLookupError, ResponseNeverReceived, RequestTransmissionFailed):
         raise ProviderUnreachable(f"provider unreachable: {_reason(failure)}")
     if failure.check(ResponseFailed):
-        raise ProviderError(f"provider connection lost mid-response: {_reason(failure)}")
+        raise broken_answer(f"provider connection lost mid-response: {_reason(failure)}")
     return failure
 
 
@@ -446,9 +507,12 @@ class HTTPAdapter(AdapterBase):
     Options: C{base_url} (required), C{api_key} (sent as a bearer token),
     C{headers} (a mapping sent with every request), C{drop_headers} (a
     list of caller header names a tunnel does not forward), C{connect_timeout_sec}
-    (default 10), C{idle_timeout_sec} (default 300; 0 disables: how long
-    the provider may send nothing before the request fails as
-    C{provider_timeout} and its capacity is freed).
+    (default 10), the deadlines C{first_byte_timeout_sec} (default 120),
+    C{stall_timeout_sec} (default 60) and C{idle_timeout_sec} (default 300;
+    0 disables each: see L{iop.adapters.deadlines}), and C{continuation}
+    (default false: whether the back end takes a partial answer as a final
+    assistant message and continues it, which the Edge reads to continue a
+    cut run on another provider).
 
     Connections are kept alive for a short while (2 s, below the 5 s idle
     timeout of uvicorn-based servers such as vLLM, so that we never send a
@@ -475,10 +539,8 @@ class HTTPAdapter(AdapterBase):
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
-        idle = self.option("idle_timeout_sec", 300, (int, float))
-        if idle < 0:
-            raise AdapterConfigError(f"adapters[{name}].idle_timeout_sec must not be negative")
-        self.idle_timeout = idle or None
+        self.deadlines = deadline_options(self.option, name)
+        self.continuation = self.option("continuation", False, bool)
         self.clock = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
@@ -525,11 +587,13 @@ class HTTPAdapter(AdapterBase):
             method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
         )
 
-    def read(self, request, on_response, on_producer=None):
+    def read(self, request, on_response, on_producer=None, streamed=True):
         """
-        L{read_body} with this adapter's idle timeout.
+        L{read_body} with this adapter's deadlines (without the first-byte
+        one for an answer that is not C{streamed}).
         """
-        return read_body(request, on_response, self.idle_timeout, self.clock, on_producer)
+        deadlines = self.deadlines if streamed else self.deadlines.not_streamed()
+        return read_body(request, on_response, deadlines, self.clock, on_producer)
 
     def fetch_json(self, method, path, payload=None):
         """
@@ -541,11 +605,15 @@ class HTTPAdapter(AdapterBase):
         """
         body = bytearray()
         kwargs = {} if payload is None else {"json": payload}
-        d = self.read(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
+        d = self.read(
+            self.request(method, path, **kwargs),
+            lambda response: capped_appender(body, JSON_BODY_LIMIT),
+            streamed=False,
+        )
 
         def parse(response):
             if not 200 <= response.code < 300:
-                raise ProviderError(error_message(bytes(body)) or f"HTTP {response.code}", response.code)
+                raise status_error(response, bytes(body), self.clock)
             return json.loads(bytes(body)) if body.strip() else None
 
         return d.addCallback(parse).addErrback(as_provider_error)
@@ -553,45 +621,58 @@ class HTTPAdapter(AdapterBase):
     def stream_run(self, path, payload, make_decoder, emit):
         """
         POST C{payload} and turn the streamed answer into run events:
-        C{start} once the provider accepted (2xx), whatever the decoder
-        emits, then exactly one terminal, C{complete} with the decoder's
-        usage or C{error}.
+        C{start} with the first event of the answer (so that nothing
+        reaches the caller before the answer does), whatever the decoder
+        emits, then exactly one terminal: C{complete} with the decoder's
+        usage, or C{error}. A failure before C{start} keeps its own code
+        (the Edge may place the run again); after it, the run ends
+        C{incomplete} with the usage so far, never like a success.
 
-        @param make_decoder: called with the 2xx response; returns an
-            object with C{feed(bytes)} and C{finish() -> Usage | None},
-            both of which may raise L{ProviderError}, and optionally a
-            C{finish_reason} for the C{complete} terminal.
+        @param make_decoder: called with the 2xx response and the C{emit}
+            to use; returns an object with C{feed(bytes)} and C{finish()
+            -> Usage | None}, both of which may raise L{ProviderError},
+            C{usage} (the last usage reported, or C{None}), C{finished}
+            (whether the answer said it is finished: its end marker or
+            finish reason) and optionally a C{finish_reason} for the
+            C{complete} terminal.
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
         decoder = None
         error_body = bytearray()
+        output = RunOutput(emit)
 
         def on_response(response):
             nonlocal decoder
             if not 200 <= response.code < 300:
                 return capped_appender(error_body, ERROR_BODY_LIMIT)
-            emit(RunEventData(START))
-            decoder = make_decoder(response)
-            return decoder.feed
+            decoder = make_decoder(response, output)
+
+            def feed(data):
+                decoder.feed(data)
+                return decoder.finished
+
+            return feed
 
         def ended(response):
             if decoder is None:
-                message = error_message(bytes(error_body)) or f"HTTP {response.code}"
-                raise ProviderError(message, response.code)
+                raise status_error(response, bytes(error_body), self.clock)
             usage = decoder.finish()
-            emit(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
+            if not decoder.finished:
+                raise broken_answer("the stream ended before the answer said it was finished")
+            output(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
         def failed(failure):
             failure.trap(ProviderError)
-            error = failure.value
+            error = failure.value.incomplete() if output.started else failure.value
             self.log.info(
                 "adapter {adapter} run failed: {code} {message}",
                 adapter=self.name,
                 code=error.code,
                 message=error.message,
             )
-            emit(RunEventData(ERROR, error=error.failure()))
+            usage = decoder.usage if output.started and decoder is not None else None
+            emit(RunEventData(ERROR, usage=usage, error=error.failure()))
 
         # An emit that does flow control pauses the provider read with it.
         d = self.read(self.request("POST", path, json=payload), on_response, getattr(emit, "register_producer", None))
@@ -599,6 +680,61 @@ class HTTPAdapter(AdapterBase):
         d.addErrback(as_provider_error)
         d.addErrback(failed)
         return d
+
+    def probe(self, path):
+        """
+        The C{probe} node command: a cheap GET of C{path} within
+        L{PROBE_TIMEOUT_SEC}, answering C{{"ok": true}} when the provider
+        answers 2xx, else C{{"ok": false, "reason": ...}}. The Edge sends
+        it to learn whether an ejected provider is back.
+        """
+        d = self.fetch_json("GET", path)
+        timer = self.clock.callLater(PROBE_TIMEOUT_SEC, d.cancel)
+
+        def answered(result):
+            return {"ok": True}
+
+        def failed(failure):
+            if failure.check(defer.CancelledError):
+                return {"ok": False, "reason": f"no answer within {PROBE_TIMEOUT_SEC:g}s"}
+            if failure.check(ProviderError):
+                error = failure.value
+                return {"ok": False, "reason": f"{error.code}: {error.message}", "status": error.status}
+            if failure.check(ValueError):
+                return {"ok": False, "reason": "the answer is not JSON"}
+            return failure
+
+        def settled(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addCallbacks(answered, failed).addBoth(settled)
+
+
+#: How long a C{probe} waits for its answer.
+PROBE_TIMEOUT_SEC = 5.0
+
+
+class RunOutput:
+    """
+    The C{emit} a run's decoder is given: it sends C{start} just before the
+    first event of the answer (the first byte the caller gets), and says
+    whether it did. Flow control (C{register_producer}) passes through.
+    """
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.started = False
+        register = getattr(emit, "register_producer", None)
+        if register is not None:
+            self.register_producer = register
+
+    def __call__(self, event):
+        if not self.started and event.type != ERROR:
+            self.started = True
+            self.emit(RunEventData(START))
+        self.emit(event)
 
 
 def _raw_headers(pairs):

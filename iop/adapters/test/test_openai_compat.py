@@ -206,8 +206,8 @@ class ExecuteTests(OpenAICompatTestCase):
     @defer.inlineCallbacks
     def test_error_in_stream(self):
         """
-        An error object inside a 2xx stream ends the run with an error
-        terminal after what was already streamed.
+        An error object inside a 2xx stream ends the run after what was
+        already streamed, as C{incomplete}: never like a success.
         """
         script = Script(
             headers=SSE_HEADERS,
@@ -216,7 +216,9 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(script).execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
-        self.assertEqual(events.events[-1].error, RunFailure("provider_error", "out of memory", 500))
+        self.assertEqual(
+            events.events[-1].error, RunFailure("incomplete", "the answer is incomplete: out of memory", 500)
+        )
 
     @defer.inlineCallbacks
     def test_unreachable(self):
@@ -311,7 +313,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
     def test_stalls_mid_stream(self):
         """
         Each chunk restarts the idle timer; a stream that then stalls is
-        closed and ends with provider_timeout after its deltas.
+        closed and ends C{incomplete} (deadline C{idle}) after its deltas.
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
         adapter = self.stalled_adapter(script)
@@ -325,14 +327,14 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield d
         yield script.closed_early
         self.assertEqual(events.types(), ["start", "delta", "error"])
-        self.assertEqual(events.events[-1].error.code, "provider_timeout")
+        self.assertEqual((events.events[-1].error.code, events.events[-1].error.deadline), ("incomplete", "idle"))
 
     def test_disabled_and_invalid(self):
         """
         idle_timeout_sec 0 disables the timer; a negative one is refused,
         naming the key.
         """
-        self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).idle_timeout)
+        self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).deadlines.idle)
         error = self.assertRaises(
             AdapterConfigError,
             OpenAICompatAdapter,
