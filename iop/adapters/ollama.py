@@ -9,11 +9,12 @@ Ollama is not an OpenAI tunnel target: its runs are always normalized.
 
 import json
 import secrets
+from dataclasses import replace
 
 from twisted.internet import defer
 from zope.interface import implementer
 
-from iop.adapters.interface import Capabilities, IAdapter, NotSupported
+from iop.adapters.interface import IAdapter, NotSupported
 from iop.adapters.streams import (
     ERROR_BODY_LIMIT,
     HTTPAdapter,
@@ -201,11 +202,20 @@ class OllamaAdapter(HTTPAdapter):
         "ollama_delete": ("DELETE", "/api/delete", True),
     }
 
+    #: What the C{probe} command GETs: Ollama's model list.
+    probe_path = "/api/tags"
+
     def capabilities(self):
-        return Capabilities(max_concurrency=self.max_concurrency, commands=tuple(self.COMMANDS))
+        caps = super().capabilities()
+        return replace(caps, commands=(*self.COMMANDS, *caps.commands))
 
     def chat_payload(self, run):
-        payload = {"model": run.target, "messages": [_ollama_message(m) for m in run.messages], "stream": True}
+        prefix = self.assistant_prefix(run)
+        messages = [_ollama_message(m) for m in run.messages]
+        if prefix is not None:
+            # Ollama continues a final assistant message.
+            messages.append({"role": "assistant", "content": prefix})
+        payload = {"model": run.target, "messages": messages, "stream": True}
         options = {}
         for key, value in run.options.items():
             if key in _TOP_LEVEL:

@@ -14,18 +14,19 @@ Two paths, on purpose:
 import json
 import re
 import zlib
+from dataclasses import replace
 
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
+from iop.adapters.interface import AdapterConfigError, IAdapter
+from iop.adapters.relay import TunnelBody, asks_stream
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
     HTTPAdapter,
     ProviderError,
     SSEParser,
     as_provider_error,
-    response_headers,
 )
 from iop.httpheaders import provider_request_headers
 from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
@@ -340,10 +341,6 @@ class TunnelObserver:
 USAGE_ALWAYS = "always"
 USAGE_AS_ASKED = "as_asked"
 
-#: An SSE event larger than this is not looked at by L{UsageChunkFilter}:
-#: from then on the body is relayed as it comes.
-FILTER_EVENT_LIMIT = 1024 * 1024
-
 
 def with_usage(body):
     """
@@ -365,65 +362,6 @@ def with_usage(body):
         return None
     payload["stream_options"] = dict(options or {}, include_usage=True)
     return json.dumps(payload).encode("utf-8")
-
-
-class UsageChunkFilter:
-    """
-    Relays an SSE body event by event, leaving out the usage-only chunk
-    (C{"choices": []} with C{usage}) that the caller did not ask for: the
-    one case where a tunnel edits the provider's bytes (the C{usage:
-    always} option). Everything else passes unchanged, cut at event
-    boundaries.
-    """
-
-    def __init__(self):
-        self.buffer = b""
-        self.passing = False
-
-    def feed(self, data):
-        if self.passing:
-            return data
-        self.buffer += data
-        out = []
-        while True:
-            ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := self.buffer.find(sep)) >= 0]
-            if not ends:
-                break
-            index, size = min(ends)
-            event, self.buffer = self.buffer[: index + size], self.buffer[index + size :]
-            if not _usage_only(event):
-                out.append(event)
-        if len(self.buffer) > FILTER_EVENT_LIMIT:
-            self.passing = True
-            out.append(self.buffer)
-            self.buffer = b""
-        return b"".join(out)
-
-    def finish(self):
-        rest, self.buffer = self.buffer, b""
-        return b"" if _usage_only(rest) else rest
-
-
-def _usage_only(event):
-    data = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-    if not data:
-        return False
-    try:
-        chunk = json.loads(b"\n".join(data))
-    except ValueError:
-        return False
-    return isinstance(chunk, dict) and chunk.get("choices") == [] and bool(chunk.get("usage"))
-
-
-def _plain_event_stream(response):
-    """
-    Whether a response body is an uncompressed event stream of unknown
-    length (the only kind a usage chunk is taken out of).
-    """
-    headers = response.headers
-    content_type = b",".join(headers.getRawHeaders(b"content-type", [])).lower()
-    coding = b",".join(headers.getRawHeaders(b"content-encoding", [])).strip().lower()
-    return b"event-stream" in content_type and coding in (b"", b"identity") and not headers.hasHeader(b"content-length")
 
 
 @implementer(IAdapter)
@@ -448,7 +386,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             )
 
     def capabilities(self):
-        return Capabilities(max_concurrency=self.max_concurrency, tunnel=True)
+        return replace(super().capabilities(), tunnel=True)
 
     def chat_payload(self, run):
         """
@@ -456,13 +394,24 @@ class OpenAICompatAdapter(HTTPAdapter):
         pass through, but never replace the model, the messages or
         streaming; usage reporting is always asked for.
         """
+        prefix = self.assistant_prefix(run)
         payload = dict(run.options)
         messages = [openai_message(m) for m in run.messages]
+        if prefix is not None:
+            messages.append({"role": "assistant", "content": prefix})
+            payload.update(self.continue_options())
         stream_options = payload.get("stream_options")
         stream_options = dict(stream_options) if isinstance(stream_options, dict) else {}
         stream_options["include_usage"] = True
         payload.update(model=run.target, messages=messages, stream=True, stream_options=stream_options)
         return payload
+
+    def continue_options(self):
+        """
+        Request keys that make the server continue a final assistant
+        message rather than answer after it: none for a generic server.
+        """
+        return {}
 
     def execute(self, run, emit):
         return self.stream_run("/chat/completions", self.chat_payload(run), ChatEvents.for_run, emit)
@@ -470,12 +419,15 @@ class OpenAICompatAdapter(HTTPAdapter):
     def tunnel(self, request, sink):
         """
         Relay C{request} to the provider and its response into C{sink}:
-        C{status}, C{headers}, then every body chunk exactly as received.
-        Usage and metadata are reported when the body ends.
+        C{status}, C{headers}, then the body chunks exactly as received,
+        held and checked as L{iop.adapters.relay} says. Usage and metadata
+        are reported when the body ends.
 
         @return: a Deferred firing when the body ended; it fails with
-            L{ProviderUnreachable} when there was no response, and
-            cancelling it closes the provider connection.
+            L{ProviderUnreachable} when there was no response, with a
+            L{ProviderError} when the answer broke (C{incomplete} once part
+            of it was relayed), and cancelling it closes the provider
+            connection.
         """
         headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
         body = request.body
@@ -483,32 +435,26 @@ class OpenAICompatAdapter(HTTPAdapter):
         if self.usage_mode == USAGE_ALWAYS and request.path.rstrip("/").endswith("/chat/completions"):
             added = with_usage(body)
             body = added or body
-        observer = None
-        strip = None
+        relay = None
 
         def on_response(response):
-            nonlocal observer, strip
-            sink.status(response.code)
-            sink.headers(response_headers(response))
-            if 200 <= response.code < 300:
-                observer = TunnelObserver(sink, response)
-                if added is not None and _plain_event_stream(response):
-                    strip = UsageChunkFilter()
-
-            def on_chunk(data):
-                sink.body(data if strip is None else strip.feed(data))
-                if observer is not None:
-                    observer.feed(data)
-
-            return on_chunk
+            nonlocal relay
+            observer = TunnelObserver(sink, response) if 200 <= response.code < 300 else None
+            # A usage chunk is taken out only where the length is not fixed.
+            strip = added is not None and not response.headers.hasHeader(b"content-length")
+            relay = TunnelBody(sink, response, observer, strip, self.clock)
+            return relay.feed
 
         def ended(response):
-            if strip is not None:
-                sink.body(strip.finish())
-            if observer is not None:
-                observer.finish()
+            relay.finish()
+
+        def failed(failure):
+            failure.trap(ProviderError)
+            if relay is None:
+                return failure
+            raise relay.failed(failure.value)
 
         # A sink that does flow control pauses the provider read with it.
         raw = self.raw_request(request.method, request.path, headers, body)
-        d = self.read(raw, on_response, getattr(sink, "register_producer", None))
-        return d.addCallback(ended).addErrback(as_provider_error)
+        d = self.read(raw, on_response, getattr(sink, "register_producer", None), streamed=asks_stream(body))
+        return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)

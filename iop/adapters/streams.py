@@ -39,15 +39,17 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.base import AdapterBase
 from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Watch, deadline_options
-from iop.adapters.interface import AdapterConfigError
+from iop.adapters.interface import AdapterConfigError, Capabilities
 from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
 from iop.httpheaders import header_pairs, relay_headers
 from iop.run import (
+    ASSISTANT_PREFIX_OPTION,
     COMPLETE,
     CONTEXT_LENGTH_EXCEEDED,
     ERROR,
     INCOMPLETE,
+    PROBE_COMMAND,
     PROVIDER_ERROR,
     PROVIDER_TIMEOUT,
     PROVIDER_UNREACHABLE,
@@ -551,8 +553,29 @@ class HTTPAdapter(AdapterBase):
         self.agent = Agent(reactor, connectTimeout=timeout, pool=self.pool)
         self.http = HTTPClient(self.agent, cookiejar=jar)
 
+    #: What the C{probe} command GETs (under C{base_url}).
+    probe_path = "/models"
+
     def stop(self):
         return self.pool.closeCachedConnections()
+
+    def capabilities(self):
+        return Capabilities(
+            max_concurrency=self.max_concurrency, commands=(PROBE_COMMAND,), continuation=self.continuation
+        )
+
+    def command(self, name, args, progress=None):
+        if name == PROBE_COMMAND:
+            return self.probe()
+        return super().command(name, args, progress)
+
+    def assistant_prefix(self, run):
+        """
+        The partial answer a run asks to continue (L{ASSISTANT_PREFIX_OPTION}),
+        taken out of its options, or C{None}.
+        """
+        prefix = run.options.pop(ASSISTANT_PREFIX_OPTION, None)
+        return prefix if isinstance(prefix, str) and prefix else None
 
     def url(self, path):
         """
@@ -681,14 +704,14 @@ class HTTPAdapter(AdapterBase):
         d.addErrback(failed)
         return d
 
-    def probe(self, path):
+    def probe(self):
         """
-        The C{probe} node command: a cheap GET of C{path} within
+        The C{probe} node command: a cheap GET of L{probe_path} within
         L{PROBE_TIMEOUT_SEC}, answering C{{"ok": true}} when the provider
         answers 2xx, else C{{"ok": false, "reason": ...}}. The Edge sends
         it to learn whether an ejected provider is back.
         """
-        d = self.fetch_json("GET", path)
+        d = self.fetch_json("GET", self.probe_path)
         timer = self.clock.callLater(PROBE_TIMEOUT_SEC, d.cancel)
 
         def answered(result):

@@ -11,9 +11,11 @@ class exists so that operators can say C{type: vllm} and so that vLLM's
 model list is one node command away.
 """
 
+from dataclasses import replace
+
 from zope.interface import implementer
 
-from iop.adapters.interface import Capabilities, IAdapter
+from iop.adapters.interface import IAdapter
 from iop.adapters.openai_compat import OpenAICompatAdapter
 
 
@@ -27,7 +29,14 @@ class VLLMAdapter(OpenAICompatAdapter):
     type = "vllm"
 
     def capabilities(self):
-        return Capabilities(max_concurrency=self.max_concurrency, tunnel=True, commands=("models",))
+        caps = super().capabilities()
+        return replace(caps, commands=("models", *caps.commands))
+
+    def continue_options(self):
+        """
+        vLLM continues the last assistant message with these.
+        """
+        return {"continue_final_message": True, "add_generation_prompt": False}
 
     def command(self, name, args, progress=None):
         if name == "models":

@@ -21,7 +21,7 @@ from iop.adapters.streams import ProviderError
 from iop.node.store import NullStore
 from iop.node.work import Refused, Work, admit, record_safely
 from iop.protocols import iop_pb2
-from iop.protocols.convert import usage_to_wire
+from iop.protocols.convert import failure_to_wire, usage_to_wire
 from iop.protocols.wire import chunks
 from iop.run import ADAPTER_ERROR, CANCELLED, COMPLETE, ERROR, TUNNEL_NOT_SUPPORTED, ITunnelSink
 
@@ -167,15 +167,7 @@ class TunnelRelay(Work):
                 self.log.failure(
                     "tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name
                 )
-            code = getattr(failure.value, "code", None)
-            status = getattr(failure.value, "status", 0)
-            self._finish(
-                error=iop_pb2.RunError(
-                    code=code if isinstance(code, str) and code else ADAPTER_ERROR,
-                    message=str(failure.value) or type(failure.value).__name__,
-                    status=status if isinstance(status, int) else 0,
-                )
-            )
+            self._finish(error=_wire_error(failure.value))
 
     def _finish(self, **terminal):
         self.end(self._send_terminal, terminal)
@@ -190,6 +182,17 @@ class TunnelRelay(Work):
             status = CANCELLED if error.code == CANCELLED else ERROR
             message, code = error.message, error.code
         self.manager.record("record_tunnel_end", self.tunnel_id, status, message, code, self.usage, self.size)
+
+
+def _wire_error(error):
+    """
+    The C{RunError} of a tunnel that failed with C{error}: a
+    L{ProviderError}'s code, status, missed deadline and Retry-After, or
+    C{adapter_error} for anything else.
+    """
+    if isinstance(error, ProviderError):
+        return failure_to_wire(error.failure())
+    return iop_pb2.RunError(code=ADAPTER_ERROR, message=str(error) or type(error).__name__)
 
 
 class TunnelManager:

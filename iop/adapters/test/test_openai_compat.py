@@ -12,8 +12,8 @@ from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
 from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
-from iop.adapters.openai_compat import OpenAICompatAdapter, UsageChunkFilter
-from iop.adapters.streams import ProviderUnreachable
+from iop.adapters.openai_compat import OpenAICompatAdapter
+from iop.adapters.streams import ProviderError, ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, chunk, closed_port, serve, sse
 from iop.run import RunFailure, Usage
 from iop.testing.tunnels import TunnelRecorder
@@ -447,16 +447,19 @@ class TunnelTests(OpenAICompatTestCase):
         self.assertEqual(sink.of("usage"), [])
 
     @defer.inlineCallbacks
-    def test_unparseable_body_still_relayed(self):
+    def test_malformed_event_not_relayed(self):
         """
-        A 2xx body we cannot parse is relayed in full; only observation
-        stops.
+        A streamed event that is not JSON is never passed on: as the first
+        event it fails the tunnel before anything reached the sink (not
+        even the status), as a broken answer (502) the Edge may place
+        elsewhere.
         """
         script = Script(headers=SSE_HEADERS, chunks=[b"data: {not json\n\n", b"data: [DONE]\n\n"])
         sink = TunnelRecorder()
-        yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
-        self.assertEqual(b"".join(sink.bodies), b"data: {not json\n\ndata: [DONE]\n\n")
-        self.assertEqual(sink.of("usage"), [])
+        d = self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        error = yield self.assertFailure(d, ProviderError)
+        self.assertEqual((error.code, error.status), ("provider_error", 502))
+        self.assertEqual(sink.calls, [])
 
     @defer.inlineCallbacks
     def test_unreachable(self):
@@ -563,17 +566,19 @@ class UsageAlwaysTests(OpenAICompatTestCase):
         error = self.assertRaises(AdapterConfigError, self.adapter, base_url="http://x/v1", usage="sometimes")
         self.assertIn("usage", str(error))
 
-    def test_filter_boundaries(self):
+    @defer.inlineCallbacks
+    def test_strip_whatever_the_split(self):
         """
-        The filter cuts at event boundaries whatever the pieces it is fed,
-        with either line ending, and passes events that are not usage-only.
+        The usage-only event is taken out whatever the pieces the body
+        comes in, with either line ending; other events pass unchanged.
         """
         usage = b'data: {"choices": [], "usage": {"prompt_tokens": 1}}\r\n\r\n'
         body = b'data: {"choices": [{"delta": {}}]}\n\n' + usage + b"data: [DONE]\n\n"
         for size in (1, 3, 7, len(body)):
-            strip = UsageChunkFilter()
-            out = b"".join(strip.feed(body[i : i + size]) for i in range(0, len(body), size)) + strip.finish()
-            self.assertEqual(out, body.replace(usage, b""))
+            script = Script(headers=SSE_HEADERS, chunks=[body[i : i + size] for i in range(0, len(body), size)])
+            sink = TunnelRecorder()
+            yield self.adapter(script, usage="always").tunnel(self.request(b'{"model": "m", "stream": true}'), sink)
+            self.assertEqual(b"".join(sink.bodies), body.replace(usage, b""))
 
 
 class ObserverTests(OpenAICompatTestCase):

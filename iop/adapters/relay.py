@@ -1,0 +1,240 @@
+"""
+The body of a provider tunnel, between the provider's response and the
+tunnel's sink: what is held, what is relayed when, and how a broken answer
+ends.
+
+The provider's bytes are relayed as they are, with three rules that make
+an answer either whole or an explicit error:
+
+  - an event stream (a 2xx C{text/event-stream}, not content-encoded) is
+    relayed event by event, each checked: an event whose data is not JSON
+    (nor C{[DONE]}) is never passed on, and ends the tunnel. Status and
+    headers wait for the first event, so that a provider that fails before
+    it (silence, a cut, a malformed first event) fails the tunnel before
+    anything reached the caller, and the Edge may place it elsewhere;
+  - any other body (a JSON answer, an error answer) is held whole, up to
+    L{HOLD_LIMIT}, with its status and headers: it reaches the caller
+    complete or not at all. A body larger than that is relayed as it
+    comes once the limit is passed;
+  - a failure once part of the body was relayed is C{incomplete} (the
+    usage seen so far goes to the sink first); the Node ends the tunnel
+    with an error frame after the body, and the Edge ends the caller's
+    answer explicitly.
+
+A stream is finished when it says so: C{[DONE]}, a finish reason, or a
+Responses API end event. One that ends without saying so was cut.
+"""
+
+import json
+
+from iop.adapters.streams import JSON_BODY_LIMIT, ProviderError, broken_answer, response_headers, status_error
+from iop.run import CONTEXT_LENGTH_EXCEEDED
+
+#: How much of a body that is not an event stream is held before it is
+#: relayed (its status and headers with it): beyond this, it is relayed as
+#: it comes and a cut can no longer be hidden from the caller.
+HOLD_LIMIT = JSON_BODY_LIMIT
+
+#: The Responses API events that end a stream.
+RESPONSE_END_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+#: The modes of a body (see the module docstring).
+EVENTS = "events"
+HOLD = "hold"
+PASS = "pass"
+
+
+def asks_stream(body: bytes) -> bool:
+    """
+    Whether a tunnelled request body asks for a streamed answer (its
+    C{stream} is true): only such an answer has a first-byte deadline.
+    """
+    if b'"stream"' not in body or len(body) > JSON_BODY_LIMIT:
+        return False
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(payload, dict) and payload.get("stream") is True
+
+
+def failure_statuses(status: int) -> bool:
+    """
+    Whether an answer's status is the provider's failure to serve (5xx, 429).
+    """
+    return status >= 500 or status == 429
+
+
+class TunnelBody:
+    """
+    One tunnel's body on its way to C{sink}; see the module docstring.
+
+    @param observer: the L{iop.adapters.openai_compat.TunnelObserver} of a
+        2xx answer (usage and metadata), or C{None}.
+    @param strip_usage: leave out the usage-only event the caller did not
+        ask for (the C{usage: always} option).
+    @param clock: the C{IReactorTime} for an HTTP date in Retry-After.
+    @ivar relayed: whether any body byte reached the sink.
+    @ivar finished: whether the stream said it is finished.
+    """
+
+    def __init__(self, sink, response, observer, strip_usage, clock):
+        self.sink = sink
+        self.response = response
+        self.observer = observer
+        self.strip_usage = strip_usage
+        self.clock = clock
+        self.relayed = False
+        self.finished = False
+        self.head_sent = False
+        self.buffer = bytearray()
+        if 200 <= response.code < 300 and _event_stream(response):
+            self.mode = EVENTS if _plain(response) else PASS
+        else:
+            self.mode = HOLD
+
+    def feed(self, data: bytes) -> bool:
+        """
+        Body bytes from the provider. @return: whether the stream said it
+        is finished. @raise ProviderError: for a malformed event.
+        """
+        if self.mode == EVENTS:
+            self.buffer.extend(data)
+            self._relay(self._whole_events())
+            if len(self.buffer) > JSON_BODY_LIMIT:
+                raise broken_answer(f"the provider sent an event larger than {JSON_BODY_LIMIT} bytes")
+            return self.finished
+        if self.observer is not None:
+            self.observer.feed(data)
+        if self.mode == HOLD:
+            self.buffer.extend(data)
+            if len(self.buffer) > HOLD_LIMIT:
+                self.mode = PASS
+                held, self.buffer = bytes(self.buffer), bytearray()
+                self._relay(held)
+            return False
+        self._relay(data)
+        return False
+
+    def finish(self) -> None:
+        """
+        The body ended: relay what was held; report usage and metadata.
+
+        @raise ProviderError: for an event stream that ended without
+            saying it was finished (cut), or a malformed last event.
+        """
+        if self.mode == EVENTS:
+            rest, self.buffer = bytes(self.buffer), bytearray()
+            if rest.strip():
+                # Some servers omit the blank line after the last event.
+                self._relay(self._checked(rest))
+            if not self.finished:
+                raise broken_answer("the stream ended before the answer said it was finished")
+        elif self.mode == HOLD:
+            held, self.buffer = bytes(self.buffer), bytearray()
+            self._release_head(held)
+            self._relay(held)
+        self._release_head(b"")
+        if self.observer is not None:
+            self.observer.finish()
+
+    def failed(self, error: ProviderError) -> ProviderError:
+        """
+        The answer broke (cut, stalled, malformed) with C{error}.
+
+        @return: the failure to end the tunnel with: C{error} itself when
+            nothing was relayed yet (nothing reached the caller, and the
+            status and headers were never sent), else C{incomplete}, after
+            the usage seen so far went to the sink.
+        """
+        if not self.relayed:
+            return error
+        if self.observer is not None and self.observer.usage is not None:
+            self.sink.usage(self.observer.usage)
+        return error.incomplete()
+
+    def _whole_events(self) -> bytes:
+        out = []
+        while True:
+            ends = [(i, len(sep)) for sep in _SEPARATORS if (i := self.buffer.find(sep)) >= 0]
+            if not ends:
+                break
+            index, size = min(ends)
+            event = bytes(self.buffer[: index + size])
+            del self.buffer[: index + size]
+            out.append(self._checked(event))
+        return b"".join(out)
+
+    def _checked(self, event: bytes) -> bytes:
+        """
+        One whole event as it is relayed (C{b""} for a usage-only event the
+        caller did not ask for). @raise ProviderError: if malformed.
+        """
+        data = [line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+        if not data:
+            return event
+        text = b"\n".join(data)
+        if text.strip() == b"[DONE]":
+            self.finished = True
+            return event
+        try:
+            chunk = json.loads(text)
+        except ValueError:
+            raise broken_answer(f"the provider sent an event that is not JSON: {text[:200]!r}") from None
+        if not isinstance(chunk, dict):
+            return event
+        if self.observer is not None:
+            self.observer.chunk(chunk)
+        if _says_finished(chunk):
+            self.finished = True
+        if self.strip_usage and chunk.get("choices") == [] and chunk.get("usage"):
+            return b""
+        return event
+
+    def _relay(self, data: bytes) -> None:
+        if not data:
+            return
+        self._release_head(data)
+        self.relayed = True
+        self.sink.body(data)
+
+    def _release_head(self, body: bytes) -> None:
+        """
+        Status and headers, once: with the first body bytes, or at the end.
+        A held failure answer (5xx, 429, a context-length 400) also says
+        what failure it is, as a C{failure} metadata observation.
+        """
+        if self.head_sent:
+            return
+        self.head_sent = True
+        self.sink.status(self.response.code)
+        self.sink.headers(response_headers(self.response))
+        if self.mode == HOLD and not 200 <= self.response.code < 300:
+            error = status_error(self.response, body, self.clock)
+            if failure_statuses(error.status) or error.code == CONTEXT_LENGTH_EXCEEDED:
+                self.sink.metadata({"failure": _failure_json(error)})
+
+
+def _failure_json(error: ProviderError) -> dict:
+    failure = {"code": error.code, "status": error.status, "message": error.message[:500]}
+    if error.retry_after_sec:
+        failure["retry_after_sec"] = error.retry_after_sec
+    return failure
+
+
+def _says_finished(chunk: dict) -> bool:
+    if chunk.get("error") or chunk.get("type") in RESPONSE_END_TYPES:
+        return True
+    return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in chunk.get("choices") or ())
+
+
+def _event_stream(response) -> bool:
+    content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).lower()
+    return b"event-stream" in content_type
+
+
+def _plain(response) -> bool:
+    coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
+    return coding in (b"", b"identity")
