@@ -89,8 +89,11 @@ class Watch:
         if self.done or self.paused:
             return
         self.heard = self.clock.seconds()
-        if body:
+        if body and not self.body_began:
+            # From the first-byte deadline to the stall one, which may be
+            # due sooner: set the timer again.
             self.body_began = True
+            self._cancel()
         if self._timer is None:
             self._arm()
 

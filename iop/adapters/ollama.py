@@ -21,6 +21,7 @@ from iop.adapters.streams import (
     NDJSONParser,
     ProviderError,
     as_provider_error,
+    broken_answer,
     capped_appender,
     error_message,
 )
@@ -87,7 +88,7 @@ class Lines:
         try:
             lines = parse(*args)
         except ValueError as e:
-            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
+            raise broken_answer(f"provider sent a line that is not JSON: {e}") from None
         for line in lines:
             if isinstance(line, dict):
                 self.line(line)

@@ -27,6 +27,7 @@ from iop.adapters.streams import (
     ProviderError,
     SSEParser,
     as_provider_error,
+    broken_answer,
 )
 from iop.httpheaders import provider_request_headers
 from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
@@ -152,7 +153,7 @@ class ChatResponse:
         try:
             chunk = json.loads(payload)
         except ValueError:
-            raise ProviderError(f"provider sent data that is not JSON: {payload[:200]!r}") from None
+            raise broken_answer(f"provider sent data that is not JSON: {payload[:200]!r}") from None
         if isinstance(chunk, dict):
             self.on_chunk(chunk)
 

@@ -181,7 +181,7 @@ class SSEParser:
             pos = match.end()
         self._buffer = buf[pos:]
         if len(self._buffer) > JSON_BODY_LIMIT:
-            raise ProviderError(f"stream line longer than {JSON_BODY_LIMIT} bytes")
+            raise broken_answer(f"stream line longer than {JSON_BODY_LIMIT} bytes")
         return events
 
     def finish(self):
