@@ -211,14 +211,14 @@ class OllamaAdapter(HTTPAdapter):
         return replace(caps, commands=(*self.COMMANDS, *caps.commands))
 
     def chat_payload(self, run):
-        prefix = self.assistant_prefix(run)
+        prefix, run_options = self.assistant_prefix(run)
         messages = [_ollama_message(m) for m in run.messages]
         if prefix is not None:
             # Ollama continues a final assistant message.
             messages.append({"role": "assistant", "content": prefix})
         payload = {"model": run.target, "messages": messages, "stream": True}
         options = {}
-        for key, value in run.options.items():
+        for key, value in run_options.items():
             if key in _TOP_LEVEL:
                 payload[key] = value
             elif key != "stream":

@@ -395,8 +395,7 @@ class OpenAICompatAdapter(HTTPAdapter):
         pass through, but never replace the model, the messages or
         streaming; usage reporting is always asked for.
         """
-        prefix = self.assistant_prefix(run)
-        payload = dict(run.options)
+        prefix, payload = self.assistant_prefix(run)
         messages = [openai_message(m) for m in run.messages]
         if prefix is not None:
             messages.append({"role": "assistant", "content": prefix})

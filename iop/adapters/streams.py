@@ -572,10 +572,12 @@ class HTTPAdapter(AdapterBase):
     def assistant_prefix(self, run):
         """
         The partial answer a run asks to continue (L{ASSISTANT_PREFIX_OPTION}),
-        taken out of its options, or C{None}.
+        or C{None}, and the run's other options (the prefix is never sent
+        as a provider parameter).
         """
-        prefix = run.options.pop(ASSISTANT_PREFIX_OPTION, None)
-        return prefix if isinstance(prefix, str) and prefix else None
+        options = dict(run.options)
+        prefix = options.pop(ASSISTANT_PREFIX_OPTION, None)
+        return (prefix if isinstance(prefix, str) and prefix else None), options
 
     def url(self, path):
         """
