@@ -182,7 +182,7 @@ class TunnelBody:
         try:
             chunk = json.loads(text)
         except ValueError:
-            raise broken_answer(f"the provider sent an event that is not JSON: {text[:200]!r}") from None
+            raise broken_answer(f"the provider sent an event that is not JSON ({len(text)} bytes)") from None
         if not isinstance(chunk, dict):
             return event
         if self.observer is not None:

@@ -406,6 +406,9 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
             if watch is not None and data:
                 watch.touch(body=True)
             if on_chunk(data) and clock is not None:
+                # The answer is whole: only the grace bounds what follows.
+                if watch is not None:
+                    watch.stop()
                 if grace is not None and grace.active():
                     grace.cancel()
                 grace = clock.callLater(FINISH_GRACE_SEC, finished)

@@ -227,6 +227,28 @@ class RunFaultTests(FaultTestCase):
         yield script.closed_early
 
     @defer.inlineCallbacks
+    def test_finished_outlasts_the_stall_deadline(self):
+        """
+        Once the answer said it finished, the grace alone bounds what
+        follows: a stall deadline shorter than the grace does not cut it.
+        """
+        script = Script(
+            headers=SSE_HEADERS, chunks=sse(chunk(content="all"), chunk(finish="stop"), done=False), hold=True
+        )
+        adapter = self.adapter(script, stall_timeout_sec=1)
+        adapter.clock = Clock()
+        events = Events()
+        delta = events.first("delta")
+        d = adapter.execute(run_input(), events)
+        yield delta
+        yield moment()
+        adapter.clock.advance(1)
+        self.assertNoResult(d)
+        adapter.clock.advance(FINISH_GRACE_SEC)
+        yield d
+        self.assertEqual(events.types(), ["start", "delta", "complete"])
+
+    @defer.inlineCallbacks
     def test_malformed_event(self):
         """
         An event that is not JSON after a delta ends the run incomplete;
