@@ -446,7 +446,8 @@ class OpenAICompatAdapter(HTTPAdapter):
             return relay.feed
 
         def ended(response):
-            relay.finish()
+            if relay is not None:
+                relay.finish()
 
         def failed(failure):
             failure.trap(ProviderError)

@@ -26,9 +26,13 @@ Responses API end event. One that ends without saying so was cut.
 """
 
 import json
+from typing import Any, Protocol
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IResponse
 
 from iop.adapters.streams import JSON_BODY_LIMIT, ProviderError, broken_answer, response_headers, status_error
-from iop.run import CONTEXT_LENGTH_EXCEEDED
+from iop.run import CONTEXT_LENGTH_EXCEEDED, ITunnelSink, Usage
 
 #: How much of a body that is not an event stream is held before it is
 #: relayed (its status and headers with it): beyond this, it is relayed as
@@ -44,6 +48,22 @@ _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 EVENTS = "events"
 HOLD = "hold"
 PASS = "pass"
+
+
+class Observer(Protocol):
+    """
+    What watches a 2xx body for usage and metadata (the OpenAI adapter's
+    C{TunnelObserver}): fed raw bytes, or the parsed chunks of an event
+    stream, and told when the body ended.
+    """
+
+    usage: Usage | None
+
+    def feed(self, data: bytes) -> None: ...
+
+    def chunk(self, chunk: dict[str, Any]) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 def asks_stream(body: bytes) -> bool:
@@ -80,7 +100,14 @@ class TunnelBody:
     @ivar finished: whether the stream said it is finished.
     """
 
-    def __init__(self, sink, response, observer, strip_usage, clock):
+    def __init__(
+        self,
+        sink: ITunnelSink,
+        response: IResponse,
+        observer: Observer | None,
+        strip_usage: bool,
+        clock: IReactorTime,
+    ) -> None:
         self.sink = sink
         self.response = response
         self.observer = observer
@@ -217,24 +244,24 @@ class TunnelBody:
                 self.sink.metadata({"failure": _failure_json(error)})
 
 
-def _failure_json(error: ProviderError) -> dict:
-    failure = {"code": error.code, "status": error.status, "message": error.message[:500]}
+def _failure_json(error: ProviderError) -> dict[str, Any]:
+    failure: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message[:500]}
     if error.retry_after_sec:
         failure["retry_after_sec"] = error.retry_after_sec
     return failure
 
 
-def _says_finished(chunk: dict) -> bool:
+def _says_finished(chunk: dict[str, Any]) -> bool:
     if chunk.get("error") or chunk.get("type") in RESPONSE_END_TYPES:
         return True
     return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in chunk.get("choices") or ())
 
 
-def _event_stream(response) -> bool:
+def _event_stream(response: IResponse) -> bool:
     content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).lower()
     return b"event-stream" in content_type
 
 
-def _plain(response) -> bool:
+def _plain(response: IResponse) -> bool:
     coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
     return coding in (b"", b"identity")

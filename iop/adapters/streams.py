@@ -387,7 +387,7 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
             watch.stop()
         if grace is not None and grace.active():
             grace.cancel()
-        if isinstance(outcome, Failure) and outcome.check(_Finished):
+        if isinstance(outcome, Failure) and outcome.check(_Finished) and reader is not None:
             return reader.response
         return outcome
 

@@ -435,6 +435,7 @@ class WholeTunnelFaultTests(FaultTestCase):
         yield moment()
         self.assertEqual(sink.calls, [])
         script.write(body[20:])
+        assert script.held is not None
         script.held.finish()
         yield d
         self.assertEqual([c[0] for c in sink.calls], ["status", "headers", "body", "usage", "metadata"])
