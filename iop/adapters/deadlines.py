@@ -59,6 +59,12 @@ class Deadlines:
         """
         return replace(self, first_byte=None)
 
+    def idle_only(self) -> "Deadlines":
+        """
+        Only the idle deadline: for work that is no answer (a model pull).
+        """
+        return replace(self, first_byte=None, stall=None)
+
 
 class Watch:
     """

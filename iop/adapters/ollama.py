@@ -314,5 +314,8 @@ class OllamaAdapter(HTTPAdapter):
                 raise ProviderError(error_message(bytes(error_body)) or f"HTTP {response.code}", response.code)
             return lines.finish()
 
-        d = self.read(self.request("POST", "/api/pull", json={"model": model, "stream": True}), on_response)
+        # A pull is no answer: only the idle deadline bounds it (a big
+        # layer may be verified for minutes without a word).
+        request = self.request("POST", "/api/pull", json={"model": model, "stream": True})
+        d = self.read(request, on_response, deadlines=self.deadlines.idle_only())
         return d.addCallback(ended).addErrback(as_provider_error)

@@ -457,5 +457,6 @@ class OpenAICompatAdapter(HTTPAdapter):
 
         # A sink that does flow control pauses the provider read with it.
         raw = self.raw_request(request.method, request.path, headers, body)
-        d = self.read(raw, on_response, getattr(sink, "register_producer", None), streamed=asks_stream(body))
+        deadlines = self.deadlines if asks_stream(body) else self.deadlines.not_streamed()
+        d = self.read(raw, on_response, getattr(sink, "register_producer", None), deadlines)
         return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)

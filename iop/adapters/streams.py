@@ -615,12 +615,11 @@ class HTTPAdapter(AdapterBase):
             method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
         )
 
-    def read(self, request, on_response, on_producer=None, streamed=True):
+    def read(self, request, on_response, on_producer=None, deadlines=None):
         """
-        L{read_body} with this adapter's deadlines (without the first-byte
-        one for an answer that is not C{streamed}).
+        L{read_body} with this adapter's deadlines, or C{deadlines}.
         """
-        deadlines = self.deadlines if streamed else self.deadlines.not_streamed()
+        deadlines = self.deadlines if deadlines is None else deadlines
         return read_body(request, on_response, deadlines, self.clock, on_producer)
 
     def fetch_json(self, method, path, payload=None):
@@ -636,7 +635,7 @@ class HTTPAdapter(AdapterBase):
         d = self.read(
             self.request(method, path, **kwargs),
             lambda response: capped_appender(body, JSON_BODY_LIMIT),
-            streamed=False,
+            deadlines=self.deadlines.not_streamed(),
         )
 
         def parse(response):
