@@ -117,6 +117,9 @@ class TunnelBody:
         self.finished = False
         self.head_sent = False
         self.buffer = bytearray()
+        #: How much of the buffer is known to hold no event's end (less
+        #: the length of a separator, which may be split).
+        self.searched = 0
         if 200 <= response.code < 300 and _event_stream(response):
             self.mode = EVENTS if _plain(response) else PASS
         else:
@@ -183,15 +186,23 @@ class TunnelBody:
         return error.incomplete()
 
     def _whole_events(self) -> bytes:
+        """
+        The whole events at the head of the buffer, checked, taken out of
+        it. The part of the buffer already searched is not searched again
+        (an event may come in many pieces).
+        """
         out = []
+        start = 0
+        search = self.searched
         while True:
-            ends = [(i, len(sep)) for sep in _SEPARATORS if (i := self.buffer.find(sep)) >= 0]
+            ends = [(i, len(sep)) for sep in _SEPARATORS if (i := self.buffer.find(sep, search)) >= 0]
             if not ends:
                 break
             index, size = min(ends)
-            event = bytes(self.buffer[: index + size])
-            del self.buffer[: index + size]
-            out.append(self._checked(event))
+            out.append(self._checked(bytes(self.buffer[start : index + size])))
+            start = search = index + size
+        del self.buffer[:start]
+        self.searched = max(0, len(self.buffer) - 3)
         return b"".join(out)
 
     def _checked(self, event: bytes) -> bytes:
