@@ -181,6 +181,7 @@ class TunnelRelay(Work):
         else:
             status = CANCELLED if error.code == CANCELLED else ERROR
             message, code = error.message, error.code
+            self.manager.metrics.provider_failed(self.hosted.name, error.code, error.deadline)
         self.manager.record("record_tunnel_end", self.tunnel_id, status, message, code, self.usage, self.size)
 
 

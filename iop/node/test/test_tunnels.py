@@ -101,6 +101,8 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(kinds(self.edge), ["error"])
         error = frames(self.edge)[-1].error
         self.assertEqual((error.code, error.deadline), ("provider_timeout", "first_byte"))
+        labels = {"adapter": "manual", "code": "provider_timeout", "deadline": "first_byte"}
+        self.assertEqual(self.context.metrics.value("iop_node_provider_failures_total", labels), 1)
 
     def test_incomplete_after_the_body(self):
         """
@@ -118,6 +120,8 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(kinds(self.edge), ["status", "headers", "body", "usage", "error"])
         error = frames(self.edge)[-1].error
         self.assertEqual((error.code, error.deadline, error.status), ("incomplete", "stall", 200))
+        labels = {"adapter": "manual", "code": "incomplete", "deadline": "stall"}
+        self.assertEqual(self.context.metrics.value("iop_node_provider_failures_total", labels), 1)
 
     def test_retry_after_carried(self):
         """
