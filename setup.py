@@ -37,6 +37,11 @@ setup(
             "ruff>=0.17",
             "mypy>=2.4",
             "mypy-zope>=1.0.17",
+            # Tracing is tested too (iop/edge/tracing.py).
+            "opentelemetry-sdk>=1.45",
+            "opentelemetry-exporter-otlp-proto-http>=1.45",
         ],
+        # OpenTelemetry spans of caller requests (edge.yaml tracing:).
+        "tracing": ["opentelemetry-sdk>=1.45", "opentelemetry-exporter-otlp-proto-http>=1.45"],
     },
 )

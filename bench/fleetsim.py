@@ -37,7 +37,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireFactory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -131,7 +131,7 @@ class SimulatedRun:
 
     def event(self, type, **fields):
         self.seq += 1
-        self.node.wire.send(iop_pb2.RunEvent(run_id=self.run_id, type=type, seq=self.seq, **fields))
+        self.node.wire.send(messages.run_event(run_id=self.run_id, type=type, seq=self.seq, **fields))
 
     def start(self):
         self.event("start")
@@ -146,14 +146,14 @@ class SimulatedRun:
             if pace:
                 self.call = self.node.fleet.reactor.callLater(pace, self.step)
                 return
-        usage = iop_pb2.Usage(input_tokens=len(self.words), output_tokens=len(self.words))
+        usage = messages.usage(input_tokens=len(self.words), output_tokens=len(self.words))
         self.event("complete", usage=usage, finish_reason="stop")
         self.node.finished(self, cancelled=False)
 
     def cancel(self):
         if self.call is not None and self.call.active():
             self.call.cancel()
-        self.event("cancelled", error=iop_pb2.RunError(code="cancelled", message="cancelled by the Edge"))
+        self.event("cancelled", error=messages.run_error(code="cancelled", message="cancelled by the Edge"))
         self.node.finished(self, cancelled=True)
 
 
@@ -174,7 +174,7 @@ class SimulatedNode:
     def wire_connected(self, wire):
         self.wire = wire
         self.fleet.counters.connected += 1
-        wire.send(iop_pb2.RegisterRequest(token=self.token, node_version="fleetsim", wire_version=WIRE_VERSION))
+        wire.send(messages.register_request(token=self.token, node_version="fleetsim", wire_version=WIRE_VERSION))
 
     def message_received(self, kind, message):
         if kind == "run_request":
@@ -184,7 +184,7 @@ class SimulatedNode:
             run.start()
         elif kind == "cancel_request":
             run = self.runs.get(message.run_id)
-            if message.kind == iop_pb2.CancelRequest.CANCEL_RUN and run is not None:
+            if message.kind == messages.CANCEL_RUN and run is not None:
                 run.cancel()
         elif kind == "register_response":
             if not message.accepted:
@@ -201,7 +201,7 @@ class SimulatedNode:
                     config.heartbeat_timeout_sec or default.timeout,
                 )
             )
-            self.wire.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
+            self.wire.send(messages.ready_request(node_id=self.node_id))
         elif kind == "node_ready_response":
             if message.ready and not self.ready:
                 self.ready = True

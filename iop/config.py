@@ -7,6 +7,8 @@ message such as C{edge.yaml: nodes[0].token: required}.
 """
 
 import urllib.parse
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -25,24 +27,27 @@ class Section:
     every error can say exactly which key is wrong.
     """
 
-    def __init__(self, data, path, source):
+    def __init__(self, data: object, path: str, source: str) -> None:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: {path or 'top level'}: must be a mapping, got {type(data).__name__}")
         self.data = data
         self.path = path
         self.source = source
 
-    def key(self, name):
+    def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
 
-    def error(self, name, problem):
+    def error(self, name: str, problem: str) -> ConfigError:
         return ConfigError(f"{self.source}: {self.key(name)}: {problem}")
 
-    def get(self, name, kind, default=_MISSING):
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         """
         The value at C{name}, of type C{kind} (a type or tuple of types).
         Without a default the key is required. C{bool} is never taken for
         a number.
+
+        @return: the value as YAML gave it (checked against C{kind}), or
+            C{default}: typed by the caller's C{kind}, not here.
         """
         if name not in self.data or self.data[name] is None:
             if default is _MISSING:
@@ -56,7 +61,7 @@ class Section:
             raise self.error(name, f"must be {_names(kinds)}, got {value!r}")
         return value
 
-    def number(self, name, default=_MISSING, minimum=None, positive=False):
+    def number(self, name: str, default: Any = _MISSING, minimum: float | None = None, positive: bool = False) -> Any:
         value = self.get(name, (int, float), default)
         if value is None:
             return value
@@ -66,7 +71,7 @@ class Section:
             raise self.error(name, f"must be at least {minimum}, got {value!r}")
         return value
 
-    def section(self, name, default=_MISSING):
+    def section(self, name: str, default: Any = _MISSING) -> "Section":
         """
         A nested mapping; an absent optional one is empty.
         """
@@ -74,7 +79,7 @@ class Section:
             return Section({} if default is None else default, self.key(name), self.source)
         return Section(self.get(name, dict), self.key(name), self.source)
 
-    def sections(self, name, default=_MISSING):
+    def sections(self, name: str, default: Any = _MISSING) -> list["Section"]:
         """
         A list of mappings (C{nodes[]}, C{adapters[]}, ...).
         """
@@ -83,7 +88,7 @@ class Section:
             return []
         return [Section(item, f"{self.key(name)}[{i}]", self.source) for i, item in enumerate(items)]
 
-    def unknown(self, known):
+    def unknown(self, known: Iterable[str]) -> None:
         """
         Refuse keys this section does not define (typos must not pass
         silently).
@@ -93,7 +98,7 @@ class Section:
                 raise self.error(name, f"unknown key (expected one of: {', '.join(sorted(known))})")
 
 
-def _names(kinds):
+def _names(kinds: tuple[type, ...]) -> str:
     names = {
         int: "an integer",
         float: "a number",
@@ -105,7 +110,7 @@ def _names(kinds):
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def load_yaml(path):
+def load_yaml(path: str) -> Section:
     """
     Parse a YAML file into a top-level L{Section}.
 
@@ -121,7 +126,7 @@ def load_yaml(path):
     return Section({} if data is None else data, "", path)
 
 
-def http_url_problem(value):
+def http_url_problem(value: object) -> str | None:
     """
     What is wrong with C{value} as the address of an HTTP back end
     (C{http://host[:port][/path]}), or C{None} when nothing is.

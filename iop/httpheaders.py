@@ -18,6 +18,10 @@ The rule, in one place:
     L{relay_headers}.
 """
 
+from collections.abc import Iterable, Sequence
+
+from twisted.web.http_headers import Headers
+
 #: Headers that describe one hop, not the message (RFC 9110 section 7.6.1);
 #: a relay must not forward them.
 HOP_BY_HOP = frozenset(
@@ -39,8 +43,11 @@ HOP_BY_HOP = frozenset(
 #: are the caller's credentials for the Edge.
 _EDGE_REQUEST_DROP = ("host", "content-length", "authorization")
 
+#: Headers as the functions below take them: C{(name, value)} text pairs.
+HeaderPairs = list[tuple[str, str]]
 
-def header_pairs(headers):
+
+def header_pairs(headers: Headers) -> HeaderPairs:
     """
     A C{twisted.web} L{Headers<twisted.web.http_headers.Headers>} as
     C{[(name, value)]} text pairs, one per value, in order: the form the
@@ -53,7 +60,7 @@ def header_pairs(headers):
     ]
 
 
-def relay_headers(pairs, extra_drop=()):
+def relay_headers(pairs: Sequence[tuple[str, str]], extra_drop: Iterable[str] = ()) -> HeaderPairs:
     """
     C{pairs} without hop-by-hop headers, including those the
     C{Connection} header names, and without C{extra_drop}.
@@ -65,7 +72,7 @@ def relay_headers(pairs, extra_drop=()):
     return [(name, value) for name, value in pairs if name.lower() not in drop]
 
 
-def caller_request_headers(pairs):
+def caller_request_headers(pairs: Sequence[tuple[str, str]]) -> HeaderPairs:
     """
     The caller's request headers that travel on to the provider (the
     Edge's half of the request rule).
@@ -73,7 +80,9 @@ def caller_request_headers(pairs):
     return relay_headers(pairs, _EDGE_REQUEST_DROP)
 
 
-def provider_request_headers(pairs, adapter_headers, drop_headers=()):
+def provider_request_headers(
+    pairs: Sequence[tuple[str, str]], adapter_headers: Sequence[tuple[str, str]], drop_headers: Iterable[str] = ()
+) -> HeaderPairs:
     """
     The headers a provider gets (the Node's half of the request rule):
     C{pairs} from the Edge minus hop-by-hop, C{Host}, C{Content-Length},

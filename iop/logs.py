@@ -18,11 +18,14 @@ twistd adds it to the application.
 import json
 import sys
 from datetime import UTC, datetime
+from typing import IO, Any
 
-from twisted.application.service import MultiService
-from twisted.logger import ILogObserver, formatEvent
+from twisted.application.service import IService, IServiceCollection, MultiService
+from twisted.logger import ILogObserver, LogEvent, formatEvent
 from twisted.python.components import Componentized
 from zope.interface import implementer
+
+from iop.config import Section
 
 TEXT = "text"
 JSON = "json"
@@ -32,7 +35,7 @@ LOG_FORMATS = (TEXT, JSON)
 _LEGACY_KEYS = frozenset({"message", "format", "isError", "system", "failure", "time", "printed"})
 
 
-def parse_log_format(section):
+def parse_log_format(section: Section) -> str:
     """
     The C{log_format} key of a configuration section: C{text} or C{json}.
 
@@ -44,19 +47,19 @@ def parse_log_format(section):
     return value
 
 
-def _field(value):
+def _field(value: object) -> bool | int | float | str | None:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
 
 
-def json_line(event, daemon=""):
+def json_line(event: LogEvent, daemon: str = "") -> str:
     """
     One log event as one line of JSON (no newline inside: messages and
     tracebacks are escaped).
     """
     level = event.get("log_level")
-    record = {
+    record: dict[str, Any] = {
         "daemon": daemon,
         "time": datetime.fromtimestamp(event.get("log_time", 0), UTC).isoformat(timespec="milliseconds"),
         "level": level.name if level is not None else "info",
@@ -81,11 +84,11 @@ class JSONLineObserver:
     both daemons can share one index.
     """
 
-    def __init__(self, out, daemon=""):
+    def __init__(self, out: IO[str], daemon: str = "") -> None:
         self.out = out
         self.daemon = daemon
 
-    def __call__(self, event):
+    def __call__(self, event: LogEvent) -> None:
         self.out.write(json_line(event, daemon=self.daemon) + "\n")
         self.out.flush()
 
@@ -98,19 +101,19 @@ class LogFormatted(MultiService):
     Starting and stopping (the drain) go straight to the wrapped service.
     """
 
-    def __init__(self, service, observer):
+    def __init__(self, service: IService, observer: ILogObserver) -> None:
         super().__init__()
         self.service = service
         self.observer = observer
         service.setServiceParent(self)
 
-    def setServiceParent(self, parent):
+    def setServiceParent(self, parent: IServiceCollection) -> None:
         if isinstance(parent, Componentized):
             parent.setComponent(ILogObserver, self.observer)
         super().setServiceParent(parent)
 
 
-def with_log_format(service, log_format, daemon, out=None):
+def with_log_format(service: IService, log_format: str, daemon: str, out: IO[str] | None = None) -> IService:
     """
     C{service} as the tap returns it for C{log_format}: itself for text,
     wrapped in L{LogFormatted} for JSON lines on C{out} (the process's

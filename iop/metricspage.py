@@ -8,7 +8,8 @@ live Edge and Node state while the reactor changes it. Rendering a few
 dozen samples is cheap enough to do in place.
 """
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
 
@@ -19,10 +20,11 @@ class MetricsPage(Resource):
 
     isLeaf = True
 
-    def __init__(self, registry):
+    def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__()
         self.registry = registry
 
-    def render_GET(self, request):
+    def render_GET(self, request: IRequest) -> bytes:
+
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
         return generate_latest(self.registry)

@@ -17,6 +17,7 @@ It holds:
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from zope.interface import Interface
 
@@ -117,19 +118,19 @@ class ITunnelSink(Interface):
     are side observations and may come at any point after C{headers}.
     """
 
-    def status(code):
+    def status(code: int) -> None:
         """The provider's HTTP status code."""
 
-    def headers(pairs):
+    def headers(pairs: list[tuple[str, str]]) -> None:
         """The provider's response headers as C{[(name, value)]}."""
 
-    def body(data):
+    def body(data: bytes) -> None:
         """Raw response bytes, exactly as they arrived."""
 
-    def usage(usage):
+    def usage(usage: Usage) -> None:
         """A L{Usage} parsed from the relayed stream."""
 
-    def metadata(info):
+    def metadata(info: dict[str, Any]) -> None:
         """Other observations (model name, finish reason) as a dict."""
 
 

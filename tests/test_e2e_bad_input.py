@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from support.daemons import Launcher, echo_node, wait_for
 from support.probes import closed_by_peer, frame, still_serving
 
-from iop.protocols import iop_pb2
-from iop.protocols.wire import MAX_FRAME_BYTES
+from iop.protocols import messages
+from iop.protocols.wire import MAX_FRAME_BYTES, WIRE_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,10 @@ BAD_STREAMS = {
     "garbage frame": struct.pack("!I", 5) + b"\xff\xff\xff\xff\x0f",
     "oversize header": struct.pack("!I", MAX_FRAME_BYTES + 1),
     "empty envelope": struct.pack("!I", 0),
-    "work before registering": frame(iop_pb2.RunEvent(run_id="x", type="delta")),
-    "ready before registering": frame(iop_pb2.NodeReadyRequest(node_id="node-1")),
-    "unknown token": frame(iop_pb2.RegisterRequest(token="nope")),
-    "duplicate of a live node": frame(iop_pb2.RegisterRequest(token="tok-1")),
+    "work before registering": frame(messages.run_event("x", 0, "delta")),
+    "ready before registering": frame(messages.ready_request(node_id="node-1")),
+    "unknown token": frame(messages.register_request("nope", WIRE_VERSION)),
+    "duplicate of a live node": frame(messages.register_request("tok-1", WIRE_VERSION)),
 }
 
 

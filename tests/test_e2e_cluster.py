@@ -164,7 +164,9 @@ def test_tunnel_through_b_is_byte_identical(launch, etcd, fake_provider):
     assert data == direct[2]
     seen = [name.lower() for name, _ in llm.requests()[-1]["headers"]]
     assert "x-iop-peer-secret" not in seen
-    drop = {"date", "transfer-encoding", "connection"}
+    # The Edges add their Server-Timing to the provider's headers.
+    assert "edge;dur=" in {k.lower(): v for k, v in headers.items()}["server-timing"]
+    drop = {"date", "transfer-encoding", "connection", "server-timing"}
     assert sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in drop) == sorted(
         (k.lower(), v) for k, v in direct[1] if k.lower() not in drop
     )

@@ -14,7 +14,7 @@ import time
 from support.daemons import echo_node, wait_for
 from support.probes import frame, still_serving
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
 from iop.test.fuzz import RESULTS, RandomMessages, framed, random_chunk
 
@@ -49,8 +49,8 @@ def test_wire_fuzz_on_real_sockets(launch):
         with socket.create_connection(("127.0.0.1", edge.node_port), timeout=5) as sock:
             try:
                 if registered:
-                    sock.sendall(frame(iop_pb2.RegisterRequest(token="tok-2", wire_version=WIRE_VERSION)))
-                    sock.sendall(frame(iop_pb2.NodeReadyRequest(node_id="node-2")))
+                    sock.sendall(frame(messages.register_request(token="tok-2", wire_version=WIRE_VERSION)))
+                    sock.sendall(frame(messages.ready_request(node_id="node-2")))
                     chunks = [framed(generator.envelope(RESULTS).SerializeToString()) for _ in range(80)]
                     chunks += [random_chunk(generator) for _ in range(rng.randrange(0, 3))]
                 else:

@@ -16,7 +16,8 @@ import pytest
 from support.daemons import echo_node
 from support.probes import closed_by_peer, frame
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
+from iop.protocols.wire import WIRE_VERSION
 
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "make_test_certs.py")
 
@@ -94,6 +95,6 @@ def test_no_client_certificate(launch, fleet):
     )
     assert node.wait(timeout=20) == 3
     with socket.create_connection(("127.0.0.1", edge.node_port), timeout=5) as sock:
-        sock.sendall(frame(iop_pb2.RegisterRequest(token="tok-1")))
+        sock.sendall(frame(messages.register_request("tok-1", WIRE_VERSION)))
         assert closed_by_peer(sock)
     assert edge.node_connected("node-1") is False

@@ -70,9 +70,10 @@ EDGE = {"authorization": "Bearer edge-key"}
 def comparable(headers):
     """
     Header pairs as a caller compares them: names lowercased; C{Date}
-    left out (it is a clock, not the provider's answer).
+    left out (it is a clock, not the provider's answer), and the Edge's
+    own C{Server-Timing} (checked apart: it says where the time went).
     """
-    return [(name.lower(), value) for name, value in headers if name.lower() != "date"]
+    return [(name.lower(), value) for name, value in headers if name.lower() not in ("date", "server-timing")]
 
 
 def test_caller_headers_reach_the_provider(surface):
@@ -120,7 +121,8 @@ def test_caller_headers_reach_the_provider(surface):
 def test_tunnel_identical_to_direct(surface, path, body):
     """
     Every endpoint a tunnel carries answers through the Edge exactly as the
-    provider answers directly: status, headers (but Date) and body bytes.
+    provider answers directly: status, headers (but Date; the Edge adds its
+    Server-Timing) and body bytes.
     """
     edge, llm, _ = surface
     direct = post(llm.port, path, dict(body, model="fake-model"))
@@ -128,6 +130,8 @@ def test_tunnel_identical_to_direct(surface, path, body):
     assert relayed[0] == direct[0] == 200
     assert relayed[2] == direct[2]
     assert comparable(relayed[1]) == comparable(direct[1])
+    timing = [value for name, value in relayed[1] if name.lower() == "server-timing"]
+    assert len(timing) == 1 and "provider;dur=" in timing[0], timing
 
 
 def test_embeddings_on_ollama(surface):

@@ -167,6 +167,41 @@ def test_caller_api_keys(launch):
     assert status == 200 and result["command"] == "capabilities"
 
 
+def server_timing(headers):
+    """
+    A Server-Timing header as C{{name: milliseconds}}.
+    """
+    value = {k.lower(): v for k, v in headers.items()}["server-timing"]
+    parts = {}
+    for metric in value.split(","):
+        name, *params = metric.strip().split(";")
+        parts[name] = next(float(p[4:]) for p in params if p.startswith("dur="))
+    return parts
+
+
+def test_server_timing(pair):
+    """
+    An answer says where its time went: queue, place, node, the
+    provider's first byte and the Edge's own, all measured; the gateway's
+    own time has its histogram. A request the Edge answers itself has only
+    its own time.
+    """
+    edge, _ = pair
+    status, headers, _ = edge.request(
+        "POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": TEXT}]}
+    )
+    assert status == 200
+    parts = server_timing(headers)
+    assert list(parts) == ["queue", "place", "node", "provider", "edge"]
+    assert all(ms >= 0 for ms in parts.values())
+    # The Node measured the back end's first answer (echo's start event).
+    assert parts["provider"] > 0
+    _, headers, _ = edge.request("GET", "/v1/models")
+    assert list(server_timing(headers)) == ["edge"]
+    _, _, body = edge.request("GET", "/metrics")
+    assert 'iop_edge_gateway_seconds_count{route="/v1/chat/completions"} 1.0' in body.decode()
+
+
 def test_metrics(pair):
     """
     The Edge serves Prometheus metrics that reflect the live node.

@@ -4,6 +4,7 @@ commands, and nothing to start or stop; and L{OutputGate}, flow control
 for adapters that make their output themselves.
 """
 
+import builtins
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,8 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
-from iop.adapters.interface import AdapterConfigError, Capabilities, NotSupported
+from iop.adapters.interface import AdapterConfigError, Capabilities, NotSupported, Progress, TunnelInput
+from iop.run import ITunnelSink
 
 
 def register_output(emit: Callable[..., Any], producer: IPushProducer) -> None:
@@ -78,12 +80,16 @@ class AdapterBase:
     Subclasses set C{type} and override what they support.
 
     @ivar options: the adapter's type-specific configuration keys.
+    @ivar reactor: the Node's reactor. Typed C{Any}: adapters use several
+        of its interfaces at once (C{IReactorTime}, C{IReactorProcess},
+        and treq's TCP and name resolution), which no one interface type
+        names.
     """
 
     #: The adapter type name (a key of L{iop.run.ADAPTER_TYPES}).
     type: str = ""
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise AdapterConfigError(f"adapters[{name}].max_concurrency must be a positive integer")
         self.name = name
@@ -91,7 +97,13 @@ class AdapterBase:
         self.options = dict(options or {})
         self.reactor = reactor
 
-    def option(self, key, default=None, kind=None, required=False):
+    def option(
+        self,
+        key: str,
+        default: Any = None,
+        kind: builtins.type | tuple[builtins.type, ...] | None = None,
+        required: bool = False,
+    ) -> Any:
         """
         One type-specific option, checked; errors name the key.
         """
@@ -104,20 +116,20 @@ class AdapterBase:
             raise AdapterConfigError(f"adapters[{self.name}].{key} has the wrong type: {value!r}")
         return value
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         return Capabilities(max_concurrency=self.max_concurrency)
 
-    def start(self):
+    def start(self) -> "defer.Deferred[None]":
         return defer.succeed(None)
 
-    def stop(self):
+    def stop(self) -> "defer.Deferred[None]":
         return defer.succeed(None)
 
-    def tunnel(self, request, sink):
+    def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "defer.Deferred[Any]":
         raise NotSupported(f"adapter {self.name} ({self.type}) has no raw provider tunnel")
 
-    def terminate_session(self, target, session_id):
+    def terminate_session(self, target: str, session_id: str) -> "defer.Deferred[dict[str, bool]]":
         raise NotSupported(f"adapter {self.name} ({self.type}) does not support sessions")
 
-    def command(self, name, args, progress=None):
+    def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "defer.Deferred[Any]":
         raise NotSupported(f"adapter {self.name} ({self.type}) has no command {name!r}")

@@ -22,16 +22,20 @@ import codecs
 import os
 import shutil
 import signal
+from collections.abc import Mapping
+from typing import Any, cast, overload
+from typing import Protocol as Shape
 
 from twisted.internet import defer
 from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase, register_output
-from iop.adapters.interface import AdapterConfigError, Capabilities, IAdapter
+from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, IAdapter, Progress, RunInput
 from iop.run import (
     ADAPTER_STOPPED,
     COMPLETE,
@@ -51,7 +55,7 @@ from iop.run import (
 STDERR_TAIL = 2048
 
 
-def _text(content):
+def _text(content: object) -> str:
     """
     A message's text: a string, or the text parts of OpenAI-style content.
     """
@@ -60,6 +64,28 @@ def _text(content):
             part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
         )
     return content if isinstance(content, str) else ""
+
+
+class _ProcessTransport(Shape):
+    """
+    What a run's process asks of its transport: Twisted's C{Process}, an
+    L{IProcessTransport} that also stops and starts reading its pipes
+    (which L{IProcessTransport} does not declare).
+    """
+
+    pid: int | None
+
+    def write(self, data: bytes) -> None: ...
+
+    def closeStdin(self) -> None: ...
+
+    def signalProcess(self, signalID: str | int) -> None: ...
+
+    def loseConnection(self) -> None: ...
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
 
 
 @implementer(IPushProducer)
@@ -72,49 +98,58 @@ class _RunProcess(ProcessProtocol):
 
     @ivar outcome: why the adapter stopped it (C{cancelled}, C{timeout},
         C{terminated}, C{stopped}), or C{None}.
+    @ivar end: once the process is gone, why (C{ProcessDone} or
+        C{ProcessTerminated}), else C{None}.
     """
 
-    def __init__(self, emit, stdin):
+    def __init__(self, emit: Emit, stdin: bytes) -> None:
         self.emit = emit
         self.stdin = stdin
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stderr = bytearray()
-        self.outcome = None
-        self.end = None
-        self._waiters = []
-        self.pid = None
-        self._kill_call = None
+        self.outcome: str | None = None
+        self.end: BaseException | None = None
+        self._waiters: list[defer.Deferred[BaseException]] = []
+        self.pid: int | None = None
+        self._kill_call: IDelayedCall | None = None
 
-    def connectionMade(self):
-        self.pid = self.transport.pid
-        self.transport.write(self.stdin)
-        self.transport.closeStdin()
+    @property
+    def _process(self) -> _ProcessTransport:
+        # spawnProcess connects the protocol before it returns, so every
+        # use of the transport comes after connectionMade.
+        assert self.transport is not None
+        return cast(_ProcessTransport, self.transport)
+
+    def connectionMade(self) -> None:
+        self.pid = self._process.pid
+        self._process.write(self.stdin)
+        self._process.closeStdin()
         register_output(self.emit, self)
 
-    def pauseProducing(self):
-        self.transport.pauseProducing()
+    def pauseProducing(self) -> None:
+        self._process.pauseProducing()
 
-    def resumeProducing(self):
-        self.transport.resumeProducing()
+    def resumeProducing(self) -> None:
+        self._process.resumeProducing()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         # The run is stopped through its Deferred (SIGTERM, then SIGKILL);
         # here, only stop holding its output back.
-        self.transport.resumeProducing()
+        self._process.resumeProducing()
 
-    def outReceived(self, data):
+    def outReceived(self, data: bytes) -> None:
         self._delta(self.decoder.decode(data))
 
-    def errReceived(self, data):
+    def errReceived(self, data: bytes) -> None:
         self.stderr.extend(data)
         del self.stderr[:-STDERR_TAIL]
 
-    def _delta(self, text):
+    def _delta(self, text: str) -> None:
         # Once the adapter stopped the run, nothing more is its output.
         if text and self.outcome is None:
             self.emit(RunEventData(DELTA, text=text))
 
-    def stop(self, outcome, reactor, grace):
+    def stop(self, outcome: str, reactor: IReactorTime, grace: float) -> None:
         """
         SIGTERM now, SIGKILL after C{grace} seconds if still alive. Only
         the first request counts: a process is stopped once, for one reason.
@@ -125,30 +160,33 @@ class _RunProcess(ProcessProtocol):
         if self._signal("TERM"):
             self._kill_call = reactor.callLater(grace, self._signal, "KILL")
 
-    def _signal(self, name):
+    def _signal(self, name: str) -> bool:
         try:
-            self.transport.signalProcess(name)
+            self._process.signalProcess(name)
         except (ProcessExitedAlready, OSError):
             return False
         return True
 
-    def processExited(self, reason):
+    def processExited(self, reason: Failure) -> None:
         if self._kill_call is not None and self._kill_call.active():
             self._kill_call.cancel()
         if self.outcome is not None:
             # Children of a stopped process may hold its pipes open; we
             # are not waiting for their output.
-            self.transport.loseConnection()
+            self._process.loseConnection()
 
-    def processEnded(self, reason):
+    def processEnded(self, reason: Failure) -> None:
         self._delta(self.decoder.decode(b"", final=True))
         # The exception, not the Failure: a Failure would run errbacks.
-        self.end = reason.value
+        # Twisted ends a process with ProcessDone or ProcessTerminated.
+        end = reason.value
+        assert end is not None
+        self.end = end
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
-            waiter.callback(self.end)
+            waiter.callback(end)
 
-    def when_ended(self):
+    def when_ended(self) -> "defer.Deferred[BaseException]":
         """
         A new Deferred firing with the end reason (C{ProcessDone} or
         C{ProcessTerminated}) once the process is gone and its pipes are
@@ -156,7 +194,7 @@ class _RunProcess(ProcessProtocol):
         """
         if self.end is not None:
             return defer.succeed(self.end)
-        waiter = defer.Deferred()
+        waiter: defer.Deferred[BaseException] = defer.Deferred()
         self._waiters.append(waiter)
         return waiter
 
@@ -166,15 +204,15 @@ class _Session:
     A logical session: what C{session_list} shows.
     """
 
-    def __init__(self, session_id, target, now):
+    def __init__(self, session_id: str, target: str, now: float) -> None:
         self.session_id = session_id
         self.target = target
         self.created_at = now
         self.runs = 0
-        self.last_run_at = None
-        self.process = None
+        self.last_run_at: float | None = None
+        self.process: _RunProcess | None = None
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "target": self.target,
@@ -200,12 +238,12 @@ class CLIAdapter(AdapterBase):
     type = "cli"
     log = Logger()
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         command = self.option("command", kind=list, required=True)
         if not command or not all(isinstance(arg, str) for arg in command):
             raise AdapterConfigError(f"adapters[{name}].command must be a non-empty list of strings")
-        self.argv = list(command)
+        self.argv: list[str] = list(command)
         env = self.option("env", {}, dict)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise AdapterConfigError(f"adapters[{name}].env must map strings to strings")
@@ -215,18 +253,24 @@ class CLIAdapter(AdapterBase):
         self.grace = self._seconds("grace_sec", 2, allow_zero=True)
         self.sessions_enabled = self.option("sessions", False, bool)
         self.session_arg = self.option("session_arg", "--session", str)
-        self.sessions = {}
-        self.running = {}
+        self.sessions: dict[str, _Session] = {}
+        self.running: dict[str, _RunProcess] = {}
 
-    def _seconds(self, key, default, allow_zero=False):
-        value = self.option(key, default, (int, float))
+    @overload
+    def _seconds(self, key: str, default: float, allow_zero: bool = False) -> float: ...
+
+    @overload
+    def _seconds(self, key: str, default: None, allow_zero: bool = False) -> float | None: ...
+
+    def _seconds(self, key: str, default: float | None, allow_zero: bool = False) -> float | None:
+        value: float | None = self.option(key, default, (int, float))
         if value is None:
             return None
         if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
             raise AdapterConfigError(f"adapters[{self.name}].{key} must be a positive number")
         return value
 
-    def start(self):
+    def start(self) -> "defer.Deferred[None]":
         """
         Refuse to start (so the configuration that names it is refused,
         at registration or on a refresh) when the command cannot be found
@@ -239,7 +283,7 @@ class CLIAdapter(AdapterBase):
             )
         return defer.succeed(None)
 
-    def _executable(self, env):
+    def _executable(self, env: Mapping[str, str]) -> str | None:
         """
         The program C{argv[0]} names (a path, relative to C{cwd}, or looked
         up on the C{PATH} of C{env}), or C{None}.
@@ -250,12 +294,12 @@ class CLIAdapter(AdapterBase):
         path = os.path.join(self.cwd or os.curdir, program)
         return program if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         if self.sessions_enabled:
             return Capabilities(max_concurrency=self.max_concurrency, sessions=True, commands=("session_list",))
         return Capabilities(max_concurrency=self.max_concurrency)
 
-    def stop(self):
+    def stop(self) -> "defer.Deferred[None]":
         """
         Stop every process still running; fires once they are all gone.
         """
@@ -264,13 +308,13 @@ class CLIAdapter(AdapterBase):
             process.stop("stopped", self.reactor, self.grace)
         return defer.DeferredList([p.when_ended() for p in processes]).addCallback(lambda _: None)
 
-    def _argv(self, run):
+    def _argv(self, run: RunInput) -> list[str]:
         argv = list(self.argv)
         if self.sessions_enabled and run.session_id:
             argv += [self.session_arg, run.session_id]
         return argv
 
-    def execute(self, run, emit):
+    def execute(self, run: RunInput, emit: Emit) -> "defer.Deferred[None]":
         """
         Run the command once for C{run}.
 
@@ -308,12 +352,12 @@ class CLIAdapter(AdapterBase):
             session.process = process
         emit(RunEventData(START))
 
-        result = defer.Deferred(lambda d: process.stop("cancelled", self.reactor, self.grace))
+        result: defer.Deferred[None] = defer.Deferred(lambda d: process.stop("cancelled", self.reactor, self.grace))
         timer = None
         if self.timeout:
             timer = self.reactor.callLater(self.timeout, process.stop, "timeout", self.reactor, self.grace)
 
-        def ended(reason):
+        def ended(reason: BaseException) -> None:
             if timer is not None and timer.active():
                 timer.cancel()
             self.running.pop(run.run_id, None)
@@ -326,14 +370,15 @@ class CLIAdapter(AdapterBase):
         process.when_ended().addCallback(ended)
         return result
 
-    def _terminal(self, process, end):
+    def _terminal(self, process: _RunProcess, end: BaseException) -> RunEventData:
         if process.outcome == "timeout":
             return _error(TIMEOUT, f"killed after timeout_sec={self.timeout}")
         if process.outcome == "terminated":
             return _error(SESSION_TERMINATED, "the run's session was terminated")
         if process.outcome == "stopped":
             return _error(ADAPTER_STOPPED, f"adapter {self.name} was stopped")
-        code, sig = getattr(end, "exitCode", None), getattr(end, "signal", None)
+        code: int | None = getattr(end, "exitCode", None)
+        sig: int | None = getattr(end, "signal", None)
         if code == 0:
             return RunEventData(COMPLETE)
         tail = bytes(process.stderr).decode("utf-8", "replace").strip()
@@ -343,7 +388,7 @@ class CLIAdapter(AdapterBase):
             what, status = f"exit status {code}", code
         return _error(EXIT_STATUS, f"{what}: {tail}" if tail else what, status)
 
-    def terminate_session(self, target, session_id):
+    def terminate_session(self, target: str, session_id: str) -> "defer.Deferred[dict[str, bool]]":
         """
         Forget the session, stopping its running process first.
 
@@ -362,18 +407,24 @@ class CLIAdapter(AdapterBase):
         process.stop("terminated", self.reactor, self.grace)
         return process.when_ended().addCallback(lambda _: {"terminated": True})
 
-    def command(self, name, args, progress=None):
+    def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "defer.Deferred[Any]":
         if name == "session_list" and self.sessions_enabled:
             return defer.succeed([s.describe() for s in self.sessions.values()])
         return super().command(name, args)
 
 
-def _signal_name(number):
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
+def _signal_name(number: int | None) -> str:
+    """
+    C{SIGTERM} for 15; the number as is when it names no signal (or when
+    the end reason carried none).
+    """
+    if number is not None:
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            pass
+    return str(number)
 
 
-def _error(code, message, status=0):
+def _error(code: str, message: str, status: int = 0) -> RunEventData:
     return RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status))

@@ -7,18 +7,21 @@ one delta per word with its trailing whitespace.
 """
 
 import re
+from collections.abc import Generator
+from typing import Any
 
 from twisted.internet import defer, task
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase, OutputGate
-from iop.adapters.interface import AdapterConfigError, IAdapter
+from iop.adapters.interface import AdapterConfigError, Emit, IAdapter, RunInput
 from iop.run import COMPLETE, DELTA, START, RunEventData, Usage
 
 _WORD = re.compile(r"\S+\s*|\s+")
 
 
-def words(text):
+def words(text: str) -> list[str]:
     """
     Split C{text} into pieces that concatenate back to it exactly.
     """
@@ -34,7 +37,7 @@ class EchoAdapter(AdapterBase):
 
     type = "echo"
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: IReactorTime) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         delay = self.option("delay_ms", 0, (int, float))
         if delay < 0:
@@ -42,8 +45,11 @@ class EchoAdapter(AdapterBase):
         self.delay = delay / 1000.0
 
     @defer.inlineCallbacks
-    def execute(self, run, emit):
+    def execute(self, run: RunInput, emit: Emit) -> Generator["defer.Deferred[Any]", Any, None]:
         text = run.last_user_text()
+        if not isinstance(text, str):
+            # The same failure as splitting it into words would be.
+            raise TypeError(f"echo takes text content, not {type(text).__name__}")
         pieces = words(text)
         gate = OutputGate.registered(emit)
         emit(RunEventData(START))

@@ -12,9 +12,19 @@ the process. The Node, not the adapter, synthesizes a missing terminal and
 enforces the capacity gate.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
+
+from iop.run import ITunnelSink, RunEventData
+
+#: Where a run's events go: called once per event, in order.
+Emit = Callable[[RunEventData], None]
+#: Where a command's progress updates go (a JSON object each).
+Progress = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -25,22 +35,30 @@ class RunInput:
     @ivar messages: chat messages as C{{"role": ..., "content": ...}} dicts;
         a plain text input arrives as one user message.
     @ivar options: extra generation parameters (temperature, max_tokens...).
+    @ivar traceparent: the W3C trace context of the Edge's span for the
+        request (empty: none); an HTTP adapter sends it to the provider as
+        its C{traceparent} header.
     """
 
     run_id: str
     target: str = ""
-    messages: list = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     session_id: str = ""
     background: bool = False
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    traceparent: str = ""
 
-    def last_user_text(self):
+    def last_user_text(self) -> object:
         """
-        The content of the last user message, or C{""}.
+        The content of the last user message, or C{""}: as the message
+        carries it, so usually a string but possibly OpenAI-style content
+        (a list of parts) or any other JSON value; callers that need text
+        check or convert it.
         """
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                return message.get("content") or ""
+                content: object = message.get("content") or ""
+                return content
         return ""
 
 
@@ -54,7 +72,7 @@ class TunnelInput:
     tunnel_id: str
     method: str
     path: str
-    headers: list = field(default_factory=list)  # [(name, value)]
+    headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
 
 
@@ -75,7 +93,7 @@ class Capabilities:
     max_concurrency: int
     sessions: bool = False
     tunnel: bool = False
-    commands: tuple = ()
+    commands: tuple[str, ...] = ()
     continuation: bool = False
 
 
@@ -99,23 +117,23 @@ class IAdapter(Interface):
     name = Attribute("The adapter instance's configured name.")
     type = Attribute("The adapter type (echo, openai_compat, vllm, ollama, cli).")
 
-    def capabilities():
+    def capabilities() -> Capabilities:
         """
         @rtype: L{Capabilities}
         """
 
-    def start():
+    def start() -> "Deferred[None]":
         """
         Prepare the back end. @return: a Deferred firing when ready.
         """
 
-    def stop():
+    def stop() -> "Deferred[None]":
         """
         Release everything; in-flight work is cancelled by the Node first.
         @return: a Deferred firing when done.
         """
 
-    def execute(run, emit):
+    def execute(run: RunInput, emit: Emit) -> "Deferred[Any]":
         """
         Run C{run} (a L{RunInput}), calling C{emit(RunEventData)} for every
         event in order. It may emit a terminal event itself; if it does
@@ -125,7 +143,7 @@ class IAdapter(Interface):
             Cancelling it aborts the back-end request or process.
         """
 
-    def tunnel(request, sink):
+    def tunnel(request: TunnelInput, sink: ITunnelSink) -> "Deferred[Any]":
         """
         Relay the raw provider response to C{request} (a L{TunnelInput})
         into C{sink} (an L{iop.run.ITunnelSink}).
@@ -135,7 +153,7 @@ class IAdapter(Interface):
         @raise NotSupported: if the adapter has no raw HTTP back end.
         """
 
-    def terminate_session(target, session_id):
+    def terminate_session(target: str, session_id: str) -> "Deferred[dict[str, bool]]":
         """
         End a logical session.
 
@@ -144,7 +162,7 @@ class IAdapter(Interface):
         @raise NotSupported: if the adapter keeps no sessions.
         """
 
-    def command(name, args, progress=None):
+    def command(name: str, args: dict[str, Any], progress: Progress | None = None) -> "Deferred[Any]":
         """
         Answer an adapter-specific node command (for example the Ollama
         model API), one of those its C{capabilities().commands} declares.

@@ -9,14 +9,19 @@ Ollama is not an OpenAI tunnel target: its runs are always normalized.
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from iop.adapters.interface import IAdapter, NotSupported
+from iop.adapters.interface import Capabilities, Emit, IAdapter, NotSupported, Progress, RunInput, TunnelInput
 from iop.adapters.streams import (
     ERROR_BODY_LIMIT,
+    ChunkReceiver,
     HTTPAdapter,
     NDJSONParser,
     ProviderError,
@@ -25,7 +30,7 @@ from iop.adapters.streams import (
     capped_appender,
     error_message,
 )
-from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
 #: model options and go under C{options}.
@@ -38,18 +43,18 @@ _RENAMED = {"max_tokens": "num_predict", "max_completion_tokens": "num_predict"}
 _FINISH = {"stop": "stop", "length": "length", "load": "stop", "unload": "stop"}
 
 
-def _ollama_message(message):
+def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
     """
     An OpenAI-style chat message in Ollama's /api/chat form: images as
     base64 (data: URLs stripped; other URLs are not fetched and dropped),
     tool calls with their arguments as objects, a tool result as role
     C{tool}.
     """
-    result = {"role": message["role"], "content": message.get("content") or ""}
+    result: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
     images = [url.split(",", 1)[1] for url in message.get("images", ()) if url.startswith("data:") and "," in url]
     if images:
         result["images"] = images
-    calls = []
+    calls: list[dict[str, Any]] = []
     for call in message.get("tool_calls") or ():
         function = (call or {}).get("function") or {}
         arguments = function.get("arguments")
@@ -65,7 +70,7 @@ def _ollama_message(message):
     return result
 
 
-def _count(value):
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
@@ -75,16 +80,16 @@ class Lines:
     a line that is not JSON fails the stream as the provider's error.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parser = NDJSONParser()
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self._lines(self.parser.feed, data)
 
-    def flush(self):
+    def flush(self) -> None:
         self._lines(self.parser.finish)
 
-    def _lines(self, parse, *args):
+    def _lines(self, parse: Callable[..., list[Any]], *args: bytes) -> None:
         try:
             lines = parse(*args)
         except ValueError as e:
@@ -93,7 +98,7 @@ class Lines:
             if isinstance(line, dict):
                 self.line(line)
 
-    def line(self, line):
+    def line(self, line: dict[str, Any]) -> None:
         raise NotImplementedError
 
 
@@ -106,20 +111,20 @@ class ChatLines(Lines):
     finish reason (C{tool_calls} when the model called tools).
     """
 
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         super().__init__()
         self.emit = emit
-        self.usage = None
-        self.finish_reason = None
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
         self.tool_calls = 0
         #: The C{done} line came.
         self.finished = False
 
-    def finish(self):
+    def finish(self) -> Usage | None:
         self.flush()
         return self.usage
 
-    def line(self, line):
+    def line(self, line: dict[str, Any]) -> None:
         if line.get("error"):
             raise ProviderError(str(line["error"]))
         message = line.get("message") or {}
@@ -138,7 +143,7 @@ class ChatLines(Lines):
                 )
         if line.get("done"):
             self.finished = True
-            reason = line.get("done_reason")
+            reason: Any = line.get("done_reason")  # any JSON value
             self.finish_reason = "tool_calls" if self.tool_calls else _FINISH.get(reason, "stop" if reason else None)
             # Ollama reports no breakdown: reasoning and cached stay None.
             self.usage = Usage(
@@ -157,16 +162,16 @@ class PullLines(Lines):
     C{progress} (when given); an C{error} line fails the pull.
     """
 
-    def __init__(self, progress):
+    def __init__(self, progress: Progress | None) -> None:
         super().__init__()
         self.progress = progress
-        self.last = {}
+        self.last: dict[str, Any] = {}
 
-    def finish(self):
+    def finish(self) -> dict[str, Any]:
         self.flush()
         return self.last
 
-    def line(self, line):
+    def line(self, line: dict[str, Any]) -> None:
         if line.get("error"):
             raise ProviderError(str(line["error"]))
         self.last = line
@@ -174,11 +179,11 @@ class PullLines(Lines):
             self.progress({k: line[k] for k in _PROGRESS_FIELDS if k in line})
 
 
-def _openai_error(message, kind):
+def _openai_error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": None, "param": None}}
 
 
-def _answer(sink, status, document):
+def _answer(sink: ITunnelSink, status: int, document: dict[str, Any]) -> None:
     sink.status(status)
     sink.headers([("content-type", "application/json")])
     sink.body(json.dumps(document).encode("utf-8"))
@@ -195,7 +200,7 @@ class OllamaAdapter(HTTPAdapter):
     type = "ollama"
 
     #: command name -> (HTTP method, path, whether it takes a model)
-    COMMANDS = {
+    COMMANDS: dict[str, tuple[str, str, bool]] = {
         "ollama_list": ("GET", "/api/tags", False),
         "ollama_running": ("GET", "/api/ps", False),
         "ollama_show": ("POST", "/api/show", True),
@@ -206,18 +211,18 @@ class OllamaAdapter(HTTPAdapter):
     #: What the C{probe} command GETs: Ollama's model list.
     probe_path = "/api/tags"
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         caps = super().capabilities()
         return replace(caps, commands=(*self.COMMANDS, *caps.commands))
 
-    def chat_payload(self, run):
+    def chat_payload(self, run: RunInput) -> dict[str, Any]:
         prefix, run_options = self.assistant_prefix(run)
         messages = [_ollama_message(m) for m in run.messages]
         if prefix is not None:
             # Ollama continues a final assistant message.
             messages.append({"role": "assistant", "content": prefix})
-        payload = {"model": run.target, "messages": messages, "stream": True}
-        options = {}
+        payload: dict[str, Any] = {"model": run.target, "messages": messages, "stream": True}
+        options: dict[str, Any] = {}
         for key, value in run_options.items():
             if key in _TOP_LEVEL:
                 payload[key] = value
@@ -227,10 +232,12 @@ class OllamaAdapter(HTTPAdapter):
             payload["options"] = options
         return payload
 
-    def execute(self, run, emit):
-        return self.stream_run("/api/chat", self.chat_payload(run), lambda response, output: ChatLines(output), emit)
+    def execute(self, run: RunInput, emit: Emit) -> "defer.Deferred[None]":
+        return self.stream_run(
+            "/api/chat", self.chat_payload(run), lambda response, output: ChatLines(output), emit, run
+        )
 
-    def tunnel(self, request, sink):
+    def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "defer.Deferred[None]":
         """
         Serve an OpenAI C{POST /embeddings} through Ollama's native
         C{/api/embed}, answered in OpenAI's shape (the one tunnel an Ollama
@@ -248,7 +255,7 @@ class OllamaAdapter(HTTPAdapter):
             return defer.succeed(None)
         d = self.fetch_json("POST", "/api/embed", {"model": model, "input": inputs})
 
-        def embedded(result):
+        def embedded(result: Any) -> None:
             vectors = (result or {}).get("embeddings") or []
             prompt_tokens = _count((result or {}).get("prompt_eval_count"))
             _answer(
@@ -263,8 +270,9 @@ class OllamaAdapter(HTTPAdapter):
             )
             sink.usage(Usage(input_tokens=prompt_tokens))
 
-        def failed(failure):
+        def failed(failure: Failure) -> Failure | None:
             failure.trap(ProviderError)
+            assert isinstance(failure.value, ProviderError)
             if not failure.value.status:
                 return failure
             _answer(sink, failure.value.status, _openai_error(failure.value.message, "api_error"))
@@ -272,7 +280,7 @@ class OllamaAdapter(HTTPAdapter):
 
         return d.addCallbacks(embedded, failed)
 
-    def command(self, name, args, progress=None):
+    def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "defer.Deferred[Any]":
         """
         The Ollama model API. C{args} carries C{model} for show, pull and
         delete. @return: a Deferred firing with Ollama's parsed JSON
@@ -291,7 +299,7 @@ class OllamaAdapter(HTTPAdapter):
             return self.pull(model, progress)
         return self.fetch_json(method, path, {"model": model})
 
-    def pull(self, model, progress=None):
+    def pull(self, model: str, progress: Progress | None = None) -> "defer.Deferred[dict[str, Any]]":
         """
         Pull a model with Ollama's streamed progress: each status line goes
         to C{progress} as it arrives (its C{status}, C{completed}, C{total}
@@ -304,12 +312,12 @@ class OllamaAdapter(HTTPAdapter):
         lines = PullLines(progress)
         error_body = bytearray()
 
-        def on_response(response):
+        def on_response(response: IResponse) -> ChunkReceiver:
             if not 200 <= response.code < 300:
                 return capped_appender(error_body, ERROR_BODY_LIMIT)
             return lines.feed
 
-        def ended(response):
+        def ended(response: IResponse) -> dict[str, Any]:
             if not 200 <= response.code < 300:
                 raise ProviderError(error_message(bytes(error_body)) or f"HTTP {response.code}", response.code)
             return lines.finish()

@@ -14,15 +14,21 @@ Two paths, on purpose:
 import json
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Self
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from iop.adapters.interface import AdapterConfigError, IAdapter
+from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, IAdapter, RunInput, TunnelInput
 from iop.adapters.relay import TunnelBody, asks_stream
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
+    ChunkReceiver,
     HTTPAdapter,
     ProviderError,
     SSEParser,
@@ -30,10 +36,15 @@ from iop.adapters.streams import (
     broken_answer,
 )
 from iop.httpheaders import provider_request_headers
-from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, RunEventData, ToolCall, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
+
+#: Where a parsed chat completion chunk (a JSON object) goes.
+ChunkHandler = Callable[[dict[str, Any]], None]
+#: Whether a streamed event's text is worth parsing.
+Wanted = Callable[[str], bool]
 
 
-def _count(value):
+def _count(value: object) -> int | None:
     """
     A reported token count, or C{None} when it was not reported.
     """
@@ -42,13 +53,13 @@ def _count(value):
     return None
 
 
-def openai_message(message):
+def openai_message(message: dict[str, Any]) -> dict[str, Any]:
     """
     A run's chat message back in OpenAI's form: images as C{image_url}
     parts beside the text, and C{name}, C{tool_call_id}, C{tool_calls} as
     they came.
     """
-    result = {"role": message["role"], "content": message.get("content") or ""}
+    result: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
     if message.get("images"):
         parts = [{"type": "text", "text": result["content"]}] if result["content"] else []
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in message["images"]]
@@ -66,7 +77,7 @@ _NULL_FINISH = re.compile(r'"finish_reason"\s*:\s*null')
 _FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
-def usage_from(data):
+def usage_from(data: object) -> Usage | None:
     """
     An OpenAI C{usage} object as a L{Usage}, or C{None}.
 
@@ -86,7 +97,7 @@ def usage_from(data):
     )
 
 
-def _stream_error(chunk):
+def _stream_error(chunk: dict[str, Any]) -> ProviderError:
     """
     An error object sent inside a 2xx stream, as a L{ProviderError}.
     """
@@ -106,16 +117,16 @@ class ChatResponse:
     @raise ProviderError: for data that is not JSON.
     """
 
-    def __init__(self, on_chunk, content_type, wanted=None):
+    def __init__(self, on_chunk: ChunkHandler, content_type: str, wanted: Wanted | None = None) -> None:
         self.on_chunk = on_chunk
         self.wanted = wanted
-        self.sse = SSEParser() if "event-stream" in content_type else None
+        self.sse: SSEParser | None = SSEParser() if "event-stream" in content_type else None
         self.body = bytearray()
         #: C{[DONE]} came, or the one JSON document was read whole.
         self.done = False
 
     @classmethod
-    def for_response(cls, on_chunk, response, wanted=None):
+    def for_response(cls, on_chunk: ChunkHandler, response: IResponse, wanted: Wanted | None = None) -> Self:
         """
         @param wanted: when given, C{wanted(payload)} says whether a
             streamed event's text needs parsing at all (a cheap check that
@@ -124,7 +135,7 @@ class ChatResponse:
         content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).decode("latin-1")
         return cls(on_chunk, content_type.lower(), wanted)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         if self.sse is None:
             if len(self.body) + len(data) > JSON_BODY_LIMIT:
                 raise ProviderError(f"response body larger than {JSON_BODY_LIMIT} bytes")
@@ -135,7 +146,7 @@ class ChatResponse:
             if wanted is None or wanted(payload):
                 self._payload(payload)
 
-    def finish(self):
+    def finish(self) -> None:
         if self.sse is None:
             if self.body.strip():
                 self._payload(bytes(self.body).decode("utf-8", "replace"))
@@ -144,7 +155,7 @@ class ChatResponse:
         for payload in self.sse.finish():
             self._payload(payload)
 
-    def _payload(self, payload):
+    def _payload(self, payload: str) -> None:
         if self.done:
             return
         if payload.strip() == "[DONE]":
@@ -164,15 +175,15 @@ class ChatEvents:
     C{reasoning_delta} events; remembers the last usage reported.
     """
 
-    def __init__(self, emit, response):
+    def __init__(self, emit: Emit, response: IResponse) -> None:
         self.emit = emit
-        self.usage = None
-        self.finish_reason = None
-        self.calls = {}  # index -> {"id", "name", "arguments"} as they stream in
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         """
         Whether the answer said it is finished: C{[DONE]}, a finish
         reason, or a whole JSON answer.
@@ -180,16 +191,16 @@ class ChatEvents:
         return self.framing.done or self.finish_reason is not None
 
     @classmethod
-    def for_run(cls, response, emit):
+    def for_run(cls, response: IResponse, emit: Emit) -> Self:
         """
         The decoder of L{HTTPAdapter.stream_run}.
         """
         return cls(emit, response)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.framing.feed(data)
 
-    def finish(self):
+    def finish(self) -> Usage | None:
         """
         The stream ended: the tool calls streamed in pieces are emitted
         whole, in index order. @return: the usage reported, if any.
@@ -201,7 +212,7 @@ class ChatEvents:
             self.emit(RunEventData(TOOL_CALL, tool_call=tool_call))
         return self.usage
 
-    def chunk(self, chunk):
+    def chunk(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk and chunk["error"]:
             raise _stream_error(chunk)
         usage = usage_from(chunk.get("usage"))
@@ -224,7 +235,7 @@ class ChatEvents:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def _tool_call_piece(self, call, position):
+    def _tool_call_piece(self, call: object, position: int) -> None:
         """
         One tool call, or a piece of one (a streamed delta carries its id
         and name first, then its arguments in pieces, keyed by index).
@@ -233,7 +244,9 @@ class ChatEvents:
             return
         index = call.get("index", position)
         entry = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         if isinstance(call.get("id"), str):
             entry["id"] = call["id"]
         if isinstance(function.get("name"), str):
@@ -252,15 +265,15 @@ class TunnelObserver:
 
     log = Logger()
 
-    def __init__(self, sink, response):
+    def __init__(self, sink: ITunnelSink, response: IResponse) -> None:
         self.sink = sink
-        self.usage = None
-        self.metadata = {}
+        self.usage: Usage | None = None
+        self.metadata: dict[str, Any] = {}
         self.broken = False
         self.parsed_any = False
         self.tail = b""  # a streamed event not complete yet
         self.framing = ChatResponse.for_response(self.chunk, response, self.wanted)
-        self.inflate = None
+        self.inflate: zlib._Decompress | None = None
         coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
         if coding == b"gzip":
             self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -268,7 +281,7 @@ class TunnelObserver:
             self.broken = True
             self.log.info("tunnel body encoded as {coding}: usage not observed", coding=coding.decode("latin-1"))
 
-    def wanted(self, payload):
+    def wanted(self, payload: str) -> bool:
         """
         Whether a streamed event can tell anything not yet known: the model
         (the first event says it), usage, or a finish reason that is not
@@ -278,7 +291,7 @@ class TunnelObserver:
             return True
         return '"finish_reason"' in payload and _NULL_FINISH.search(payload) is None
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         if self.inflate is not None and not self.broken:
             try:
                 data = self.inflate.decompress(data)
@@ -304,7 +317,7 @@ class TunnelObserver:
         if not self.parsed_any or b'"usage"' in events or _FINISH_SET.search(events):
             self._guard(self.framing.feed, events)
 
-    def finish(self):
+    def finish(self) -> None:
         """
         Report what was seen: the last usage, then model and finish reason.
         """
@@ -317,7 +330,7 @@ class TunnelObserver:
         if self.metadata:
             self.sink.metadata(dict(self.metadata))
 
-    def _guard(self, method, *args):
+    def _guard(self, method: Callable[..., None], *args: bytes) -> None:
         if self.broken:
             return
         try:
@@ -326,7 +339,7 @@ class TunnelObserver:
             self.broken = True
             self.log.info("tunnel body not observable, usage not reported: {why}", why=e.message)
 
-    def chunk(self, chunk):
+    def chunk(self, chunk: dict[str, Any]) -> None:
         self.parsed_any = True
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
@@ -343,7 +356,7 @@ USAGE_ALWAYS = "always"
 USAGE_AS_ASKED = "as_asked"
 
 
-def with_usage(body):
+def with_usage(body: bytes) -> bytes | None:
     """
     The body of a streamed chat completion asking for usage
     (C{stream_options.include_usage}) when the caller did not ask for it
@@ -378,18 +391,18 @@ class OpenAICompatAdapter(HTTPAdapter):
 
     type = "openai_compat"
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
-        self.usage_mode = self.option("usage", USAGE_AS_ASKED, str)
+        self.usage_mode: str = self.option("usage", USAGE_AS_ASKED, str)
         if self.usage_mode not in (USAGE_AS_ASKED, USAGE_ALWAYS):
             raise AdapterConfigError(
                 f"adapters[{name}].usage must be {USAGE_AS_ASKED} or {USAGE_ALWAYS}, got {self.usage_mode!r}"
             )
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         return replace(super().capabilities(), tunnel=True)
 
-    def chat_payload(self, run):
+    def chat_payload(self, run: RunInput) -> dict[str, Any]:
         """
         The streamed chat completion request for C{run}. Generation options
         pass through, but never replace the model, the messages or
@@ -406,17 +419,17 @@ class OpenAICompatAdapter(HTTPAdapter):
         payload.update(model=run.target, messages=messages, stream=True, stream_options=stream_options)
         return payload
 
-    def continue_options(self):
+    def continue_options(self) -> dict[str, Any]:
         """
         Request keys that make the server continue a final assistant
         message rather than answer after it: none for a generic server.
         """
         return {}
 
-    def execute(self, run, emit):
-        return self.stream_run("/chat/completions", self.chat_payload(run), ChatEvents.for_run, emit)
+    def execute(self, run: RunInput, emit: Emit) -> "Deferred[None]":
+        return self.stream_run("/chat/completions", self.chat_payload(run), ChatEvents.for_run, emit, run)
 
-    def tunnel(self, request, sink):
+    def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "Deferred[None]":
         """
         Relay C{request} to the provider and its response into C{sink}:
         C{status}, C{headers}, then the body chunks exactly as received,
@@ -431,13 +444,13 @@ class OpenAICompatAdapter(HTTPAdapter):
         """
         headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
         body = request.body
-        added = None
+        added: bytes | None = None
         if self.usage_mode == USAGE_ALWAYS and request.path.rstrip("/").endswith("/chat/completions"):
             added = with_usage(body)
             body = added or body
-        relay = None
+        relay: TunnelBody | None = None
 
-        def on_response(response):
+        def on_response(response: IResponse) -> ChunkReceiver:
             nonlocal relay
             observer = TunnelObserver(sink, response) if 200 <= response.code < 300 else None
             # A usage chunk is taken out only where the length is not fixed.
@@ -445,13 +458,13 @@ class OpenAICompatAdapter(HTTPAdapter):
             relay = TunnelBody(sink, response, observer, strip, self.clock)
             return relay.feed
 
-        def ended(response):
+        def ended(response: IResponse) -> None:
             if relay is not None:
                 relay.finish()
 
-        def failed(failure):
+        def failed(failure: Failure) -> Failure:
             failure.trap(ProviderError)
-            if relay is None:
+            if relay is None or not isinstance(failure.value, ProviderError):
                 return failure
             raise relay.failed(failure.value)
 

@@ -14,14 +14,18 @@ covers both phases behind one C{Deferred(canceller)}.
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from http.cookiejar import DefaultCookiePolicy
 from io import BytesIO
+from typing import Any, TypeVar, cast
+from typing import Protocol as Shape
 
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet import defer
 from twisted.internet.error import ConnectError, DNSLookupError
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -35,14 +39,15 @@ from twisted.web.client import (
     ResponseNeverReceived,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Watch, deadline_options
-from iop.adapters.interface import AdapterConfigError, Capabilities
+from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Deadlines, Watch, deadline_options
+from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, RunInput
 from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
-from iop.httpheaders import header_pairs, relay_headers
+from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
     ASSISTANT_PREFIX_OPTION,
     COMPLETE,
@@ -56,6 +61,7 @@ from iop.run import (
     START,
     RunEventData,
     RunFailure,
+    Usage,
 )
 
 #: How much of an error response body is kept for the error message.
@@ -73,9 +79,16 @@ class ProviderError(Exception):
     @ivar retry_after_sec: the delay the provider asked for (Retry-After).
     """
 
-    code = PROVIDER_ERROR
+    code: str = PROVIDER_ERROR
 
-    def __init__(self, message, status=0, code=None, deadline="", retry_after_sec=0.0):
+    def __init__(
+        self,
+        message: str,
+        status: int = 0,
+        code: str | None = None,
+        deadline: str = "",
+        retry_after_sec: float = 0.0,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -84,7 +97,7 @@ class ProviderError(Exception):
         if code is not None:
             self.code = code
 
-    def failure(self):
+    def failure(self) -> RunFailure:
         return RunFailure(
             code=self.code,
             message=self.message,
@@ -93,7 +106,7 @@ class ProviderError(Exception):
             retry_after_sec=self.retry_after_sec,
         )
 
-    def incomplete(self):
+    def incomplete(self) -> "ProviderError":
         """
         This failure once part of the answer reached the caller: the answer
         is C{incomplete} (a missed deadline keeps its kind).
@@ -127,7 +140,7 @@ class ProviderUnreachable(ProviderError):
 BROKEN_ANSWER_STATUS = 502
 
 
-def broken_answer(message):
+def broken_answer(message: str) -> ProviderError:
     """
     A L{ProviderError} for an answer that broke before its end: cut short,
     malformed, or ended without saying it was finished.
@@ -135,7 +148,7 @@ def broken_answer(message):
     return ProviderError(message, BROKEN_ANSWER_STATUS)
 
 
-def status_error(response, body, clock):
+def status_error(response: IResponse, body: bytes, clock: IReactorTime) -> ProviderError:
     """
     The L{ProviderError} of a non-2xx answer: the provider's message and
     status, the delay its C{Retry-After} asks for, and
@@ -161,16 +174,16 @@ class SSEParser:
         broken stream cannot grow the buffer without bound.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = b""
-        self._data = []
+        self._data: list[str] = []
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[str]:
         """
         @return: the data strings of the events completed by C{data}.
         """
         buf = self._buffer + data
-        events = []
+        events: list[str] = []
         pos = 0
         while True:
             match = _EOL.search(buf, pos)
@@ -184,19 +197,19 @@ class SSEParser:
             raise broken_answer(f"stream line longer than {JSON_BODY_LIMIT} bytes")
         return events
 
-    def finish(self):
+    def finish(self) -> list[str]:
         """
         The body ended: be lenient and dispatch an unterminated last event
         (some servers omit the final blank line).
         """
-        events = []
+        events: list[str] = []
         if self._buffer:
             self._line(self._buffer.rstrip(b"\r"), events)
             self._buffer = b""
         self._line(b"", events)
         return events
 
-    def _line(self, raw, events):
+    def _line(self, raw: bytes, events: list[str]) -> None:
         if not raw:
             if self._data:
                 events.append("\n".join(self._data))
@@ -217,20 +230,20 @@ class NDJSONParser:
     @raise ValueError: for a line that is not JSON.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = b""
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[Any]:
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
         return [json.loads(line) for line in lines if line.strip()]
 
-    def finish(self):
+    def finish(self) -> list[Any]:
         rest, self._buffer = self._buffer, b""
         return [json.loads(rest)] if rest.strip() else []
 
 
-def error_message(body):
+def error_message(body: bytes) -> str:
     """
     The human-readable message in a provider's error body: OpenAI's
     C{{"error": {"message"}}}, vLLM's C{{"message"}}, Ollama's
@@ -253,6 +266,11 @@ def error_message(body):
 
 # -- a cancellable body reader -------------------------------------------------
 
+#: What receives a response body's chunks; what it returns is ignored.
+ChunkReceiver = Callable[[bytes], object]
+
+_T = TypeVar("_T")
+
 
 class _BodyReader(Protocol):
     """
@@ -262,13 +280,29 @@ class _BodyReader(Protocol):
     whoever waits on C{result} and then closes the pool finds it settled.
     """
 
-    def __init__(self, on_chunk, result, response, failure=None):
+    def __init__(
+        self,
+        on_chunk: ChunkReceiver,
+        result: "defer.Deferred[IResponse]",
+        response: IResponse,
+        failure: Failure | None = None,
+    ) -> None:
         self.on_chunk = on_chunk
         self.result = result
         self.response = response
         self.failure = failure
 
-    def dataReceived(self, data):
+    @property
+    def body_transport(self) -> IPushProducer | None:
+        """
+        The body's transport, C{None} until C{deliverBody} connects this
+        reader: the HTTP client's C{TransportProxyProducer}, a push
+        producer (which the C{ITransport} that L{Protocol} declares does
+        not say).
+        """
+        return cast("IPushProducer | None", self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
         if self.failure is not None or self.result.called:
             return
         try:
@@ -276,16 +310,16 @@ class _BodyReader(Protocol):
         except Exception:
             self.abort(Failure())
 
-    def abort(self, failure=None):
+    def abort(self, failure: Failure | None = None) -> None:
         """
         Close the provider connection; C{result} will fail with C{failure}.
         """
         if failure is not None and self.failure is None:
             self.failure = failure
-        if self.transport is not None:
-            self.transport.stopProducing()
+        if self.body_transport is not None:
+            self.body_transport.stopProducing()
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.result.called:
             return
         if self.failure is not None:
@@ -297,6 +331,7 @@ class _BodyReader(Protocol):
             self.result.errback(reason)
 
 
+@implementer(IPushProducer)
 class _BodyProducer:
     """
     The C{IPushProducer} of one response body, for flow control: pausing
@@ -304,18 +339,18 @@ class _BodyProducer:
     it, since silence is then ours); resuming reads on.
     """
 
-    def __init__(self, pause, resume, stop):
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None], stop: Callable[[], None]) -> None:
         self._pause = pause
         self._resume = resume
         self._stop = stop
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self._pause()
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self._resume()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         self._stop()
 
 
@@ -326,7 +361,13 @@ class _Finished(Exception):
     """
 
 
-def read_body(request, on_response, deadlines=None, clock=None, on_producer=None):
+def read_body(
+    request: "defer.Deferred[IResponse]",
+    on_response: Callable[[IResponse], ChunkReceiver],
+    deadlines: Deadlines | None = None,
+    clock: IReactorTime | None = None,
+    on_producer: Callable[[IPushProducer], object] | None = None,
+) -> "defer.Deferred[IResponse]":
     """
     Drive one unbuffered treq request to the end of its body.
 
@@ -349,13 +390,13 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
         the headers by cancelling C{request}, after them by stopping the
         body's transport.
     """
-    reader = None
+    reader: _BodyReader | None = None
     cancelled = False
-    stalled = None
+    stalled: Failure | None = None
     paused = False
-    grace = None
+    grace: IDelayedCall | None = None
 
-    def cancel(result):
+    def cancel(result: "defer.Deferred[IResponse]") -> None:
         nonlocal cancelled
         cancelled = True
         if reader is None:
@@ -363,9 +404,9 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
         else:
             reader.abort()
 
-    result = defer.Deferred(cancel)
+    result: defer.Deferred[IResponse] = defer.Deferred(cancel)
 
-    def expired(kind, seconds):
+    def expired(kind: str, seconds: float) -> None:
         nonlocal stalled
         option = OPTION_NAMES[kind]
         stalled = Failure(ProviderStalled(f"provider missed {option} ({seconds:g}s); connection closed", deadline=kind))
@@ -374,15 +415,17 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
         else:
             reader.abort(stalled)
 
-    watch = Watch(deadlines, clock, expired) if deadlines is not None else None
+    if deadlines is not None:
+        assert clock is not None, "deadlines need a clock"
+    watch = Watch(deadlines, clock, expired) if deadlines is not None and clock is not None else None
 
-    def finished():
+    def finished() -> None:
         nonlocal grace
         grace = None
         if reader is not None and not result.called:
             reader.abort(Failure(_Finished()))
 
-    def settled(outcome):
+    def settled(outcome: object) -> object:
         if watch is not None:
             watch.stop()
         if grace is not None and grace.active():
@@ -391,18 +434,21 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
             return reader.response
         return outcome
 
-    def got_response(response):
+    def got_response(response: IResponse) -> None:
         nonlocal reader
         if watch is not None:
             watch.touch()
         failure = None
+        on_chunk: ChunkReceiver | None
         try:
             on_chunk = on_response(response)
         except Exception:
             on_chunk, failure = None, Failure()
 
-        def on_data(data):
+        def on_data(data: bytes) -> None:
             nonlocal grace
+            # Without a chunk callable the reader fails and reads nothing.
+            assert on_chunk is not None
             if watch is not None and data:
                 watch.touch(body=True)
             if on_chunk(data) and clock is not None:
@@ -422,27 +468,31 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
         elif on_producer is not None:
             on_producer(_BodyProducer(pause, resume, reader.abort))
 
-    def pause():
+    # pause and resume are only handed out (as a _BodyProducer) once the
+    # reader exists.
+    def pause() -> None:
         nonlocal paused
+        assert reader is not None
         if paused or result.called:
             return
         paused = True
         if watch is not None:
             watch.pause()
-        if reader.transport is not None:
-            reader.transport.pauseProducing()
+        if reader.body_transport is not None:
+            reader.body_transport.pauseProducing()
 
-    def resume():
+    def resume() -> None:
         nonlocal paused
+        assert reader is not None
         if not paused or result.called:
             return
         paused = False
         if watch is not None:
             watch.resume()
-        if reader.transport is not None:
-            reader.transport.resumeProducing()
+        if reader.body_transport is not None:
+            reader.body_transport.resumeProducing()
 
-    def request_failed(failure):
+    def request_failed(failure: Failure) -> None:
         # A cancelled request fails with whatever the Agent says; the
         # caller sees CancelledError from Deferred.cancel, or the stall.
         if result.called:
@@ -457,7 +507,7 @@ def read_body(request, on_response, deadlines=None, clock=None, on_producer=None
     return result
 
 
-def as_provider_error(failure):
+def as_provider_error(failure: Failure) -> Failure:
     """
     Errback: name connection failures as L{ProviderUnreachable} and a body
     cut short as L{ProviderError}; let everything else (notably
@@ -470,19 +520,19 @@ def as_provider_error(failure):
     return failure
 
 
-def _reason(failure):
+def _reason(failure: Failure) -> str:
     reasons = getattr(failure.value, "reasons", None)
     if reasons:
         return "; ".join(r.getErrorMessage() for r in reasons)
     return failure.getErrorMessage()
 
 
-def capped_appender(buffer, limit):
+def capped_appender(buffer: bytearray, limit: int) -> Callable[[bytes], None]:
     """
     A chunk callable that keeps at most C{limit} bytes in C{buffer}.
     """
 
-    def append(data):
+    def append(data: bytes) -> None:
         room = limit - len(buffer)
         if room > 0:
             buffer.extend(data[:room])
@@ -490,7 +540,7 @@ def capped_appender(buffer, limit):
     return append
 
 
-def response_headers(response):
+def response_headers(response: IResponse) -> HeaderPairs:
     """
     A response's headers as C{[(name, value)]} strings, minus hop-by-hop
     headers. Twisted's client keeps C{Content-Length} apart from the other
@@ -503,6 +553,33 @@ def response_headers(response):
 
 
 # -- the HTTP adapter base -----------------------------------------------------
+
+
+class StreamDecoder(Shape):
+    """
+    What L{HTTPAdapter.stream_run} asks of a decoder (it may also have a
+    C{finish_reason}, read when present).
+
+    @ivar usage: the last usage the stream reported so far, or C{None}.
+    @ivar finished: whether the answer said it is finished (its end
+        marker, a finish reason, a whole JSON answer).
+    """
+
+    usage: Usage | None
+
+    @property
+    def finished(self) -> bool: ...
+
+    def feed(self, data: bytes) -> None:
+        """
+        Emit the events that C{data} completes. @raise ProviderError: for
+        a stream that cannot be read.
+        """
+
+    def finish(self) -> Usage | None:
+        """
+        The body ended: emit what is left. @return: the usage reported.
+        """
 
 
 class HTTPAdapter(AdapterBase):
@@ -526,27 +603,27 @@ class HTTPAdapter(AdapterBase):
 
     log = Logger()
 
-    def __init__(self, name, max_concurrency, options, reactor):
+    def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         base_url = self.option("base_url", kind=str, required=True)
         problem = http_url_problem(base_url)
         if problem is not None:
             raise AdapterConfigError(f"adapters[{name}].base_url {problem}")
-        self.base_url = base_url.rstrip("/")
-        self.api_key = self.option("api_key", None, str)
-        self.extra_headers = self.option("headers", {}, dict)
+        self.base_url: str = base_url.rstrip("/")
+        self.api_key: str | None = self.option("api_key", None, str)
+        self.extra_headers: dict[str, str] = self.option("headers", {}, dict)
         for key, value in self.extra_headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
-        self.drop_headers = self.option("drop_headers", [], list)
+        self.drop_headers: list[str] = self.option("drop_headers", [], list)
         if not all(isinstance(h, str) for h in self.drop_headers):
             raise AdapterConfigError(f"adapters[{name}].drop_headers must be a list of header names")
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
         self.deadlines = deadline_options(self.option, name)
-        self.continuation = self.option("continuation", False, bool)
-        self.clock = reactor
+        self.continuation: bool = self.option("continuation", False, bool)
+        self.clock: IReactorTime = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
@@ -559,20 +636,23 @@ class HTTPAdapter(AdapterBase):
     #: What the C{probe} command GETs (under C{base_url}).
     probe_path = "/models"
 
-    def stop(self):
-        return self.pool.closeCachedConnections()
+    def stop(self) -> "defer.Deferred[None]":
+        closed: defer.Deferred[None] = self.pool.closeCachedConnections()
+        return closed
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         return Capabilities(
             max_concurrency=self.max_concurrency, commands=(PROBE_COMMAND,), continuation=self.continuation
         )
 
-    def command(self, name, args, progress=None):
+    def command(
+        self, name: str, args: dict[str, Any], progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> "defer.Deferred[Any]":
         if name == PROBE_COMMAND:
             return self.probe()
         return super().command(name, args, progress)
 
-    def assistant_prefix(self, run):
+    def assistant_prefix(self, run: RunInput) -> tuple[str | None, dict[str, Any]]:
         """
         The partial answer a run asks to continue (L{ASSISTANT_PREFIX_OPTION}),
         or C{None}, and the run's other options (the prefix is never sent
@@ -582,29 +662,37 @@ class HTTPAdapter(AdapterBase):
         prefix = options.pop(ASSISTANT_PREFIX_OPTION, None)
         return (prefix if isinstance(prefix, str) and prefix else None), options
 
-    def url(self, path):
+    def url(self, path: str) -> str:
         """
         C{path} appended to C{base_url}.
         """
         return self.base_url + (path if path.startswith("/") else "/" + path)
 
-    def default_headers(self):
+    def default_headers(self) -> HeaderPairs:
         """
         The configured headers plus the bearer token, as C{[(name, value)]}.
         """
-        pairs = list(self.extra_headers.items())
+        pairs: HeaderPairs = list(self.extra_headers.items())
         if self.api_key and not any(name.lower() == "authorization" for name, _ in pairs):
             pairs.append(("Authorization", f"Bearer {self.api_key}"))
         return pairs
 
-    def request(self, method, path, headers=None, **kwargs):
+    def request(
+        self, method: str, path: str, headers: Iterable[tuple[str, str]] | None = None, **kwargs: Any
+    ) -> "defer.Deferred[IResponse]":
         """
         An unbuffered treq request to C{path}; C{headers} as pairs.
         """
         raw = _raw_headers(self.default_headers() if headers is None else headers)
-        return self.http.request(method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs)
+        response = self.http.request(
+            method, self.url(path), headers=raw, unbuffered=True, reactor=self.reactor, **kwargs
+        )
+        # (treq's response proxies IResponse; its Deferred is typed by the proxy.)
+        return cast("defer.Deferred[IResponse]", response)
 
-    def raw_request(self, method, path, headers, body=b""):
+    def raw_request(
+        self, method: str, path: str, headers: Iterable[tuple[str, str]], body: bytes = b""
+    ) -> "defer.Deferred[IResponse]":
         """
         A request straight on the connection pool's C{Agent}, for a byte
         relay: no cookie handling and no content decoding (which would
@@ -615,14 +703,20 @@ class HTTPAdapter(AdapterBase):
             method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
         )
 
-    def read(self, request, on_response, on_producer=None, deadlines=None):
+    def read(
+        self,
+        request: "defer.Deferred[IResponse]",
+        on_response: Callable[[IResponse], ChunkReceiver],
+        on_producer: Callable[[IPushProducer], object] | None = None,
+        deadlines: Deadlines | None = None,
+    ) -> "defer.Deferred[IResponse]":
         """
         L{read_body} with this adapter's deadlines, or C{deadlines}.
         """
         deadlines = self.deadlines if deadlines is None else deadlines
         return read_body(request, on_response, deadlines, self.clock, on_producer)
 
-    def fetch_json(self, method, path, payload=None):
+    def fetch_json(self, method: str, path: str, payload: Any = None) -> "defer.Deferred[Any]":
         """
         A whole JSON response (C{None} for an empty body).
 
@@ -631,21 +725,28 @@ class HTTPAdapter(AdapterBase):
             response.
         """
         body = bytearray()
-        kwargs = {} if payload is None else {"json": payload}
+        kwargs: dict[str, Any] = {} if payload is None else {"json": payload}
         d = self.read(
             self.request(method, path, **kwargs),
             lambda response: capped_appender(body, JSON_BODY_LIMIT),
             deadlines=self.deadlines.not_streamed(),
         )
 
-        def parse(response):
+        def parse(response: IResponse) -> Any:
             if not 200 <= response.code < 300:
                 raise status_error(response, bytes(body), self.clock)
             return json.loads(bytes(body)) if body.strip() else None
 
         return d.addCallback(parse).addErrback(as_provider_error)
 
-    def stream_run(self, path, payload, make_decoder, emit):
+    def stream_run(
+        self,
+        path: str,
+        payload: dict[str, Any],
+        make_decoder: Callable[[IResponse, Emit], StreamDecoder],
+        emit: Emit,
+        run: RunInput | None = None,
+    ) -> "defer.Deferred[None]":
         """
         POST C{payload} and turn the streamed answer into run events:
         C{start} with the first event of the answer (so that nothing
@@ -662,26 +763,29 @@ class HTTPAdapter(AdapterBase):
             (whether the answer said it is finished: its end marker or
             finish reason) and optionally a C{finish_reason} for the
             C{complete} terminal.
+        @param run: the run, whose trace context (if any) goes to the
+            provider as its C{traceparent} header.
         @return: a Deferred that fires when the run is over; cancelling it
             closes the provider connection and emits nothing more.
         """
-        decoder = None
+        decoder: StreamDecoder | None = None
         error_body = bytearray()
         output = RunOutput(emit)
 
-        def on_response(response):
+        def on_response(response: IResponse) -> ChunkReceiver:
             nonlocal decoder
             if not 200 <= response.code < 300:
                 return capped_appender(error_body, ERROR_BODY_LIMIT)
             decoder = make_decoder(response, output)
+            reading = decoder
 
-            def feed(data):
-                decoder.feed(data)
-                return decoder.finished
+            def feed(data: bytes) -> bool:
+                reading.feed(data)
+                return reading.finished
 
             return feed
 
-        def ended(response):
+        def ended(response: IResponse) -> None:
             if decoder is None:
                 raise status_error(response, bytes(error_body), self.clock)
             usage = decoder.finish()
@@ -689,8 +793,9 @@ class HTTPAdapter(AdapterBase):
                 raise broken_answer("the stream ended before the answer said it was finished")
             output(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(ProviderError)
+            assert isinstance(failure.value, ProviderError)
             error = failure.value.incomplete() if output.started else failure.value
             self.log.info(
                 "adapter {adapter} run failed: {code} {message}",
@@ -702,13 +807,17 @@ class HTTPAdapter(AdapterBase):
             emit(RunEventData(ERROR, usage=usage, error=error.failure()))
 
         # An emit that does flow control pauses the provider read with it.
-        d = self.read(self.request("POST", path, json=payload), on_response, getattr(emit, "register_producer", None))
-        d.addCallback(ended)
-        d.addErrback(as_provider_error)
-        d.addErrback(failed)
-        return d
+        headers = None
+        if run is not None and run.traceparent:
+            headers = [*self.default_headers(), ("traceparent", run.traceparent)]
+        d = self.read(
+            self.request("POST", path, headers=headers, json=payload),
+            on_response,
+            getattr(emit, "register_producer", None),
+        )
+        return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)
 
-    def probe(self):
+    def probe(self) -> "defer.Deferred[dict[str, Any]]":
         """
         The C{probe} node command: a cheap GET of L{probe_path} within
         L{PROBE_TIMEOUT_SEC}, answering C{{"ok": true}} when the provider
@@ -718,20 +827,20 @@ class HTTPAdapter(AdapterBase):
         d = self.fetch_json("GET", self.probe_path)
         timer = self.clock.callLater(PROBE_TIMEOUT_SEC, d.cancel)
 
-        def answered(result):
+        def answered(result: object) -> dict[str, Any]:
             return {"ok": True}
 
-        def failed(failure):
+        def failed(failure: Failure) -> dict[str, Any] | Failure:
+            error = failure.value
             if failure.check(defer.CancelledError):
                 return {"ok": False, "reason": f"no answer within {PROBE_TIMEOUT_SEC:g}s"}
-            if failure.check(ProviderError):
-                error = failure.value
+            if isinstance(error, ProviderError):
                 return {"ok": False, "reason": f"{error.code}: {error.message}", "status": error.status}
             if failure.check(ValueError):
                 return {"ok": False, "reason": "the answer is not JSON"}
             return failure
 
-        def settled(result):
+        def settled(result: _T) -> _T:
             if timer.active():
                 timer.cancel()
             return result
@@ -747,24 +856,21 @@ class RunOutput:
     """
     The C{emit} a run's decoder is given: it sends C{start} just before the
     first event of the answer (the first byte the caller gets), and says
-    whether it did. Flow control (C{register_producer}) passes through.
+    whether it did.
     """
 
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
         self.started = False
-        register = getattr(emit, "register_producer", None)
-        if register is not None:
-            self.register_producer = register
 
-    def __call__(self, event):
+    def __call__(self, event: RunEventData) -> None:
         if not self.started and event.type != ERROR:
             self.started = True
             self.emit(RunEventData(START))
         self.emit(event)
 
 
-def _raw_headers(pairs):
+def _raw_headers(pairs: Iterable[tuple[str | bytes, str | bytes]]) -> Headers:
     """
     C{[(name, value)]} (text or bytes) as Twisted C{Headers}, repeats kept.
     """
@@ -774,7 +880,7 @@ def _raw_headers(pairs):
     return raw
 
 
-def _header_bytes(value):
+def _header_bytes(value: str | bytes) -> bytes:
     if isinstance(value, bytes):
         return value
     try:

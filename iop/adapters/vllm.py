@@ -12,10 +12,12 @@ model list is one node command away.
 """
 
 from dataclasses import replace
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from zope.interface import implementer
 
-from iop.adapters.interface import IAdapter
+from iop.adapters.interface import Capabilities, IAdapter, Progress
 from iop.adapters.openai_compat import OpenAICompatAdapter
 
 
@@ -28,17 +30,17 @@ class VLLMAdapter(OpenAICompatAdapter):
 
     type = "vllm"
 
-    def capabilities(self):
+    def capabilities(self) -> Capabilities:
         caps = super().capabilities()
         return replace(caps, commands=("models", *caps.commands))
 
-    def continue_options(self):
+    def continue_options(self) -> dict[str, Any]:
         """
         vLLM continues the last assistant message with these.
         """
         return {"continue_final_message": True, "add_generation_prompt": False}
 
-    def command(self, name, args, progress=None):
+    def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "Deferred[Any]":
         if name == "models":
             return self.fetch_json("GET", "/models")
         return super().command(name, args)

@@ -11,12 +11,15 @@ Every failure becomes a L{CLIError} carrying one line for the operator and
 the process exit status (the table is L{EXIT_CODES}).
 """
 
+import enum
 import http.client
 import json
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Iterator, Mapping
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 from iop.cli import sse
 
@@ -46,7 +49,17 @@ EXIT_CODES = {
 
 DEFAULT_EDGE = "http://127.0.0.1:8080"
 
-_DEFAULT = object()
+
+class _Default(enum.Enum):
+    """
+    The sentinel of L{EdgeClient.request}'s C{timeout}: the client's own
+    (C{None} is a meaning of its own there, no timeout).
+    """
+
+    DEFAULT = enum.auto()
+
+
+_DEFAULT = _Default.DEFAULT
 
 
 class CLIError(Exception):
@@ -54,7 +67,7 @@ class CLIError(Exception):
     A failure the command line reports as one line and an exit status.
     """
 
-    def __init__(self, message, exit_code=FAILED):
+    def __init__(self, message: str, exit_code: int = FAILED) -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
@@ -66,29 +79,29 @@ class Response:
     open C{http.client} response to read from (for streams).
     """
 
-    def __init__(self, connection, raw):
+    def __init__(self, connection: http.client.HTTPConnection, raw: http.client.HTTPResponse) -> None:
         self.connection = connection
         self.raw = raw
         self.status = raw.status
         self.headers = {name.lower(): value for name, value in raw.getheaders()}
 
     @property
-    def content_type(self):
+    def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";")[0].strip()
 
-    def json(self):
+    def json(self) -> Any:
         try:
             return json.loads(self.raw.read())
         finally:
             self.close()
 
-    def events(self):
+    def events(self) -> Iterator[sse.Event]:
         """
         The body as server-sent events (L{sse.Event}), as they arrive.
         """
         return sse.parse(self.raw)
 
-    def edge_time(self):
+    def edge_time(self) -> float | None:
         """
         The Edge's clock from the C{Date} header (so ages are measured on
         the Edge, not on this machine), or C{None}.
@@ -101,7 +114,7 @@ class Response:
         except (TypeError, ValueError):
             return None
 
-    def close(self):
+    def close(self) -> None:
         self.connection.close()
 
 
@@ -114,7 +127,13 @@ class EdgeClient:
     @param admin_key: the key for admin endpoints (node commands, events).
     """
 
-    def __init__(self, base_url=DEFAULT_EDGE, api_key=None, admin_key=None, timeout=30.0):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_EDGE,
+        api_key: str | None = None,
+        admin_key: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         if "://" not in base_url:
             base_url = "http://" + base_url
         parts = urllib.parse.urlsplit(base_url)
@@ -122,27 +141,37 @@ class EdgeClient:
             raise CLIError(f"--edge {base_url!r}: expected http://host:port or https://host:port", USAGE)
         self.base_url = base_url.rstrip("/")
         self._parts = parts
+        self._host = parts.hostname
         self._prefix = parts.path.rstrip("/")
         self.api_key = api_key or None
         self.admin_key = admin_key or None
         self.timeout = timeout
 
-    def _connect(self, timeout):
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
         port = self._parts.port
         if self._parts.scheme == "https":
-            return http.client.HTTPSConnection(
-                self._parts.hostname, port, timeout=timeout, context=ssl.create_default_context()
-            )
-        return http.client.HTTPConnection(self._parts.hostname, port, timeout=timeout)
+            return http.client.HTTPSConnection(self._host, port, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(self._host, port, timeout=timeout)
 
-    def _key(self, admin):
+    def _key(self, admin: bool) -> str | None:
         if admin:
             if not self.admin_key:
                 raise CLIError("this command needs an admin key: pass --admin-key or set IOP_ADMIN_KEY", AUTH)
             return self.admin_key
         return self.api_key or self.admin_key
 
-    def request(self, method, path, body=None, params=None, admin=False, headers=None, stream=False, timeout=_DEFAULT):
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        admin: bool = False,
+        headers: Mapping[str, str] | None = None,
+        stream: bool = False,
+        timeout: float | None | _Default = _DEFAULT,
+    ) -> Response:
         """
         Send one request. @return: a L{Response} for a 2xx answer.
 
@@ -189,14 +218,14 @@ class EdgeClient:
             connection.sock.settimeout(None)
         return Response(connection, raw)
 
-    def get_json(self, path, params=None, admin=False):
+    def get_json(self, path: str, params: Mapping[str, Any] | None = None, admin: bool = False) -> Any:
         return self.request("GET", path, params=params, admin=admin).json()
 
-    def post_json(self, path, body, admin=False):
+    def post_json(self, path: str, body: Any, admin: bool = False) -> Any:
         return self.request("POST", path, body=body, admin=admin).json()
 
 
-def _reason(error):
+def _reason(error: Exception) -> str:
     if isinstance(error, ConnectionRefusedError):
         return "connection refused"
     if isinstance(error, socket.gaierror):
@@ -206,7 +235,7 @@ def _reason(error):
     return str(error) or type(error).__name__
 
 
-def _error_fields(text):
+def _error_fields(text: bytes) -> tuple[str, str]:
     try:
         error = json.loads(text).get("error") or {}
     except (ValueError, AttributeError):
@@ -216,7 +245,7 @@ def _error_fields(text):
     return str(error.get("message") or ""), str(error.get("code") or "")
 
 
-def answer_error(method, path, status, text):
+def answer_error(method: str, path: str, status: int, text: bytes) -> CLIError:
     """
     The L{CLIError} for a non-2xx answer: one line with the Edge's own
     message, and the exit status of its class.

@@ -25,13 +25,16 @@ import os
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
 from iop.cli import render
 from iop.cli.client import DEFAULT_EDGE, EXIT_CODES, OK, UNREACHABLE, USAGE, CLIError, EdgeClient
+from iop.cli.context import Context
 from iop.cli.pull import pull
 from iop.cli.streams import chat, follow_run, tail_events
 
@@ -39,34 +42,16 @@ from iop.cli.streams import chat, follow_run, tail_events
 INTERRUPTED = 130
 
 
-class Context:
-    """
-    What every command gets: the Edge client, the parsed arguments and two
-    consoles (stdout for results, stderr for everything else).
-    """
-
-    def __init__(self, args, client, stdout, stderr):
-        self.args = args
-        self.client = client
-        self.stdout = stdout
-        self.out = Console(file=stdout, highlight=False, soft_wrap=False)
-        self.err = Console(file=stderr, highlight=False, stderr=True)
-
-    def print_json(self, obj):
-        self.stdout.write(json.dumps(obj, indent=2) + "\n")
-        self.stdout.flush()
-
-
 # -- reading the status
 
 
-def fetch_status(ctx):
+def fetch_status(ctx: Context) -> tuple[dict[str, Any], float]:
     response = ctx.client.request("GET", "/v1/status")
     now = response.edge_time() or time.time()
     return response.json(), now
 
 
-def cmd_status(ctx):
+def cmd_status(ctx: Context) -> int:
     if ctx.args.watch:
         return watch(ctx)
     status, now = fetch_status(ctx)
@@ -77,7 +62,7 @@ def cmd_status(ctx):
     return OK
 
 
-def watch(ctx):
+def watch(ctx: Context) -> int:
     """
     Redraw the status every C{--interval} seconds until Ctrl-C. An Edge
     that stops answering is shown and retried; a refused key ends it.
@@ -108,7 +93,7 @@ def watch(ctx):
         return OK
 
 
-def cmd_nodes(ctx):
+def cmd_nodes(ctx: Context) -> int:
     status, now = fetch_status(ctx)
     if ctx.args.json:
         ctx.print_json(status.get("nodes", []))
@@ -120,7 +105,7 @@ def cmd_nodes(ctx):
 # -- run history
 
 
-def run_list(data):
+def run_list(data: Any) -> list[dict[str, Any]]:
     """
     The runs of a C{GET /v1/runs} answer: a list, or an object holding one
     under C{runs} or C{data}.
@@ -133,7 +118,7 @@ def run_list(data):
     return []
 
 
-def cmd_runs(ctx):
+def cmd_runs(ctx: Context) -> int:
     args = ctx.args
     data = ctx.client.get_json("/v1/runs", params={"node": args.node, "status": args.status, "limit": args.limit})
     if ctx.args.json:
@@ -143,11 +128,11 @@ def cmd_runs(ctx):
     return OK
 
 
-def run_path(run_id):
+def run_path(run_id: str) -> str:
     return "/v1/runs/" + urllib.parse.quote(run_id, safe="")
 
 
-def cmd_run(ctx):
+def cmd_run(ctx: Context) -> int:
     if ctx.args.follow:
         return follow_run(ctx, run_path(ctx.args.run_id))
     run = ctx.client.get_json(run_path(ctx.args.run_id))
@@ -163,7 +148,7 @@ def cmd_run(ctx):
 # -- work
 
 
-def cmd_chat(ctx):
+def cmd_chat(ctx: Context) -> int:
     prompt = ctx.args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -174,7 +159,7 @@ def cmd_chat(ctx):
     return chat(ctx, ctx.args.model, messages)
 
 
-def parse_args_json(text):
+def parse_args_json(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text) if text else {}
     except ValueError as e:
@@ -184,11 +169,11 @@ def parse_args_json(text):
     return value
 
 
-def node_path(node):
+def node_path(node: str) -> str:
     return f"/v1/nodes/{urllib.parse.quote(node, safe='')}/commands"
 
 
-def cmd_node(ctx):
+def cmd_node(ctx: Context) -> int:
     args = ctx.args
     body = {"command": args.name, "args": parse_args_json(args.args)}
     if args.adapter:
@@ -201,15 +186,15 @@ def cmd_node(ctx):
     return OK
 
 
-def cmd_pull(ctx):
+def cmd_pull(ctx: Context) -> int:
     return pull(ctx, ctx.args.node, ctx.args.model, ctx.args.adapter, node_path(ctx.args.node))
 
 
-def cmd_events(ctx):
+def cmd_events(ctx: Context) -> int:
     return tail_events(ctx, {"type": ctx.args.type, "node": ctx.args.node})
 
 
-def cmd_token_hash(ctx):
+def cmd_token_hash(ctx: Context) -> int:
     token = ctx.args.token
     if token is None:
         token = getpass.getpass("token or key: ") if sys.stdin.isatty() else sys.stdin.read().rstrip("\r\n")
@@ -226,13 +211,13 @@ def cmd_token_hash(ctx):
 # -- arguments
 
 
-def add_globals(parser, environ, suppress):
+def add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], suppress: bool) -> None:
     """
     The global options, on the main parser (with their defaults) and on
     every subcommand (defaults suppressed, so either position works).
     """
 
-    def default(value):
+    def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
 
     group = parser.add_argument_group("Edge and keys")
@@ -257,14 +242,24 @@ def add_globals(parser, environ, suppress):
     )
 
 
-def command(name, handler, help, environ, subparsers):
+#: A command: its exit status from the L{Context}.
+Handler = Callable[[Context], int]
+
+
+def command(
+    name: str,
+    handler: Handler,
+    help: str,
+    environ: Mapping[str, str],
+    subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]",
+) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=help, description=help)
     add_globals(parser, environ, suppress=True)
     parser.set_defaults(handler=handler)
     return parser
 
 
-def build_parser(environ):
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     epilog = "exit status: " + "; ".join(f"{code} {meaning}" for code, meaning in sorted(EXIT_CODES.items()))
     parser = argparse.ArgumentParser(
         prog="iop", description="Operate an iop Edge and its Nodes.", epilog=epilog + f"; {INTERRUPTED} interrupted"
@@ -314,7 +309,12 @@ def build_parser(environ):
     return parser
 
 
-def main(argv=None, environ=None, stdout=None, stderr=None):
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
     """
     Run one command. @return: the exit status (the console script passes
     it to C{sys.exit}).
@@ -323,11 +323,10 @@ def main(argv=None, environ=None, stdout=None, stderr=None):
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     args = build_parser(environ).parse_args(argv)
-    ctx = None
     try:
         client = EdgeClient(args.edge, args.key, args.admin_key, timeout=args.timeout)
-        ctx = Context(args, client, stdout, stderr)
-        return args.handler(ctx)
+        handler: Handler = args.handler
+        return handler(Context(args, client, stdout, stderr))
     except CLIError as e:
         stderr.write(f"iop {args.command}: {e.message}\n")
         return e.exit_code

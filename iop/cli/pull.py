@@ -11,13 +11,16 @@ command's JSON result once the pull is over: it is shown as is.
 
 import http.client
 import json
+from collections.abc import Iterable
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from iop.cli import sse
 from iop.cli.client import FAILED, NOT_FOUND, USAGE, CLIError
+from iop.cli.context import Context
 
 
-def ollama_adapter(ctx, node_id):
+def ollama_adapter(ctx: Context, node_id: str) -> str:
     """
     The node's only C{ollama} adapter, from C{/v1/status}.
     """
@@ -25,14 +28,14 @@ def ollama_adapter(ctx, node_id):
     nodes = {n["id"]: n for n in status.get("nodes", [])}
     if node_id not in nodes:
         raise CLIError(f"no node {node_id!r} is configured", NOT_FOUND)
-    names = [a["name"] for a in nodes[node_id].get("adapters", []) if a.get("type") == "ollama"]
+    names: list[str] = [a["name"] for a in nodes[node_id].get("adapters", []) if a.get("type") == "ollama"]
     if len(names) != 1:
         found = ", ".join(names) or "none"
         raise CLIError(f"node {node_id} has {len(names)} ollama adapters ({found}): name one with --adapter", USAGE)
     return names[0]
 
 
-def pull(ctx, node_id, model, adapter, path):
+def pull(ctx: Context, node_id: str, model: str, adapter: str | None, path: str) -> int:
     adapter = adapter or ollama_adapter(ctx, node_id)
     body = {"command": "ollama_pull", "adapter": adapter, "args": {"model": model}, "stream": True}
     headers = {"accept": "text/event-stream, application/json"}
@@ -55,7 +58,7 @@ def pull(ctx, node_id, model, adapter, path):
         response.close()
 
 
-def show_progress(ctx, events, node_id, model):
+def show_progress(ctx: Context, events: Iterable[sse.Event], node_id: str, model: str) -> int:
     """
     One bar per layer (keyed by C{digest}) with bytes, speed and time
     left; status lines without sizes are printed above the bars.

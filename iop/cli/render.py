@@ -5,6 +5,7 @@ built from C{/v1/status} and the run history. Pure functions of the JSON
 """
 
 import time
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -14,7 +15,7 @@ STATE_STYLES = {"ready": "green", "draining": "yellow", "offline": "red"}
 RUN_STYLES = {"complete": "green", "running": "cyan", "queued": "blue", "error": "red", "cancelled": "yellow"}
 
 
-def age(seconds):
+def age(seconds: float) -> str:
     """
     A duration as an operator reads it: C{42s}, C{4m 12s}, C{2h 05m}, C{3d 4h}.
     """
@@ -31,13 +32,13 @@ def age(seconds):
     return f"{days}d {hours}h"
 
 
-def node_state(node):
+def node_state(node: dict[str, Any]) -> str:
     if not node.get("connected"):
         return "offline"
     return "draining" if node.get("draining") else "ready"
 
 
-def node_since(node, now):
+def node_since(node: dict[str, Any], now: float) -> str:
     """
     How long the node has been connected, or since it was last seen.
     """
@@ -48,7 +49,7 @@ def node_since(node, now):
     return "never connected"
 
 
-def nodes_table(nodes, now):
+def nodes_table(nodes: list[dict[str, Any]], now: float) -> Table:
     table = Table(title="Nodes", title_justify="left", expand=False)
     for column in ("node", "state", "since", "in flight", "adapters"):
         table.add_column(column, justify="right" if column == "in flight" else "left")
@@ -65,7 +66,7 @@ def nodes_table(nodes, now):
     return table
 
 
-def usage_cell(in_use, capacity):
+def usage_cell(in_use: int, capacity: int) -> Text:
     """
     C{in_use/capacity}, yellow when full, dim when there is no capacity.
     """
@@ -73,7 +74,7 @@ def usage_cell(in_use, capacity):
     return Text(f"{in_use}/{capacity}", style=style)
 
 
-def providers_table(nodes):
+def providers_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title="Providers", title_justify="left")
     for column in ("node", "provider", "adapter", "status", "health", "normal", "long"):
         table.add_column(column, justify="right" if column in ("normal", "long") else "left")
@@ -92,7 +93,7 @@ def providers_table(nodes):
     return table
 
 
-def groups_table(groups):
+def groups_table(groups: list[dict[str, Any]]) -> Table:
     table = Table(title="Model groups", title_justify="left")
     table.add_column("model group")
     table.add_column("queued", justify="right")
@@ -102,7 +103,7 @@ def groups_table(groups):
     return table
 
 
-def status_view(status, now):
+def status_view(status: dict[str, Any], now: float) -> Group:
     """
     The whole snapshot as three tables: nodes, providers, model groups.
     """
@@ -113,7 +114,7 @@ def status_view(status, now):
     return Group(*parts)
 
 
-def timestamp(value):
+def timestamp(value: Any) -> str:
     """
     A run's time as local C{HH:MM:SS} (epoch seconds) or as the Edge wrote it.
     """
@@ -122,13 +123,13 @@ def timestamp(value):
     return str(value) if value else ""
 
 
-def tokens(usage):
+def tokens(usage: dict[str, Any] | None) -> str:
     if not usage:
         return ""
     return f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"
 
 
-def runs_table(runs):
+def runs_table(runs: list[dict[str, Any]]) -> Table:
     table = Table(title="Runs", title_justify="left")
     for column in ("run", "status", "node", "adapter", "target", "created", "ended", "tokens"):
         table.add_column(column)
@@ -147,7 +148,7 @@ def runs_table(runs):
     return table
 
 
-def run_table(run):
+def run_table(run: dict[str, Any]) -> Table:
     """
     One run as field/value rows (its output is printed after it).
     """

@@ -4,6 +4,7 @@ framing of the HTML standard (C{data:}, C{id:}, C{event:} fields, comments,
 blank line ends an event), over any iterable of byte lines.
 """
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -19,7 +20,7 @@ class Event:
     event: str | None = None
 
 
-def parse(lines):
+def parse(lines: Iterable[bytes]) -> Iterator[Event]:
     """
     Yield each L{Event} as soon as its closing blank line arrives; an
     unfinished event at the end of the stream is dropped, as a browser's
@@ -28,7 +29,9 @@ def parse(lines):
     @param lines: an iterable of C{bytes} lines (with or without their
         line endings), for example an C{http.client.HTTPResponse}.
     """
-    data, event_id, name = [], None, None
+    data: list[str] = []
+    event_id: str | None = None
+    name: str | None = None
     for raw in lines:
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line:

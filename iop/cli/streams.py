@@ -10,8 +10,10 @@ errors go to stderr.
 import http.client
 import json
 import time
+from typing import Any, TextIO
 
 from iop.cli.client import FAILED, UNREACHABLE, CLIError
+from iop.cli.context import Context
 
 TERMINALS = ("complete", "error", "cancelled")
 SSE_ACCEPT = {"accept": "text/event-stream"}
@@ -21,7 +23,7 @@ RESUME_ATTEMPTS = 5
 RESUME_DELAY_SEC = 1.0
 
 
-def write(stream, text):
+def write(stream: TextIO, text: str) -> None:
     stream.write(text)
     stream.flush()
 
@@ -33,22 +35,22 @@ class Reasoning:
     one line on a terminal.
     """
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.open = False
 
-    def write(self, text):
+    def write(self, text: str | None) -> None:
         if text:
             self.ctx.err.print(text, style="dim", end="")
             self.open = True
 
-    def end(self):
+    def end(self) -> None:
         if self.open:
             self.ctx.err.print("")
             self.open = False
 
 
-def chat(ctx, model, messages):
+def chat(ctx: Context, model: str, messages: list[dict[str, Any]]) -> int:
     """
     C{POST /v1/chat/completions} with C{stream: true}: the content of each
     chunk is printed at once. With C{--json}, one document at the end:
@@ -97,7 +99,7 @@ def chat(ctx, model, messages):
     return 0
 
 
-def follow_run(ctx, path):
+def follow_run(ctx: Context, path: str) -> int:
     """
     C{GET <run>/events}: the run's events from the start, then live until
     its terminal. A cut connection is resumed from the last C{id:} seen
@@ -137,7 +139,7 @@ def follow_run(ctx, path):
         time.sleep(RESUME_DELAY_SEC)
 
 
-def show_run_event(ctx, payload, thinking):
+def show_run_event(ctx: Context, payload: dict[str, Any], thinking: Reasoning) -> int | None:
     """
     Print one native run event (reasoning through C{thinking}, a
     L{Reasoning}). @return: the exit status on a terminal, else C{None}.
@@ -163,7 +165,7 @@ def show_run_event(ctx, payload, thinking):
     return FAILED
 
 
-def describe(payload):
+def describe(payload: dict[str, Any]) -> str:
     """
     One event of the feed as C{key=value} words, the identifying ones first.
     """
@@ -178,7 +180,7 @@ def describe(payload):
     return " ".join(words)
 
 
-def tail_events(ctx, params):
+def tail_events(ctx: Context, params: dict[str, str | None]) -> int:
     """
     C{GET /v1/events} (admin key): one line per event until Ctrl-C or the
     Edge ends the stream; raw JSON lines with C{--json}.

@@ -12,42 +12,51 @@ queues behind it.
 """
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 #: Submissions placed per reactor turn.
 ADMIT_PER_TURN = 64
 
+#: The work submitted, and what placing it gives.
+W = TypeVar("W")
+R = TypeVar("R")
 
-class _Entry:
-    def __init__(self, work):
+
+class _Entry(Generic[W, R]):
+    def __init__(self, work: W) -> None:
         self.work = work
-        self.inner = None  # the placement's Deferred, once started
-        self.outer = defer.Deferred(self._cancel)
+        self.inner: defer.Deferred[R] | None = None  # the placement's Deferred, once started
+        self.outer: defer.Deferred[R] = defer.Deferred(self._cancel)
 
-    def _cancel(self, _):
+    def _cancel(self, _: Any) -> None:
         if self.inner is not None and not self.inner.called:
             self.inner.cancel()
 
 
-class Admission:
+class Admission(Generic[W, R]):
     """
     @param place: C{place(work)} starts placing one piece of work and
         returns its (cancellable) Deferred.
     """
 
-    def __init__(self, clock, place, per_turn=ADMIT_PER_TURN):
+    def __init__(
+        self, clock: IReactorTime, place: Callable[[W], "defer.Deferred[R]"], per_turn: int = ADMIT_PER_TURN
+    ) -> None:
         self.clock = clock
         self.place = place
         self.per_turn = per_turn
-        self.backlog = deque()
+        self.backlog: deque[_Entry[W, R]] = deque()
         self._placed_this_turn = 0
-        self._turn = None
+        self._turn: IDelayedCall | None = None
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.backlog)
 
-    def submit(self, work):
+    def submit(self, work: W) -> "defer.Deferred[R]":
         """
         @return: a cancellable Deferred with the outcome of L{place}.
         """
@@ -55,16 +64,16 @@ class Admission:
             self._placed_this_turn += 1
             self._next_turn_later()
             return self.place(work)
-        entry = _Entry(work)
+        entry: _Entry[W, R] = _Entry(work)
         self.backlog.append(entry)
         self._next_turn_later()
         return entry.outer
 
-    def _next_turn_later(self):
+    def _next_turn_later(self) -> None:
         if self._turn is None:
             self._turn = self.clock.callLater(0, self._next_turn)
 
-    def _next_turn(self):
+    def _next_turn(self) -> None:
         self._turn = None
         self._placed_this_turn = 0
         while self.backlog and self._placed_this_turn < self.per_turn:
@@ -72,7 +81,8 @@ class Admission:
             if entry.outer.called:
                 continue  # cancelled while it waited
             self._placed_this_turn += 1
-            entry.inner = self.place(entry.work)
-            entry.inner.chainDeferred(entry.outer)
+            inner = entry.inner = self.place(entry.work)
+            inner.chainDeferred(entry.outer)
+
         if self.backlog or self._placed_this_turn:
             self._next_turn_later()

@@ -15,7 +15,10 @@ stalls the others or the publisher.
 """
 
 from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 #: Node lifecycle event kinds.
@@ -29,27 +32,37 @@ REJECTED = "rejected"
 #: Topics a subscriber receives only when it names them.
 OPT_IN_TOPICS = frozenset({"run_delta"})
 
+#: C{callback(topic, payload)}: what a subscriber is called with.
+Subscriber = Callable[[str, dict[str, Any]], None]
+
 
 class Subscription:
     """
     One subscriber's queue. C{cancel()} stops delivery.
     """
 
-    def __init__(self, bus, callback, topics, backlog, opt_in=frozenset()):
+    def __init__(
+        self,
+        bus: "EventBus",
+        callback: Subscriber,
+        topics: frozenset[str] | None,
+        backlog: int,
+        opt_in: frozenset[str] = frozenset(),
+    ) -> None:
         self.bus = bus
         self.callback = callback
         self.topics = topics
         self.opt_in = opt_in
-        self.pending = deque(maxlen=backlog)
+        self.pending: deque[tuple[str, dict[str, Any]]] = deque(maxlen=backlog)
         self.dropped = 0
-        self._scheduled = None
+        self._scheduled: IDelayedCall | None = None
 
-    def accepts(self, topic):
+    def accepts(self, topic: str) -> bool:
         if self.topics is None:
             return topic not in OPT_IN_TOPICS or topic in self.opt_in
         return topic in self.topics
 
-    def offer(self, topic, event):
+    def offer(self, topic: str, event: dict[str, Any]) -> None:
         if not self.accepts(topic):
             return
         if len(self.pending) == self.pending.maxlen:
@@ -58,7 +71,7 @@ class Subscription:
         if self._scheduled is None:
             self._scheduled = self.bus.clock.callLater(0, self._drain)
 
-    def _drain(self):
+    def _drain(self) -> None:
         self._scheduled = None
         while self.pending:
             topic, event = self.pending.popleft()
@@ -67,7 +80,7 @@ class Subscription:
             except Exception:
                 self.bus.log.failure("event bus subscriber failed on {topic}", topic=topic)
 
-    def cancel(self):
+    def cancel(self) -> None:
         if self._scheduled is not None and self._scheduled.active():
             self._scheduled.cancel()
         self._scheduled = None
@@ -84,12 +97,14 @@ class EventBus:
 
     log = Logger()
 
-    def __init__(self, clock, backlog=1000):
+    def __init__(self, clock: IReactorTime, backlog: int = 1000) -> None:
         self.clock = clock
         self.backlog = backlog
-        self.subscriptions = set()
+        self.subscriptions: set[Subscription] = set()
 
-    def subscribe(self, callback, topics=None, opt_in=()):
+    def subscribe(
+        self, callback: Subscriber, topics: Iterable[str] | None = None, opt_in: Iterable[str] = ()
+    ) -> Subscription:
         """
         Call C{callback(topic, payload)} for every event of C{topics}
         (when C{None}: every topic but the opt-in ones, plus those of them
@@ -101,16 +116,17 @@ class EventBus:
         self.subscriptions.add(subscription)
         return subscription
 
-    def wants(self, topic):
+    def wants(self, topic: str) -> bool:
         """
         Whether any subscriber takes C{topic} (so a publisher can skip
         building a payload nobody reads).
         """
         return any(subscription.accepts(topic) for subscription in self.subscriptions)
 
-    def publish(self, topic, payload):
+    def publish(self, topic: str, payload: dict[str, Any]) -> None:
         for subscription in list(self.subscriptions):
             subscription.offer(topic, payload)
 
-    def node_event(self, node_id, kind, **details):
+    def node_event(self, node_id: str, kind: str, **details: Any) -> None:
+
         self.publish("node", dict(node=node_id, event=kind, **details))

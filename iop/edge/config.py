@@ -3,19 +3,21 @@ The Edge's configuration, C{edge.yaml}: listeners, every Node it knows,
 their adapters and providers, and the model groups callers address.
 
 The Edge owns the configuration of every Node: a Node brings only its
-token, and receives its adapters in L{iop.protocols.iop_pb2.NodeConfigPayload}.
+token, and receives its adapters in L{iop.protocols.messages.node_config}.
 """
 
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
-from iop.config import ConfigError, http_url_problem, load_yaml
+from iop.config import ConfigError, Section, http_url_problem, load_yaml
 from iop.edge.cluster.config import ClusterSpec, parse_cluster
 from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
 from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
+from iop.edge.tracing import TracingSpec, parse_tracing
 from iop.logs import parse_log_format
 from iop.run import ADAPTER_TYPES, HTTP_TYPES
 
@@ -30,7 +32,7 @@ class AdapterSpec:
     name: str
     type: str
     max_concurrency: int
-    options: dict
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,16 @@ class NodeSpec:
 
     id: str
     token_digest: bytes
-    adapters: tuple
-    providers: tuple
+    adapters: tuple[AdapterSpec, ...]
+    providers: tuple[ProviderSpec, ...]
 
-    def adapter(self, name):
+    def adapter(self, name: str) -> AdapterSpec | None:
         for adapter in self.adapters:
             if adapter.name == name:
                 return adapter
         return None
 
-    def implicit_resources(self):
+    def implicit_resources(self) -> tuple[ProviderSpec, ...]:
         """
         A resource for each adapter no provider names, with the adapter's
         whole C{max_concurrency} as C{normal} capacity; its id is the
@@ -90,7 +92,7 @@ class ManholeSpec:
     """
 
     listen: str
-    users: dict
+    users: dict[str, tuple[bytes, ...]]
     host_key: str = ".iop-manhole/host_key"
 
 
@@ -101,11 +103,10 @@ class EdgeConfig:
     metrics: bool = True
     heartbeat_interval: float = 2.0
     heartbeat_timeout: float = 5.0
-    nodes: list = field(default_factory=list)
-    model_groups: list = field(default_factory=list)
-    #: L{iop.edge.keys.KeySpec}s.
-    api_keys: tuple = ()
-    admin_keys: tuple = ()
+    nodes: list[NodeSpec] = field(default_factory=list)
+    model_groups: list[ModelGroupSpec] = field(default_factory=list)
+    api_keys: tuple[KeySpec, ...] = ()
+    admin_keys: tuple[KeySpec, ...] = ()
     #: The key C{/metrics} requires, if any.
     metrics_key: KeySpec | None = None
     #: A separate endpoint for C{/metrics} (then not on the HTTP port).
@@ -118,13 +119,13 @@ class EdgeConfig:
     direct_queue_timeout_sec: float = 30.0
     #: How long the Edge waits for a node command's answer, by command;
     #: the key C{None} holds the default for the others.
-    command_timeouts: dict = field(default_factory=lambda: dict(DEFAULT_COMMAND_TIMEOUTS))
+    command_timeouts: dict[str | None, float] = field(default_factory=lambda: dict(DEFAULT_COMMAND_TIMEOUTS))
     #: When a failing provider is ejected, and for how long.
     health: HealthPolicy = field(default_factory=HealthPolicy)
     #: One structured log line per HTTP request (off: none).
     access_log: bool = True
 
-    def command_timeout(self, command):
+    def command_timeout(self, command: str | None) -> float:
         return self.command_timeouts.get(command, self.command_timeouts[None])
 
     #: C{text} (twistd's lines) or C{json} (one JSON object per line).
@@ -145,14 +146,16 @@ class EdgeConfig:
     cluster: ClusterSpec | None = None
     #: Where other Edges of the cluster forward requests (C{listen.peer}).
     listen_peer: str | None = None
+    #: OpenTelemetry spans of caller requests (C{tracing:}), if configured.
+    tracing: TracingSpec | None = None
 
-    def node(self, node_id):
+    def node(self, node_id: str) -> NodeSpec | None:
         for node in self.nodes:
             if node.id == node_id:
                 return node
         return None
 
-    def providers(self):
+    def providers(self) -> list[ProviderSpec]:
         """
         Every provider resource of every node, in configuration order: the
         configured providers, then one implicit resource for each adapter
@@ -161,11 +164,11 @@ class EdgeConfig:
         return [provider for node in self.nodes for provider in node.providers + node.implicit_resources()]
 
 
-def token_digest(token):
+def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
-def load(path):
+def load(path: str) -> EdgeConfig:
     """
     Read and validate C{edge.yaml}.
 
@@ -174,7 +177,7 @@ def load(path):
     return parse(load_yaml(path))
 
 
-def parse(top):
+def parse(top: Section) -> EdgeConfig:
     top.unknown(
         {
             "listen",
@@ -199,6 +202,7 @@ def parse(top):
             "limits",
             "node_tls",
             "cluster",
+            "tracing",
         }
     )
     listen = top.section("listen")
@@ -236,6 +240,7 @@ def parse(top):
     config.health = _health(top.section("health", None))
     config.run_log = _run_log(top.section("run_log", None))
     config.reattach_timeout_sec = float(top.number("reattach_timeout_sec", 120.0, positive=True))
+    config.tracing = parse_tracing(top.section("tracing", None))
     if top.data.get("node_tls") is not None:
         config.node_tls = parse_node_tls(top.section("node_tls"), listen)
     if top.data.get("cluster") is not None:
@@ -246,7 +251,7 @@ def parse(top):
     return config
 
 
-def _run_log(section):
+def _run_log(section: Section) -> RunLogSpec:
     """
     C{run_log: {max_bytes: 1048576, max_age_sec: 600, max_runs: 1000}}.
     """
@@ -265,7 +270,7 @@ def _run_log(section):
     )
 
 
-def _health(section):
+def _health(section: Section) -> HealthPolicy:
     """
     C{health: {failures_to_eject: 3, cooldown_sec: 30, max_cooldown_sec: 300}}.
     """
@@ -280,7 +285,7 @@ def _health(section):
     return HealthPolicy(failures_to_eject=failures, cooldown_sec=cooldown, max_cooldown_sec=cap)
 
 
-def _command_timeouts(section):
+def _command_timeouts(section: Section) -> dict[str | None, float]:
     """
     C{commands: {timeout_sec: 10, timeouts: {ollama_pull: 3600}}}.
     """
@@ -293,8 +298,8 @@ def _command_timeouts(section):
     return timeouts
 
 
-def _unique(section, name, values, what="id"):
-    seen = set()
+def _unique(section: Section, name: str, values: list[str] | list[bytes], what: str = "id") -> None:
+    seen: set[str | bytes] = set()
     for value in values:
         if value in seen:
             shown = value if isinstance(value, str) else "(hidden)"
@@ -302,7 +307,7 @@ def _unique(section, name, values, what="id"):
         seen.add(value)
 
 
-def _node(section):
+def _node(section: Section) -> NodeSpec:
     section.unknown({"id", "token", "token_sha256", "adapters", "providers"})
     node_id = section.get("id", str)
     has_plain, has_hash = "token" in section.data, "token_sha256" in section.data
@@ -328,7 +333,7 @@ def _node(section):
     return NodeSpec(id=node_id, token_digest=digest, adapters=adapters, providers=providers)
 
 
-def _adapter(section):
+def _adapter(section: Section) -> AdapterSpec:
     name = section.get("name", str)
     kind = section.get("type", str)
     if kind not in ADAPTER_TYPES:
@@ -350,7 +355,9 @@ def _adapter(section):
     return AdapterSpec(name=name, type=kind, max_concurrency=concurrency, options=options)
 
 
-def _provider(section, node_id, adapters):
+def _provider(
+    section: Section, node_id: str, adapters: dict[str, AdapterSpec]
+) -> tuple[str, AdapterSpec, int | None, int]:
     """
     One provider as declared. A C{normal} capacity left out is C{None}
     here: L{_fill_capacity} gives it what its adapter has left.
@@ -372,7 +379,9 @@ def _provider(section, node_id, adapters):
     return (provider_id, adapter, normal, long)
 
 
-def _fill_capacity(node_id, declared, sections):
+def _fill_capacity(
+    node_id: str, declared: list[tuple[str, AdapterSpec, int | None, int]], sections: list[Section]
+) -> tuple[ProviderSpec, ...]:
     """
     Give each provider its capacity, and check that the providers of one
     adapter never promise more than it takes: for every adapter, the sum of
@@ -382,7 +391,7 @@ def _fill_capacity(node_id, declared, sections):
     most one provider per adapter may leave it out.
     """
     providers = []
-    promised = {}
+    promised: dict[str, int] = {}
     for (provider_id, adapter, normal, long), section in zip(declared, sections, strict=True):
         siblings = [d for d in declared if d[1] is adapter]
         if normal is None:
@@ -413,7 +422,7 @@ def _fill_capacity(node_id, declared, sections):
     return tuple(providers)
 
 
-def _group(section, config):
+def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
     section.unknown({"name", "providers", "queue_timeout_sec", "max_queue", "long_threshold_chars", "retries"})
     members = []
     for member in section.sections("providers"):
@@ -445,7 +454,7 @@ def _group(section, config):
     )
 
 
-def _manhole(section):
+def _manhole(section: Section) -> ManholeSpec:
     from iop.edge.endpoints import EndpointError, loopback_interface
     from iop.edge.sshkeys import BadKey, parse_public_key, read_authorized_keys
 
@@ -458,7 +467,7 @@ def _manhole(section):
     users = section.section("users")
     if not users.data:
         raise section.error("users", "must define at least one user: the console is never open")
-    keys = {}
+    keys: dict[str, tuple[bytes, ...]] = {}
     for name, value in users.data.items():
         if isinstance(value, str):
             # One public key line, the shortest way to name a user's key.

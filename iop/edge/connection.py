@@ -15,12 +15,28 @@ and a deadline (C{register_timeout_sec}) after which it is closed however
 much it pings. Acceptance lifts both.
 """
 
-from twisted.internet.defer import Deferred
+from typing import Any, Protocol
+
+from google.protobuf.message import Message
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from iop.edge.links import NodeLinks
 from iop.edge.nodetls import mismatch
-from iop.protocols.wire import MAX_FRAME_BYTES, IWireReceiver, ProtocolViolation, peer_wire_version
+from iop.edge.registry import NodeLink
+from iop.protocols import messages
+from iop.protocols.wire import MAX_FRAME_BYTES, IWireReceiver, ProtocolViolation, WireProtocol, peer_wire_version
+
+
+class _Port(Protocol):
+    """
+    What a connection tells the port that counts unregistered ones.
+    """
+
+    def settled(self, connection: "EdgeNodeConnection") -> None: ...
+
 
 _READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response", "node_draining"}
 
@@ -35,37 +51,47 @@ class EdgeNodeConnection:
     @param check_identity: the Node port requires client certificates
         (C{node_tls}): a registration is refused unless the certificate
         names the token's node (L{iop.edge.nodetls}).
+
+    @ivar wire: the L{WireProtocol} it came on (from L{wire_connected}).
+    @ivar link: its L{NodeLink} once it registered (C{None} before, and
+        once refused).
     """
 
     log = Logger()
+    wire: WireProtocol
 
-    def __init__(self, links, port=None, register_timeout=None, check_identity=False):
+    def __init__(
+        self,
+        links: NodeLinks,
+        port: _Port | None = None,
+        register_timeout: float | None = None,
+        check_identity: bool = False,
+    ) -> None:
         self.links = links
         self.port = port
         self.register_timeout = register_timeout
         self.check_identity = check_identity
-        self.wire = None
-        self.link = None
+        self.link: NodeLink | None = None
         self.state = "new"
-        self._deadline = None
+        self._deadline: IDelayedCall | None = None
 
-    def wire_connected(self, wire):
+    def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
         if self.register_timeout is not None:
             self._deadline = wire.clock.callLater(self.register_timeout, self._not_registered)
 
-    def _not_registered(self):
+    def _not_registered(self) -> None:
         self._deadline = None
         self.wire.drop(f"no accepted registration within {self.register_timeout:g}s (register_timeout_sec)")
 
-    def _settled(self):
+    def _settled(self) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
         if self.port is not None:
             self.port.settled(self)
 
-    def message_received(self, kind, message):
+    def message_received(self, kind: str, message: Message) -> None:
         if kind == "register_request":
             self._register(message)
         elif kind == "node_ready_request":
@@ -73,13 +99,13 @@ class EdgeNodeConnection:
         elif kind == "run_reconcile" and self.state == "pending":
             # Before the ready (wire version 4): the background runs the
             # Node kept from a lost link.
-            self.links.reconciled(self.link, message)
+            self.links.reconciled(self._registered(), message)
         elif kind in _READY_MESSAGES and self.state == "ready":
             self._result(kind, message)
         else:
             raise ProtocolViolation(f"{kind} is not accepted in state {self.state}")
 
-    def _register(self, message):
+    def _register(self, message: messages.RegisterRequest) -> None:
         if self.state != "new":
             raise ProtocolViolation("already registered on this connection")
         wrong_certificate = self._certificate_mismatch(message.token)
@@ -87,15 +113,12 @@ class EdgeNodeConnection:
             self.link, response = self.links.refuse_credentials(message.token, wrong_certificate)
         else:
             self.link, response = self.links.register(message.token, peer_wire_version(message), self.wire)
-        if isinstance(response, Deferred):
-            # An Edge cluster: the answer waits for the node's etcd claim.
-            self.state = "claiming"
-            response.addCallback(self._answer)
-            response.addErrback(lambda f: self.log.failure("registration failed", f))
-            return
-        self._answer(response)
+        # In an Edge cluster the answer waits for the node's etcd claim.
+        self.state = "claiming"
+        response.addCallback(self._answer)
+        response.addErrback(lambda f: self.log.failure("registration failed", f))
 
-    def _answer(self, response):
+    def _answer(self, response: messages.RegisterResponse | None) -> None:
         if self.state == "gone" or response is None:
             return
         if not response.accepted:
@@ -104,13 +127,13 @@ class EdgeNodeConnection:
         if self.link is None:
             # Still a stranger until it is gone: the deadline stays.
             self.state = "refused"
-            self.wire.transport.loseConnection()
+            self.wire.close(response.reason)
         else:
             self.state = "pending"
             self.wire.set_frame_limit(MAX_FRAME_BYTES)
             self._settled()
 
-    def _certificate_mismatch(self, token):
+    def _certificate_mismatch(self, token: str) -> str | None:
         """
         With C{node_tls}: why this connection's client certificate does not
         belong to the node C{token} names (C{None} if it does, or if the
@@ -123,27 +146,38 @@ class EdgeNodeConnection:
             return None
         return mismatch(self.wire.transport, node.id)
 
-    def _ready(self, message):
+    def _ready(self, message: messages.NodeReadyRequest) -> None:
         if self.state not in ("pending", "ready"):
             raise ProtocolViolation(f"ready before registration (state {self.state})")
-        response, first = self.links.ready(self.link, message.node_id)
+        link = self._registered()
+        response, first = self.links.ready(link, message.node_id)
         self.wire.send(response)
         if response.ready:
             self.state = "ready"
         if first:
-            self.links.activate(self.link)
+            self.links.activate(link)
 
-    def _result(self, kind, message):
+    def _registered(self) -> NodeLink:
+        """
+        The link of this connection, in the states only an accepted
+        registration reaches (C{pending}, C{ready}).
+        """
+        if self.link is None:
+            raise ProtocolViolation(f"no registration in state {self.state}")
+        return self.link
+
+    def _result(self, kind: str, message: Any) -> None:
+        link = self._registered()
         if kind == "run_event":
-            self.links.run_event(self.link, message)
+            self.links.run_event(link, message)
         elif kind == "provider_tunnel_frame":
-            self.links.tunnel_frame(self.link, message)
+            self.links.tunnel_frame(link, message)
         elif kind == "node_draining":
-            self.links.node_draining(self.link, message)
+            self.links.node_draining(link, message)
         else:
-            self.links.answered(self.link, message.request_id, message)
+            self.links.answered(link, message.request_id, message)
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason: Failure) -> None:
         self.state = "gone"
         self._settled()
         if self.link is not None:

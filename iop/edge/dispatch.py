@@ -18,14 +18,21 @@ raises (a bug) ends only its own work too.
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger, LogLevel
 from zope.interface import Interface, implementer
 
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
-from iop.protocols import iop_pb2
+from iop.edge.pool import Lease
+from iop.edge.registry import NodeLink
+from iop.edge.runs import RunRecord
+from iop.edge.timing import Timing
+from iop.protocols import messages
 from iop.protocols.convert import usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
@@ -53,19 +60,19 @@ _BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class IRunListener(Interface):
-    def event(event):
+    def event(event: RunEventData) -> None:
         """
         One L{RunEventData}, in order; the last one is a terminal.
         """
 
 
 class ITunnelListener(ITunnelSink):
-    def end():
+    def end() -> None:
         """
         The provider's body is complete.
         """
 
-    def error(failure):
+    def error(failure: RunFailure) -> None:
         """
         The tunnel failed (a L{RunFailure}); no more calls follow.
         """
@@ -78,36 +85,36 @@ class Placement:
     node, the back-end target, and the lease it holds (if any).
     """
 
-    link: object
+    link: NodeLink
     adapter: str
     adapter_type: str
     target: str = ""
-    lease: object = None
+    lease: Lease | None = None
 
     @property
-    def node_id(self):
+    def node_id(self) -> str:
         return self.link.node_id
 
     @property
-    def provider_id(self):
+    def provider_id(self) -> str:
         return self.lease.provider_id if self.lease is not None else self.adapter
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, str]:
         """
         The provider resource this work is on, C{(node_id, provider_id)}.
         """
         return (self.node_id, self.provider_id)
 
-    def release(self):
+    def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
 
-    def record_success(self):
+    def record_success(self) -> None:
         if self.lease is not None:
             self.lease.report()
 
-    def record_failure(self, failure):
+    def record_failure(self, failure: RunFailure) -> None:
         """
         Tell the provider's health about a failure before any output (only
         the provider's own failures count: see L{provider_failed}).
@@ -124,8 +131,26 @@ class Unheard:
     keeps what it says.
     """
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         pass
+
+
+class Tracker(Protocol):
+    """
+    The table a dispatch belongs to and reports its ends to
+    (L{iop.edge.inflight.Inflight}; named by its shape, since that table
+    holds dispatches).
+    """
+
+    clock: IReactorTime
+
+    def forget(self, dispatch: "Dispatch") -> None: ...
+
+    def run_event(self, dispatch: "Dispatch", event: RunEventData, seq: int | None) -> None: ...
+
+    def abandoned(self, dispatch: "Dispatch", code: str, message: str) -> None: ...
+
+    def tunnel_ended(self, dispatch: "TunnelDispatch", status: str, failure: RunFailure | None) -> None: ...
 
 
 class Dispatch:
@@ -147,12 +172,24 @@ class Dispatch:
     """
 
     log = Logger()
-    background = False
+
+    #: What the run book and the logs call it (C{run} or C{tunnel}).
+    kind: str
+    #: Its caller request's L{Timing}, when it has one.
+    timing: Timing | None = None
 
     #: The request messages that start a stream (and carry its window).
-    _REQUESTS = (iop_pb2.RunRequest, iop_pb2.ProviderTunnelRequest)
+    _REQUESTS = (messages.RunRequest, messages.ProviderTunnelRequest)
 
-    def __init__(self, tracker, dispatch_id, placement, listener, caller_id=None, record=None):
+    def __init__(
+        self,
+        tracker: Tracker,
+        dispatch_id: str,
+        placement: Placement,
+        listener: Any,
+        caller_id: str | None = None,
+        record: RunRecord | None = None,
+    ) -> None:
         self.tracker = tracker
         self.id = dispatch_id
         self.caller_id = caller_id or dispatch_id
@@ -161,11 +198,37 @@ class Dispatch:
         self.record = record
         self.done = False
         self.output = False
-        self.on_early_failure = None
-        self.window = None
-        self._grace = None
+        self.on_early_failure: Callable[[Any, RunFailure], Callable[[], None] | None] | None = None
+        self.window: ReceiveWindow | None = None
+        self._grace: IDelayedCall | None = None
 
-    def _first_output(self):
+    @property
+    def background(self) -> bool:
+        """
+        Whether it goes on when its caller leaves (only a run can).
+        """
+        return False
+
+    def fail(self, code: str, message: str, status: int = 0) -> None:
+        """
+        End it here with an error of C{code} (told to its listener).
+        """
+        raise NotImplementedError
+
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
+        """
+        End it here as cancelled (C{code}: why, e.g. C{shutting_down}).
+        """
+        raise NotImplementedError
+
+    def tell_failure(self, failure: RunFailure) -> None:
+        """
+        Give the listener a terminal error for work that ended here without
+        one (its second placement failed).
+        """
+        raise NotImplementedError
+
+    def _first_output(self) -> None:
         """
         The provider answered: from now on nothing is retried, and its
         health hears of a success.
@@ -173,7 +236,7 @@ class Dispatch:
         self.output = True
         self.placement.record_success()
 
-    def _taken_over(self, failure):
+    def _taken_over(self, failure: RunFailure) -> bool:
         """
         A failure before any output: record it against the provider's
         health and offer it to L{on_early_failure}.
@@ -191,11 +254,11 @@ class Dispatch:
         return True
 
     @property
-    def link(self):
+    def link(self) -> NodeLink:
         return self.placement.link
 
     @property
-    def outlives_link(self):
+    def outlives_link(self) -> bool:
         """
         Whether its Node keeps it running when the link is lost (a
         background run on wire version 4 or later): the Edge waits for the
@@ -203,7 +266,16 @@ class Dispatch:
         """
         return self.background and self.link.wire_version >= RECONCILE_WIRE_VERSION
 
-    def send(self, message):
+    def heard(self, first_byte_ms: float) -> None:
+        """
+        A frame of this work came from the Node (C{first_byte_ms}: what
+        the first one says of the back end's time): its caller request's
+        L{Timing} notes the first.
+        """
+        if self.timing is not None and self.timing.answered is None:
+            self.timing.heard(self.tracker.clock.seconds(), first_byte_ms)
+
+    def send(self, message: Any) -> None:
         """
         Send one message to the Node. The request that starts the work
         opens its flow-control window on a link of wire version 3 or later
@@ -220,7 +292,7 @@ class Dispatch:
                     use_producer(self.window)
         self.link.wire.send(message)
 
-    def delivered(self, size):
+    def delivered(self, size: int) -> None:
         """
         C{size} body bytes were handed to the listener: count them against
         the window.
@@ -228,7 +300,7 @@ class Dispatch:
         if self.window is not None:
             self.window.received(size)
 
-    def cancel(self, grace):
+    def cancel(self, grace: float) -> None:
         """
         Ask the Node to cancel; end locally as C{cancelled} if no terminal
         arrives within C{grace} seconds (the lease must come back anyway).
@@ -242,11 +314,11 @@ class Dispatch:
             return
         self._grace = self.tracker.clock.callLater(grace, self.cancelled_locally)
 
-    def cancelled_locally(self):
+    def cancelled_locally(self) -> None:
         self._grace = None
         self.end_cancelled("cancelled; the node did not confirm in time")
 
-    def shut_down(self, message):
+    def shut_down(self, message: str) -> None:
         """
         The Edge is stopping and this work outlived the grace: ask the Node
         to cancel (best effort) and end it here at once with a
@@ -257,10 +329,10 @@ class Dispatch:
         self._cancel_on_node()
         self.end_cancelled(message, SHUTTING_DOWN)
 
-    def node_lost(self, message):
+    def node_lost(self, message: str) -> None:
         self.fail(NODE_DISCONNECTED, message)
 
-    def violation(self, reason):
+    def violation(self, reason: str) -> None:
         """
         The Node sent a malformed message for this work: end it with
         C{protocol_error} and ask the Node to cancel it. The connection is
@@ -278,13 +350,13 @@ class Dispatch:
         self._cancel_on_node()
         self.fail(PROTOCOL_ERROR, f"the node sent a malformed message: {reason}")
 
-    def _cancel_on_node(self):
+    def _cancel_on_node(self) -> None:
         self.link.send_quietly(self._cancel_request())
 
-    def _cancel_request(self):
-        return iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=self.id)
+    def _cancel_request(self) -> messages.CancelRequest:
+        return messages.cancel_run(self.id)
 
-    def _tell(self, method, *args):
+    def _tell(self, method: Callable[..., object], *args: Any) -> None:
         """
         Call the listener; if it raises (a bug), log it and end this work
         alone: the lease returns and the Node is asked to cancel.
@@ -298,7 +370,7 @@ class Dispatch:
                 self.finish()
                 self.tracker.abandoned(self, "internal_error", "the caller's listener failed")
 
-    def finish(self):
+    def finish(self) -> bool:
         """
         Bookkeeping at the end: exactly once, returns the lease.
         """
@@ -319,10 +391,10 @@ class RunDispatch(Dispatch):
     kind = "run"
 
     @property
-    def background(self):
+    def background(self) -> bool:
         return self.record is not None and self.record.background
 
-    def reattach(self, placement):
+    def reattach(self, placement: Placement) -> None:
         """
         The run's Node came back and reported it (it ran on without a
         link): it goes on here, on the new connection and lease, without a
@@ -331,7 +403,7 @@ class RunDispatch(Dispatch):
         self.placement = placement
         self.window = None
 
-    def deliver(self, event, seq=None):
+    def deliver(self, event: RunEventData, seq: int | None = None) -> None:
         """
         One event of the run (C{seq}: its number on the wire; C{None} for
         one the Edge makes up).
@@ -345,53 +417,50 @@ class RunDispatch(Dispatch):
             # A terminal without its reason: give it a generic one.
             code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
             event = replace(event, error=RunFailure(code=code, message=message))
-        if event.type == ERROR and self._taken_over(event.error):
+        failure = event.error if event.type == ERROR else None
+        if failure is not None and self._taken_over(failure):
             return
         if not self.output and event.type != ERROR:
             self._first_output()
         self.output = True
         if event.type in TERMINAL_TYPES:
             self.finish()
-            if event.type == ERROR:
+            if failure is not None:
                 self.log.warn(
                     "run {run_id} on node {node} ({adapter}) failed: {code}: {reason}",
                     run_id=self.id,
                     node=self.placement.node_id,
                     adapter=self.placement.adapter,
-                    code=event.error.code,
-                    reason=event.error.message,
+                    code=failure.code,
+                    reason=failure.message,
                 )
         self.tracker.run_event(self, event, seq)
         self._tell(self.listener.event, event)
         if event.type in (DELTA, REASONING_DELTA) and event.text:
             self.delivered(len(event.text.encode("utf-8")))
 
-    def fail(self, code, message, status=0):
+    def fail(self, code: str, message: str, status: int = 0) -> None:
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
 
-    def tell_failure(self, failure):
-        """
-        Give the listener a terminal error for work that ended here without
-        one (its second placement failed).
-        """
+    def tell_failure(self, failure: RunFailure) -> None:
         event = RunEventData(ERROR, error=failure)
         self.tracker.run_event(self, event, None)
         self._tell(self.listener.event, event)
 
-    def end_cancelled(self, message, code=CANCELLED):
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
 
 
 class TunnelDispatch(Dispatch):
     kind = "tunnel"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.usage = None
+        self.usage: dict[str, Any] | None = None
 
-    def frame(self, frame):
+    def frame(self, frame: messages.ProviderTunnelFrame) -> None:
         """
-        One L{iop_pb2.ProviderTunnelFrame} from the Node.
+        One L{messages.ProviderTunnelFrame} from the Node.
         """
         if self.done:
             return
@@ -443,7 +512,7 @@ class TunnelDispatch(Dispatch):
             self.tracker.tunnel_ended(self, COMPLETE, None)
             self._tell(self.listener.end)
 
-    def fail(self, code, message, status=0):
+    def fail(self, code: str, message: str, status: int = 0) -> None:
         failure = RunFailure(code=code, message=message, status=status)
         if self._taken_over(failure) or not self.finish():
             return
@@ -458,9 +527,9 @@ class TunnelDispatch(Dispatch):
         self.tracker.tunnel_ended(self, CANCELLED if code in (CANCELLED, SHUTTING_DOWN) else ERROR, failure)
         self._tell(self.listener.error, failure)
 
-    def tell_failure(self, failure):
+    def tell_failure(self, failure: RunFailure) -> None:
         self.tracker.tunnel_ended(self, ERROR, failure)
         self._tell(self.listener.error, failure)
 
-    def end_cancelled(self, message, code=CANCELLED):
+    def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.fail(code, message)

@@ -19,15 +19,15 @@ class EndpointError(ValueError):
     """
 
 
-def split_endpoint(description):
+def split_endpoint(description: str) -> tuple[list[str], list[tuple[str, str]]]:
     """
     @return: C{(positional, keywords)}: the fields without C{=} in order,
         and every C{(key, value)} pair in order (repeats kept).
     @raise EndpointError: for a trailing backslash.
     """
-    fields = []
-    current = []
-    key = None
+    fields: list[tuple[str | None, str]] = []
+    current: list[str] = []
+    key: str | None = None
     chars = iter(description)
     for c in chars:
         if c == "\\":
@@ -54,7 +54,7 @@ def split_endpoint(description):
 _LISTENING_TYPES = {"tcp": 2, "tcp6": 2, "ssl": 2}
 
 
-def loopback_interface(description):
+def loopback_interface(description: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """
     The interface a server endpoint string binds, required to be a
     loopback address literal.

@@ -9,13 +9,16 @@ C{<id>-<n>}, so that a late frame of an abandoned attempt can never reach
 the new one, while the caller keeps seeing one id.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
-from iop.run import CAPACITY_EXCEEDED, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE
+from iop.run import CAPACITY_EXCEEDED, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE, RunFailure
 
 
-def provider_failed(failure):
+def provider_failed(failure: RunFailure) -> bool:
     """
     Whether C{failure} (a L{iop.run.RunFailure} seen before any output) is
     the provider's own failure to serve: no connection, no answer, or an
@@ -38,19 +41,23 @@ class Work:
         tokens), settled once when it ends.
     """
 
-    spec: object
-    listener_for: object
+    spec: RunSpec
+    listener_for: Callable[[str, str], Any]
     retries: int
     id: str | None = None
     attempts: int = 0
     refused_once: bool = False
-    avoid: set = field(default_factory=set)
+    avoid: set[tuple[str, str]] = field(default_factory=set)
     ticket: Ticket | None = None
 
-    def wire_id(self):
+    def wire_id(self) -> str:
+        """
+        This attempt's id on the wire (the work has its id once placed).
+        """
+        assert self.id is not None
         return self.id if self.attempts <= 1 else f"{self.id}-{self.attempts}"
 
-    def may_retry(self, failure):
+    def may_retry(self, failure: RunFailure) -> bool:
         """
         Whether an attempt that failed with C{failure} before any output
         should be placed again (and, if so, count it).

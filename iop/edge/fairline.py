@@ -31,7 +31,7 @@ The line knows nothing of leases, clocks or Twisted; the pool
 
 import heapq
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Waiting(Protocol):
@@ -52,15 +52,19 @@ class Waiting(Protocol):
     cost: int
 
 
-class FairLine:
+W = TypeVar("W", bound=Waiting)
+
+
+class FairLine(Generic[W]):
     """
-    The waiters of one queue, by priority class and tenant.
+    The waiters of one queue, by priority class and tenant (any kind of
+    L{Waiting}: the line hands back what it was given).
     """
 
     def __init__(self) -> None:
         #: priority -> tenant -> its waiters, oldest first (a dict as an
         #: ordered set: O(1) removal of a waiter that leaves early).
-        self._levels: dict[int, dict[str, dict[Waiting, None]]] = {}
+        self._levels: dict[int, dict[str, dict[W, None]]] = {}
         #: tenant -> tokens served / weight.
         self._virtual: dict[str, float] = {}
         #: tenant -> when it was last granted a slot (a grant count).
@@ -71,7 +75,7 @@ class FairLine:
     def __len__(self) -> int:
         return self._size
 
-    def __iter__(self) -> Iterator[Waiting]:
+    def __iter__(self) -> Iterator[W]:
         """
         Every waiter (in no particular order across tenants).
         """
@@ -79,7 +83,7 @@ class FairLine:
             for fifo in level.values():
                 yield from fifo
 
-    def __contains__(self, waiter: Waiting) -> bool:
+    def __contains__(self, waiter: W) -> bool:
         fifo = self._levels.get(waiter.priority, {}).get(waiter.tenant)
         return fifo is not None and waiter in fifo
 
@@ -89,7 +93,7 @@ class FairLine:
         """
         return self._virtual.get(tenant, 0.0)
 
-    def add(self, waiter: Waiting) -> None:
+    def add(self, waiter: W) -> None:
         level = self._levels.setdefault(waiter.priority, {})
         fifo = level.get(waiter.tenant)
         if fifo is None:
@@ -99,7 +103,7 @@ class FairLine:
         fifo[waiter] = None
         self._size += 1
 
-    def remove(self, waiter: Waiting) -> None:
+    def remove(self, waiter: W) -> None:
         level = self._levels[waiter.priority]
         fifo = level[waiter.tenant]
         del fifo[waiter]
@@ -124,10 +128,10 @@ class FairLine:
         """
         self._virtual[tenant] = self._virtual.get(tenant, 0.0) + tokens / weight
 
-    def _rank(self, tenant: str, fifo: dict[Waiting, None]) -> tuple[float, int, int]:
+    def _rank(self, tenant: str, fifo: dict[W, None]) -> tuple[float, int, int]:
         return (self.counter(tenant), self._last_grant.get(tenant, 0), _head(fifo).seq)
 
-    def order(self) -> Iterator[Waiting]:
+    def order(self) -> Iterator[W]:
         """
         Every waiter in the order it should be served now: classes highest
         first; within one, tenants by counter (then least recently
@@ -140,13 +144,13 @@ class FairLine:
             for tenant in sorted(level, key=lambda t: self._rank(t, level[t])):
                 yield from level[tenant]
 
-    def positions(self) -> dict[Waiting, int]:
+    def positions(self) -> dict[W, int]:
         """
         Where each waiter stands (1: next), if every waiter ahead of it is
         served and costs its estimate: the fair order played forward, one
         grant at a time, in O(n log tenants).
         """
-        positions: dict[Waiting, int] = {}
+        positions: dict[W, int] = {}
         position = 0
         grants = self._grants
         for priority in sorted(self._levels, reverse=True):
@@ -174,5 +178,5 @@ class FairLine:
             self._virtual[tenant] = max(self._virtual.get(tenant, 0.0), min(waiting))
 
 
-def _head(fifo: dict[Waiting, None]) -> Waiting:
+def _head(fifo: dict[W, None]) -> W:
     return next(iter(fifo))

@@ -14,10 +14,13 @@ most about one window per stream, whatever the caller does, and the other
 streams of the same Node link flow on.
 """
 
-from twisted.internet.interfaces import IPushProducer
+from collections.abc import Callable
+
+from google.protobuf.message import Message
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from zope.interface import implementer
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 
 #: How long a caller may take nothing of a stream before it is cut off.
 STALL_TIMEOUT_SEC = 60.0
@@ -36,23 +39,30 @@ class ReceiveWindow:
         C{stall_timeout} seconds.
     """
 
-    def __init__(self, send, stream_id, window, clock=None, stall_timeout=STALL_TIMEOUT_SEC):
+    def __init__(
+        self,
+        send: Callable[[Message], object],
+        stream_id: str,
+        window: int,
+        clock: IReactorTime | None = None,
+        stall_timeout: float = STALL_TIMEOUT_SEC,
+    ) -> None:
         self._send = send
         self.stream_id = stream_id
         self.window = window
         self.clock = clock
         self.stall_timeout = stall_timeout
-        self.on_stall = None
+        self.on_stall: Callable[[], None] | None = None
         self.unacked = 0
         self.paused = False
         self.closed = False
-        self._stall = None
+        self._stall: IDelayedCall | None = None
         #: The work goes on when its reader leaves (a background run):
         #: then the window opens wide instead of closing.
         self.keep_flowing = False
         self.wide = False
 
-    def received(self, size):
+    def received(self, size: int) -> None:
         """
         C{size} body bytes of the stream were handed to the caller.
         """
@@ -68,54 +78,54 @@ class ReceiveWindow:
         if not self.paused and self.unacked >= self.window // 2:
             self._grant()
 
-    def _grant(self):
+    def _grant(self) -> None:
         if self.unacked and not self.closed:
             size, self.unacked = self.unacked, 0
             try:
-                self._send(iop_pb2.WindowUpdate(id=self.stream_id, bytes=size))
+                self._send(messages.window_update(self.stream_id, size))
             except Exception:
                 # The link is going away; its loss ends the stream.
                 self.closed = True
 
-    def close(self):
+    def close(self) -> None:
         """
         The stream ended: nothing more is granted.
         """
         self.closed = True
         self._unwatch()
 
-    def _unwatch(self):
+    def _unwatch(self) -> None:
         if self._stall is not None and self._stall.active():
             self._stall.cancel()
         self._stall = None
 
-    def _stalled(self):
+    def _stalled(self) -> None:
         self._stall = None
         if not self.closed and self.on_stall is not None:
             self.on_stall()
 
     # -- IPushProducer: the caller's connection
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         if self.wide:
             return
         self.paused = True
         if self.clock is not None and self._stall is None and not self.closed:
             self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self.paused = False
         self._unwatch()
         self._grant()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         if self.keep_flowing and not self.closed:
             self.open_wide()
             return
         self.closed = True
         self._unwatch()
 
-    def open_wide(self):
+    def open_wide(self) -> None:
         """
         Nobody reads the stream any more, but the work must go on (a
         background run whose caller left): grant without waiting for a

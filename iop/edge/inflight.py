@@ -8,7 +8,20 @@ Node's work, and it can tell a draining Edge when nothing is left
 end) goes on to the run book (L{iop.edge.runs.RunBook}).
 """
 
+from collections.abc import Callable
+
+from google.protobuf.message import Message
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from iop.edge.dispatch import Dispatch, TunnelDispatch
+from iop.edge.registry import NodeLink
+from iop.edge.runs import RunBook
+from iop.run import RunEventData, RunFailure
+
+#: A node command waiting for its answer: its link, its Deferred and
+#: what to call with each progress answer.
+_Request = tuple[NodeLink, "defer.Deferred[Message]", Callable[[Message], object] | None]
 
 
 class Inflight:
@@ -17,47 +30,47 @@ class Inflight:
     @ivar runs: the L{iop.edge.runs.RunBook} that keeps the record of work.
     """
 
-    def __init__(self, clock, runs):
+    def __init__(self, clock: IReactorTime, runs: RunBook) -> None:
         self.clock = clock
         self.runs = runs
-        self._detached = {}  # node id -> {wire id: (dispatch, timer)}
-        self._work = {}
-        self._by_caller = {}
-        self._by_link = {}
-        self._requests = {}
-        self._per_node = {}
-        self._idle_waiters = []
+        self._detached: dict[str, dict[str, tuple[Dispatch, IDelayedCall]]] = {}  # node id -> {wire id: ...}
+        self._work: dict[str, Dispatch] = {}
+        self._by_caller: dict[str, Dispatch] = {}
+        self._by_link: dict[NodeLink, dict[str, Dispatch]] = {}
+        self._requests: dict[str, _Request] = {}
+        self._per_node: dict[str, int] = {}
+        self._idle_waiters: list[defer.Deferred[None]] = []
 
     # -- runs and tunnels
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._work)
 
-    def __contains__(self, work_id):
+    def __contains__(self, work_id: str) -> bool:
         return work_id in self._work
 
-    def get(self, wire_id):
+    def get(self, wire_id: str) -> Dispatch | None:
         """
         The dispatch with this id on the wire (exactly: a late frame of an
         abandoned attempt finds nothing).
         """
         return self._work.get(wire_id)
 
-    def for_caller(self, work_id):
+    def for_caller(self, work_id: str) -> Dispatch | None:
         """
         The dispatch serving the work its caller knows as C{work_id} (its
         latest attempt).
         """
         return self._by_caller.get(work_id)
 
-    def add(self, dispatch):
+    def add(self, dispatch: Dispatch) -> None:
         self._work[dispatch.id] = dispatch
         self._by_caller[dispatch.caller_id] = dispatch
         self._by_link.setdefault(dispatch.link, {})[dispatch.id] = dispatch
         node_id = dispatch.link.node_id
         self._per_node[node_id] = self._per_node.get(node_id, 0) + 1
 
-    def forget(self, dispatch):
+    def forget(self, dispatch: Dispatch) -> None:
         if self._work.pop(dispatch.id, None) is None:
             return
         if self._by_caller.get(dispatch.caller_id) is dispatch:
@@ -73,24 +86,24 @@ class Inflight:
             del self._per_node[node_id]
         self._check_idle()
 
-    def on_link(self, link):
+    def on_link(self, link: NodeLink) -> list[Dispatch]:
         """
         The work in flight on one connection (a list: safe to end each).
         """
         return list(self._by_link.get(link, {}).values())
 
-    def on_node(self, node_id):
+    def on_node(self, node_id: str) -> int:
         """
         How many runs and tunnels are in flight on C{node_id}.
         """
         return self._per_node.get(node_id, 0)
 
-    def all(self):
+    def all(self) -> list[Dispatch]:
         return list(self._work.values())
 
     # -- background runs whose node's link was lost
 
-    def detach(self, dispatch, timeout, expired):
+    def detach(self, dispatch: Dispatch, timeout: float, expired: Callable[[Dispatch], None]) -> None:
         """
         C{dispatch}'s link is gone but its Node keeps it running (a
         background run, wire version 4): it leaves the table (its lease
@@ -103,17 +116,17 @@ class Inflight:
         timer = self.clock.callLater(timeout, self._expired, node_id, dispatch, expired)
         self._detached.setdefault(node_id, {})[dispatch.id] = (dispatch, timer)
 
-    def _expired(self, node_id, dispatch, expired):
+    def _expired(self, node_id: str, dispatch: Dispatch, expired: Callable[[Dispatch], None]) -> None:
         if self.take_detached(node_id, dispatch.id) is dispatch:
             expired(dispatch)
 
-    def detached_on(self, node_id):
+    def detached_on(self, node_id: str) -> list[str]:
         """
         The ids on the wire of the runs waiting for C{node_id}.
         """
         return list(self._detached.get(node_id, {}))
 
-    def take_detached(self, node_id, wire_id):
+    def take_detached(self, node_id: str, wire_id: str) -> Dispatch | None:
         """
         @return: the run C{wire_id} waiting for C{node_id}, no longer
             waiting (or C{None}).
@@ -129,7 +142,7 @@ class Inflight:
             timer.cancel()
         return dispatch
 
-    def detached_for_caller(self, work_id):
+    def detached_for_caller(self, work_id: str) -> tuple[str, str] | None:
         """
         The waiting run its caller knows as C{work_id}, if any (as
         C{(node_id, wire_id)}).
@@ -142,7 +155,13 @@ class Inflight:
 
     # -- node commands waiting for an answer
 
-    def expect(self, link, request_id, on_progress=None, on_cancel=None):
+    def expect(
+        self,
+        link: NodeLink,
+        request_id: str,
+        on_progress: Callable[[Message], object] | None = None,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> "defer.Deferred[Message]":
         """
         @param on_progress: called with each progress answer (a
             C{NodeCommandResponse} with C{progress} set) before the final one.
@@ -152,16 +171,16 @@ class Inflight:
             C{link}; cancelling it forgets the request.
         """
 
-        def cancel(d):
+        def cancel(d: defer.Deferred[Message]) -> None:
             if self._requests.pop(request_id, None) is not None and on_cancel is not None:
                 on_cancel()
             self._check_idle()
 
-        d = defer.Deferred(cancel)
+        d: defer.Deferred[Message] = defer.Deferred(cancel)
         self._requests[request_id] = (link, d, on_progress)
         return d
 
-    def answered(self, link, request_id, result):
+    def answered(self, link: NodeLink, request_id: str, result: Message) -> None:
         """
         An answer arrived; one from any connection but the asker's is
         ignored.
@@ -178,14 +197,14 @@ class Inflight:
         d.callback(result)
         self._check_idle()
 
-    def unexpect(self, request_id):
+    def unexpect(self, request_id: str) -> None:
         """
         Forget a request that could not be sent.
         """
         self._requests.pop(request_id, None)
         self._check_idle()
 
-    def fail_requests(self, error, link=None):
+    def fail_requests(self, error: Exception, link: NodeLink | None = None) -> None:
         """
         Fail every pending request (of C{link} only, if given) with C{error}.
         """
@@ -197,17 +216,17 @@ class Inflight:
 
     # -- draining
 
-    def when_idle(self):
+    def when_idle(self) -> "defer.Deferred[None]":
         """
         @return: a Deferred firing once no run, tunnel or command is in
             flight (at once if none is).
         """
-        d = defer.Deferred()
+        d: defer.Deferred[None] = defer.Deferred()
         self._idle_waiters.append(d)
         self._check_idle()
         return d
 
-    def _check_idle(self):
+    def _check_idle(self) -> None:
         if self._idle_waiters and not self._work and not self._requests:
             waiters, self._idle_waiters = self._idle_waiters, []
             for d in waiters:
@@ -215,7 +234,7 @@ class Inflight:
 
     # -- what work reports
 
-    def run_event(self, dispatch, event, seq):
+    def run_event(self, dispatch: Dispatch, event: RunEventData, seq: int | None) -> None:
         """
         One event of a run in flight, for the run book (which logs it,
         gives it to the run's followers and publishes it).
@@ -223,15 +242,16 @@ class Inflight:
         if dispatch.record is not None:
             self.runs.event(dispatch.record, event, seq)
 
-    def abandoned(self, dispatch, code, message):
+    def abandoned(self, dispatch: Dispatch, code: str, message: str) -> None:
         """
-        Work that ended here without a terminal to report (its listener
+        Dispatch that ended here without a terminal to report (its listener
         failed): its record ends too.
         """
         if dispatch.record is not None:
             self.runs.not_started(dispatch.record, code, message)
 
-    def tunnel_ended(self, dispatch, status, failure):
+    def tunnel_ended(self, dispatch: TunnelDispatch, status: str, failure: RunFailure | None) -> None:
+
         if dispatch.record is not None:
             error = None if failure is None else {"code": failure.code, "message": failure.message}
             self.runs.tunnel_ended(dispatch.record, status, dispatch.usage, error)

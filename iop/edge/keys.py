@@ -26,7 +26,9 @@ C{tokens_per_minute} / C{tokens_per_day} budget its tokens
 import hashlib
 import hmac
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from twisted.python.runtime import seconds as wall_seconds
 
@@ -60,20 +62,20 @@ class KeySpec:
         return Tenant(self.name, self.weight, self.priority, self.tokens_per_minute, self.tokens_per_day)
 
     @classmethod
-    def plain(cls, key):
+    def plain(cls, key: str) -> "KeySpec":
         digest = key_digest(key)
         return cls(digest=digest, name=_default_name(digest))
 
 
-def key_digest(key):
+def key_digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-def _default_name(digest):
+def _default_name(digest: bytes) -> str:
     return "key-" + digest.hex()[:8]
 
 
-def find(specs, presented):
+def find(specs: Iterable[KeySpec], presented: str | None) -> KeySpec | None:
     """
     The spec among C{specs} whose digest matches the presented key,
     compared in constant time against every one.
@@ -91,7 +93,7 @@ def find(specs, presented):
 # -- edge.yaml
 
 
-def _entry(section, where, value):
+def _entry(section: Section, where: str, value: object) -> KeySpec:
     if isinstance(value, str):
         if not value:
             raise section.error(where, "must be a non-empty string")
@@ -127,7 +129,7 @@ def _entry(section, where, value):
             digest = b""
         if len(digest) != 32:
             raise entry.error("sha256", "must be 64 hexadecimal digits")
-    limits = {}
+    limits: dict[str, int | None] = {}
     for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
         limit = entry.get(name, int, None)
         if limit is not None and limit < 1:
@@ -144,7 +146,7 @@ def _entry(section, where, value):
     )
 
 
-def parse_keys(section, name):
+def parse_keys(section: Section, name: str) -> tuple[KeySpec, ...]:
     """
     A list of keys (C{api_keys}, C{admin_keys}); absent is empty.
 
@@ -153,7 +155,7 @@ def parse_keys(section, name):
     """
     values = section.get(name, list, [])
     specs = tuple(_entry(section, f"{name}[{i}]", value) for i, value in enumerate(values))
-    seen = set()
+    seen: set[bytes] = set()
     for i, spec in enumerate(specs):
         if spec.digest in seen:
             raise section.error(f"{name}[{i}]", "duplicate key (not shown)")
@@ -161,7 +163,7 @@ def parse_keys(section, name):
     return specs
 
 
-def parse_key(section, name):
+def parse_key(section: Section, name: str) -> KeySpec | None:
     """
     One optional key (C{metrics_key}). @return: a L{KeySpec} or C{None}.
     """
@@ -179,12 +181,21 @@ class RateLimited(ServiceError):
     @ivar retry_after: seconds until a retry may succeed.
     """
 
-    def __init__(self, message, retry_after):
+    def __init__(self, message: str, retry_after: int) -> None:
         super().__init__("busy", message, code="key_rate_limited")
         self.retry_after = retry_after
 
 
-def _nothing(_=None):
+class Release(Protocol):
+    """
+    Ends what L{KeyLimiter.admit} counted: called with no argument, or
+    with a Deferred's result (which it ignores).
+    """
+
+    def __call__(self, _: object = None, /) -> None: ...
+
+
+def _nothing(_: object = None) -> None:
     return None
 
 
@@ -196,12 +207,12 @@ class KeyLimiter:
     @param seconds: a clock, C{seconds() -> float}.
     """
 
-    def __init__(self, seconds=wall_seconds):
+    def __init__(self, seconds: Callable[[], float] = wall_seconds) -> None:
         self.seconds = seconds
-        self.in_progress = {}
-        self._buckets = {}
+        self.in_progress: dict[bytes, int] = {}
+        self._buckets: dict[bytes, tuple[float, float]] = {}
 
-    def admit(self, spec, concurrent=True):
+    def admit(self, spec: KeySpec, concurrent: bool = True) -> Release:
         """
         Count one request of C{spec}: against C{requests_per_minute}, and
         unless C{concurrent} is false (a request that runs no work) against
@@ -225,9 +236,9 @@ class KeyLimiter:
         if not concurrent:
             return _nothing
         self.in_progress[spec.digest] = busy + 1
-        done = []
+        done: list[bool] = []
 
-        def release(_=None):
+        def release(_: object = None) -> None:
             if not done:
                 done.append(True)
                 left = self.in_progress[spec.digest] - 1
@@ -238,7 +249,8 @@ class KeyLimiter:
 
         return release
 
-    def _take_token(self, spec):
+    def _take_token(self, spec: KeySpec) -> None:
+        assert spec.requests_per_minute is not None
         rate = spec.requests_per_minute / 60.0
         now = self.seconds()
         tokens, last = self._buckets.get(spec.digest, (float(spec.requests_per_minute), now))

@@ -9,6 +9,7 @@ the documented limits.
 
 from dataclasses import dataclass
 
+from iop.config import Section
 from iop.edge.tenants import TOKEN_ESTIMATE
 from iop.protocols.wire import MAX_FRAME_BYTES
 
@@ -74,7 +75,7 @@ class Limits:
     max_http_connections_per_address: int = MAX_HTTP_CONNECTIONS_PER_ADDRESS
 
 
-def parse_limits(section):
+def parse_limits(section: Section) -> Limits:
     """
     Read C{limits:} (a L{iop.config.Section}; empty when absent).
 
@@ -114,7 +115,7 @@ def parse_limits(section):
     )
 
 
-def _count(section, name, default, minimum=1, maximum=None):
+def _count(section: Section, name: str, default: int, minimum: int = 1, maximum: int | None = None) -> int:
     value = section.get(name, int, default)
     if value < minimum:
         raise section.error(name, f"must be at least {minimum}, got {value!r}")

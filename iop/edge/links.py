@@ -16,94 +16,124 @@ in-flight table owns work; this module only tells each what happened.
 """
 
 import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.edge import bus as lifecycle
-from iop.edge.dispatch import Placement, RunDispatch, TunnelDispatch, Unheard
+from iop.edge.bus import EventBus
+from iop.edge.config import EdgeConfig, NodeSpec
+from iop.edge.dispatch import Dispatch, Placement, RunDispatch, TunnelDispatch, Unheard
 from iop.edge.errors import ServiceError
-from iop.edge.pool import NORMAL
-from iop.edge.registry import RegistrationRefused
+from iop.edge.inflight import Inflight
+from iop.edge.pool import NORMAL, ProviderPool
+from iop.edge.registry import NodeLink, NodeRegistry, RegistrationRefused
 from iop.edge.reload import changed_nodes
 from iop.edge.runs import RUN, RUNNING
+from iop.edge.seam import ICluster, NotOwner
 from iop.edge.spec import new_id
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import event_from_wire
-from iop.protocols.wire import DRAINING_WIRE_VERSION, OLDEST_WIRE_VERSION, WIRE_VERSION
+from iop.protocols.wire import DRAINING_WIRE_VERSION, OLDEST_WIRE_VERSION, WIRE_VERSION, WireProtocol
 from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
 
 #: How long a Node may take to acknowledge a config refresh.
 REFRESH_TIMEOUT_SEC = 30.0
+
+#: What a registration comes to: the link (C{None} when refused) and a
+#: Deferred of the answer (C{None}: the link was lost meanwhile).
+Registration = tuple[NodeLink | None, "Deferred[messages.RegisterResponse | None]"]
+
+#: The kind of dispatch a result of work is for.
+_Kind = TypeVar("_Kind", bound=Dispatch)
+
+#: How a run is taken back: the reported run, the Edge's waiting dispatch
+#: (or C{None}) and the lease to take for it (or C{None}).
+_Adoption = tuple[str, str, str | None, str]
 
 
 class NodeLinks:
     """
     @param config: a callable returning the running
         L{iop.edge.config.EdgeConfig} (it changes on reload).
+    @param cluster: the L{ICluster} this Edge belongs to: a registration
+        must also win the node's claim there, and a ready the node's
+        claim must still hold.
     """
 
     log = Logger()
 
-    def __init__(self, config, registry, pool, inflight, bus):
+    def __init__(
+        self,
+        config: Callable[[], EdgeConfig],
+        registry: NodeRegistry,
+        pool: ProviderPool,
+        inflight: Inflight,
+        bus: EventBus,
+        cluster: ICluster,
+    ) -> None:
         self._config = config
         self.registry = registry
         self.pool = pool
         self.inflight = inflight
         self.bus = bus
-        #: In an Edge cluster, the L{iop.edge.cluster.membership.Membership}:
-        #: a registration must also win the node's etcd claim.
-        self.cluster = None
+        self.cluster = cluster
 
     # -- registration and readiness
 
-    def register(self, token, wire_version, wire):
+    def register(self, token: str, wire_version: int, wire: WireProtocol) -> Registration:
         """
         Handle a C{RegisterRequest}.
 
-        @return: C{(link, response)}; C{link} is C{None} when refused. In
-            an Edge cluster C{response} is a Deferred: the node's etcd
-            claim comes first (L{_claimed}).
+        @return: C{(link, response)}; C{link} is C{None} when refused, and
+            C{response} a Deferred of the answer: the node's claim in the
+            cluster comes first (L{_claimed}; at once for an Edge on its
+            own).
         """
         if not OLDEST_WIRE_VERSION <= wire_version <= WIRE_VERSION:
             reason = (
                 f"wire version {wire_version} is not served here"
                 f" (this Edge serves {OLDEST_WIRE_VERSION} to {WIRE_VERSION}): upgrade the older side"
             )
-            return self._refused(self.registry.find_node(token), iop_pb2.INCOMPATIBLE_VERSION, reason)
+            return None, defer.succeed(
+                self._refused(self.registry.find_node(token), messages.INCOMPATIBLE_VERSION, reason)
+            )
         try:
             link = self.registry.register(token, wire)
         except RegistrationRefused as refusal:
-            return self._refused(self.registry.find_node(token), refusal.code, refusal.reason)
+            return None, defer.succeed(self._refused(self.registry.find_node(token), refusal.code, refusal.reason))
         link.wire_version = wire_version
-        if self.cluster is not None:
-            d = self.cluster.claim(link.node_id)
-            d.addCallbacks(self._claimed, self._not_claimed, callbackArgs=(link,), errbackArgs=(link,))
-            return link, d
-        return link, self._accepted(link)
+        d = self.cluster.claim(link.node_id, link.generation)
+        answer = d.addCallbacks(self._claimed, self._not_claimed, callbackArgs=(link,), errbackArgs=(link,))
+        return link, answer
 
-    def _claimed(self, revision, link):
+    def _claimed(self, generation: int, link: NodeLink) -> messages.RegisterResponse | None:
         """
-        The node's etcd claim is this Edge's: the link's generation is its
-        revision. A link lost meanwhile gives the claim back at once.
+        The node's claim is this Edge's: the link's generation is the
+        claim's (in an Edge cluster, its etcd revision). A link lost
+        meanwhile gives the claim back at once.
         """
         if not link.open:
-            self.cluster.release(link.node_id, revision)
+            self.cluster.release(link.node_id, generation)
             return None
-        self.registry.fence(link, revision)
+        self.registry.fence(link, generation)
         return self._accepted(link)
 
-    def _not_claimed(self, failure, link):
-        from iop.edge.cluster.membership import NotOwner
-
-        failure.trap(NotOwner)
+    def _not_claimed(self, failure: Failure, link: NodeLink) -> messages.RegisterResponse | Failure:
+        refusal = failure.value
+        if not isinstance(refusal, NotOwner):
+            return failure
         self.registry.abandon(link)
         # Retryable either way: the node's owner elsewhere goes away, or
         # this Edge gets its etcd session back.
         node = self._config().node(link.node_id)
-        return self._refused(node, iop_pb2.DUPLICATE_CONNECTION, failure.value.reason)[1]
+        return self._refused(node, messages.DUPLICATE_CONNECTION, refusal.reason)
 
-    def _accepted(self, link):
+    def _accepted(self, link: NodeLink) -> messages.RegisterResponse:
         wire_version = link.wire_version
         # Cannot fail: edge.yaml was validated at load (adapter options are
         # JSON), so CONFIG_BUILD_FAILED is never sent by this Edge.
@@ -116,9 +146,9 @@ class NodeLinks:
             generation=link.generation,
             version=wire_version,
         )
-        return iop_pb2.RegisterResponse(accepted=True, config=payload, wire_version=WIRE_VERSION)
+        return messages.register_accepted(payload, WIRE_VERSION)
 
-    def refuse_credentials(self, token, reason):
+    def refuse_credentials(self, token: str, reason: str) -> Registration:
         """
         Refuse a registration whose credentials do not hold together (a
         client certificate that does not name the token's node): fatal for
@@ -126,31 +156,26 @@ class NodeLinks:
 
         @return: C{(None, response)}.
         """
-        return self._refused(self.registry.find_node(token), iop_pb2.UNKNOWN_TOKEN, reason)
+        return None, defer.succeed(self._refused(self.registry.find_node(token), messages.UNKNOWN_TOKEN, reason))
 
-    def _refused(self, node, code, reason):
-        self.bus.node_event(node.id if node else None, lifecycle.REJECTED, reason=reason)
+    def _refused(self, node: NodeSpec | None, code: int, reason: str) -> messages.RegisterResponse:
+        self.bus.node_event(node.id if node else "", lifecycle.REJECTED, reason=reason)
         self.log.warn("registration refused: {reason}", reason=reason)
-        return None, iop_pb2.RegisterResponse(accepted=False, code=code, reason=reason, wire_version=WIRE_VERSION)
+        return messages.register_refused(code, reason, WIRE_VERSION)
 
-    def config_payload(self, node_id):
+    def config_payload(self, node_id: str) -> messages.NodeConfigPayload:
         config = self._config()
         node = config.node(node_id)
-        payload = iop_pb2.NodeConfigPayload(
-            node_id=node.id,
-            heartbeat_interval_sec=config.heartbeat_interval,
-            heartbeat_timeout_sec=config.heartbeat_timeout,
-        )
-        for adapter in node.adapters:
-            payload.adapters.add(
-                name=adapter.name,
-                type=adapter.type,
-                max_concurrency=adapter.max_concurrency,
-                options_json=json.dumps(adapter.options, sort_keys=True),
+        assert node is not None  # (a link's node is configured: reloads close removed nodes' links)
+        adapters = [
+            messages.adapter_config(
+                adapter.name, adapter.type, adapter.max_concurrency, json.dumps(adapter.options, sort_keys=True)
             )
-        return payload
+            for adapter in node.adapters
+        ]
+        return messages.node_config(node.id, adapters, config.heartbeat_interval, config.heartbeat_timeout)
 
-    def ready(self, link, node_id):
+    def ready(self, link: NodeLink, node_id: str) -> tuple[messages.NodeReadyResponse, bool]:
         """
         Handle a C{NodeReadyRequest}.
 
@@ -160,17 +185,17 @@ class NodeLinks:
         """
         try:
             first = self.registry.mark_ready(link, node_id)
-            if self.cluster is not None and not self.cluster.holds(link.node_id, link.generation):
+            if not self.cluster.holds(link.node_id, link.generation):
                 link.ready = False
                 raise RegistrationRefused(
-                    iop_pb2.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
+                    messages.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
                 )
         except RegistrationRefused as refusal:
             self.bus.node_event(node_id, lifecycle.REJECTED, reason=refusal.reason)
-            return iop_pb2.NodeReadyResponse(ready=False, reason=refusal.reason), False
-        return iop_pb2.NodeReadyResponse(ready=True), first
+            return messages.ready_response(False, refusal.reason), False
+        return messages.ready_response(True), first
 
-    def reconciled(self, link, message):
+    def reconciled(self, link: NodeLink, message: messages.RunReconcile) -> None:
         """
         Handle a C{RunReconcile} (wire version 4, before the Node's ready):
         the background runs it kept from a lost link, taken back when the
@@ -178,7 +203,7 @@ class NodeLinks:
         """
         link.reconcile = list(message.runs)
 
-    def activate(self, link):
+    def activate(self, link: NodeLink) -> None:
         """
         The node is dispatch-ready: its providers go live and waiting
         requests are served at once — after the background runs it kept
@@ -192,22 +217,27 @@ class NodeLinks:
             self._take_back(link, run, dispatch, lease)
         for wire_id in self.inflight.detached_on(link.node_id):
             # The node came back without it (it restarted): it is over.
-            dispatch = self.inflight.take_detached(link.node_id, wire_id)
-            dispatch.fail(NODE_RESTARTED, f"node {link.node_id} came back without run {dispatch.caller_id}")
+            gone = self.inflight.take_detached(link.node_id, wire_id)
+            assert gone is not None  # (listed by detached_on just now)
+            gone.fail(NODE_RESTARTED, f"node {link.node_id} came back without run {gone.caller_id}")
 
     # -- background runs across a lost link (wire version 4)
 
-    def _reconcile_plan(self, link):
+    def _reconcile_plan(
+        self, link: NodeLink
+    ) -> list[tuple[messages.ReconciledRun, RunDispatch | None, _Adoption | None]]:
         """
         What becomes of each run the Node reported: C{(run, dispatch,
         adopt)} — the Edge's waiting dispatch (or C{None}), and the lease
         to take for it (C{(provider_id, klass, group, target)}, or C{None}
         when it needs none: it ended, or the Edge does not want it back).
         """
-        plan = []
+        plan: list[tuple[messages.ReconciledRun, RunDispatch | None, _Adoption | None]] = []
         for run in link.reconcile or ():
-            dispatch = self.inflight.take_detached(link.node_id, run.run_id)
-            adopt = None
+            found = self.inflight.take_detached(link.node_id, run.run_id)
+            # Only runs outlive their link (Dispatch.outlives_link).
+            dispatch = found if isinstance(found, RunDispatch) else None
+            adopt: _Adoption | None = None
             if run.status == RUNNING:
                 if dispatch is not None:
                     placement, lease = dispatch.placement, dispatch.placement.lease
@@ -221,7 +251,7 @@ class NodeLinks:
         link.reconcile = None
         return plan
 
-    def _take_back(self, link, run, dispatch, lease):
+    def _take_back(self, link: NodeLink, run: messages.ReconciledRun, dispatch: RunDispatch | None, lease: Any) -> None:
         """
         Re-attach one reported run: a run the Edge was waiting for goes on
         where it was; one the Edge never heard of (it restarted since) is
@@ -232,7 +262,7 @@ class NodeLinks:
         if dispatch is None:
             record = self.inflight.runs.get(run.run_id)
             if record is not None:
-                link.send_quietly(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id=run.run_id))
+                link.send_quietly(messages.cancel_run(run.run_id))
                 return
             dispatch = self._adopted(link, run)
         adapter_type = self._adapter_type(link.node_id, run.adapter)
@@ -247,9 +277,9 @@ class NodeLinks:
             status=run.status,
             seq=after,
         )
-        link.send_quietly(iop_pb2.RunResume(run_id=run.run_id, after_seq=after))
+        link.send_quietly(messages.run_resume(run.run_id, after))
 
-    def _adopted(self, link, run):
+    def _adopted(self, link: NodeLink, run: messages.ReconciledRun) -> RunDispatch:
         """
         A run the Edge never heard of: on record from now on.
         """
@@ -267,18 +297,18 @@ class NodeLinks:
         placement = Placement(link, run.adapter, self._adapter_type(link.node_id, run.adapter), run.target)
         return RunDispatch(self.inflight, run.run_id, placement, Unheard(), run.run_id, record)
 
-    def _adapter_type(self, node_id, adapter):
+    def _adapter_type(self, node_id: str, adapter: str) -> str:
         node = self._config().node(node_id)
         spec = node.adapter(adapter) if node is not None else None
         return spec.type if spec is not None else ""
 
-    def _not_back(self, dispatch):
+    def _not_back(self, dispatch: Dispatch) -> None:
         dispatch.fail(
             NODE_DISCONNECTED,
             f"node {dispatch.link.node_id} did not come back within {self._config().reattach_timeout_sec:g}s",
         )
 
-    def node_draining(self, link, message):
+    def node_draining(self, link: NodeLink, message: messages.NodeDraining) -> None:
         """
         The Node is shutting down: its providers take no new leases; its
         work in flight goes on until it ends or the Node's grace passes.
@@ -295,14 +325,13 @@ class NodeLinks:
         self.bus.node_event(link.node_id, lifecycle.DRAINING, generation=link.generation)
         self.pool.node_draining(link.node_id, link.generation)
 
-    def lost(self, link, reason):
+    def lost(self, link: NodeLink, reason: str) -> None:
         """
         A registered connection closed. Only the current ready owner's loss
         takes the node out of service.
         """
         was_ready = self.registry.lost(link)
-        if self.cluster is not None:
-            self.cluster.release(link.node_id, link.generation)
+        self.cluster.release(link.node_id, link.generation)
         if not was_ready:
             return
         self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
@@ -327,24 +356,28 @@ class NodeLinks:
 
     # -- results of work
 
-    def run_event(self, link, message):
+    def run_event(self, link: NodeLink, message: messages.RunEvent) -> None:
         dispatch = self._dispatch_on(link, message.run_id, RunDispatch)
         if dispatch is not None:
+            dispatch.heard(message.first_byte_ms)
             dispatch.deliver(event_from_wire(message), message.seq or None)
 
-    def tunnel_frame(self, link, message):
+    def tunnel_frame(self, link: NodeLink, message: messages.ProviderTunnelFrame) -> None:
         dispatch = self._dispatch_on(link, message.tunnel_id, TunnelDispatch)
         if dispatch is not None:
+            dispatch.heard(message.first_byte_ms)
             dispatch.frame(message)
 
-    def _dispatch_on(self, link, dispatch_id, kind):
+    def _dispatch_on(self, link: NodeLink, dispatch_id: str, kind: type[_Kind]) -> _Kind | None:
         dispatch = self.inflight.get(dispatch_id)
         if dispatch is None or dispatch.link is not link or not isinstance(dispatch, kind):
             # Late events after a local end (cancel grace, disconnect) are normal.
             return None
         return dispatch
 
-    def answered(self, link, request_id, result):
+    def answered(
+        self, link: NodeLink, request_id: str, result: messages.NodeCommandResponse | messages.CancelResponse
+    ) -> None:
         """
         A C{NodeCommandResponse} or C{CancelResponse} arrived.
         """
@@ -352,7 +385,7 @@ class NodeLinks:
 
     # -- what the Edge tells its Nodes
 
-    def reload(self, old, new):
+    def reload(self, old: EdgeConfig, new: EdgeConfig) -> list[str]:
         """
         Push a C{ConfigRefresh} to every ready Node whose adapters differ
         between configurations C{old} and C{new} (C{new} is already the
@@ -366,7 +399,9 @@ class NodeLinks:
         changed = changed_nodes(old, new)
         self.registry.nodes = list(new.nodes)
         for node_id in changed:
-            for resource in new.node(node_id).implicit_resources():
+            node = new.node(node_id)
+            assert node is not None  # (changed_nodes names nodes of the new config)
+            for resource in node.implicit_resources():
                 self.pool.update_capacity(resource)
         pushed = []
         for node_id in changed:
@@ -377,7 +412,7 @@ class NodeLinks:
             request_id = new_id("cfg")
             answer = self.inflight.expect(link, request_id)
             try:
-                link.wire.send(iop_pb2.ConfigRefresh(config=payload, request_id=request_id))
+                link.wire.send(messages.config_refresh(payload, request_id))
             except Exception as e:
                 self.inflight.unexpect(request_id)
                 self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
@@ -388,7 +423,9 @@ class NodeLinks:
             pushed.append(node_id)
         return pushed
 
-    def _refresh_answered(self, outcome, link, payload):
+    def _refresh_answered(
+        self, outcome: messages.NodeCommandResponse | Failure, link: NodeLink, payload: messages.NodeConfigPayload
+    ) -> None:
         if isinstance(outcome, Failure):
             link.refresh = {"state": "unacknowledged", "reason": f"no answer within {REFRESH_TIMEOUT_SEC:g}s"}
             self.log.warn("node {node} did not acknowledge its config refresh", node=link.node_id)
@@ -404,7 +441,7 @@ class NodeLinks:
                 reason=outcome.error,
             )
 
-    def say_draining(self, grace, reason):
+    def say_draining(self, grace: float, reason: str) -> None:
         """
         Tell every connected Node that speaks wire version 2 or later that
         this Edge is draining: it will get no new work, and the coming
@@ -412,9 +449,9 @@ class NodeLinks:
         """
         for link in self.registry.links():
             if link.wire_version >= DRAINING_WIRE_VERSION:
-                link.send_quietly(iop_pb2.EdgeDraining(grace_sec=grace, reason=reason))
+                link.send_quietly(messages.edge_draining(grace, reason))
 
-    def close_all(self, reason):
+    def close_all(self, reason: str) -> None:
         """
         Close every Node connection (the drain is over).
         """
@@ -422,7 +459,7 @@ class NodeLinks:
             link.wire.close(reason)
 
 
-def _adapters(payload):
+def _adapters(payload: messages.NodeConfigPayload) -> list[dict[str, Any]]:
     """
     What a Node runs once it applied C{payload}, as the status shows it.
     """

@@ -6,8 +6,12 @@ C{strports} service under the L{iop.edge.service.EdgeService} tree; none
 listens until the tree is started.
 """
 
+from typing import Any
+
 from twisted.application import strports
+from twisted.application.service import IService
 from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.web.resource import Resource
 
 from iop.edge.http.common import RequireKey
 from iop.edge.http.root import Router, build_root
@@ -15,6 +19,11 @@ from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
+from iop.edge.tracing import build_tracing
+
+#: The L{iop.edge.service.EdgeService} the children are for: not imported,
+#: since it imports this module to build them.
+Edge = Any
 
 #: The listen backlog of the Node port and the HTTP port unless their
 #: endpoint string says otherwise (Twisted's default, 50, overflows under a
@@ -22,7 +31,7 @@ from iop.edge.nodetls import context_factory
 LISTEN_BACKLOG = 1024
 
 
-def with_backlog(description, backlog=LISTEN_BACKLOG):
+def with_backlog(description: str, backlog: int = LISTEN_BACKLOG) -> str:
     """
     C{description} (a server endpoint string) with C{backlog=} added for
     the stream endpoints that take it, unless it names one already.
@@ -33,7 +42,7 @@ def with_backlog(description, backlog=LISTEN_BACKLOG):
     return description
 
 
-def node_factory(edge, reactor):
+def node_factory(edge: Edge, reactor: Any) -> NodePortFactory:
     """
     The factory of Node connections: one
     L{iop.edge.connection.EdgeNodeConnection} each, talking to
@@ -42,7 +51,7 @@ def node_factory(edge, reactor):
     return NodePortFactory(edge.links, lambda: edge.config, reactor)
 
 
-def metrics_resource(edge):
+def metrics_resource(edge: Edge) -> Resource | None:
     """
     C{/metrics}, behind C{metrics_key} when one is configured; C{None} when
     metrics are off.
@@ -54,13 +63,14 @@ def metrics_resource(edge):
     return resource if config.metrics_key is None else RequireKey(resource, config.metrics_key)
 
 
-def http_site(edge, reactor, metrics=None):
+def http_site(edge: Edge, reactor: Any, metrics: Resource | None = None) -> EdgeSite:
     config = edge.config
-    root = build_root(edge, config, reactor, metrics)
+    tracing = build_tracing(config.tracing) if config.tracing is not None else None
+    root = build_root(edge, config, reactor, metrics, tracing)
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
-def peer_site(edge, reactor):
+def peer_site(edge: Edge, reactor: Any) -> EdgeSite:
     """
     C{listen.peer} of an Edge cluster: the same routes as the HTTP port,
     for requests other Edges forward, behind the cluster's secret.
@@ -72,7 +82,9 @@ def peer_site(edge, reactor):
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, per_address=False, reactor=reactor)
 
 
-def add_listeners(edge, reactor):
+def add_listeners(
+    edge: Edge, reactor: Any
+) -> tuple[IService, IService, IService | None, IService | None, IService | None]:
     """
     Give C{edge} its children. @return: C{(nodes, http, metrics, manhole,
     peer)}, the last three C{None} unless configured (C{/metrics} is on the HTTP port

@@ -11,14 +11,29 @@ pool.active_leases()]}. The host key is generated on first start, mode
 0600 (L{iop.edge.sshkeys}).
 """
 
+from collections.abc import Mapping
+from typing import Protocol, cast
+
 from twisted.application import strports
+from twisted.application.internet import StreamServerEndpointService
 from twisted.conch import manhole, manhole_ssh
 from twisted.conch.checkers import InMemorySSHKeyDB, SSHPublicKeyChecker
 from twisted.conch.insults import insults
 from twisted.conch.ssh import keys
 from twisted.cred import portal
+from twisted.internet.interfaces import IReactorCore
 
+from iop.edge.config import ManholeSpec
 from iop.edge.sshkeys import host_key
+
+
+class _Shell(Protocol):
+    """
+    What a session keeps of the protocol its shell was opened on (conch's
+    C{SSHSessionProcessProtocol}): enough to close it.
+    """
+
+    def loseConnection(self) -> None: ...
 
 
 class ConsoleSession(manhole_ssh.TerminalSession):
@@ -32,38 +47,52 @@ class ConsoleSession(manhole_ssh.TerminalSession):
 
     width = 80
     height = 24
-    protocol = None
+    protocol: _Shell | None = None
 
-    def openShell(self, proto):
+    def openShell(self, proto: _Shell) -> None:
         self.protocol = proto
         super().openShell(proto)
 
-    def windowChanged(self, newWindowSize):
+    def windowChanged(self, newWindowSize: tuple[int, int, int, int]) -> None:
         self.height, self.width = newWindowSize[:2]
 
-    def eofReceived(self):
+    def eofReceived(self) -> None:
         if self.protocol is not None:
             self.protocol.loseConnection()
 
 
-def manhole_factory(users, namespace, host_key_path):
+def manhole_factory(
+    users: Mapping[str, tuple[bytes, ...]], namespace: dict[str, object], host_key_path: str
+) -> manhole_ssh.ConchFactory:
     """
     @param users: C{{name: (public key bytes, ...)}}.
     """
     realm = manhole_ssh.TerminalRealm()
     realm.sessionFactory = ConsoleSession
-    realm.chainedProtocolFactory = lambda: insults.ServerProtocol(manhole.ColoredManhole, namespace)
+
+    def console() -> insults.ServerProtocol:
+        return insults.ServerProtocol(manhole.ColoredManhole, namespace)
+
+    # Conch only calls it with no argument; the attribute's type is
+    # inferred from its default, the protocol class itself.
+    realm.chainedProtocolFactory = cast("type[insults.ServerProtocol]", console)
     database = InMemorySSHKeyDB(
         {name.encode("utf-8"): [keys.Key.fromString(key) for key in user_keys] for name, user_keys in users.items()}
     )
-    factory = manhole_ssh.ConchFactory(portal.Portal(realm, [SSHPublicKeyChecker(database)]))
+    # TerminalRealm has IRealm's requestAvatar but is not declared to
+    # implement it.
+    factory = manhole_ssh.ConchFactory(portal.Portal(cast(portal.IRealm, realm), [SSHPublicKeyChecker(database)]))
     key = host_key(host_key_path)
-    factory.publicKeys = {key.sshType(): key.public()}
-    factory.privateKeys = {key.sshType(): key}
+    # ConchFactory declares these as bytes; its transport reads them as
+    # keys.Key (SSHServerTransport._getHostKeys).
+    factory.publicKeys = cast("dict[bytes, bytes]", {key.sshType(): key.public()})
+    factory.privateKeys = cast("dict[bytes, bytes]", {key.sshType(): key})
     return factory
 
 
-def manhole_service(spec, namespace, reactor):
+def manhole_service(
+    spec: ManholeSpec, namespace: dict[str, object], reactor: IReactorCore
+) -> StreamServerEndpointService:
     """
     @param spec: the L{iop.edge.config.ManholeSpec}.
     """

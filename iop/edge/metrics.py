@@ -11,9 +11,18 @@ conf/prometheus/alerts.yml (tests/test_dashboards.py checks every name
 they use against a live scrape).
 """
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from twisted.internet.interfaces import IReactorTime
+
+from iop.edge.bus import EventBus
+from iop.edge.http.request import EdgeRequest
+from iop.edge.http.site import EdgeSite
+from iop.edge.inflight import Inflight
+from iop.edge.nodeport import NodePortFactory
+from iop.edge.pool import ProviderPool
 from iop.metricspage import MetricsPage
 from iop.run import TERMINAL_TYPES
 
@@ -29,9 +38,11 @@ TOKEN_KINDS = (
 TIMED_ROUTES = frozenset({"/v1/chat/completions", "/v1/runs"})
 
 TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: The gateway's own time is a few hundred microseconds when all is well.
+GATEWAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
-def disconnect_cause(reason):
+def disconnect_cause(reason: str | None) -> str:
     """
     A Node connection's loss reason as a small label set, so heartbeat
     timeouts can be told from clean closes and broken frames.
@@ -46,12 +57,36 @@ def disconnect_cause(reason):
     return "lost"
 
 
+class Observed(Protocol):
+    """
+    What the metrics read of the Edge (L{iop.edge.service.EdgeService},
+    which imports this module, so it is described here).
+    """
+
+    @property
+    def clock(self) -> IReactorTime: ...
+
+    @property
+    def inflight(self) -> Inflight: ...
+
+    @property
+    def pool(self) -> ProviderPool: ...
+
+    @property
+    def site(self) -> EdgeSite | None: ...
+
+    @property
+    def node_port(self) -> NodePortFactory | None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 class _ServiceCollector:
-    def __init__(self, service, refused):
+    def __init__(self, service: Observed, refused: dict[str, int]) -> None:
         self.service = service
         self.refused = refused
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         status = self.service.status()
         connected = GaugeMetricFamily("iop_edge_node_connected", "1 if the node is dispatch-ready", labels=["node"])
         node_work = GaugeMetricFamily(
@@ -82,7 +117,7 @@ class _ServiceCollector:
         inflight.add_metric([], len(self.service.inflight))
         return [connected, node_work, in_use, capacity, up, queued, inflight, *self._health(), *self._doors()]
 
-    def _doors(self):
+    def _doors(self) -> list[Metric]:
         """
         Connections refused or closed before they were served, by reason:
         the HTTP site's (C{max_http_connections},
@@ -129,7 +164,7 @@ class _ServiceCollector:
             node_waiting.add_metric([], node_port.doors.waiting + node_port.doors.in_hall)
         return [refusals, waits, waiting, node_waits, node_waiting]
 
-    def _health(self):
+    def _health(self) -> list[Metric]:
         failures = CounterMetricFamily(
             "iop_edge_provider_failures",
             "Provider failures before answering (they feed its health), by reason code",
@@ -153,7 +188,7 @@ class HTTPMetrics:
     successful answer: queueing, placement and the back end's first token.
     """
 
-    def __init__(self, registry, clock):
+    def __init__(self, registry: CollectorRegistry, clock: IReactorTime) -> None:
         self.clock = clock
         self.requests = Counter(
             "iop_edge_http_requests",
@@ -163,7 +198,7 @@ class HTTPMetrics:
         )
         #: Work refused (429/503, or a queued stream ended) by reason
         #: code; reported in C{iop_edge_refusals_total} with the doors'.
-        self.refused = {}
+        self.refused: dict[str, int] = {}
         self.ttfb = Histogram(
             "iop_edge_http_ttfb_seconds",
             "Time to the first byte of a successful answer",
@@ -171,8 +206,16 @@ class HTTPMetrics:
             buckets=TTFB_BUCKETS,
             registry=registry,
         )
+        self.gateway = Histogram(
+            "iop_edge_gateway_seconds",
+            "The gateway's own time in a request until its answer's headers (Server-Timing edge and place:"
+            " not the queue, the Node or the provider)",
+            ["route"],
+            buckets=GATEWAY_BUCKETS,
+            registry=registry,
+        )
 
-    def observe(self, route, request):
+    def observe(self, route: str, request: EdgeRequest) -> None:
         """
         Called by the router for each request, before its resource.
         """
@@ -181,25 +224,28 @@ class HTTPMetrics:
             self._time_first_write(route, request, self.clock.seconds())
         request.notifyFinish().addBoth(lambda _: self._ended(route, method, request))
 
-    def _ended(self, route, method, request):
+    def _ended(self, route: str, method: str, request: EdgeRequest) -> None:
         self.requests.labels(route, method, str(request.code)).inc()
         refused = getattr(request, "refused", None)
         if refused is not None:
             self.refused[refused] = self.refused.get(refused, 0) + 1
+        gateway = getattr(request, "gateway_seconds", None)
+        if gateway is not None:
+            self.gateway.labels(route).observe(gateway)
 
-    def _time_first_write(self, route, request, arrived):
+    def _time_first_write(self, route: str, request: EdgeRequest, arrived: float) -> None:
         # Shadow this one request's write until its first call, then
         # remove the shadow: later writes go straight to twisted.web.
-        def first_write(data):
+        def first_write(data: bytes) -> None:
             del request.write
             if request.code < 400:
                 self.ttfb.labels(route).observe(self.clock.seconds() - arrived)
             return request.write(data)
 
-        request.write = first_write
+        request.write = first_write  # type: ignore[method-assign]  # a shadow for one call, removed by it
 
 
-def build_metrics(service, bus, clock=None):
+def build_metrics(service: Observed, bus: EventBus, clock: IReactorTime | None = None) -> "EdgeMetricsPage":
     """
     @return: the C{/metrics} resource; its C{http} attribute is the
         L{HTTPMetrics} the router reports requests to.
@@ -240,7 +286,7 @@ def build_metrics(service, bus, clock=None):
         registry=registry,
     )
 
-    def ended(work, kind, payload):
+    def ended(work: str, kind: str, payload: dict[str, Any]) -> None:
         terminals.labels(kind, work).inc()
         if payload.get("error"):
             failures.labels(payload.get("node") or "", kind, payload["error"].get("code") or "unknown").inc()
@@ -250,7 +296,7 @@ def build_metrics(service, bus, clock=None):
                 labels = (payload.get("model_group") or "", payload.get("provider") or "", payload.get("key") or "")
                 tokens.labels(payload.get("node") or "", token_kind, *labels).inc(usage[field])
 
-    def observe(topic, payload):
+    def observe(topic: str, payload: dict[str, Any]) -> None:
         if topic == "run":
             if payload["type"] in TERMINAL_TYPES:
                 ended("run", payload["type"], payload)
@@ -275,6 +321,6 @@ class EdgeMetricsPage(MetricsPage):
     C{/metrics}, holding the L{HTTPMetrics} the router reports to.
     """
 
-    def __init__(self, registry, http):
+    def __init__(self, registry: CollectorRegistry, http: HTTPMetrics) -> None:
         super().__init__(registry)
         self.http = http

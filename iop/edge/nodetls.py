@@ -18,10 +18,16 @@ C{cryptography}.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
+
+from iop.config import Section
+
+if TYPE_CHECKING:
+    from twisted.internet.ssl import CertificateOptions
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class TLSConfigError(ValueError):
     """
 
 
-def parse_node_tls(section, listen):
+def parse_node_tls(section: Section, listen: Section) -> NodeTLSSpec:
     """
     Read C{node_tls:} (every file is loaded now, so a bad one stops the
     Edge naming its key); C{listen.nodes} must then be a plain stream
@@ -76,7 +82,7 @@ def parse_node_tls(section, listen):
     return spec
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -84,7 +90,7 @@ def _read(path):
         raise TLSConfigError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _certificates(path):
+def _certificates(path: str) -> list[x509.Certificate]:
     try:
         certificates = x509.load_pem_x509_certificates(_read(path))
     except ValueError as e:
@@ -92,7 +98,7 @@ def _certificates(path):
     return certificates
 
 
-def context_factory(spec):
+def context_factory(spec: NodeTLSSpec) -> "CertificateOptions":
     """
     The server TLS options of the Node port: the Edge's certificate and
     key, client certificates required and verified against C{client_ca}.
@@ -122,7 +128,7 @@ def context_factory(spec):
     return options
 
 
-def identities(certificate):
+def identities(certificate: x509.Certificate) -> list[str]:
     """
     The node names a certificate carries: its subjectAltName DNS names,
     or, without any, its subject Common Name(s).
@@ -140,7 +146,7 @@ def identities(certificate):
     return [str(a.value) for a in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
 
 
-def peer_identities(transport):
+def peer_identities(transport: object) -> list[str] | None:
     """
     The identities of the client certificate on a TLS C{transport}, or
     C{None} when there is none (or the transport is not TLS).
@@ -152,7 +158,7 @@ def peer_identities(transport):
     return identities(peer.to_cryptography())
 
 
-def mismatch(transport, node_id):
+def mismatch(transport: object, node_id: str) -> str | None:
     """
     Why the client certificate on C{transport} does not belong to
     C{node_id}, or C{None} when it does.

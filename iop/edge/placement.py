@@ -22,11 +22,18 @@ The placer only chooses and leases; starting the work is the service's
 job, and the lease belongs to whoever starts the work.
 """
 
-from twisted.internet import defer
+from collections.abc import Callable, Collection, Iterable
 
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from iop.edge.config import EdgeConfig
 from iop.edge.dispatch import Placement
 from iop.edge.errors import ServiceError
-from iop.edge.pool import NoLiveProvider, QueueFull, QueueTimeout
+from iop.edge.pool import Lease, NoLiveProvider, ProviderPool, ProviderSpec, QueueFull, QueueTimeout
+from iop.edge.registry import NodeRegistry
+from iop.edge.spec import RunSpec
+from iop.edge.tenants import Ticket
 
 
 class Placer:
@@ -37,12 +44,14 @@ class Placer:
     @param pool: the L{iop.edge.pool.ProviderPool}.
     """
 
-    def __init__(self, config, registry, pool):
+    def __init__(self, config: Callable[[], EdgeConfig], registry: NodeRegistry, pool: ProviderPool) -> None:
         self._config = config
         self.registry = registry
         self.pool = pool
 
-    def place(self, spec, avoid=(), ticket=None):
+    def place(
+        self, spec: RunSpec, avoid: Iterable[tuple[str, str]] = (), ticket: Ticket | None = None
+    ) -> defer.Deferred[Placement]:
         """
         @param spec: a L{iop.edge.spec.RunSpec}.
         @param avoid: provider resources (keys) not to place on (they
@@ -52,14 +61,14 @@ class Placer:
         @return: a cancellable Deferred firing with a L{Placement}.
         """
         try:
-            d = self._lease(spec, frozenset(avoid), ticket)
+            leased = self._lease(spec, frozenset(avoid), ticket)
         except ServiceError as e:
             return defer.fail(e)
-        d.addCallback(self._from_lease, spec)
-        d.addErrback(self._pool_failure)
-        return d
+        placed = leased.addCallback(self._from_lease, spec)
+        placed.addErrback(self._pool_failure)
+        return placed
 
-    def retries(self, spec):
+    def retries(self, spec: RunSpec) -> int:
         """
         How many times a provider failure of C{spec}'s work may be placed
         again: its model group's C{retries}; none for work sent to an
@@ -68,7 +77,7 @@ class Placer:
         group = self.pool.group(spec.model) if spec.model else None
         return group.retries if group is not None else 0
 
-    def elsewhere(self, spec, avoid):
+    def elsewhere(self, spec: RunSpec, avoid: Collection[tuple[str, str]]) -> bool:
         """
         Whether C{spec}'s model group has a live provider outside C{avoid}
         that could serve it (so that placing it again can succeed).
@@ -78,7 +87,7 @@ class Placer:
         klass = self.pool.classify(spec.model, spec.input_chars())
         return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid))
 
-    def _lease(self, spec, avoid, ticket):
+    def _lease(self, spec: RunSpec, avoid: frozenset[tuple[str, str]], ticket: Ticket | None) -> defer.Deferred[Lease]:
         model, node_id = spec.model, spec.node
         group = self.pool.group(model) if model else None
         if node_id:
@@ -97,9 +106,12 @@ class Placer:
             return self._pooled(spec, avoid, ticket)
         return self._direct(self.single_node(spec.adapter or model or ""), spec.adapter or model or "", spec, ticket)
 
-    def _pooled(self, spec, avoid, ticket, node_id=None):
+    def _pooled(
+        self, spec: RunSpec, avoid: frozenset[tuple[str, str]], ticket: Ticket | None, node_id: str | None = None
+    ) -> defer.Deferred[Lease]:
         # Every provider will do (the common case): the pool's index then
         # chooses without scanning the group.
+        assert spec.model is not None  # only work naming a model group is pooled
         accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
         try:
             klass = self.pool.classify(spec.model, spec.input_chars())
@@ -107,7 +119,7 @@ class Placer:
         except KeyError:
             raise _cannot_serve(f"model group {spec.model!r}", spec) from None
 
-    def single_node(self, adapter):
+    def single_node(self, adapter: str) -> str:
         """
         The one ready node, for work that names neither a node nor a model
         group.
@@ -125,10 +137,12 @@ class Placer:
             )
         return links[0].node_id
 
-    def _direct(self, node_id, adapter, spec, ticket):
+    def _direct(self, node_id: str, adapter: str, spec: RunSpec, ticket: Ticket | None) -> defer.Deferred[Lease]:
         if not adapter:
             raise ServiceError("invalid", "say which adapter (or model group) should run this")
-        configured = self._config().node(node_id).adapter(adapter)
+        node = self._config().node(node_id)
+        assert node is not None  # a named node is checked, a ready one is configured
+        configured = node.adapter(adapter)
         if configured is None:
             raise ServiceError(
                 "not_found", f"node {node_id} has no adapter or model group {adapter!r}", code="model_not_found"
@@ -137,37 +151,40 @@ class Placer:
             raise _cannot_serve(f"adapter {adapter!r} ({configured.type})", spec)
         return self.pool.acquire_direct(node_id, adapter, ticket=ticket)
 
-    def _from_lease(self, lease, spec):
+    def _from_lease(self, lease: Lease, spec: RunSpec) -> Placement:
         link = self.registry.ready_link(lease.node_id)
         if link is None or link.generation != lease.generation:
             lease.release()
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
         return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
-    def _pool_failure(self, failure):
+    def _pool_failure(self, failure: Failure) -> Failure:
         # When to come back: from the queue's measured drain rate.
         if failure.check(NoLiveProvider):
+            assert isinstance(failure.value, NoLiveProvider)
             raise ServiceError("unavailable", str(failure.value), "unavailable", retry_after=failure.value.retry_after)
         if failure.check(QueueTimeout):
+            assert isinstance(failure.value, QueueTimeout)
             raise ServiceError("busy", str(failure.value), "queue_timeout", retry_after=failure.value.retry_after)
         if failure.check(QueueFull):
+            assert isinstance(failure.value, QueueFull)
             raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)
         return failure
 
 
-def _acceptor(spec, avoid):
+def _acceptor(spec: RunSpec, avoid: Collection[tuple[str, str]]) -> Callable[[ProviderSpec], bool]:
     """
     The providers C{spec} may go to: of a type that serves it, and not one
     that already failed it.
     """
 
-    def accept(provider):
+    def accept(provider: ProviderSpec) -> bool:
         return spec.serves(provider.adapter_type) and provider.key not in avoid
 
     return accept
 
 
-def _cannot_serve(what, spec):
+def _cannot_serve(what: str, spec: RunSpec) -> ServiceError:
     """
     A 400 naming the endpoint that C{what} has no provider for.
     """

@@ -65,10 +65,13 @@ an outage); use L{ProviderPool.group} to check first.
 
 import heapq
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from iop.edge.fairline import FairLine
@@ -91,7 +94,7 @@ class PoolError(Exception):
     @ivar klass: the request class (L{NORMAL} or L{LONG}).
     """
 
-    def __init__(self, queue, klass, problem):
+    def __init__(self, queue: "_Queue", klass: str, problem: str) -> None:
         super().__init__(f"{queue.label}: {problem}")
         self.group = queue.name
         self.klass = klass
@@ -140,10 +143,10 @@ class ProviderSpec:
     implicit: bool = False
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, str]:
         return (self.node_id, self.provider_id)
 
-    def capacity(self, klass):
+    def capacity(self, klass: str) -> int:
         return self.capacity_normal if klass == NORMAL else self.capacity_long
 
 
@@ -158,7 +161,7 @@ class GroupMember:
     target: str
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, str]:
         return (self.node_id, self.provider_id)
 
 
@@ -176,7 +179,7 @@ class ModelGroupSpec:
     """
 
     name: str
-    members: tuple
+    members: tuple[GroupMember, ...]
     queue_timeout_sec: float = 30.0
     max_queue: int | None = None
     long_threshold_chars: int | None = None
@@ -207,7 +210,16 @@ class Lease:
     Node's disconnect already returned the slot, change nothing.
     """
 
-    def __init__(self, pool, member, spec, klass, generation, queue, granted_at):
+    def __init__(
+        self,
+        pool: "ProviderPool",
+        member: GroupMember,
+        spec: ProviderSpec,
+        klass: str,
+        generation: int,
+        queue: "_Queue",
+        granted_at: float,
+    ) -> None:
         self._pool = pool
         self.node_id = member.node_id
         self.provider_id = member.provider_id
@@ -222,19 +234,19 @@ class Lease:
         queue.held += 1
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """
         C{True} while the slot counts against its resource.
         """
         return self._pool._is_active(self)
 
-    def release(self):
+    def release(self) -> bool:
         """
         Return the slot. C{True} the first time only.
         """
         return self._pool._release(self)
 
-    def report(self, code=None, message=""):
+    def report(self, code: str | None = None, message: str = "") -> None:
         """
         Tell the provider's health how its answer went: no C{code} for an
         answer; the failure's C{code} and C{message} when it failed before
@@ -242,7 +254,7 @@ class Lease:
         """
         self._pool._report(self, code, message)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"<Lease {self.group}/{self.klass} on {self.node_id}/{self.provider_id}"
             f" gen={self.generation!r} target={self.target!r}>"
@@ -255,50 +267,50 @@ class _Resource:
     offline), its counters and the leases behind them.
     """
 
-    def __init__(self, spec, cooldown):
+    def __init__(self, spec: ProviderSpec, cooldown: float) -> None:
         self.spec = spec
-        self.generation = None
+        self.generation: int | None = None
         self.draining = False
         #: Health: consecutive failures, the last one, whether ejected.
         self.failures = 0
-        self.last_error = None
-        self.ejected = None  # the cooldown's DelayedCall while ejected
+        self.last_error: str | None = None
+        self.ejected: IDelayedCall | None = None  # the cooldown's DelayedCall while ejected
         self.cooldown = cooldown
-        self.failures_total = {}  # failure code -> count since start
+        self.failures_total: dict[str, int] = {}  # failure code -> count since start
         self.ejections_total = 0
         #: Bumped on every change of room or load; the L{_LoadIndex}es that
         #: hold this resource are told (stale entries are dropped lazily).
         self.version = 0
-        self.indexes = []
+        self.indexes: list[_LoadIndex] = []
         self.in_use = {NORMAL: 0, LONG: 0}
-        self.leases = {}  # Lease -> None, in grant order
+        self.leases: dict[Lease, None] = {}  # in grant order
 
-    def changed(self):
+    def changed(self) -> None:
         self.version += 1
         for index in self.indexes:
             index.push(self)
 
     @property
-    def live(self):
+    def live(self) -> bool:
         return self.generation is not None
 
-    def candidate(self, klass):
+    def candidate(self, klass: str) -> bool:
         return self.live and not self.draining and self.ejected is None and self.spec.capacity(klass) > 0
 
-    def room(self, klass):
+    def room(self, klass: str) -> int:
         if not self.live or self.draining or self.ejected is not None:
             return 0
         return self.spec.capacity(klass) - self.in_use[klass]
 
-    def load(self, klass):
+    def load(self, klass: str) -> float:
         return self.in_use[klass] / self.spec.capacity(klass)
 
-    def take(self, lease):
+    def take(self, lease: Lease) -> None:
         self.in_use[lease.klass] += 1
         self.leases[lease] = None
         self.changed()
 
-    def give(self, lease):
+    def give(self, lease: Lease) -> bool:
         if lease not in self.leases:
             return False
         del self.leases[lease]
@@ -306,7 +318,7 @@ class _Resource:
         self.changed()
         return True
 
-    def set_generation(self, generation):
+    def set_generation(self, generation: int | None) -> int:
         """
         Go live under C{generation} (or offline for C{None}) with empty
         counters; return how many leases of the previous generation this
@@ -332,17 +344,21 @@ class _LoadIndex:
     not a scan of every member.
     """
 
-    def __init__(self, klass, members, resources):
+    def __init__(
+        self, klass: str, members: tuple[GroupMember, ...], resources: dict[tuple[str, str], _Resource]
+    ) -> None:
         self.klass = klass
         self.members = {m.key: m for m in members}
         self.order = {m.key: i for i, m in enumerate(members)}
-        self.heap = []
+        #: C{(load, config order, version, resource)}: an entry is stale
+        #: once its resource's version moved on.
+        self.heap: list[tuple[float, int, int, _Resource]] = []
         for member in members:
             resource = resources[member.key]
             resource.indexes.append(self)
             self.push(resource)
 
-    def push(self, resource):
+    def push(self, resource: _Resource) -> None:
         if resource.room(self.klass) <= 0:
             return
         key = resource.spec.key
@@ -350,7 +366,7 @@ class _LoadIndex:
         if len(self.heap) > 4 * len(self.members) + 16:
             self._compact()
 
-    def best(self):
+    def best(self) -> "tuple[_Resource, GroupMember] | None":
         """
         The least loaded member with room, as C{(resource, member)}, or
         C{None}.
@@ -363,7 +379,7 @@ class _LoadIndex:
             heapq.heappop(heap)
         return None
 
-    def _compact(self):
+    def _compact(self) -> None:
         fresh = {}
         for entry in self.heap:
             resource = entry[3]
@@ -388,26 +404,28 @@ class _Queue:
     fast it drains (for positions' C{eta_ms} and C{Retry-After}).
     """
 
-    def __init__(self, name, label, members, timeout, max_queue):
+    def __init__(
+        self, name: str, label: str, members: tuple[GroupMember, ...], timeout: float, max_queue: int | None
+    ) -> None:
         self.name = name
         self.label = label
         self.members = members
         self.timeout = timeout
         self.max_queue = max_queue
-        self.waiters = FairLine()
-        self.indexes = {}  # request class -> _LoadIndex, built on first use
+        self.waiters: FairLine[_Waiter] = FairLine()
+        self.indexes: dict[str, _LoadIndex] = {}  # request class -> index, built on first use
         #: Leases of this queue held now, and how long one is held
         #: (smoothed; C{None} until one was returned).
         self.held = 0
-        self.hold_sec = None
+        self.hold_sec: float | None = None
 
-    def index(self, klass, resources):
+    def index(self, klass: str, resources: dict[tuple[str, str], _Resource]) -> _LoadIndex:
         index = self.indexes.get(klass)
         if index is None:
             index = self.indexes[klass] = _LoadIndex(klass, self.members, resources)
         return index
 
-    def returned(self, seconds):
+    def returned(self, seconds: float) -> None:
         """
         A lease of this queue was returned after C{seconds}.
         """
@@ -415,7 +433,7 @@ class _Queue:
         sample = max(seconds, 0.0)
         self.hold_sec = sample if self.hold_sec is None else self.hold_sec + _HOLD_SMOOTHING * (sample - self.hold_sec)
 
-    def eta(self, position):
+    def eta(self, position: int) -> float:
         """
         Seconds until the waiter at C{position} (1: next) is served, at
         the measured drain rate: C{held} slots each freed every
@@ -425,7 +443,7 @@ class _Queue:
             return float(position)
         return position * self.hold_sec / max(self.held, 1)
 
-    def retry_after(self):
+    def retry_after(self) -> int:
         """
         Whole seconds until a new request might be served (at least 1).
         """
@@ -439,7 +457,20 @@ class _Waiter:
     L{Ticket}).
     """
 
-    def __init__(self, seq, queue, members, klass, ticket, since):
+    def __init__(
+        self,
+        seq: int,
+        queue: _Queue,
+        members: tuple[GroupMember, ...],
+        klass: str,
+        ticket: Ticket,
+        since: float,
+        cancelled: "Callable[[_Waiter], None]",
+    ) -> None:
+        """
+        @param cancelled: called with this waiter when its caller cancels
+            its Deferred.
+        """
         self.seq = seq
         self.queue = queue
         self.members = members
@@ -450,11 +481,11 @@ class _Waiter:
         self.priority = ticket.priority
         self.cost = ticket.cost
         self.since = since
-        self.deferred = None
-        self.timer = None
+        self.deferred: defer.Deferred[Lease] = defer.Deferred(lambda d: cancelled(self))
+        self.timer: IDelayedCall | None = None
 
     @property
-    def group(self):
+    def group(self) -> str:
         return self.queue.name
 
 
@@ -471,13 +502,20 @@ class ProviderPool:
 
     log = Logger()
 
-    def __init__(self, clock, providers, groups, direct_timeout=30.0, health=None):
+    def __init__(
+        self,
+        clock: IReactorTime,
+        providers: Iterable[ProviderSpec],
+        groups: Iterable[ModelGroupSpec],
+        direct_timeout: float = 30.0,
+        health: HealthPolicy | None = None,
+    ) -> None:
         self._clock = clock
         self._direct_timeout = direct_timeout
         self._waiting = 0
         self._health = health or HealthPolicy()
-        self._resources = {}
-        self._by_node = {}
+        self._resources: dict[tuple[str, str], _Resource] = {}
+        self._by_node: dict[str, list[_Resource]] = {}
         for spec in providers:
             if spec.key in self._resources:
                 raise ValueError(f"provider {spec.node_id}/{spec.provider_id} is configured twice")
@@ -490,8 +528,9 @@ class ProviderPool:
             resource = _Resource(spec, self._health.cooldown_sec)
             self._resources[spec.key] = resource
             self._by_node.setdefault(spec.node_id, []).append(resource)
-        self._groups = {}
-        self._queues = {}  # group name -> _Queue; direct work: (node, adapter) -> _Queue
+        self._groups: dict[str, ModelGroupSpec] = {}
+        #: group name -> its queue; direct work: (node, adapter) -> its queue.
+        self._queues: dict[str | tuple[str, str], _Queue] = {}
         for group in groups:
             if group.name in self._groups:
                 raise ValueError(f"model group {group.name!r} is configured twice")
@@ -506,21 +545,21 @@ class ProviderPool:
             )
         self._seq = count()
         #: Waiters whose caller wants to hear where they stand.
-        self._watched = {}
+        self._watched: dict[_Waiter, None] = {}
         #: C{on_wait_end(ticket, queue name, seconds, outcome)}: a waiter
         #: left its queue (for metrics), or C{None}.
-        self.on_wait_end = None
-        self._positions_call = None
+        self.on_wait_end: Callable[[Ticket, str, float, str], None] | None = None
+        self._positions_call: IDelayedCall | None = None
 
     # -- questions
 
-    def group(self, name):
+    def group(self, name: str) -> ModelGroupSpec | None:
         """
         The L{ModelGroupSpec} called C{name}, or C{None}.
         """
         return self._groups.get(name)
 
-    def classify(self, group_name, input_chars):
+    def classify(self, group_name: str, input_chars: int) -> str:
         """
         L{LONG} if the group has a threshold and C{input_chars} exceeds it,
         else L{NORMAL}.
@@ -532,19 +571,19 @@ class ProviderPool:
             return LONG
         return NORMAL
 
-    def active_leases(self):
+    def active_leases(self) -> list[Lease]:
         """
         Every lease currently counted, by resource in config order, then in
         grant order.
         """
         return [lease for resource in self._resources.values() for lease in resource.leases]
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, Any]:
         """
         Providers in config order (an offline one shows capacity and
         in_use 0) and the number of waiters per model group.
         """
-        providers = []
+        providers: list[dict[str, Any]] = []
         for resource in self._resources.values():
             spec = resource.spec
             live = resource.live
@@ -568,12 +607,12 @@ class ProviderPool:
         groups = [{"name": name, "queued": len(self._queues[name].waiters)} for name in self._groups]
         return {"providers": providers, "model_groups": groups}
 
-    def _health_of(self, resource):
+    def _health_of(self, resource: _Resource) -> str:
         if not resource.live:
             return "offline"
         return "ejected" if resource.ejected is not None else "ok"
 
-    def health_counters(self):
+    def health_counters(self) -> list[tuple[str, str, dict[str, int], int]]:
         """
         Per provider C{(node, provider, {failure code: count},
         ejections)} since start, for metrics.
@@ -585,7 +624,7 @@ class ProviderPool:
 
     # -- health
 
-    def _report(self, lease, code, message):
+    def _report(self, lease: Lease, code: str | None, message: str) -> None:
         resource = self._resources[(lease.node_id, lease.provider_id)]
         if code is None:
             if resource.failures or resource.last_error is not None:
@@ -602,7 +641,7 @@ class ProviderPool:
         if resource.failures >= self._health.failures_to_eject and resource.ejected is None:
             self._eject(resource)
 
-    def _eject(self, resource):
+    def _eject(self, resource: _Resource) -> None:
         """
         Take a failing provider out of placement for its cooldown; the next
         cooldown doubles (up to the cap) unless it answers first.
@@ -622,7 +661,7 @@ class ProviderPool:
         )
         self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
 
-    def _cooled(self, resource):
+    def _cooled(self, resource: _Resource) -> None:
         """
         The cooldown passed: the provider is tried again (one more failure
         ejects it again at once; an answer makes it healthy).
@@ -638,7 +677,14 @@ class ProviderPool:
 
     # -- acquiring
 
-    def acquire(self, group_name, klass, node_id=None, accept=None, ticket=None):
+    def acquire(
+        self,
+        group_name: str,
+        klass: str,
+        node_id: str | None = None,
+        accept: Callable[[ProviderSpec], bool] | None = None,
+        ticket: Ticket | None = None,
+    ) -> defer.Deferred[Lease]:
         """
         Lease a provider of C{group_name} for a request of class C{klass}
         (only its providers on C{node_id}, when given, and only those whose
@@ -656,21 +702,27 @@ class ProviderPool:
         queue = self._queues[self._group(group_name).name]
         return self._acquire(queue, self._members(queue, node_id, accept), klass, ticket)
 
-    def waiting(self):
+    def waiting(self) -> int:
         """
         How many requests wait in all queues together.
         """
         return self._waiting
 
-    def retry_after(self, group_name):
+    def retry_after(self, group_name: str | None) -> int:
         """
         Whole seconds until a new request for C{group_name} might be served
         (1 for anything but a model group).
         """
-        queue = self._queues.get(group_name) if group_name in self._groups else None
+        queue = self._queues.get(group_name) if group_name is not None and group_name in self._groups else None
         return queue.retry_after() if queue is not None else 1
 
-    def has_candidate(self, group_name, klass, node_id=None, accept=None):
+    def has_candidate(
+        self,
+        group_name: str,
+        klass: str,
+        node_id: str | None = None,
+        accept: Callable[[ProviderSpec], bool] | None = None,
+    ) -> bool:
         """
         Whether a live provider of C{group_name} (filtered as for
         L{acquire}) could serve a request of class C{klass}, now or after
@@ -682,7 +734,7 @@ class ProviderPool:
         except KeyError:
             return False
 
-    def has_room(self, group_name, klass, accept=None):
+    def has_room(self, group_name: str, klass: str, accept: Callable[[ProviderSpec], bool] | None = None) -> bool:
         """
         Whether a live provider of C{group_name} (only those C{accept}
         accepts, when given) has room for a request of class C{klass} now
@@ -695,7 +747,9 @@ class ProviderPool:
             return False
         return self._best(queue, members, klass) is not None
 
-    def _members(self, queue, node_id, accept):
+    def _members(
+        self, queue: _Queue, node_id: str | None, accept: Callable[[ProviderSpec], bool] | None
+    ) -> tuple[GroupMember, ...]:
         members = queue.members
         if node_id is not None:
             members = tuple(m for m in members if m.node_id == node_id)
@@ -707,7 +761,9 @@ class ProviderPool:
                 raise KeyError(f"{queue.label} has no provider that can serve this request")
         return members
 
-    def acquire_direct(self, node_id, adapter, klass=NORMAL, ticket=None):
+    def acquire_direct(
+        self, node_id: str, adapter: str, klass: str = NORMAL, ticket: Ticket | None = None
+    ) -> defer.Deferred[Lease]:
         """
         Lease a slot for work sent to an adapter by name: from the provider
         resources of that adapter on C{node_id} (the adapter's own implicit
@@ -719,7 +775,7 @@ class ProviderPool:
         queue = self._direct_queue(node_id, adapter)
         return self._acquire(queue, queue.members, klass, ticket)
 
-    def _direct_queue(self, node_id, adapter):
+    def _direct_queue(self, node_id: str, adapter: str) -> _Queue:
         key = (node_id, adapter)
         queue = self._queues.get(key)
         if queue is None:
@@ -736,7 +792,9 @@ class ProviderPool:
             self._queues[key] = queue
         return queue
 
-    def _acquire(self, queue, members, klass, ticket):
+    def _acquire(
+        self, queue: _Queue, members: tuple[GroupMember, ...], klass: str, ticket: Ticket | None
+    ) -> defer.Deferred[Lease]:
         if klass not in CLASSES:
             raise ValueError(f"{queue.label}: unknown request class {klass!r}")
         ticket = ticket if ticket is not None else Ticket(_NOBODY, 0)
@@ -747,8 +805,7 @@ class ProviderPool:
             return defer.fail(self._unavailable(queue, klass))
         if queue.max_queue is not None and len(queue.waiters) >= queue.max_queue:
             return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
-        waiter = _Waiter(next(self._seq), queue, members, klass, ticket, self._clock.seconds())
-        waiter.deferred = defer.Deferred(lambda d: self._cancelled(waiter))
+        waiter = _Waiter(next(self._seq), queue, members, klass, ticket, self._clock.seconds(), self._cancelled)
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters.add(waiter)
         ticket.waiting_since = waiter.since
@@ -758,19 +815,21 @@ class ProviderPool:
             self._tell_positions_soon()
         return waiter.deferred
 
-    def _group(self, name):
+    def _group(self, name: str) -> ModelGroupSpec:
         group = self._groups.get(name)
         if group is None:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _has_candidate(self, members, klass):
+    def _has_candidate(self, members: Iterable[GroupMember], klass: str) -> bool:
         return any(self._resources[m.key].candidate(klass) for m in members)
 
-    def _unavailable(self, queue, klass):
+    def _unavailable(self, queue: _Queue, klass: str) -> NoLiveProvider:
         return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
 
-    def _best(self, queue, members, klass):
+    def _best(
+        self, queue: _Queue, members: tuple[GroupMember, ...], klass: str
+    ) -> tuple[_Resource, GroupMember] | None:
         """
         The least loaded member with room, as C{(resource, member)}, or
         C{None}.
@@ -779,7 +838,7 @@ class ProviderPool:
             return queue.index(klass, self._resources).best()
         # A filtered choice (a named node, a type or a failed provider
         # left out): few members, scanned.
-        best = None
+        best: tuple[_Resource, GroupMember] | None = None
         for member in members:
             resource = self._resources[member.key]
             if resource.room(klass) > 0:
@@ -787,13 +846,15 @@ class ProviderPool:
                     best = (resource, member)
         return best
 
-    def _grant(self, queue, best, klass, ticket):
+    def _grant(self, queue: _Queue, best: tuple[_Resource, GroupMember], klass: str, ticket: Ticket) -> Lease:
         """
         Take a slot on C{best} for C{ticket}'s work, charging its tenant
         the work's estimated tokens in C{queue}'s fair share (corrected to
         what it cost when the ticket is settled).
         """
         resource, member = best
+        # A resource with room is live.
+        assert resource.generation is not None
         lease = Lease(self, member, resource.spec, klass, resource.generation, queue, self._clock.seconds())
         resource.take(lease)
         if not ticket.charged:
@@ -804,7 +865,7 @@ class ProviderPool:
                 ticket.on_settle(lambda tokens: queue.waiters.adjust(tenant, weight, tokens - cost))
         return lease
 
-    def _dequeue(self, waiter, outcome):
+    def _dequeue(self, waiter: _Waiter, outcome: str) -> None:
         """
         Take C{waiter} out of its queue; it leaves as C{outcome}
         (C{served}, C{timeout}, C{cancelled} or C{failed}), which
@@ -820,7 +881,7 @@ class ProviderPool:
             waiter.timer.cancel()
         waiter.timer = None
 
-    def _timed_out(self, waiter):
+    def _timed_out(self, waiter: _Waiter) -> None:
         waiter.timer = None
         self._dequeue(waiter, "timeout")
         queue = waiter.queue
@@ -832,34 +893,34 @@ class ProviderPool:
         )
         waiter.deferred.errback(QueueTimeout(queue, waiter.klass, f"no provider free within {queue.timeout}s"))
 
-    def _cancelled(self, waiter):
+    def _cancelled(self, waiter: _Waiter) -> None:
         # The Deferred errbacks CancelledError once this returns. A waiter
         # already served but not yet fired is no longer queued: _pump sees
         # the fired Deferred and returns its lease.
         if waiter in waiter.queue.waiters:
             self._dequeue(waiter, "cancelled")
 
-    def _waiters(self):
+    def _waiters(self) -> list[_Waiter]:
         """
         Every queued waiter, oldest first, as a list (safe to mutate the
         queues while walking it).
         """
         return sorted((w for queue in self._busy_queues() for w in queue.waiters), key=lambda w: w.seq)
 
-    def _busy_queues(self):
+    def _busy_queues(self) -> list[_Queue]:
         return [queue for queue in self._queues.values() if queue.waiters]
 
-    def _pump(self):
+    def _pump(self) -> None:
         """
         Serve every waiter that can be served now, one grant at a time:
         each time the first servable waiter of each queue in its fair
         order (L{FairLine.order}), and of those the one of the highest
         priority, then the oldest. Then fire.
         """
-        served = []
-        full = set()  # (queue, class) found without room in this pass
+        served: list[tuple[_Waiter, Lease]] = []
+        full: set[tuple[str, str]] = set()  # (queue, class) found without room in this pass
         while True:
-            chosen = None
+            chosen: tuple[_Waiter, tuple[_Resource, GroupMember]] | None = None
             for queue in self._busy_queues():
                 for waiter in queue.waiters.order():
                     unrestricted = waiter.members is queue.members
@@ -887,13 +948,13 @@ class ProviderPool:
 
     # -- what waiters are told
 
-    def _tell_positions_soon(self):
+    def _tell_positions_soon(self) -> None:
         if self._positions_call is None or self._positions_call.getTime() > self._clock.seconds():
             if self._positions_call is not None:
                 self._positions_call.cancel()
             self._positions_call = self._clock.callLater(0, self._tell_positions)
 
-    def _tell_positions(self):
+    def _tell_positions(self) -> None:
         """
         Tell every watched waiter where it stands: once as soon as it
         queued (all those of one reactor turn together), then every
@@ -905,12 +966,13 @@ class ProviderPool:
         watched_queues = {waiter.queue for waiter in self._watched}
         for queue in watched_queues:
             for waiter, position in queue.waiters.positions().items():
-                if waiter in self._watched:
-                    waiter.ticket.on_queued(position, int(queue.eta(position) * 1000))
+                on_queued = waiter.ticket.on_queued
+                if waiter in self._watched and on_queued is not None:
+                    on_queued(position, int(queue.eta(position) * 1000))
         if self._watched:
             self._positions_call = self._clock.callLater(REPORT_INTERVAL_SEC, self._tell_positions)
 
-    def queued(self, tenant=None):
+    def queued(self, tenant: str | None = None) -> list[dict[str, Any]]:
         """
         Every waiter (only C{tenant}'s, when given), in each queue's fair
         order: its model group (or node/adapter), tenant, priority,
@@ -918,12 +980,12 @@ class ProviderPool:
         known.
         """
         now = self._clock.seconds()
-        entries = []
+        entries: list[dict[str, Any]] = []
         for queue in self._busy_queues():
             for waiter, position in sorted(queue.waiters.positions().items(), key=lambda pair: pair[1]):
                 if tenant is not None and waiter.tenant != tenant:
                     continue
-                entry = {
+                entry: dict[str, Any] = {
                     "model": queue.name,
                     "key": waiter.tenant,
                     "priority": waiter.priority,
@@ -939,11 +1001,11 @@ class ProviderPool:
 
     # -- releasing
 
-    def _is_active(self, lease):
+    def _is_active(self, lease: Lease) -> bool:
         resource = self._resources[(lease.node_id, lease.provider_id)]
         return lease in resource.leases
 
-    def _release(self, lease):
+    def _release(self, lease: Lease) -> bool:
         resource = self._resources[(lease.node_id, lease.provider_id)]
         if not resource.give(lease):
             return False
@@ -951,7 +1013,7 @@ class ProviderPool:
         self._pump()
         return True
 
-    def update_capacity(self, spec):
+    def update_capacity(self, spec: ProviderSpec) -> None:
         """
         A reload changed a resource's capacity, or added one (an adapter's
         implicit resource follows its C{max_concurrency}, and a new adapter
@@ -975,7 +1037,9 @@ class ProviderPool:
 
     # -- Node lifecycle (told by the Edge service)
 
-    def node_ready(self, node_id, generation, adopt=()):
+    def node_ready(
+        self, node_id: str, generation: int, adopt: Iterable[tuple[str, str, str | None, str] | None] = ()
+    ) -> list[Lease | None]:
         """
         The Node's C{generation} is ready: its resources go live with their
         configured capacity and waiters are served at once. A new
@@ -1005,7 +1069,9 @@ class ProviderPool:
         self._pump()
         return leases
 
-    def _adopt(self, node_id, generation, provider_id, klass, group, target):
+    def _adopt(
+        self, node_id: str, generation: int, provider_id: str, klass: str, group: str | None, target: str
+    ) -> Lease | None:
         resource = self._resources.get((node_id, provider_id))
         if resource is None or resource.generation != generation or klass not in CLASSES:
             return None
@@ -1025,7 +1091,7 @@ class ProviderPool:
         resource.take(lease)
         return lease
 
-    def resource_of(self, node_id, adapter):
+    def resource_of(self, node_id: str, adapter: str) -> str | None:
         """
         The id of the first provider resource of C{adapter} on C{node_id}
         (where work found running there is counted), or C{None}.
@@ -1035,7 +1101,7 @@ class ProviderPool:
                 return resource.spec.provider_id
         return None
 
-    def node_draining(self, node_id, generation):
+    def node_draining(self, node_id: str, generation: int) -> None:
         """
         The Node's live C{generation} is shutting down: its resources keep
         their leases (returned as the work ends) but take no new ones, and
@@ -1049,20 +1115,20 @@ class ProviderPool:
             resource.changed()
         self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
 
-    def fail_waiters(self, error):
+    def fail_waiters(self, error: Exception) -> None:
         """
         Fail every queued waiter with C{error} (the Edge is shutting down).
         """
         self._fail_waiters(lambda waiter: True, error)
 
-    def _fail_waiters(self, condition, error):
+    def _fail_waiters(self, condition: Callable[[_Waiter], bool], error: Exception | None) -> int:
         """
         Take every waiter meeting C{condition} out of its queue, then fail
         each with C{error} (C{None}: L{NoLiveProvider} for its group).
 
         @return: how many failed.
         """
-        failed = []
+        failed: list[_Waiter] = []
         for waiter in self._waiters():
             if condition(waiter):
                 self._dequeue(waiter, "failed")
@@ -1072,7 +1138,7 @@ class ProviderPool:
                 waiter.deferred.errback(error or self._unavailable(waiter.queue, waiter.klass))
         return len(failed)
 
-    def node_disconnected(self, node_id, generation):
+    def node_disconnected(self, node_id: str, generation: int) -> None:
         """
         The Node's C{generation} is gone. If it is the live one: return its
         leases, take its resources offline, and fail at once every waiter

@@ -17,25 +17,40 @@ Rules:
 """
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from google.protobuf.message import Message
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from iop.edge.config import token_digest
-from iop.protocols import iop_pb2
+from iop.edge.config import NodeSpec, token_digest
+from iop.protocols import messages
 
 
 class RegistrationRefused(Exception):
     """
     A registration or ready that the registry will not accept.
 
-    @ivar code: the wire L{iop_pb2.RejectCode}.
+    @ivar code: the wire C{RejectCode} (L{messages.UNKNOWN_TOKEN}, ...).
     """
 
-    def __init__(self, code, reason):
+    def __init__(self, code: int, reason: str) -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+class Wire(Protocol):
+    """
+    Where a link's messages go (L{iop.protocols.wire.WireProtocol}, or a
+    test's fake).
+    """
+
+    def send(self, message: Message) -> None: ...
+
+    def close(self, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -58,19 +73,19 @@ class NodeLink:
 
     node_id: str
     generation: int
-    wire: object
+    wire: Wire
     since: float
     ready: bool = False
     open: bool = True
     wire_version: int = 1
     draining: bool = False
-    adapters: list = field(default_factory=list)
-    refresh: dict | None = None
-    reconcile: list | None = None
+    adapters: list[dict[str, Any]] = field(default_factory=list)
+    refresh: dict[str, str] | None = None
+    reconcile: list[Message] | None = None
 
     log = Logger()
 
-    def send_quietly(self, message):
+    def send_quietly(self, message: Message) -> None:
         """
         Send C{message} if the connection still takes it; a failure (the
         link is going away, and its loss is handled elsewhere) is only
@@ -87,14 +102,14 @@ class NodeLink:
 class NodeRegistry:
     log = Logger()
 
-    def __init__(self, nodes, clock):
+    def __init__(self, nodes: Iterable[NodeSpec], clock: IReactorTime) -> None:
         self.nodes = list(nodes)
         self.clock = clock
-        self._owners = {}
-        self._generations = {}
-        self.last_seen = {}
+        self._owners: dict[str, NodeLink] = {}
+        self._generations: dict[str, int] = {}
+        self.last_seen: dict[str, float] = {}
 
-    def find_node(self, token):
+    def find_node(self, token: str) -> NodeSpec | None:
         """
         The configured node whose token (or token digest) matches, compared
         in constant time against every node; the token is never logged.
@@ -106,7 +121,7 @@ class NodeRegistry:
                 found = node
         return found
 
-    def register(self, token, wire):
+    def register(self, token: str, wire: Wire) -> NodeLink:
         """
         Claim pending ownership of the node the token names.
 
@@ -115,17 +130,17 @@ class NodeRegistry:
         """
         node = self.find_node(token)
         if node is None:
-            raise RegistrationRefused(iop_pb2.UNKNOWN_TOKEN, "unknown token")
+            raise RegistrationRefused(messages.UNKNOWN_TOKEN, "unknown token")
         owner = self._owners.get(node.id)
         if owner is not None and owner.open:
-            raise RegistrationRefused(iop_pb2.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
+            raise RegistrationRefused(messages.DUPLICATE_CONNECTION, f"node {node.id} already has a live connection")
         generation = self._generations.get(node.id, 0) + 1
         self._generations[node.id] = generation
         link = NodeLink(node_id=node.id, generation=generation, wire=wire, since=self.clock.seconds())
         self._owners[node.id] = link
         return link
 
-    def fence(self, link, generation):
+    def fence(self, link: NodeLink, generation: int) -> None:
         """
         In an Edge cluster: C{link}'s generation becomes its etcd claim's
         revision (which grows across the whole cluster).
@@ -133,7 +148,7 @@ class NodeRegistry:
         link.generation = generation
         self._generations[link.node_id] = max(generation, self._generations.get(link.node_id, 0))
 
-    def abandon(self, link):
+    def abandon(self, link: NodeLink) -> None:
         """
         Forget a registration that was refused after all (its cluster
         claim failed): the node may register again at once.
@@ -142,7 +157,7 @@ class NodeRegistry:
         if self._owners.get(link.node_id) is link:
             del self._owners[link.node_id]
 
-    def mark_ready(self, link, node_id):
+    def mark_ready(self, link: NodeLink | None, node_id: str) -> bool:
         """
         Make C{link} dispatch-ready.
 
@@ -152,18 +167,18 @@ class NodeRegistry:
         """
         if link is None or node_id != link.node_id:
             raise RegistrationRefused(
-                iop_pb2.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration"
+                messages.REJECT_NONE, f"ready for {node_id!r} does not match this connection's registration"
             )
         if not link.open or self._owners.get(link.node_id) is not link:
             raise RegistrationRefused(
-                iop_pb2.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale"
+                messages.REJECT_NONE, f"connection generation {link.generation} of node {link.node_id} is stale"
             )
         if link.ready:
             return False
         link.ready = True
         return True
 
-    def lost(self, link):
+    def lost(self, link: NodeLink) -> bool:
         """
         C{link}'s connection is gone.
 
@@ -177,22 +192,22 @@ class NodeRegistry:
         del self._owners[link.node_id]
         return link.ready
 
-    def ready_link(self, node_id):
+    def ready_link(self, node_id: str) -> NodeLink | None:
         link = self._owners.get(node_id)
         if link is not None and link.ready and link.open:
             return link
         return None
 
-    def ready_links(self):
+    def ready_links(self) -> list[NodeLink]:
         return [link for link in self._owners.values() if link.ready and link.open]
 
-    def links(self):
+    def links(self) -> list[NodeLink]:
         """
         Every current owner connection, pending or ready.
         """
         return [link for link in self._owners.values() if link.open]
 
-    def owner(self, node_id):
+    def owner(self, node_id: str) -> NodeLink | None:
         """
         The current owner connection, pending or ready, if any.
         """

@@ -13,11 +13,12 @@ any of it is refused as a whole, naming what needs a restart.
 from dataclasses import fields
 
 from iop.config import ConfigError
+from iop.edge.config import EdgeConfig
 
 _NODE_FIELDS_NEEDING_RESTART = ("id", "token_digest", "providers")
 
 
-def changed_nodes(old, new):
+def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
     """
     The ids of nodes whose adapters differ between C{old} and C{new}.
 

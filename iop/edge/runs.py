@@ -29,10 +29,15 @@ next number.
 """
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
+from iop.edge.bus import EventBus
 from iop.edge.errors import ServiceError
 from iop.protocols.convert import usage_to_json
 from iop.run import (
@@ -69,8 +74,15 @@ RUN_TOPIC = "run"
 DELTA_TOPIC = "run_delta"
 TUNNEL_TOPIC = "tunnel"
 
+#: A run's event as the Edge logs, replays and publishes it (L{event_json}).
+Payload = dict[str, Any]
 
-def visible(owner, caller):
+#: C{fetch(run_id, node_id, after)}: a Deferred of C{(node_id, answer)}
+#: from a Node's store (see L{RunBook}).
+Fetch = Callable[[str, str | None, int], "defer.Deferred[tuple[str, dict[str, Any]]]"]
+
+
+def visible(owner: str | None, caller: str | None) -> bool:
     """
     Whether work that belongs to the caller key named C{caller} may be
     seen by a reader limited to C{owner} (C{None}: a reader who sees all).
@@ -78,7 +90,7 @@ def visible(owner, caller):
     return owner is None or caller == owner
 
 
-def no_such_run(run_id):
+def no_such_run(run_id: str) -> ServiceError:
     """
     What a reader is told of a run that does not exist, or is another
     key's: the same answer, so that it learns nothing of the other.
@@ -86,14 +98,15 @@ def no_such_run(run_id):
     return ServiceError("not_found", f"no run {run_id}", code="run_not_found")
 
 
-def event_json(run_id, seq, event):
+def event_json(run_id: str, seq: int | None, event: RunEventData) -> Payload:
     """
     One native run event: C{run_id}, C{seq}, C{type}, C{text} for deltas,
     C{tool_call} (C{id}, C{name}, C{arguments}) for a tool call, C{usage},
     C{finish_reason} and C{error} on terminals (usage breakdown only when
-    reported).
+    reported). C{seq} is C{None} for an event of a run the book no longer
+    holds.
     """
-    payload = {"run_id": run_id, "seq": seq, "type": event.type}
+    payload: Payload = {"run_id": run_id, "seq": seq, "type": event.type}
     if event.text:
         payload["text"] = event.text
     if event.tool_call is not None:
@@ -122,57 +135,57 @@ class RunRecord:
         L{RunBook.when_ended}).
     """
 
-    def __init__(self, run_id, kind, created_at, **fields):
+    def __init__(self, run_id: str, kind: str, created_at: float, **fields: Any) -> None:
         self.id = run_id
         self.kind = kind
-        self.status = fields.pop("status", RUNNING)
-        self.node = fields.pop("node", None)
-        self.adapter = fields.pop("adapter", "")
-        self.target = fields.pop("target", "")
-        self.model = fields.pop("model", None)
-        self.provider = fields.pop("provider", None)
-        self.background = fields.pop("background", False)
-        self.caller = fields.pop("caller", None)
-        self.wire_id = fields.pop("wire_id", None) or run_id
+        self.status: str = fields.pop("status", RUNNING)
+        self.node: str | None = fields.pop("node", None)
+        self.adapter: str = fields.pop("adapter", "")
+        self.target: str = fields.pop("target", "")
+        self.model: str | None = fields.pop("model", None)
+        self.provider: str | None = fields.pop("provider", None)
+        self.background: bool = fields.pop("background", False)
+        self.caller: str | None = fields.pop("caller", None)
+        self.wire_id: str = fields.pop("wire_id", None) or run_id
         if fields:
             raise TypeError(f"unknown run fields: {', '.join(fields)}")
         self.created_at = created_at
-        self.ended_at = None
-        self.usage = None
-        self.error = None
-        self.log = deque()
+        self.ended_at: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: dict[str, str] | None = None
+        self.log: deque[tuple[int, Payload]] = deque()
         self.log_bytes = 0
         self.dropped = 0
         self.last_seq = 0
-        self.followers = []
-        self.on_end = []
+        self.followers: list[Follower] = []
+        self.on_end: list[Callable[[], None]] = []
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.status in TERMINAL_TYPES
 
     @property
-    def first_seq(self):
+    def first_seq(self) -> int:
         """
         The lowest seq the log can replay (C{last_seq + 1} when empty).
         """
         return self.log[0][0] if self.log else self.last_seq + 1
 
     @property
-    def complete_log(self):
+    def complete_log(self) -> bool:
         """
         Whether the log still holds every event since the start.
         """
         return self.dropped == 0
 
-    def output(self):
+    def output(self) -> str:
         return "".join(payload.get("text", "") for _, payload in self.log if payload["type"] == DELTA)
 
-    def as_json(self, output=True):
+    def as_json(self, output: bool = True) -> dict[str, Any]:
         """
         The C{GET /v1/runs/{id}} object (without C{output} for lists).
         """
-        answer = {
+        answer: dict[str, Any] = {
             "id": self.id,
             "object": "run",
             "kind": self.kind,
@@ -192,7 +205,7 @@ class RunRecord:
             answer["output"] = self.output()
         return answer
 
-    def labels(self):
+    def labels(self) -> dict[str, Any]:
         """
         What the bus says about this work besides the event itself.
         """
@@ -208,7 +221,7 @@ class RunRecord:
         }
 
 
-def stored_json(node_id, row, run_id=None):
+def stored_json(node_id: str, row: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
     """
     A Node store row (C{run_get}, C{run_list}) as a C{GET /v1/runs} object
     (under C{run_id} when the caller knows the run by another id than its
@@ -217,7 +230,7 @@ def stored_json(node_id, row, run_id=None):
     error = None
     if row.get("error") or row.get("error_code"):
         error = {"code": row.get("error_code") or "", "message": row.get("error") or ""}
-    answer = {
+    answer: dict[str, Any] = {
         "id": run_id or row["run_id"],
         "object": "run",
         "kind": row.get("kind", RUN),
@@ -252,15 +265,15 @@ class Follower:
         run turns out to be over with nothing more to write).
     """
 
-    def __init__(self, write, end, after=0):
+    def __init__(self, write: Callable[[int, Payload], object], end: Callable[[], object], after: int = 0) -> None:
         self.write = write
         self.end = end
         self.after = after
         self.catching_up = False
         self.closed = False
-        self._held = {}
+        self._held: dict[int, Payload] = {}
 
-    def offer(self, seq, payload):
+    def offer(self, seq: int, payload: Payload) -> None:
         if self.closed:
             return
         if seq <= self.after:
@@ -274,7 +287,7 @@ class Follower:
             return
         self._deliver(seq, payload)
 
-    def caught_up(self, events):
+    def caught_up(self, events: list[tuple[int, Payload]]) -> None:
         """
         The history arrived (C{[(seq, payload)]}): write it, then what was
         held meanwhile.
@@ -284,13 +297,13 @@ class Follower:
             self.offer(seq, payload)
         self._held = {}
 
-    def _deliver(self, seq, payload):
+    def _deliver(self, seq: int, payload: Payload) -> None:
         self.after = seq
         self.write(seq, payload)
         if payload.get("type") in TERMINAL_TYPES:
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """
         No more events (the terminal was written, or the reader left).
         """
@@ -314,26 +327,27 @@ class RunBook:
 
     def __init__(
         self,
-        clock,
-        bus,
-        fetch=None,
-        max_bytes=DEFAULT_MAX_BYTES,
-        max_age_sec=DEFAULT_MAX_AGE_SEC,
-        max_runs=DEFAULT_MAX_RUNS,
-    ):
+        clock: IReactorTime,
+        bus: EventBus,
+        fetch: Fetch | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_age_sec: float = DEFAULT_MAX_AGE_SEC,
+        max_runs: int = DEFAULT_MAX_RUNS,
+    ) -> None:
         self.clock = clock
         self.bus = bus
         self.fetch = fetch
         self.max_bytes = max_bytes
         self.max_age_sec = max_age_sec
         self.max_runs = max_runs
-        self._live = {}
-        self._finished = OrderedDict()
-        self._where = OrderedDict()
+        self._live: dict[str, RunRecord] = {}
+        self._finished: OrderedDict[str, RunRecord] = OrderedDict()
+        #: run id -> (node id, wire id) of finished runs.
+        self._where: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     # -- records
 
-    def open(self, run_id, kind, **fields):
+    def open(self, run_id: str, kind: str, **fields: Any) -> RunRecord:
         """
         The record of C{run_id}, made now if new; C{fields} update it.
         """
@@ -346,11 +360,11 @@ class RunBook:
             setattr(record, name, value)
         return record
 
-    def get(self, run_id):
+    def get(self, run_id: str) -> RunRecord | None:
         self._evict()
         return self._live.get(run_id) or self._finished.get(run_id)
 
-    def records(self):
+    def records(self) -> list[RunRecord]:
         """
         Every record in memory, newest first.
         """
@@ -358,7 +372,7 @@ class RunBook:
         every = list(self._live.values()) + list(self._finished.values())
         return sorted(every, key=lambda r: r.created_at, reverse=True)
 
-    def when_ended(self, record, callback):
+    def when_ended(self, record: RunRecord, callback: Callable[[], None]) -> None:
         """
         Call C{callback()} once when C{record}'s work ends, however it ends
         (a terminal, a failure or cancel before it started); at once if it
@@ -369,7 +383,7 @@ class RunBook:
         else:
             record.on_end.append(callback)
 
-    def locate(self, run_id):
+    def locate(self, run_id: str) -> tuple[str | None, str]:
         """
         Where to ask about a run the book may no longer hold: C{(node_id,
         wire_id)} — the node it ran on (C{None} when forgotten) and the id
@@ -382,7 +396,7 @@ class RunBook:
 
     # -- runs
 
-    def started(self, record):
+    def started(self, record: RunRecord) -> None:
         """
         Placed work starts (the dispatch is on its way to the Node).
         """
@@ -390,7 +404,7 @@ class RunBook:
         if record.kind == TUNNEL:
             self._publish(TUNNEL_TOPIC, record, {"type": START})
 
-    def event(self, record, event, seq=None):
+    def event(self, record: RunRecord, event: RunEventData, seq: int | None = None) -> None:
         """
         One event of a run: logged, given to followers, published.
 
@@ -421,7 +435,7 @@ class RunBook:
         if event.type in TERMINAL_TYPES:
             self._retire(record)
 
-    def _keep(self, record, seq, payload):
+    def _keep(self, record: RunRecord, seq: int, payload: Payload) -> None:
         size = len(payload.get("text", "")) + _EVENT_OVERHEAD
         record.log.append((seq, payload))
         record.log_bytes += size
@@ -430,7 +444,7 @@ class RunBook:
             record.log_bytes -= len(dropped.get("text", "")) + _EVENT_OVERHEAD
             record.dropped += 1
 
-    def not_started(self, record, code, message, status=ERROR):
+    def not_started(self, record: RunRecord, code: str, message: str, status: str = ERROR) -> None:
         """
         Work that ends on the Edge without a terminal from a Node (a
         background run that failed or was cancelled in the queue, a
@@ -446,14 +460,20 @@ class RunBook:
 
     # -- tunnels
 
-    def tunnel_ended(self, record, status, usage=None, error=None):
+    def tunnel_ended(
+        self,
+        record: RunRecord,
+        status: str,
+        usage: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
         """
         A tunnel's end (C{complete}) or error (C{error}, C{cancelled}).
         """
         if record.done:
             return
         self._ended(record, status, usage, error)
-        payload = {"type": "end" if status == COMPLETE else ERROR, "status": status}
+        payload: Payload = {"type": "end" if status == COMPLETE else ERROR, "status": status}
         if usage is not None:
             payload["usage"] = usage
         if error is not None:
@@ -463,7 +483,9 @@ class RunBook:
 
     # -- bookkeeping
 
-    def _ended(self, record, status, usage, error):
+    def _ended(
+        self, record: RunRecord, status: str, usage: dict[str, Any] | None, error: dict[str, Any] | None
+    ) -> None:
         record.status = status
         record.ended_at = self.clock.seconds()
         if usage is not None:
@@ -476,7 +498,7 @@ class RunBook:
         for callback in callbacks:
             callback()
 
-    def _retire(self, record):
+    def _retire(self, record: RunRecord) -> None:
         if self._live.pop(record.id, None) is None:
             return
         self._finished[record.id] = record
@@ -486,20 +508,28 @@ class RunBook:
                 self._where.popitem(last=False)
         self._evict()
 
-    def _evict(self):
+    def _evict(self) -> None:
         cutoff = self.clock.seconds() - self.max_age_sec
         while self._finished:
             oldest = next(iter(self._finished.values()))
-            if len(self._finished) <= self.max_runs and oldest.ended_at >= cutoff:
+            ended = oldest.ended_at
+            if len(self._finished) <= self.max_runs and ended is not None and ended >= cutoff:
                 break
             self._finished.popitem(last=False)
 
-    def _publish(self, topic, record, payload):
+    def _publish(self, topic: str, record: RunRecord, payload: Payload) -> None:
         self.bus.publish(topic, dict(record.labels(), **payload))
 
     # -- reading back
 
-    def follow(self, run_id, after, write, end, owner=None):
+    def follow(
+        self,
+        run_id: str,
+        after: int,
+        write: Callable[[int, Payload], object],
+        end: Callable[[], object],
+        owner: str | None = None,
+    ) -> "defer.Deferred[Follower]":
         """
         Replay a run's events after C{after}, then follow it live until
         its terminal.
@@ -526,9 +556,14 @@ class RunBook:
             # Hold live events while the Node's store fills the gap.
             follower.catching_up = True
             record.followers.append(follower)
-        d = self.fetch(wire_id, node_id, after)
+        if self.fetch is None:
+            d: defer.Deferred[tuple[str, dict[str, Any]]] = defer.fail(
+                ServiceError("unavailable", f"run {run_id}: no node store to read its events from")
+            )
+        else:
+            d = self.fetch(wire_id, node_id, after)
 
-        def fetched(found):
+        def fetched(found: tuple[str, dict[str, Any]]) -> Follower:
             _, answer = found
             if record is None and not visible(owner, answer.get("run", {}).get("caller")):
                 raise no_such_run(run_id)
@@ -540,7 +575,7 @@ class RunBook:
                 self._detach(record, follower)
             return follower
 
-        def failed(failure):
+        def failed(failure: Failure) -> Follower | Failure:
             if record is None:
                 return failure
             # The in-memory log is the best there is: the Node could not
@@ -559,7 +594,7 @@ class RunBook:
 
         return d.addCallbacks(fetched, failed)
 
-    def _attach(self, record, follower):
+    def _attach(self, record: RunRecord, follower: Follower) -> None:
         for seq, payload in list(record.log):
             follower.offer(seq, payload)
         if record.done:
@@ -567,12 +602,12 @@ class RunBook:
         elif not follower.closed:
             record.followers.append(follower)
 
-    def _detach(self, record, follower):
+    def _detach(self, record: RunRecord | None, follower: Follower) -> None:
         if record is not None and follower in record.followers:
             record.followers.remove(follower)
         follower.close()
 
-    def unfollow(self, run_id, follower):
+    def unfollow(self, run_id: str, follower: Follower) -> None:
         """
         The reader left.
         """

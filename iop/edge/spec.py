@@ -13,13 +13,14 @@ import secrets
 from dataclasses import dataclass, field
 
 from iop.edge.tenants import CHARS_PER_TOKEN, Tenant
+from iop.edge.timing import Timing
 from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
 
 #: Request fields that cap an answer's tokens, by API (chat, responses).
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def new_id(prefix):
+def new_id(prefix: str) -> str:
     """
     A fresh, unguessable id such as C{run-3f2a...}.
     """
@@ -47,13 +48,13 @@ class TunnelSpec:
     raw: bytes | None = None
 
     @property
-    def types(self):
+    def types(self) -> frozenset[str]:
         """
         The adapter types that carry this request as a tunnel.
         """
         return ENDPOINT_TYPES.get(self.path, TUNNEL_TYPES)
 
-    def encoded_body(self, target):
+    def encoded_body(self, target: str) -> bytes:
         """
         The body to send to a provider that knows the model as C{target}:
         the caller's own bytes when the model keeps its name, else encoded
@@ -84,6 +85,10 @@ class RunSpec:
         already capped at its key's own; C{None}: the key's.
     @ivar run_id: the run's id once known: a background run gets it when
         submitted, so the caller can be told before the run is placed.
+    @ivar timing: its caller request's L{Timing}, marked as the work is
+        placed, sent and answered (a fresh one when nobody reads it).
+    @ivar traceparent: the trace context a normalized run sends to the
+        provider (L{iop.edge.tracing.outgoing_traceparent}); empty: none.
     """
 
     messages: list
@@ -101,20 +106,22 @@ class RunSpec:
     tenant: Tenant | None = None
     priority: int | None = None
     run_id: str = ""
+    timing: Timing = field(default_factory=Timing)
+    traceparent: str = ""
 
-    def serves(self, adapter_type):
+    def serves(self, adapter_type: str) -> bool:
         """
         Whether a provider of C{adapter_type} can serve this request.
         """
         return self.runs or (self.tunnel is not None and adapter_type in self.tunnel.types)
 
-    def tunnels_on(self, adapter_type):
+    def tunnels_on(self, adapter_type: str) -> bool:
         """
         Whether this request travels as a tunnel to C{adapter_type}.
         """
         return self.tunnel is not None and adapter_type in self.tunnel.types
 
-    def token_estimate(self, answer_tokens):
+    def token_estimate(self, answer_tokens: int) -> int:
         """
         The tokens this request is expected to cost, for fair share and
         budgets: its input by length, plus its own cap on the answer
@@ -127,7 +134,7 @@ class RunSpec:
             cap = 0 if self.tunnel is not None and self.tunnel.path == "/embeddings" else answer_tokens
         return -(-self.input_chars() // CHARS_PER_TOKEN) + max(cap, 0)
 
-    def input_chars(self):
+    def input_chars(self) -> int:
         """
         How long the input is, for a model group's long/normal threshold:
         C{size} when the surface measured it, else the messages' text.

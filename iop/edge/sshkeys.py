@@ -8,8 +8,12 @@ C{twisted.conch.ssh.keys}).
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from twisted.logger import Logger
+
+if TYPE_CHECKING:
+    from twisted.conch.ssh import keys
 
 log = Logger()
 
@@ -20,7 +24,7 @@ class BadKey(ValueError):
     """
 
 
-def parse_public_key(line):
+def parse_public_key(line: str) -> bytes:
     """
     One OpenSSH public key line (C{ssh-ed25519 AAAA... comment}).
 
@@ -38,7 +42,7 @@ def parse_public_key(line):
     return key.toString("openssh")
 
 
-def read_authorized_keys(path):
+def read_authorized_keys(path: str) -> tuple[bytes, ...]:
     """
     The keys of an OpenSSH C{authorized_keys} file (blank lines and C{#}
     comments skipped; key options are not supported).
@@ -52,7 +56,7 @@ def read_authorized_keys(path):
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise BadKey(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    found = []
+    found: list[bytes] = []
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -65,7 +69,7 @@ def read_authorized_keys(path):
     return tuple(found)
 
 
-def host_key(path):
+def host_key(path: str) -> "keys.Key":
     """
     The console's SSH host key at C{path}: generated (Ed25519) on first
     use with mode 0600 in a directory created 0700; an existing key file

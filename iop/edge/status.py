@@ -4,21 +4,28 @@ the state (config, registry, pool, in-flight table); nothing here keeps a
 copy.
 """
 
+from typing import Any
 
-def snapshot(config, registry, pool, inflight):
+from iop.edge.config import EdgeConfig
+from iop.edge.inflight import Inflight
+from iop.edge.pool import ProviderPool
+from iop.edge.registry import NodeRegistry
+
+
+def snapshot(config: EdgeConfig, registry: NodeRegistry, pool: ProviderPool, inflight: Inflight) -> dict[str, Any]:
     """
     Every configured node (connected or not) with its providers, and every
     model group with its queue length.
     """
     state = pool.snapshot()
-    providers_by_node = {}
+    providers_by_node: dict[str, list[dict[str, Any]]] = {}
     for provider in state["providers"]:
         providers_by_node.setdefault(provider["node"], []).append(provider)
     nodes = []
     for node in config.nodes:
         link = registry.ready_link(node.id)
         configured = [{"name": a.name, "type": a.type, "max_concurrency": a.max_concurrency} for a in node.adapters]
-        entry = {
+        entry: dict[str, Any] = {
             "id": node.id,
             "connected": link is not None,
             # What the node actually runs while connected (a refused
@@ -39,7 +46,7 @@ def snapshot(config, registry, pool, inflight):
     return {"nodes": nodes, "model_groups": state["model_groups"]}
 
 
-def model_names(config, registry):
+def model_names(config: EdgeConfig, registry: NodeRegistry) -> list[str]:
     """
     What the OpenAI surface can serve as C{model}: the model groups, and
     the adapters of the ready node while there is exactly one (with more,
@@ -47,6 +54,7 @@ def model_names(config, registry):
     """
     names = [group.name for group in config.model_groups]
     links = [link for link in registry.ready_links() if not link.draining]
-    if len(links) == 1:
-        names += [a.name for a in config.node(links[0].node_id).adapters if a.name not in names]
+    node = config.node(links[0].node_id) if len(links) == 1 else None
+    if node is not None:
+        names += [a.name for a in node.adapters if a.name not in names]
     return names

@@ -9,7 +9,9 @@ during the drain ends it at once.
 """
 
 import signal
+from typing import TYPE_CHECKING
 
+from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -18,6 +20,9 @@ from iop.daemon import freeze_startup_heap, on_signals, stop_then_hurry
 from iop.edge import config as edge_config
 from iop.logs import with_log_format
 
+if TYPE_CHECKING:
+    from iop.edge.service import EdgeService
+
 log = Logger()
 
 
@@ -25,7 +30,7 @@ class Options(usage.Options):
     optParameters = [["config", "c", "conf/edge.yaml", "Path to edge.yaml."]]
 
 
-def reload(edge, path, why):
+def reload(edge: "EdgeService", path: str, why: str) -> None:
     """
     Re-read C{edge.yaml} and apply what can change while running (see
     L{iop.edge.reload}); a bad or too-large change is logged and ignored.
@@ -39,7 +44,7 @@ def reload(edge, path, why):
         log.failure("reload failed, keeping the running configuration")
 
 
-def makeService(options):
+def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     from iop.edge.service import EdgeService

@@ -4,6 +4,9 @@ interval with a count, never one per connection, so that opening
 connections cannot flood the log.
 """
 
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 
@@ -18,14 +21,14 @@ class LogThrottle:
 
     log = Logger()
 
-    def __init__(self, clock, message, interval=10.0):
+    def __init__(self, clock: IReactorTime, message: str, interval: float = 10.0) -> None:
         self.clock = clock
         self.message = message
         self.interval = interval
         self.count = 0
-        self._last = None
+        self._last: float | None = None
 
-    def note(self, **fields):
+    def note(self, **fields: Any) -> None:
         self.count += 1
         now = self.clock.seconds()
         if self._last is None or now - self._last >= self.interval:

@@ -17,12 +17,19 @@ command it gave up on (C{CancelRequest(CANCEL_COMMAND)}).
 """
 
 import json
+from collections.abc import Callable, Generator
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from iop.adapters.interface import NotSupported
-from iop.protocols import iop_pb2
+from iop.node.context import NodeContext
+from iop.node.flow import Message
+from iop.node.host import Hosted
+from iop.protocols import messages
 from iop.run import (
     CANCELLED,
     COMMON_COMMANDS,
@@ -44,7 +51,7 @@ class CommandError(Exception):
     Edge.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -59,12 +66,12 @@ class CommandHandler:
 
     log = Logger()
 
-    def __init__(self, context, send):
+    def __init__(self, context: NodeContext, send: Callable[[Message], object]) -> None:
         self.context = context
         self.send = send
-        self._pending = {}
+        self._pending: dict[str, Deferred[Any]] = {}
 
-    def handle(self, request):
+    def handle(self, request: Message) -> Deferred[None]:
         """
         Answer one request with exactly one final C{NodeCommandResponse}
         (progress responses first, when asked for and available).
@@ -75,14 +82,14 @@ class CommandHandler:
         d.addBoth(self._forget, request.request_id)
         d.addCallback(json.dumps)
         d.addCallbacks(
-            lambda result: iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True, result_json=result),
+            lambda result: messages.command_result(request.request_id, result),
             lambda failure: self._error(request, failure),
         )
         d.addCallback(self.send)
         d.addErrback(lambda f: self.log.failure("answering command {command} failed", f, command=request.command))
         return d
 
-    def cancel(self, request_id):
+    def cancel(self, request_id: str) -> None:
         """
         The Edge gave up on C{request_id}: abort it (it answers
         C{cancelled}, which the Edge ignores).
@@ -92,31 +99,28 @@ class CommandHandler:
             self.log.info("command {id} cancelled by the Edge", id=request_id)
             d.cancel()
 
-    def cancel_all(self):
+    def cancel_all(self) -> None:
         """
         The connection is gone: stop waiting for adapter commands.
         """
         for d in list(self._pending.values()):
             d.cancel()
 
-    def _progress_sender(self, request):
-        def progress(update):
+    def _progress_sender(self, request: Message) -> Callable[[object], None]:
+        def progress(update: object) -> None:
             if request.request_id in self._pending:
-                message = iop_pb2.NodeCommandResponse(
-                    request_id=request.request_id, ok=True, progress=True, result_json=json.dumps(update)
-                )
-                self.send(message)
+                self.send(messages.command_result(request.request_id, json.dumps(update), progress=True))
 
         return progress
 
-    def _forget(self, result, request_id):
+    def _forget(self, result: object, request_id: str) -> object:
         self._pending.pop(request_id, None)
         return result
 
-    def _error(self, request, failure):
+    def _error(self, request: Message, failure: Failure) -> Message:
         if failure.check(defer.CancelledError):
             code, message = CANCELLED, "command cancelled"
-        elif failure.check(CommandError):
+        elif isinstance(failure.value, CommandError):
             code, message = failure.value.code, str(failure.value)
         elif failure.check(NotSupported):
             code, message = NOT_SUPPORTED, str(failure.value)
@@ -125,9 +129,9 @@ class CommandHandler:
         else:
             self.log.failure("command {command} failed", failure, command=request.command)
             code, message = FAILED, f"{request.command} failed: {failure.value}"
-        return iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, code=code, error=message)
+        return messages.command_error(request.request_id, code, message)
 
-    def _run(self, request, progress):
+    def _run(self, request: Message, progress: Callable[[object], None] | None) -> Any:
         try:
             args = json.loads(request.args_json) if request.args_json else {}
         except ValueError as e:
@@ -148,18 +152,22 @@ class CommandHandler:
             )
         return hosted.adapter.command(request.command, args, progress)
 
-    def _hosted(self, name):
+    def _hosted(self, name: str) -> Hosted:
         hosted = self.context.host.get(name)
         if hosted is None:
             raise CommandError(UNKNOWN_ADAPTER, f"no adapter named {name!r} on this node")
         return hosted
 
-    def _selected(self, adapter):
+    def _selected(self, adapter: str) -> list[Hosted]:
         if adapter:
             return [self._hosted(adapter)]
         return self.context.host.all()
 
-    def capabilities(self, adapter, args):
+    # The common commands: each takes the adapter named in the request
+    # ("" for all) and the request's arguments, and answers a JSON-able
+    # value (or a Deferred of one).
+
+    def capabilities(self, adapter: str, args: dict[str, Any]) -> dict[str, Any]:
         result = []
         for hosted in self._selected(adapter):
             caps = hosted.adapter.capabilities()
@@ -177,10 +185,10 @@ class CommandHandler:
             )
         return {"adapters": result}
 
-    def transport_status(self, adapter, args):
+    def transport_status(self, adapter: str, args: dict[str, Any]) -> dict[str, Any]:
         return self.context.transport.snapshot()
 
-    def usage_status(self, adapter, args):
+    def usage_status(self, adapter: str, args: dict[str, Any]) -> dict[str, Any]:
         usage = self.context.usage.snapshot()
         if adapter:
             self._hosted(adapter)
@@ -188,16 +196,16 @@ class CommandHandler:
         return {"adapters": usage}
 
     @defer.inlineCallbacks
-    def session_list(self, adapter, args):
+    def session_list(self, adapter: str, args: dict[str, Any]) -> Generator[Deferred[Any], Any, dict[str, Any]]:
         selected = [h for h in self._selected(adapter) if h.adapter.capabilities().sessions]
         if adapter and not selected:
             raise CommandError(NOT_SUPPORTED, f"adapter {adapter} does not support sessions")
-        result = {}
+        result: dict[str, Any] = {}
         for hosted in selected:
             result[hosted.name] = yield defer.maybeDeferred(hosted.adapter.command, "session_list", args)
         return {"adapters": result}
 
-    def run_get(self, adapter, args):
+    def run_get(self, adapter: str, args: dict[str, Any]) -> Deferred[dict[str, Any]]:
         """
         One run or tunnel from the store: C{{"run": row with output,
         "events": [events after args["after"]]}}.
@@ -210,14 +218,14 @@ class CommandHandler:
             raise CommandError(INVALID_ARGS, "after must be a non-negative integer")
         d = self.context.store.get(run_id, after)
 
-        def found(result):
+        def found(result: dict[str, Any] | None) -> dict[str, Any]:
             if result is None:
                 raise CommandError(UNKNOWN_RUN, f"this node has no record of {run_id}")
             return result
 
         return d.addCallback(found)
 
-    def run_list(self, adapter, args):
+    def run_list(self, adapter: str, args: dict[str, Any]) -> Deferred[dict[str, Any]]:
         """
         The latest runs and tunnels from the store, newest first:
         C{{"runs": [rows]}}, filtered by C{status}, C{kind} and C{caller}

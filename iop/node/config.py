@@ -8,6 +8,7 @@ reconnect.interval_sec: ...}) instead of surfacing as odd retry behaviour.
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from iop.config import ConfigError, Section, load_yaml
 from iop.logs import parse_log_format
@@ -64,10 +65,10 @@ class ReconnectPolicy:
         return draw(self.interval_sec * (1 - self.jitter), self.interval_sec * (1 + self.jitter))
 
     @property
-    def unlimited(self):
+    def unlimited(self) -> bool:
         return self.max_attempts == 0
 
-    def exhausted(self, failures):
+    def exhausted(self, failures: int) -> bool:
         """
         Whether C{failures} consecutive failed attempts end the process.
         """
@@ -96,7 +97,7 @@ class NodeConfig:
     token: str = field(repr=False)
     #: Every Edge endpoint, in the order they are tried (an Edge cluster);
     #: C{edge} is the first.
-    edges: tuple = ()
+    edges: tuple[str, ...] = ()
     store: str = DEFAULT_STORE
     retention: Retention = Retention()
     reconnect: ReconnectPolicy = ReconnectPolicy()
@@ -106,7 +107,7 @@ class NodeConfig:
     log_format: str = "text"
 
 
-def parse_reconnect(section):
+def parse_reconnect(section: Section) -> ReconnectPolicy:
     """
     Read the C{reconnect} section.
 
@@ -126,7 +127,7 @@ def parse_reconnect(section):
     return ReconnectPolicy(max_attempts=max_attempts, interval_sec=float(interval), jitter=_jitter(section))
 
 
-def _jitter(section):
+def _jitter(section: Section) -> float:
     """
     C{reconnect.jitter}: C{true} (the default, L{DEFAULT_JITTER}), C{false}
     (a fixed interval), or the fraction itself, from 0 to 1.
@@ -139,7 +140,7 @@ def _jitter(section):
     raise section.error("jitter", f"must be true, false or a fraction from 0 to 1, got {value!r}")
 
 
-def parse_store(top):
+def parse_store(top: Section) -> tuple[str, Retention]:
     """
     Read C{store}: a path (or C{file:} URI), or a mapping with C{path} and
     C{retention} (C{max_age_days}, C{max_rows}; C{null} lifts a limit).
@@ -154,7 +155,7 @@ def parse_store(top):
     retention = section.section("retention", None)
     retention.unknown(_RETENTION_KEYS)
     default = Retention()
-    limits = {}
+    limits: dict[str, Any] = {}
     for name, kind in (("max_age_days", (int, float)), ("max_rows", int)):
         if name in retention.data and retention.data[name] is None:
             limits[name] = None
@@ -166,7 +167,7 @@ def parse_store(top):
     return path, Retention(**limits)
 
 
-def parse_config(top):
+def parse_config(top: Section) -> NodeConfig:
     """
     Validate a top-level L{Section} into a L{NodeConfig}.
 
@@ -196,7 +197,7 @@ def parse_config(top):
     )
 
 
-def load_config(path):
+def load_config(path: str) -> NodeConfig:
     """
     Read and validate C{node.yaml} at C{path}.
 
@@ -205,7 +206,7 @@ def load_config(path):
     return parse_config(load_yaml(path))
 
 
-def _edges(section):
+def _edges(section: Section) -> tuple[str, ...]:
     """
     C{edge}: one endpoint string, or a list of them (the Edges of a
     cluster, tried in turn).
@@ -223,7 +224,7 @@ def _edges(section):
     return tuple(value)
 
 
-def _nonempty(section, name, default=None):
+def _nonempty(section: Section, name: str, default: str | None = None) -> str:
     if default is None:
         value = section.get(name, str)
     else:
@@ -233,7 +234,8 @@ def _nonempty(section, name, default=None):
     return value
 
 
-def _secret(section, name):
+def _secret(section: Section, name: str) -> str:
+
     # Like _nonempty, but an error never echoes the value.
     value = section.data.get(name)
     if value is None:

@@ -8,12 +8,17 @@ build a context with fakes for just the parts they care about.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
 
 from iop.node.detached import DetachedRuns
+from iop.node.host import AdapterHost
 from iop.node.metrics import NodeMetrics
 from iop.node.stats import UsageBook
-from iop.node.store import NullStore
+from iop.node.store import NullStore, Store
 from iop.protocols.wire import Heartbeat
 
 
@@ -38,12 +43,11 @@ class TransportState:
     attempts: int = 0
     sessions: int = 0
     heartbeat: Heartbeat = field(default_factory=Heartbeat)
-    store: object = None
+    store: Store | None = None
 
-    def snapshot(self):
-        health = getattr(self.store, "health", None)
+    def snapshot(self) -> dict[str, Any]:
         return {
-            "store": health() if health is not None else {"status": "none"},
+            "store": self.store.health() if self.store is not None else {"status": "none"},
             "node_id": self.node_id,
             "edge": self.edge,
             "connected": self.connected,
@@ -65,18 +69,18 @@ class NodeContext:
     """
 
     token: str = field(repr=False)
-    clock: object
-    host: object
-    store: object = field(default_factory=NullStore)
+    clock: IReactorTime
+    host: AdapterHost
+    store: Store = field(default_factory=NullStore)
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
     usage: UsageBook = field(default_factory=UsageBook)
     transport: TransportState = field(default_factory=TransportState)
     register_timeout: float = 10.0
-    now: object = time.time
+    now: Callable[[], float] = time.time
+
     node_version: str = ""
     #: Background runs kept across a lost link (L{iop.node.detached}).
-    detached: DetachedRuns | None = None
+    detached: DetachedRuns = field(init=False)
 
-    def __post_init__(self):
-        if self.detached is None:
-            self.detached = DetachedRuns(self.clock)
+    def __post_init__(self) -> None:
+        self.detached = DetachedRuns(self.clock)

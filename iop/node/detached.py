@@ -19,9 +19,15 @@ A run that ends while detached is kept (for its reconcile) for
 L{KEEP_ENDED_SEC}; a local shutdown cancels the ones still running.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
+
+if TYPE_CHECKING:
+    from iop.node.runs import RunRelay
 
 #: How long a run that ended while detached waits to be reported.
 KEEP_ENDED_SEC = 3600.0
@@ -35,18 +41,18 @@ class DetachedRuns:
 
     log = Logger()
 
-    def __init__(self, clock):
+    def __init__(self, clock: IReactorTime) -> None:
         self.clock = clock
-        self._runs = {}
-        self._expiry = {}
+        self._runs: dict[str, RunRelay] = {}
+        self._expiry: dict[str, IDelayedCall] = {}
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._runs)
 
-    def __contains__(self, run_id):
+    def __contains__(self, run_id: object) -> bool:
         return run_id in self._runs
 
-    def keep(self, relay):
+    def keep(self, relay: "RunRelay") -> None:
         """
         Keep C{relay} (a background L{iop.node.runs.RunRelay} whose
         connection was lost) going without a session.
@@ -56,15 +62,15 @@ class DetachedRuns:
         if relay.finished:
             self._ended(relay)
 
-    def _ended(self, relay):
+    def _ended(self, relay: "RunRelay") -> None:
         if self._runs.get(relay.run_id) is relay and relay.run_id not in self._expiry:
             self._expiry[relay.run_id] = self.clock.callLater(KEEP_ENDED_SEC, self._forget, relay.run_id)
 
-    def _forget(self, run_id):
+    def _forget(self, run_id: str) -> None:
         self._expiry.pop(run_id, None)
         self._runs.pop(run_id, None)
 
-    def take(self, run_id):
+    def take(self, run_id: str) -> "RunRelay | None":
         """
         @return: the detached run C{run_id}, no longer kept here, or
             C{None}.
@@ -75,24 +81,19 @@ class DetachedRuns:
             timer.cancel()
         return relay
 
-    def report(self):
+    def report(self) -> Any:
         """
         @return: the C{RunReconcile} a new session sends its Edge.
         """
         runs = [
-            iop_pb2.ReconciledRun(
-                run_id=relay.run_id,
-                adapter=relay.hosted.name,
-                target=relay.request.target,
-                status=relay.status,
-                last_seq=relay.seq,
-                caller=relay.request.caller,
+            messages.reconciled_run(
+                relay.run_id, relay.hosted.name, relay.request.target, relay.status, relay.seq, relay.request.caller
             )
             for relay in self._runs.values()
         ]
-        return iop_pb2.RunReconcile(runs=runs)
+        return messages.run_reconcile(runs)
 
-    def cancel(self, run_id, reason):
+    def cancel(self, run_id: str, reason: str) -> bool:
         """
         The Edge does not want C{run_id} back: cancel it (if it still runs)
         and forget it. @return: whether it was kept here.
@@ -103,7 +104,7 @@ class DetachedRuns:
         relay.cancel(reason)
         return True
 
-    def cancel_all(self, reason):
+    def cancel_all(self, reason: str) -> None:
         """
         The Node is stopping: cancel every detached run still going.
         """

@@ -14,7 +14,11 @@ most the grace period.
 """
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+
+from iop.node.work import Inflight
 
 
 class Drain:
@@ -28,15 +32,15 @@ class Drain:
 
     log = Logger()
 
-    def __init__(self, inflight, clock, grace_sec, reason):
+    def __init__(self, inflight: Inflight, clock: IReactorTime, grace_sec: float, reason: str) -> None:
         self.inflight = inflight
         self.clock = clock
         self.grace_sec = grace_sec
         self.reason = reason
-        self.done = defer.Deferred()
-        self._deadline = None
+        self.done: Deferred[None] = defer.Deferred()
+        self._deadline: IDelayedCall | None = None
 
-    def start(self):
+    def start(self) -> Deferred[None]:
         """
         Stop admitting work and wait for the work in flight.
 
@@ -56,20 +60,21 @@ class Drain:
         self.inflight.when_empty().addCallback(self._over)
         return self.done
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut the grace period to zero: cancel the work in flight now.
         """
         if self._deadline is not None:
             self._cancel_rest("not waiting any longer")
 
-    def _cancel_rest(self, why):
+    def _cancel_rest(self, why: str) -> None:
         self._deadline = None
         self.log.info("{why}: cancelling {count} run(s)/tunnel(s) still in flight", why=why, count=len(self.inflight))
         self.inflight.cancel_all(self.reason)
         self._over()
 
-    def _over(self, _=None):
+    def _over(self, _: object = None) -> None:
+
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None

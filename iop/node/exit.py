@@ -22,11 +22,17 @@ a recorder instead of L{ProcessExit} so nothing kills the test process.
 import atexit
 import os
 import sys
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from twisted.internet.error import ReactorNotRunning
 from twisted.logger import Logger
 
+#: How library code ends the process: C{exit(status, message)}.
+Exit = Callable[[int, str], object]
+
 #: A local shutdown (SIGTERM/SIGINT).
+
 EXIT_OK = 0
 #: The local configuration is invalid; reported before anything starts.
 EXIT_BAD_CONFIG = 1
@@ -41,6 +47,14 @@ EXIT_EXHAUSTED = 3
 EXIT_INCOMPATIBLE = 4
 
 
+class Stoppable(Protocol):
+    """
+    What L{ProcessExit} needs of the reactor.
+    """
+
+    def stop(self) -> None: ...
+
+
 class ProcessExit:
     """
     C{exit(status, message)}: log C{message}, stop the reactor, and make
@@ -49,13 +63,18 @@ class ProcessExit:
 
     log = Logger()
 
-    def __init__(self, reactor, register=atexit.register, hard_exit=os._exit):
+    def __init__(
+        self,
+        reactor: Stoppable,
+        register: Callable[..., Any] = atexit.register,
+        hard_exit: Callable[[int], object] = os._exit,
+    ) -> None:
         self.reactor = reactor
         self._register = register
         self._hard_exit = hard_exit
-        self.status = None
+        self.status: int | None = None
 
-    def __call__(self, status, message):
+    def __call__(self, status: int, message: str) -> None:
         if self.status is not None:
             return
         self.status = status
@@ -69,7 +88,8 @@ class ProcessExit:
         except ReactorNotRunning:
             pass
 
-    def _exit_now(self, status):
+    def _exit_now(self, status: int) -> None:
+
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

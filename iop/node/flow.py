@@ -16,6 +16,13 @@ Without a window (an Edge older than version 3) frames go out at once.
 """
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IPushProducer
+
+#: A wire message (a protobuf C{Envelope} field message).
+Message = Any
 
 
 class SendWindow:
@@ -24,15 +31,15 @@ class SendWindow:
     @param window: the initial credit in bytes; C{None} or 0 for unlimited.
     """
 
-    def __init__(self, send, window=None):
+    def __init__(self, send: Callable[[Message], object], window: int | None = None) -> None:
         self._send = send
         self.credit = window or None
-        self.queue = deque()
-        self.producer = None
+        self.queue: deque[tuple[Message, int]] = deque()
+        self.producer: IPushProducer | None = None
         self.paused = False
-        self._idle = []
+        self._idle: list[Callable[[], object]] = []
 
-    def send(self, message, size=0):
+    def send(self, message: Message, size: int = 0) -> None:
         """
         Send C{message} now, or queue it behind what waits. C{size} is how
         much credit it spends (0 for frames that carry no body).
@@ -43,14 +50,14 @@ class SendWindow:
         self.queue.append((message, size))
         self._pause()
 
-    def _out(self, message, size):
+    def _out(self, message: Message, size: int) -> None:
         if size and self.credit is not None:
             self.credit -= size
             if self.credit <= 0:
                 self._pause()
         self._send(message)
 
-    def grant(self, size):
+    def grant(self, size: int) -> None:
         """
         The Edge granted C{size} more bytes: send what now fits, and resume
         the source once nothing waits and credit is left.
@@ -65,7 +72,7 @@ class SendWindow:
             self._resume()
         self._check_idle()
 
-    def abandon(self):
+    def abandon(self) -> None:
         """
         The stream was cancelled: its body is no longer wanted. Queued body
         frames are dropped, the others (headers, usage, the terminal) go
@@ -79,7 +86,7 @@ class SendWindow:
         self._resume()
         self._check_idle()
 
-    def register_producer(self, producer):
+    def register_producer(self, producer: IPushProducer) -> None:
         """
         The source of the stream's body (an C{IPushProducer}, such as a
         provider response's transport): paused while frames wait.
@@ -88,7 +95,7 @@ class SendWindow:
         if self.paused:
             producer.pauseProducing()
 
-    def when_idle(self, callback):
+    def when_idle(self, callback: Callable[[], object]) -> None:
         """
         Call C{callback()} once nothing is queued (at once if nothing is).
         """
@@ -97,19 +104,19 @@ class SendWindow:
         else:
             self._idle.append(callback)
 
-    def _check_idle(self):
+    def _check_idle(self) -> None:
         if not self.queue:
             waiting, self._idle = self._idle, []
             for callback in waiting:
                 callback()
 
-    def _pause(self):
+    def _pause(self) -> None:
         if not self.paused:
             self.paused = True
             if self.producer is not None:
                 self.producer.pauseProducing()
 
-    def _resume(self):
+    def _resume(self) -> None:
         if self.paused:
             self.paused = False
             if self.producer is not None:

@@ -7,6 +7,8 @@ exceeds the back end's C{max_concurrency}. A full gate refuses at once:
 the Node never queues (queueing is the Edge's job).
 """
 
+from collections.abc import Callable
+
 from twisted.internet.defer import Deferred, succeed
 
 
@@ -16,11 +18,11 @@ class Slot:
     idempotent, so every exit path may call it and the count stays exact.
     """
 
-    def __init__(self, gate):
+    def __init__(self, gate: "CapacityGate") -> None:
         self._gate = gate
         self.released = False
 
-    def release(self):
+    def release(self) -> None:
         if not self.released:
             self.released = True
             self._gate._released()
@@ -34,13 +36,13 @@ class CapacityGate:
         (the metrics gauge listens here).
     """
 
-    def __init__(self, limit, on_change=None):
+    def __init__(self, limit: int, on_change: Callable[[int], object] | None = None) -> None:
         self.limit = limit
         self.in_use = 0
         self.on_change = on_change
-        self._idle_waiters = []
+        self._idle_waiters: list[Deferred[None]] = []
 
-    def acquire(self):
+    def acquire(self) -> Slot | None:
         """
         @return: a L{Slot}, or C{None} when the gate is full.
         """
@@ -50,17 +52,18 @@ class CapacityGate:
         self._changed()
         return Slot(self)
 
-    def when_idle(self):
+    def when_idle(self) -> Deferred[None]:
         """
         @return: a Deferred firing once nothing holds a slot.
         """
         if self.in_use == 0:
             return succeed(None)
-        d = Deferred()
+        d: Deferred[None] = Deferred()
+
         self._idle_waiters.append(d)
         return d
 
-    def _released(self):
+    def _released(self) -> None:
         self.in_use -= 1
         self._changed()
         if self.in_use == 0:
@@ -68,6 +71,6 @@ class CapacityGate:
             for d in waiters:
                 d.callback(None)
 
-    def _changed(self):
+    def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change(self.in_use)

@@ -10,14 +10,25 @@ the host stays.
 """
 
 import json
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from iop.adapters.interface import IAdapter
 from iop.adapters.registry import build_adapter
 from iop.node.gate import CapacityGate
+
+if TYPE_CHECKING:
+    from iop.node.metrics import NodeMetrics
+
+#: Builds an adapter: C{(name, type, max_concurrency, options, reactor)}.
+BuildAdapter = Callable[[str, str, int, dict[str, Any], IReactorTime], IAdapter]
 
 
 class AdapterSetupError(Exception):
@@ -34,15 +45,15 @@ class Hosted:
     """
 
     name: str
-    adapter: object
+    adapter: IAdapter
     gate: CapacityGate
-    spec: tuple
+    spec: tuple[str, int, str]
 
 
-def _spec(config):
+def _spec(config: Any) -> tuple[str, int, str]:
     """
-    What identifies an adapter's configuration: equal specs mean the
-    running instance can be kept.
+    What identifies an adapter's configuration (an C{AdapterConfig}
+    message): equal specs mean the running instance can be kept.
     """
     options = json.loads(config.options_json) if config.options_json else {}
     if not isinstance(options, dict):
@@ -54,29 +65,34 @@ class AdapterHost:
     """
     Builds, starts, keeps and retires adapter instances.
 
+    @param reactor: the clock adapters time out with; they may use more of
+        the reactor (TCP for HTTP back ends, processes for command lines).
+
     @param build: C{build_adapter}-compatible factory (tests inject fakes).
     @param metrics: a L{iop.node.metrics.NodeMetrics}, or C{None}.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, build=build_adapter, metrics=None):
+    def __init__(
+        self, reactor: IReactorTime, build: BuildAdapter = build_adapter, metrics: "NodeMetrics | None" = None
+    ) -> None:
         self.reactor = reactor
         self.build = build
         self.metrics = metrics
-        self._hosted = {}
+        self._hosted: dict[str, Hosted] = {}
         self._lock = defer.DeferredLock()
 
-    def get(self, name):
+    def get(self, name: str) -> Hosted | None:
         """
         @return: the L{Hosted} adapter called C{name}, or C{None}.
         """
         return self._hosted.get(name)
 
-    def all(self):
+    def all(self) -> list[Hosted]:
         return list(self._hosted.values())
 
-    def apply(self, adapters):
+    def apply(self, adapters: Iterable[Any]) -> Deferred[None]:
         """
         Make the running set match C{adapters} (C{AdapterConfig} messages).
 
@@ -89,9 +105,9 @@ class AdapterHost:
         return self._lock.run(self._apply, list(adapters))
 
     @defer.inlineCallbacks
-    def _apply(self, adapters):
-        wanted = {}
-        fresh = []
+    def _apply(self, adapters: list[Any]) -> Generator[Deferred[Any], Any, None]:
+        wanted: dict[str, Hosted] = {}
+        fresh: list[Hosted] = []
         for config in adapters:
             try:
                 spec = _spec(config)
@@ -109,7 +125,7 @@ class AdapterHost:
             wanted[config.name] = hosted
             fresh.append(hosted)
 
-        started = []
+        started: list[Hosted] = []
         for hosted in fresh:
             try:
                 yield defer.maybeDeferred(hosted.adapter.start)
@@ -124,13 +140,13 @@ class AdapterHost:
         for hosted in retired:
             self._retire(hosted)
 
-    def _gate(self, name, adapter):
+    def _gate(self, name: str, adapter: IAdapter) -> CapacityGate:
         limit = adapter.capabilities().max_concurrency
         if self.metrics is None:
             return CapacityGate(limit)
         return CapacityGate(limit, partial(self.metrics.in_flight, name))
 
-    def _retire(self, hosted):
+    def _retire(self, hosted: Hosted) -> Deferred[None]:
         """
         Stop an adapter that left the configuration once its in-flight
         work is over; new work already goes to its replacement.
@@ -141,13 +157,13 @@ class AdapterHost:
         d.addErrback(lambda f: self.log.failure("stopping adapter {name} failed", f, name=hosted.name))
         return d
 
-    def _stop_all(self, adapters):
+    def _stop_all(self, adapters: list[IAdapter]) -> Deferred[list[Any]]:
         ds = [defer.maybeDeferred(a.stop) for a in adapters]
         for d in ds:
             d.addErrback(lambda f: self.log.failure("stopping an adapter failed", f))
         return defer.gatherResults(ds)
 
-    def stop(self):
+    def stop(self) -> Deferred[list[Any]]:
         """
         Stop every adapter (the Node is shutting down; in-flight work has
         been cancelled already).

@@ -10,6 +10,7 @@ them over HTTP is optional (C{metrics} in C{node.yaml}).
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -28,7 +29,7 @@ class NodeMetrics:
     @ivar registry: the C{CollectorRegistry} holding this Node's metrics.
     """
 
-    def __init__(self, registry=None):
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.runs = Counter(
             "iop_node_runs_total",
@@ -66,10 +67,10 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def run_ended(self, adapter, status):
+    def run_ended(self, adapter: str, status: str) -> None:
         self.runs.labels(adapter=adapter, status=status).inc()
 
-    def provider_failed(self, adapter, code, deadline):
+    def provider_failed(self, adapter: str, code: str, deadline: str) -> None:
         """
         A run or tunnel ended with one of L{PROVIDER_FAILURES} (others,
         such as a cancel or a refusal, are not the provider's).
@@ -77,30 +78,34 @@ class NodeMetrics:
         if code in PROVIDER_FAILURES:
             self.provider_failures.labels(adapter=adapter, code=code, deadline=deadline).inc()
 
-    def in_flight(self, adapter, count):
+    def in_flight(self, adapter: str, count: int) -> None:
         self.in_flight_gauge.labels(adapter=adapter).set(count)
 
-    def tunnel_body(self, size):
+    def tunnel_body(self, size: int) -> None:
         self.tunnel_bytes.inc(size)
 
-    def store_ok(self, ok):
+    def store_ok(self, ok: bool) -> None:
         self.store_ok_gauge.set(1 if ok else 0)
 
-    def store_failed(self):
+    def store_failed(self) -> None:
         self.store_failures.inc()
 
-    def value(self, name, labels=None):
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """
         The current value of one sample (for tests and status output).
         """
         return self.registry.get_sample_value(name, labels or {})
 
 
-def metrics_service(reactor, description, metrics):
+def metrics_service(reactor: IReactorTime, description: str, metrics: NodeMetrics) -> StreamServerEndpointService:
     """
     A service listening on the server endpoint C{description} and serving
     C{/metrics}.
+
+    @param reactor: the reactor the endpoint listens with (typed by the
+        clock every Node part shares; endpoints take any reactor).
     """
+
     root = Resource()
     root.putChild(b"metrics", MetricsPage(metrics.registry))
     return StreamServerEndpointService(serverFromString(reactor, description), Site(root))

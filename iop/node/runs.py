@@ -9,13 +9,22 @@ work whose capacity is still held.
 """
 
 import json
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from iop.adapters.interface import RunInput
-from iop.node.flow import SendWindow
-from iop.node.work import Refused, Work, admit, record_safely
+from iop.node.flow import Message, SendWindow
+from iop.node.gate import Slot
+from iop.node.host import AdapterHost, Hosted
+from iop.node.metrics import NodeMetrics
+from iop.node.stats import UsageBook
+from iop.node.store import Store
+from iop.node.work import Inflight, Refused, Work, admit, record_safely
 from iop.protocols.convert import event_to_wire
 from iop.run import (
     ADAPTER_ERROR,
@@ -29,6 +38,7 @@ from iop.run import (
     TERMINAL_TYPES,
     RunEventData,
     RunFailure,
+    Usage,
 )
 
 
@@ -38,7 +48,7 @@ class BadRequest(ValueError):
     """
 
 
-def run_input(request):
+def run_input(request: Message) -> RunInput:
     """
     The L{RunInput} an adapter sees for a C{RunRequest}.
 
@@ -53,10 +63,11 @@ def run_input(request):
         session_id=request.session_id,
         background=request.background,
         options=options,
+        traceparent=request.traceparent,
     )
 
 
-def _message(wire):
+def _message(wire: Message) -> dict[str, Any]:
     """
     A chat message as adapters see it: C{role} and C{content} always; the
     OpenAI extras (C{name}, C{tool_call_id}, C{tool_calls}, C{images})
@@ -64,7 +75,7 @@ def _message(wire):
 
     @raise BadRequest: if C{tool_calls_json} is not a JSON list.
     """
-    message = {"role": wire.role, "content": wire.content}
+    message: dict[str, Any] = {"role": wire.role, "content": wire.content}
     if wire.name:
         message["name"] = wire.name
     if wire.tool_call_id:
@@ -76,7 +87,7 @@ def _message(wire):
     return message
 
 
-def _json_field(text, name, kind, described):
+def _json_field(text: str, name: str, kind: type, described: str) -> Any:
     """
     The JSON value in the wire field C{name}, which must be a C{kind}.
 
@@ -92,7 +103,7 @@ def _json_field(text, name, kind, described):
     return value
 
 
-def _failure_text(failure):
+def _failure_text(failure: Failure) -> str:
     message = str(failure.value)
     name = type(failure.value).__name__
     return f"{name}: {message}" if message else name
@@ -105,13 +116,13 @@ class Emit:
     the Edge's caller is not taking the stream (flow control).
     """
 
-    def __init__(self, relay):
+    def __init__(self, relay: "RunRelay") -> None:
         self._relay = relay
 
-    def __call__(self, event):
+    def __call__(self, event: RunEventData) -> None:
         self._relay.emit(event)
 
-    def register_producer(self, producer):
+    def register_producer(self, producer: IPushProducer) -> None:
         self._relay.flow.register_producer(producer)
 
 
@@ -121,26 +132,28 @@ class RunRelay(Work):
     terminal has been sent.
     """
 
-    def __init__(self, manager, request, hosted, slot):
+    manager: "RunManager"
+
+    def __init__(self, manager: "RunManager", request: Message, hosted: Hosted, slot: Slot) -> None:
         super().__init__(manager, request.run_id, hosted, slot, request.window_bytes)
         self.request = request
-        self.run_id = request.run_id
-        self.usage = None
-        self.terminal = None
-        self.on_end = None
+        self.run_id: str = request.run_id
+        self.usage: Usage | None = None
+        self.terminal: str | None = None
+        self.on_end: Callable[[RunRelay], object] | None = None
 
     @property
-    def background(self):
-        return self.request.background
+    def background(self) -> bool:
+        return bool(self.request.background)
 
     @property
-    def status(self):
+    def status(self) -> str:
         """
         C{running}, or the type of the terminal it ended with.
         """
         return self.terminal or "running"
 
-    def detach(self, on_end):
+    def detach(self, on_end: Callable[["RunRelay"], object]) -> None:
         """
         The connection is gone but this background run goes on: its
         events now go only to the store (what a resumed stream is replayed
@@ -151,7 +164,7 @@ class RunRelay(Work):
         self.on_end = on_end
         self._rewire(lambda message: None)
 
-    def attach(self, manager, after_seq):
+    def attach(self, manager: "RunManager", after_seq: int) -> "Resumed":
         """
         A new session takes this run back (its Edge asked with
         C{RunResume}): from now on it is that session's work, and its events
@@ -168,7 +181,7 @@ class RunRelay(Work):
         self._rewire(resumed)
         return resumed
 
-    def _rewire(self, send):
+    def _rewire(self, send: Callable[[Message], object]) -> None:
         """
         Send through C{send} from now on, without a credit window; the
         adapter's paused source (if any) goes on.
@@ -180,7 +193,7 @@ class RunRelay(Work):
             if old.paused:
                 old.producer.resumeProducing()
 
-    def start(self, run):
+    def start(self, run: RunInput) -> None:
         self.manager.record(
             "record_start",
             self.run_id,
@@ -192,7 +205,7 @@ class RunRelay(Work):
         )
         self.begin(self.hosted.adapter.execute, run, Emit(self))
 
-    def emit(self, event):
+    def emit(self, event: RunEventData) -> None:
         """
         The adapter's C{emit}: relay one L{RunEventData}.
         """
@@ -209,11 +222,11 @@ class RunRelay(Work):
         else:
             self._send(event)
 
-    def _ended(self, result):
+    def _ended(self, result: object) -> None:
         if not self.finished:
             self._finish(RunEventData(CANCELLED if self.cancel_reason else COMPLETE, usage=self.usage))
 
-    def _failed(self, failure):
+    def _failed(self, failure: Failure) -> None:
         if self.finished:
             if not failure.check(defer.CancelledError):
                 self.log.failure("run {run_id}: adapter failed after its terminal", failure, run_id=self.run_id)
@@ -226,10 +239,10 @@ class RunRelay(Work):
         )
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
-    def _finish(self, event):
+    def _finish(self, event: RunEventData) -> None:
         self.end(self._send_terminal, event)
 
-    def _send_terminal(self, event):
+    def _send_terminal(self, event: RunEventData) -> None:
         self.terminal = event.type
         self._send(event)
         error = event.error.message if event.error is not None else None
@@ -243,11 +256,12 @@ class RunRelay(Work):
         if self.on_end is not None:
             self.on_end(self)
 
-    def _send(self, event):
+    def _send(self, event: RunEventData) -> None:
         self.seq += 1
         self.manager.record_event(self.run_id, self.seq, event)
         size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
-        self.flow.send(event_to_wire(self.run_id, self.seq, event), size)
+        first_byte_ms = self.since_arrival_ms() if self.seq == 1 else 0.0
+        self.flow.send(event_to_wire(self.run_id, self.seq, event, first_byte_ms), size)
 
 
 class Resumed:
@@ -259,20 +273,20 @@ class Resumed:
     @param after: the seq of the Edge's last event of the run.
     """
 
-    def __init__(self, send, after):
+    def __init__(self, send: Callable[[Message], object], after: int) -> None:
         self._send = send
         self.after = after
         self.replaying = True
-        self._held = []
+        self._held: list[Message] = []
 
-    def __call__(self, message):
+    def __call__(self, message: Message) -> None:
         if self.replaying:
             self._held.append(message)
         elif message.seq > self.after:
             self.after = message.seq
             self._send(message)
 
-    def replay(self, history):
+    def replay(self, history: Iterable[Message]) -> None:
         """
         C{history}: the run's stored events after L{after} as wire
         messages; then what was held.
@@ -295,7 +309,15 @@ class RunManager:
 
     log = Logger()
 
-    def __init__(self, host, inflight, send, store, usage, metrics):
+    def __init__(
+        self,
+        host: AdapterHost,
+        inflight: Inflight,
+        send: Callable[[Message], object],
+        store: Store,
+        usage: UsageBook,
+        metrics: NodeMetrics,
+    ) -> None:
         self.host = host
         self.inflight = inflight
         self.send = send
@@ -303,7 +325,7 @@ class RunManager:
         self.usage = usage
         self.metrics = metrics
 
-    def start(self, request):
+    def start(self, request: Message) -> RunRelay | None:
         """
         Handle one C{RunRequest}.
         """
@@ -319,12 +341,13 @@ class RunManager:
                 slot.release()
                 raise Refused(INVALID_REQUEST, str(e)) from None
         except Refused as refusal:
-            return self._refuse(request, refusal.code, refusal.message)
+            self._refuse(request, refusal.code, refusal.message)
+            return None
         relay = RunRelay(self, request, hosted, slot)
         relay.start(run)
         return relay
 
-    def _refuse(self, request, code, message):
+    def _refuse(self, request: Message, code: str, message: str) -> None:
         """
         End a run that never reached an adapter with one C{error} terminal.
         """
@@ -342,15 +365,14 @@ class RunManager:
         self.record_event(request.run_id, 1, event)
         self.send(event_to_wire(request.run_id, 1, event))
         self.ended(request.adapter, request.run_id, ERROR, f"{code}: {message}", None, code)
-        return None
 
-    def record(self, method, *args):
+    def record(self, method: str, *args: Any) -> None:
         """
         Write to the run store without ever letting it break the relay.
         """
         record_safely(self.store, self.log, "run", method, *args)
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id: str, seq: int, event: RunEventData) -> None:
         """
         Keep one event in the run store (never breaking the relay).
         """
@@ -359,7 +381,16 @@ class RunManager:
         except Exception:
             self.log.failure("run {run_id}: run store record_event failed", run_id=run_id)
 
-    def ended(self, adapter, run_id, status, error, usage, code=None):
+    def ended(
+        self,
+        adapter: str,
+        run_id: str,
+        status: str,
+        error: str | None,
+        usage: Usage | None,
+        code: str | None = None,
+    ) -> None:
+
         self.record("record_end", run_id, status, error, code, usage)
         self.usage.run_ended(adapter, status)
         if usage is not None:

@@ -5,18 +5,23 @@ C{/metrics} listener, and the adapters they share.
 
 from importlib import metadata
 
+from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.adapters.registry import build_adapter
 from iop.config import ConfigError
+from iop.node.config import NodeConfig
 from iop.node.context import NodeContext
 from iop.node.edges import EdgeRotation
-from iop.node.host import AdapterHost
+from iop.node.exit import Exit
+from iop.node.host import AdapterHost, BuildAdapter
 from iop.node.metrics import NodeMetrics, metrics_service
-from iop.node.store import RunStore
+from iop.node.store import RunStore, StoreService
 from iop.node.supervisor import Supervisor
 
 #: Why the Node drains: the reason in C{NodeDraining}, the run store and
@@ -24,7 +29,7 @@ from iop.node.supervisor import Supervisor
 SHUTDOWN_REASON = "the node is shutting down"
 
 
-def _version():
+def _version() -> str:
     try:
         return "iop " + metadata.version("iop")
     except metadata.PackageNotFoundError:
@@ -47,10 +52,18 @@ class NodeService(MultiService):
 
     log = Logger()
 
-    def __init__(self, config, reactor, exit, source="node.yaml", build=build_adapter, store=None):
+    def __init__(
+        self,
+        config: NodeConfig,
+        reactor: IReactorTime,
+        exit: Exit,
+        source: str = "node.yaml",
+        build: BuildAdapter = build_adapter,
+        store: StoreService | None = None,
+    ) -> None:
         super().__init__()
         edges = config.edges or (config.edge,)
-        endpoints = []
+        endpoints: list[tuple[str, IStreamClientEndpoint]] = []
         for i, description in enumerate(edges):
             try:
                 endpoints.append((description, clientFromString(reactor, description)))
@@ -61,7 +74,7 @@ class NodeService(MultiService):
         self.metrics = NodeMetrics()
         if store is None:
             store = RunStore(reactor, config.store, retention=config.retention, metrics=self.metrics)
-        self.store = store
+        self.store: StoreService = store
         self.host = AdapterHost(reactor, build, self.metrics)
         self.context = NodeContext(
             token=config.token,
@@ -78,7 +91,7 @@ class NodeService(MultiService):
         self.store.setServiceParent(self)
         self.supervisor = Supervisor(endpoint, self.context, config.reconnect, reactor, exit)
         self.supervisor.setServiceParent(self)
-        self.metrics_listener = None
+        self.metrics_listener: StreamServerEndpointService | None = None
         if config.metrics is not None:
             try:
                 self.metrics_listener = metrics_service(reactor, config.metrics, self.metrics)
@@ -86,7 +99,7 @@ class NodeService(MultiService):
                 raise ConfigError(f"{source}: metrics: not a valid server endpoint string ({e})") from None
             self.metrics_listener.setServiceParent(self)
 
-    def stopService(self):
+    def stopService(self) -> Deferred[None]:
         """
         Stop in order: drain the work in flight (no new work, up to
         C{shutdown_grace_sec} for the rest to end, then cancelled), close
@@ -104,14 +117,15 @@ class NodeService(MultiService):
         d.addBoth(self._logged, "stopping the supervisor")
         d.addCallback(lambda _: self.host.stop())
         d.addBoth(self._logged, "stopping the adapters")
-        if self.metrics_listener is not None:
-            d.addCallback(lambda _: self.metrics_listener.stopService())
+        listener = self.metrics_listener
+        if listener is not None:
+            d.addCallback(lambda _: listener.stopService())
             d.addBoth(self._logged, "stopping the metrics listener")
         d.addCallback(lambda _: self.store.stopService())
         d.addBoth(self._logged, "closing the run store")
         return d
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Another stop signal: cut the grace period to zero. During the
         drain the work still in flight is cancelled now and the shutdown
@@ -121,7 +135,8 @@ class NodeService(MultiService):
         self.shutdown_grace_sec = 0
         self.supervisor.hurry()
 
-    def _logged(self, result, what):
+    def _logged(self, result: object, what: str) -> None:
+
         if isinstance(result, Failure):
             self.log.failure("{what} failed", result, what=what)
         return None

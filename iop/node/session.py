@@ -10,20 +10,27 @@ Deferreds and decides.
 """
 
 import json
+from collections.abc import Callable
+from typing import Any, cast
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from iop.adapters.interface import NotSupported
 from iop.node.commands import CommandHandler
+from iop.node.context import NodeContext
 from iop.node.drain import Drain
+from iop.node.flow import Message
 from iop.node.host import AdapterSetupError
 from iop.node.runs import RunManager, RunRelay
 from iop.node.store import stored_event
 from iop.node.tunnels import TunnelManager
 from iop.node.work import Inflight
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.convert import event_to_wire
 from iop.protocols.wire import (
     DRAINING_WIRE_VERSION,
@@ -33,6 +40,7 @@ from iop.protocols.wire import (
     Heartbeat,
     IWireReceiver,
     ProtocolViolation,
+    WireProtocol,
     peer_wire_version,
 )
 from iop.run import (
@@ -72,18 +80,16 @@ class IncompatibleVersion(FatalRefusal):
     """
 
 
-_FATAL_CODES = {iop_pb2.UNKNOWN_TOKEN, iop_pb2.CONFIG_BUILD_FAILED}
+_FATAL_CODES = {messages.UNKNOWN_TOKEN, messages.CONFIG_BUILD_FAILED}
 
 
-def _refusal(response):
+def _refusal(response: Message) -> "RetryableRefusal | FatalRefusal":
     """
     The exception for a C{RegisterResponse(accepted=false)}.
     """
-    code = (
-        iop_pb2.RejectCode.Name(response.code) if response.code in iop_pb2.RejectCode.values() else str(response.code)
-    )
+    code = messages.reject_code_name(response.code)
     text = f"registration refused ({code}): {response.reason or 'no reason given'}"
-    if response.code == iop_pb2.INCOMPATIBLE_VERSION:
+    if response.code == messages.INCOMPATIBLE_VERSION:
         return IncompatibleVersion(f"{text} (this node speaks wire version {WIRE_VERSION})")
     if response.code in _FATAL_CODES:
         return FatalRefusal(text)
@@ -117,25 +123,25 @@ class NodeSession:
 
     log = Logger()
 
-    def __init__(self, context):
+    def __init__(self, context: NodeContext) -> None:
         self.context = context
-        self.ready = defer.Deferred()
-        self.lost = defer.Deferred()
+        self.ready: Deferred[NodeSession] = defer.Deferred()
+        self.lost: Deferred[str] = defer.Deferred()
         self.state = CONNECTING
-        self.wire = None
-        self.node_id = None
-        self.edge_wire_version = None
-        self.edge_draining = None
+        self.wire: WireProtocol | None = None
+        self.node_id: str | None = None
+        self.edge_wire_version: int | None = None
+        self.edge_draining: Message | None = None
         self.inflight = Inflight()
         self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
         self.tunnels = TunnelManager(
             context.host, self.inflight, self.send, context.usage, context.metrics, context.store
         )
         self.commands = CommandHandler(context, self.send)
-        self._timer = None
+        self._timer: IDelayedCall | None = None
         self._closing = False
-        self._drain = None
-        self._handlers = {
+        self._drain: Drain | None = None
+        self._handlers: dict[str, Callable[[Message], object]] = {
             "run_request": self.runs.start,
             "provider_tunnel_request": self.tunnels.start,
             "cancel_request": self._cancel,
@@ -148,17 +154,13 @@ class NodeSession:
 
     # -- IWireReceiver -------------------------------------------------------
 
-    def wire_connected(self, wire):
+    def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
         self.state = REGISTERING
-        self.send(
-            iop_pb2.RegisterRequest(
-                token=self.context.token, node_version=self.context.node_version, wire_version=WIRE_VERSION
-            )
-        )
+        self.send(messages.register_request(self.context.token, WIRE_VERSION, self.context.node_version))
         self._expect("RegisterResponse")
 
-    def message_received(self, kind, message):
+    def message_received(self, kind: str, message: Message) -> None:
         if self.state == READY and kind in self._handlers:
             self._handlers[kind](message)
         elif self.state == REGISTERING and kind == "register_response":
@@ -172,7 +174,7 @@ class NodeSession:
         else:
             raise ProtocolViolation(f"{kind} is not acceptable while the session is {self.state}")
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason: Failure) -> None:
         previous, self.state = self.state, CLOSED
         self._cancel_timer()
         why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
@@ -188,7 +190,7 @@ class NodeSession:
             self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
         self.lost.callback(why)
 
-    def _keep_background_runs(self):
+    def _keep_background_runs(self) -> None:
         """
         The connection was lost (not closed by a local shutdown): the
         background runs go on without it, for the next Edge connection to
@@ -207,7 +209,7 @@ class NodeSession:
 
     # -- sending -------------------------------------------------------------
 
-    def send(self, message):
+    def send(self, message: Message) -> None:
         """
         Send one message on this connection; a no-op once it is gone (a
         terminal for work cancelled by the disconnect cannot be delivered).
@@ -219,7 +221,7 @@ class NodeSession:
         except FrameTooLarge:
             self.log.failure("not sent: {kind} too large", kind=message.DESCRIPTOR.name)
 
-    def drain(self, grace_sec, reason):
+    def drain(self, grace_sec: float, reason: str) -> Deferred[None]:
         """
         The Node is stopping: take no new work (it is refused with
         C{node_draining}), tell an Edge that understands it
@@ -229,19 +231,19 @@ class NodeSession:
 
         @return: a Deferred firing once nothing is in flight any more.
         """
-        if self.state == READY and self.edge_wire_version >= DRAINING_WIRE_VERSION:
-            self.send(iop_pb2.NodeDraining(grace_sec=grace_sec, reason=reason))
+        if self.state == READY and (self.edge_wire_version or 1) >= DRAINING_WIRE_VERSION:
+            self.send(messages.node_draining(grace_sec, reason))
         self._drain = Drain(self.inflight, self.context.clock, grace_sec, reason)
         return self._drain.start()
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut a drain's grace period to zero (a second stop signal).
         """
         if self._drain is not None:
             self._drain.hurry()
 
-    def shutdown(self, reason):
+    def shutdown(self, reason: str) -> None:
         """
         The Node is stopping: cancel every run and tunnel of this session,
         still telling the Edge while the connection is up.
@@ -250,30 +252,32 @@ class NodeSession:
         self.inflight.cancel_all(reason)
         self.commands.cancel_all()
 
-    def close(self):
+    def close(self) -> None:
         """
         Close the connection at once.
         """
         if self.wire is not None and self.state != CLOSED:
-            self.wire.transport.abortConnection()
+            # Every stream transport the wire runs on (TCP, TLS, a test's
+            # loopback) can abort; ITransport does not say so.
+            cast(ITCPTransport, self.wire.transport).abortConnection()
 
     # -- registration and readiness -------------------------------------------
 
-    def _expect(self, what):
+    def _expect(self, what: str) -> None:
         timeout = self.context.register_timeout
         self._cancel_timer()
         self._timer = self.context.clock.callLater(timeout, self._timed_out, what, timeout)
 
-    def _cancel_timer(self):
+    def _cancel_timer(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
 
-    def _timed_out(self, what, timeout):
+    def _timed_out(self, what: str, timeout: float) -> None:
         self._timer = None
         self._refuse(RetryableRefusal(f"no {what} from the Edge within {timeout:g}s"))
 
-    def _registered(self, response):
+    def _registered(self, response: Message) -> None:
         self._cancel_timer()
         if not response.accepted:
             self._refuse(_refusal(response))
@@ -293,18 +297,19 @@ class NodeSession:
         d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
-    def _configured(self, _):
+    def _configured(self, _: object) -> None:
         if self.state != CONFIGURING:
             return
         self.state = READYING
-        if self.edge_wire_version >= RECONCILE_WIRE_VERSION:
+        if (self.edge_wire_version or 1) >= RECONCILE_WIRE_VERSION:
             # Before the ready: the Edge takes their leases back before it
             # gives this node new work.
             self.send(self.context.detached.report())
-        self.send(iop_pb2.NodeReadyRequest(node_id=self.node_id))
+        assert self.node_id is not None  # (set by the accepted registration)
+        self.send(messages.ready_request(self.node_id))
         self._expect("NodeReadyResponse")
 
-    def _config_failed(self, failure):
+    def _config_failed(self, failure: Failure) -> None:
         if failure.check(AdapterSetupError):
             text = f"this node cannot run its configuration: {failure.value}"
         else:
@@ -315,7 +320,7 @@ class NodeSession:
         else:
             self._settle(FatalRefusal(text))
 
-    def _readied(self, response):
+    def _readied(self, response: Message) -> None:
         self._cancel_timer()
         if not response.ready:
             self._refuse(RetryableRefusal(f"readiness refused: {response.reason or 'no reason given'}"))
@@ -328,7 +333,7 @@ class NodeSession:
         self.log.info("node {node_id} is ready", node_id=self.node_id)
         self._settle(self)
 
-    def _refuse(self, error):
+    def _refuse(self, error: Exception) -> None:
         """
         End the handshake with C{error} and close the connection.
         """
@@ -340,7 +345,7 @@ class NodeSession:
         if self.wire is not None:
             self.wire.drop(str(error))
 
-    def _settle(self, outcome):
+    def _settle(self, outcome: "NodeSession | Exception") -> None:
         if self.ready.called:
             return
         if isinstance(outcome, Exception):
@@ -348,10 +353,11 @@ class NodeSession:
         else:
             self.ready.callback(outcome)
 
-    def _adopt_heartbeat(self, config):
+    def _adopt_heartbeat(self, config: Message) -> None:
         """
         Take the Edge's heartbeat timings (zero means "keep the default").
         """
+        assert self.wire is not None, "the heartbeat comes after the connection"
         current = self.wire.heartbeat
         heartbeat = Heartbeat(
             interval=config.heartbeat_interval_sec or current.interval,
@@ -363,17 +369,17 @@ class NodeSession:
 
     # -- after ready -------------------------------------------------------------
 
-    def _cancel(self, request):
-        if request.kind == iop_pb2.CancelRequest.TERMINATE_SESSION:
+    def _cancel(self, request: Message) -> None:
+        if request.kind == messages.TERMINATE_SESSION:
             self._terminate_session(request)
-        elif request.kind == iop_pb2.CancelRequest.CANCEL_COMMAND:
+        elif request.kind == messages.CANCEL_COMMAND:
             self.commands.cancel(request.request_id)
         elif not self.inflight.cancel(request.run_id) and not self.context.detached.cancel(
             request.run_id, "the Edge did not take it back"
         ):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 
-    def _resume(self, message):
+    def _resume(self, message: Message) -> None:
         """
         The Edge takes a background run back (L{iop.node.detached}): it
         becomes this session's, and its events after the Edge's last one
@@ -392,26 +398,26 @@ class NodeSession:
         resumed = relay.attach(self.runs, message.after_seq)
         d = defer.maybeDeferred(self.context.store.get, message.run_id, message.after_seq)
 
-        def history(found):
+        def history(found: dict[str, Any] | None) -> list[Message]:
             return [event_to_wire(message.run_id, e["seq"], stored_event(e)) for e in (found or {}).get("events", [])]
 
-        def unreadable(failure):
+        def unreadable(failure: Failure) -> list[Message]:
             self.log.failure("run {run_id}: its events could not be read back", failure, run_id=message.run_id)
             return []
 
-        d.addCallbacks(history, unreadable)
-        d.addCallback(resumed.replay)
-        d.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
+        events = d.addCallbacks(history, unreadable)
+        events.addCallback(resumed.replay)
+        events.addErrback(lambda f: self.log.failure("resuming run {run_id} failed", f, run_id=message.run_id))
 
-    def _terminate_session(self, request):
+    def _terminate_session(self, request: Message) -> None:
         """
         End a logical session and say truthfully how it went: done, the
         adapter knew no such session (C{unknown_session}), the adapter
         keeps no sessions (C{not_supported}), no such adapter, or failed.
         """
 
-        def answer(ok, reason="", code=""):
-            self.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=ok, reason=reason, code=code))
+        def answer(ok: bool, reason: str = "", code: str = "") -> None:
+            self.send(messages.cancel_response(request.request_id, ok, reason, code))
 
         hosted = self.context.host.get(request.adapter)
         if hosted is None:
@@ -419,13 +425,13 @@ class NodeSession:
             return
         d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
 
-        def done(result):
+        def done(result: object) -> None:
             if isinstance(result, dict) and result.get("terminated") is False:
                 answer(False, f"adapter {hosted.name} has no session {request.session_id!r}", UNKNOWN_SESSION)
             else:
                 answer(True)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             if failure.check(NotSupported):
                 detail = str(failure.value) or f"adapter {hosted.name} does not support sessions"
                 answer(False, f"not supported: {detail}", NOT_SUPPORTED)
@@ -436,7 +442,7 @@ class NodeSession:
         d.addCallbacks(done, failed)
         d.addErrback(lambda f: self.log.failure("answering terminate-session failed", f))
 
-    def _on_edge_draining(self, message):
+    def _on_edge_draining(self, message: Message) -> None:
         self.edge_draining = message
         self.log.info(
             "the Edge is draining ({reason}, grace {grace:g}s); it sends no new work",
@@ -444,7 +450,7 @@ class NodeSession:
             reason=message.reason or "no reason given",
         )
 
-    def _refresh(self, message):
+    def _refresh(self, message: Message) -> None:
         """
         Apply a configuration refresh (all or nothing: a refused one leaves
         the running adapters as they were) and, when the Edge asks for it,
@@ -455,18 +461,17 @@ class NodeSession:
         names = [a.name for a in config.adapters]
         d = self.context.host.apply(config.adapters)
 
-        def applied(_):
+        def applied(_: object) -> Message:
             self.log.info("configuration refreshed ({count} adapter(s))", count=len(names))
-            return iop_pb2.NodeCommandResponse(
-                request_id=message.request_id, ok=True, result_json=json.dumps({"applied": names})
-            )
+            return messages.command_result(message.request_id, json.dumps({"applied": names}))
 
-        def refused(failure):
+        def refused(failure: Failure) -> Message:
+
             why = failure.getErrorMessage()
             if not failure.check(AdapterSetupError):
                 self.log.failure("applying a configuration refresh failed", failure)
             self.log.error("configuration refresh refused, keeping the previous adapters: {why}", why=why)
-            return iop_pb2.NodeCommandResponse(request_id=message.request_id, ok=False, code=REFRESH_REFUSED, error=why)
+            return messages.command_error(message.request_id, REFRESH_REFUSED, why)
 
         d.addCallbacks(applied, refused)
         if message.request_id:

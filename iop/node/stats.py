@@ -6,14 +6,16 @@ and tunnels' usage observations); nothing is estimated. The book lives as
 long as the process, across reconnects.
 """
 
-from iop.run import CANCELLED, COMPLETE, ERROR
+from typing import Any
+
+from iop.run import CANCELLED, COMPLETE, ERROR, Usage
 
 
 class UsageBook:
-    def __init__(self):
-        self._adapters = {}
+    def __init__(self) -> None:
+        self._adapters: dict[str, dict[str, Any]] = {}
 
-    def _entry(self, adapter):
+    def _entry(self, adapter: str) -> dict[str, Any]:
         return self._adapters.setdefault(
             adapter,
             {
@@ -24,7 +26,7 @@ class UsageBook:
             },
         )
 
-    def usage(self, adapter, usage):
+    def usage(self, adapter: str, usage: Usage) -> None:
         """
         Add one reported L{iop.run.Usage}.
         """
@@ -36,14 +38,14 @@ class UsageBook:
             if value is not None:
                 entry[name] = entry.get(name, 0) + value
 
-    def run_ended(self, adapter, status):
+    def run_ended(self, adapter: str, status: str) -> None:
         runs = self._entry(adapter)["runs"]
         runs[status] = runs.get(status, 0) + 1
 
-    def tunnel_ended(self, adapter):
+    def tunnel_ended(self, adapter: str) -> None:
         self._entry(adapter)["tunnels"] += 1
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, dict[str, Any]]:
         """
         A JSON-able copy: C{{adapter: {input_tokens, output_tokens, runs:
         {complete, error, cancelled}, tunnels}}}.

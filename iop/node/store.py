@@ -31,18 +31,30 @@ the background by L{Retention} (C{store.retention} in node.yaml).
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from twisted.application.service import Service
+from twisted.application.service import IServiceCollection, Service
 from twisted.enterprise import adbapi
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from iop.protocols.convert import usage_to_json
 from iop.run import NODE_RESTARTED, RunEventData, RunFailure, ToolCall, Usage
+
+if TYPE_CHECKING:
+    from iop.node.metrics import NodeMetrics
+
+#: A run or tunnel as the store gives it back (columns by name).
+Record = dict[str, Any]
+#: One queued statement: C{(sql, params, what)}.
+_Statement = tuple[str, tuple[Any, ...], str]
 
 #: How long a write may wait in memory before its batch goes to the database.
 FLUSH_INTERVAL_SEC = 0.2
@@ -141,11 +153,11 @@ class Retention:
     max_rows: int | None = 100_000
 
 
-def _json(value):
+def _json(value: object) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
-def _usage(usage):
+def _usage(usage: Usage | dict[str, Any] | None) -> str | None:
     """
     A L{iop.run.Usage} or a usage dict as stored JSON (or C{None}).
     """
@@ -160,7 +172,7 @@ class StoreGone(Exception):
     """
 
 
-def database_file(path):
+def database_file(path: str) -> str | None:
     """
     The file an SQLite path or C{file:} URI names, or C{None} for an
     in-memory database.
@@ -190,15 +202,15 @@ class RunStore(Service):
 
     def __init__(
         self,
-        reactor,
-        path,
-        now=time.time,
-        retention=Retention(),
-        flush_interval=FLUSH_INTERVAL_SEC,
-        batch_max=BATCH_MAX,
-        prune_interval=PRUNE_INTERVAL_SEC,
-        metrics=None,
-    ):
+        reactor: IReactorTime,
+        path: str,
+        now: Callable[[], float] = time.time,
+        retention: Retention = Retention(),
+        flush_interval: float = FLUSH_INTERVAL_SEC,
+        batch_max: int = BATCH_MAX,
+        prune_interval: float = PRUNE_INTERVAL_SEC,
+        metrics: "NodeMetrics | None" = None,
+    ) -> None:
         self.reactor = reactor
         self.path = path
         self.now = now
@@ -207,22 +219,22 @@ class RunStore(Service):
         self.batch_max = batch_max
         self.prune_interval = prune_interval
         self.metrics = metrics
-        self.pool = None
-        self.restarted = None
-        self._ready = None
-        self._pending = []
-        self._waiters = []
-        self._timer = None
-        self._pruner = None
+        self.pool: adbapi.ConnectionPool | None = None
+        self.restarted: int | None = None
+        self._ready: Deferred[None] | None = None
+        self._pending: list[_Statement] = []
+        self._waiters: list[Deferred[None]] = []
+        self._timer: IDelayedCall | None = None
+        self._pruner: LoopingCall | None = None
         self._file = database_file(path)
-        self._identity = None
-        self.error = None
-        self.failed_since = None
+        self._identity: tuple[int, int] | None = None
+        self.error: str | None = None
+        self.failed_since: float | None = None
         self.failures = 0
 
     # -- service --------------------------------------------------------------
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         self.pool = adbapi.ConnectionPool(
             "sqlite3",
@@ -241,7 +253,7 @@ class RunStore(Service):
             self._pruner.clock = self.reactor
             self._pruner.start(self.prune_interval, now=True).addErrback(self._failed, "pruning")
 
-    def stopService(self):
+    def stopService(self) -> Deferred[None]:
         """
         Write what is queued, then close the database.
         """
@@ -254,14 +266,14 @@ class RunStore(Service):
             return defer.succeed(None)
         d = self.flush()
 
-        def close(_):
+        def close(_: object) -> None:
             self.pool = None
             # Queued work runs before the pool's thread stops.
             pool.close()
 
         return d.addBoth(close)
 
-    def _open(self, txn, now):
+    def _open(self, txn: adbapi.Transaction, now: float) -> int:
         """
         In the pool's thread: WAL, the tables (adding columns an older
         database lacks), and rows a previous process left running.
@@ -283,7 +295,7 @@ class RunStore(Service):
             self._identity = (st.st_dev, st.st_ino)
         return txn.rowcount
 
-    def _opened(self, restarted):
+    def _opened(self, restarted: int) -> None:
         self.restarted = restarted
         if restarted:
             self.log.warn(
@@ -294,7 +306,15 @@ class RunStore(Service):
 
     # -- writing (batched) ----------------------------------------------------
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
+    def record_start(
+        self,
+        run_id: str,
+        adapter: str,
+        target: str = "",
+        session_id: str = "",
+        background: bool = False,
+        caller: str = "",
+    ) -> Deferred[None]:
         """
         Record that a run started (status C{running}), and the name of the
         caller key it belongs to (C{RunRequest.caller}; C{None} when the
@@ -307,7 +327,7 @@ class RunStore(Service):
             "recording the start of run " + run_id,
         )
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id: str, seq: int, event: RunEventData) -> None:
         """
         Record one event of a run (a L{iop.run.RunEventData}) under its
         wire C{seq}. Called for every event, so it allocates nothing to
@@ -319,15 +339,22 @@ class RunStore(Service):
         if event.tool_call is not None:
             call = event.tool_call
             tool_call = _json({"id": call.id, "name": call.name, "arguments": call.arguments})
-        self._write(
+        self._queue(
             "INSERT OR REPLACE INTO events (run_id, seq, type, text, usage, error, finish_reason, tool_call)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, seq, event.type, event.text or "", _usage(event.usage), error, event.finish_reason, tool_call),
             "recording an event of run " + run_id,
-            wait=False,
+            None,
         )
 
-    def record_end(self, run_id, status, error=None, code=None, usage=None):
+    def record_end(
+        self,
+        run_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+    ) -> Deferred[None]:
         """
         Record a run's terminal status (C{complete}, C{error},
         C{cancelled}) with the error's message and code, and its usage.
@@ -338,7 +365,7 @@ class RunStore(Service):
             "recording the end of run " + run_id,
         )
 
-    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
+    def record_tunnel_start(self, tunnel_id: str, adapter: str, target: str = "", caller: str = "") -> Deferred[None]:
         """
         Record that a provider tunnel started (status C{running}), and
         whose it is (as L{record_start}).
@@ -350,7 +377,15 @@ class RunStore(Service):
             "recording the start of tunnel " + tunnel_id,
         )
 
-    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+    def record_tunnel_end(
+        self,
+        tunnel_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+        size: int = 0,
+    ) -> Deferred[None]:
         """
         Record a tunnel's end: C{complete}, C{error} or C{cancelled}, the
         usage observed in its body, and how many body bytes it relayed.
@@ -362,7 +397,7 @@ class RunStore(Service):
             "recording the end of tunnel " + tunnel_id,
         )
 
-    def health(self):
+    def health(self) -> dict[str, Any]:
         """
         C{{"status": "ok" | "failed" | "stopped", "path", "error",
         "failed_since", "failed_writes"}}: what C{transport_status} reports.
@@ -376,28 +411,34 @@ class RunStore(Service):
             "failed_writes": self.failures,
         }
 
-    def _write(self, sql, params, what, wait=True):
+    def _write(self, sql: str, params: tuple[Any, ...], what: str) -> Deferred[None]:
         """
         Queue one statement for the next batch.
 
         @return: a Deferred firing (never failing) once its batch is
-            written, or C{None} without C{wait}.
+            written (at once when the store is not running).
+        """
+        d: Deferred[None] = Deferred()
+        return d if self._queue(sql, params, what, d) else defer.succeed(None)
+
+    def _queue(self, sql: str, params: tuple[Any, ...], what: str, waiter: Deferred[None] | None) -> bool:
+        """
+        Queue one statement, and C{waiter} (if any) to fire once its batch
+        is written. @return: whether it was queued (the store runs).
         """
         if self.pool is None:
             self.log.warn("run store not running; not {what}", what=what)
-            return defer.succeed(None) if wait else None
+            return False
         self._pending.append((sql, params, what))
-        d = None
-        if wait:
-            d = defer.Deferred()
-            self._waiters.append(d)
+        if waiter is not None:
+            self._waiters.append(waiter)
         if len(self._pending) >= self.batch_max:
             self.flush()
         elif self._timer is None:
             self._timer = self.reactor.callLater(self.flush_interval, self.flush)
-        return d
+        return True
 
-    def flush(self):
+    def flush(self) -> Deferred[None]:
         """
         Write every queued statement now, in one transaction.
 
@@ -411,20 +452,21 @@ class RunStore(Service):
             return defer.succeed(None)
         batch, self._pending = self._pending, []
         waiters, self._waiters = self._waiters, []
+        d: Deferred[Any]
         if not batch:
             d = self.pool.runInteraction(lambda txn: None)
         else:
             d = self.pool.runInteraction(self._write_batch, batch)
             d.addCallbacks(self._written, self._failed, errbackArgs=(f"writing {len(batch)} record(s)", len(batch)))
 
-        def settle(result):
+        def settle(result: object) -> object:
             for waiter in waiters:
                 waiter.callback(None)
             return result
 
         return d.addBoth(settle)
 
-    def _write_batch(self, txn, batch):
+    def _write_batch(self, txn: adbapi.Transaction, batch: list[_Statement]) -> tuple[int, list[tuple[Failure, str]]]:
         """
         In the pool's thread: check that the path still names the file
         opened at start, then every statement of the batch; one that fails
@@ -432,14 +474,14 @@ class RunStore(Service):
 
         @return: C{(written, [(failure, what)])}.
         """
-        if self._identity is not None:
+        if self._identity is not None and self._file is not None:
             try:
                 st = os.stat(self._file)
             except FileNotFoundError:
                 raise StoreGone(f"the database file {self._file} was deleted") from None
             if (st.st_dev, st.st_ino) != self._identity:
                 raise StoreGone(f"the database file {self._file} was replaced")
-        failures = []
+        failures: list[tuple[Failure, str]] = []
         for sql, params, what in batch:
             try:
                 txn.execute(sql, params)
@@ -447,14 +489,14 @@ class RunStore(Service):
                 failures.append((Failure(), what))
         return len(batch) - len(failures), failures
 
-    def _written(self, outcome):
+    def _written(self, outcome: tuple[int, list[tuple[Failure, str]]]) -> None:
         written, failures = outcome
         for failure, what in failures:
             self._failed(failure, what)
         if written:
             self._succeeded(None)
 
-    def _succeeded(self, result):
+    def _succeeded(self, result: None) -> None:
         if self.error is not None:
             self.log.info(
                 "run store recovered after {count} failed write(s): {path}", count=self.failures, path=self.path
@@ -465,13 +507,13 @@ class RunStore(Service):
                 self.metrics.store_ok(True)
         return result
 
-    def _failed(self, failure, what, count=1):
+    def _failed(self, failure: Failure, what: str, count: int = 1) -> None:
         self.failures += count
         if self.metrics is not None:
             for _ in range(count):
                 self.metrics.store_failed()
         if self.error is None:
-            self.error = f"{what}: {failure.getErrorMessage() or failure.type.__name__}"
+            self.error = f"{what}: {failure.getErrorMessage() or type(failure.value).__name__}"
             self.failed_since = self.now()
             if self.metrics is not None:
                 self.metrics.store_ok(False)
@@ -488,13 +530,13 @@ class RunStore(Service):
 
     # -- reading ----------------------------------------------------------------
 
-    def _read(self, interaction, *args):
+    def _read(self, interaction: Callable[..., Any], *args: object) -> Deferred[Any]:
         if self.pool is None:
             return defer.fail(RuntimeError("the run store is not running"))
         self.flush()
         return self.pool.runInteraction(interaction, *args)
 
-    def get(self, run_id, after=0):
+    def get(self, run_id: str, after: int = 0) -> "Deferred[dict[str, Any] | None]":
         """
         One run or tunnel with its events after C{after} and its whole
         output (the text of its deltas).
@@ -505,7 +547,9 @@ class RunStore(Service):
         """
         return self._read(_get, run_id, after)
 
-    def list_runs(self, status=None, kind=None, limit=50, caller=None):
+    def list_runs(
+        self, status: str | None = None, kind: str | None = None, limit: int = 50, caller: str | None = None
+    ) -> Deferred[list[Record]]:
         """
         @return: a Deferred list of the latest C{limit} runs and tunnels as
             dicts (newest first), only those of C{status}, C{kind} (C{run},
@@ -513,7 +557,7 @@ class RunStore(Service):
         """
         return self._read(_list, status, kind, limit, caller)
 
-    def recent(self, limit=50):
+    def recent(self, limit: int = 50) -> Deferred[list[Record]]:
         """
         The latest C{limit} runs and tunnels, newest first.
         """
@@ -521,11 +565,12 @@ class RunStore(Service):
 
     # -- retention ----------------------------------------------------------------
 
-    def prune(self):
+    def prune(self) -> Deferred[int | None]:
         """
         Delete finished runs (and their events) beyond the L{Retention}.
 
-        @return: a Deferred firing with how many runs were deleted.
+        @return: a Deferred firing with how many runs were deleted
+            (C{None} when pruning failed: the failure is reported).
         """
         if self.pool is None:
             return defer.succeed(0)
@@ -533,9 +578,10 @@ class RunStore(Service):
         if retention.max_age_days is None and retention.max_rows is None:
             return defer.succeed(0)
         cutoff = None if retention.max_age_days is None else self.now() - retention.max_age_days * 86400
-        d = self.pool.runInteraction(_prune, cutoff, retention.max_rows)
+        d: Deferred[int | None] = self.pool.runInteraction(_prune, cutoff, retention.max_rows)
 
-        def pruned(count):
+        def pruned(count: int | None) -> int | None:
+
             if count:
                 self.log.info("run store: pruned {count} finished run(s) past the retention", count=count)
             return count
@@ -543,16 +589,16 @@ class RunStore(Service):
         return d.addCallbacks(pruned, self._failed, errbackArgs=("pruning old runs",))
 
 
-def _row(row):
+def _row(row: tuple[Any, ...]) -> Record:
     record = dict(zip(_COLUMNS, row, strict=True))
     record["background"] = bool(record["background"])
     record["usage"] = json.loads(record["usage"]) if record["usage"] else None
     return record
 
 
-def _event(row):
+def _event(row: tuple[Any, ...]) -> dict[str, Any]:
     seq, kind, text, usage, error, finish_reason, tool_call = row
-    event = {"seq": seq, "type": kind}
+    event: dict[str, Any] = {"seq": seq, "type": kind}
     if text:
         event["text"] = text
     if tool_call:
@@ -569,7 +615,7 @@ def _event(row):
     return event
 
 
-def stored_event(payload):
+def stored_event(payload: dict[str, Any]) -> RunEventData:
     """
     A stored event (as L{RunStore.get} gives it) as the L{RunEventData}
     it was, to send it again.
@@ -587,7 +633,7 @@ def stored_event(payload):
     )
 
 
-def _get(txn, run_id, after):
+def _get(txn: adbapi.Transaction, run_id: str, after: int) -> dict[str, Any] | None:
     txn.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE run_id = ?", (run_id,))
     row = txn.fetchone()
     if row is None:
@@ -603,8 +649,11 @@ def _get(txn, run_id, after):
     return {"run": run, "events": [_event(r) for r in txn.fetchall()]}
 
 
-def _list(txn, status, kind, limit, caller=None):
-    where, params = [], []
+def _list(
+    txn: adbapi.Transaction, status: str | None, kind: str | None, limit: int, caller: str | None = None
+) -> list[Record]:
+    where: list[str] = []
+    params: list[str] = []
     for column, value in (("status", status), ("kind", kind), ("caller", caller)):
         if value:
             where.append(f"{column} = ?")
@@ -617,8 +666,8 @@ def _list(txn, status, kind, limit, caller=None):
     return [_row(r) for r in txn.fetchall()]
 
 
-def _prune(txn, cutoff, max_rows):
-    doomed = []
+def _prune(txn: adbapi.Transaction, cutoff: float | None, max_rows: int | None) -> int:
+    doomed: list[str] = []
     if cutoff is not None:
         txn.execute("SELECT run_id FROM runs WHERE status != 'running' AND ended_at < ?", (cutoff,))
         doomed.extend(run_id for (run_id,) in txn.fetchall())
@@ -648,29 +697,115 @@ class NullStore:
     A store that records nothing (tests, or a Node with no history).
     """
 
-    def record_start(self, run_id, adapter, target="", session_id="", background=False, caller=""):
+    def record_start(
+        self,
+        run_id: str,
+        adapter: str,
+        target: str = "",
+        session_id: str = "",
+        background: bool = False,
+        caller: str = "",
+    ) -> Deferred[None]:
         return defer.succeed(None)
 
-    def record_event(self, run_id, seq, event):
+    def record_event(self, run_id: str, seq: int, event: RunEventData) -> None:
         pass
 
-    def record_end(self, run_id, status, error=None, code=None, usage=None):
+    def record_end(
+        self,
+        run_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+    ) -> Deferred[None]:
         return defer.succeed(None)
 
-    def record_tunnel_start(self, tunnel_id, adapter, target="", caller=""):
+    def record_tunnel_start(self, tunnel_id: str, adapter: str, target: str = "", caller: str = "") -> Deferred[None]:
         return defer.succeed(None)
 
-    def record_tunnel_end(self, tunnel_id, status, error=None, code=None, usage=None, size=0):
+    def record_tunnel_end(
+        self,
+        tunnel_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+        size: int = 0,
+    ) -> Deferred[None]:
         return defer.succeed(None)
 
-    def get(self, run_id, after=0):
+    def get(self, run_id: str, after: int = 0) -> "Deferred[dict[str, Any] | None]":
         return defer.succeed(None)
 
-    def list_runs(self, status=None, kind=None, limit=50, caller=None):
+    def list_runs(
+        self, status: str | None = None, kind: str | None = None, limit: int = 50, caller: str | None = None
+    ) -> Deferred[list[Record]]:
         return defer.succeed([])
 
-    def recent(self, limit=50):
+    def recent(self, limit: int = 50) -> Deferred[list[Record]]:
         return defer.succeed([])
 
-    def health(self):
+    def health(self) -> dict[str, Any]:
         return {"status": "none"}
+
+
+class Store(Protocol):
+    """
+    What the relays record to and commands read from: the SQLite
+    L{RunStore}, the L{NullStore}, or a test's recorder.
+    """
+
+    def record_start(
+        self,
+        run_id: str,
+        adapter: str,
+        target: str = "",
+        session_id: str = "",
+        background: bool = False,
+        caller: str = "",
+    ) -> Deferred[None]: ...
+
+    def record_event(self, run_id: str, seq: int, event: RunEventData) -> None: ...
+
+    def record_end(
+        self,
+        run_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+    ) -> Deferred[None]: ...
+
+    def record_tunnel_start(
+        self, tunnel_id: str, adapter: str, target: str = "", caller: str = ""
+    ) -> Deferred[None]: ...
+
+    def record_tunnel_end(
+        self,
+        tunnel_id: str,
+        status: str,
+        error: str | None = None,
+        code: str | None = None,
+        usage: Usage | dict[str, Any] | None = None,
+        size: int = 0,
+    ) -> Deferred[None]: ...
+
+    def get(self, run_id: str, after: int = 0) -> "Deferred[dict[str, Any] | None]": ...
+
+    def list_runs(
+        self, status: str | None = None, kind: str | None = None, limit: int = 50, caller: str | None = None
+    ) -> Deferred[list[Record]]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+class StoreService(Store, Protocol):
+    """
+    A L{Store} that is also a service of the Node's tree (started and
+    stopped with it): the L{RunStore}, or a test's recorder.
+    """
+
+    def setServiceParent(self, parent: IServiceCollection) -> None: ...
+
+    def stopService(self) -> "Deferred[None] | None": ...

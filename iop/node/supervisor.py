@@ -20,17 +20,28 @@ C{ClientService} sees as a disconnect, and the supervisor counts attempts
 itself.
 """
 
+from collections.abc import Callable
 from random import Random
 
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.internet import defer
-from twisted.internet.interfaces import IStreamClientEndpoint
-from twisted.logger import ILogObserver, Logger, globalLogPublisher
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.logger import ILogObserver, LogEvent, Logger, globalLogPublisher
+from twisted.python.failure import Failure
 from zope.interface import implementer, provider
 
+from iop.node.config import ReconnectPolicy
+from iop.node.context import NodeContext
 from iop.node.edges import EdgeRotation
-from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED
+from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, Exit
 from iop.node.session import FatalRefusal, IncompatibleVersion, NodeSession
 from iop.protocols.wire import WireFactory
 
@@ -40,7 +51,7 @@ STOP_TIMEOUT_SEC = 5.0
 
 
 @provider(ILogObserver)
-def _without_retry_notices(event):
+def _without_retry_notices(event: LogEvent) -> None:
     # ClientService logs its own "Scheduling retry N" line with a count
     # that is not ours; the supervisor logs the real one.
     if not str(event.get("log_format", "")).startswith("Scheduling retry"):
@@ -58,18 +69,18 @@ class _ObservedEndpoint:
     sees the failure (its retry policy is told only the count).
     """
 
-    def __init__(self, endpoint, on_failure):
+    def __init__(self, endpoint: IStreamClientEndpoint, on_failure: Callable[[str], object]) -> None:
         self._endpoint = endpoint
         self._on_failure = on_failure
 
-    def connect(self, factory):
+    def connect(self, factory: IProtocolFactory) -> "Deferred[IProtocol]":
         d = self._endpoint.connect(factory)
         d.addErrback(self._failed)
         return d
 
-    def _failed(self, failure):
+    def _failed(self, failure: Failure) -> Failure:
         if not failure.check(defer.CancelledError):
-            self._on_failure((failure.getErrorMessage() or failure.type.__name__).rstrip("."))
+            self._on_failure((failure.getErrorMessage() or type(failure.value).__name__).rstrip("."))
         return failure
 
 
@@ -92,7 +103,15 @@ class Supervisor(Service):
 
     log = Logger()
 
-    def __init__(self, endpoint, context, policy, reactor, exit, random=None):
+    def __init__(
+        self,
+        endpoint: IStreamClientEndpoint,
+        context: NodeContext,
+        policy: ReconnectPolicy,
+        reactor: IReactorTime,
+        exit: Exit,
+        random: Random | None = None,
+    ) -> None:
         #: Several Edges (L{EdgeRotation}), tried in turn; else C{None}.
         self.edges = endpoint if isinstance(endpoint, EdgeRotation) and len(endpoint) > 1 else None
         if self.edges is not None:
@@ -102,14 +121,14 @@ class Supervisor(Service):
         self.reactor = reactor
         self.exit = exit
         self.random = random if random is not None else Random()
-        self.session = None
-        self.ready_session = None
+        self.session: NodeSession | None = None
+        self.ready_session: NodeSession | None = None
         self.failures = 0
         self.finished = False
-        self._last_failure = None
+        self._last_failure: str | None = None
         self._session_was_ready = False
         self._edge_drained = False
-        self._ready_waiters = []
+        self._ready_waiters: list[Deferred[NodeSession]] = []
         factory = WireFactory(self._new_session, reactor)
         factory.noisy = False
         self.client = _QuietClientService(
@@ -121,12 +140,12 @@ class Supervisor(Service):
 
     # -- service ---------------------------------------------------------------
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         self.log.info("connecting to the Edge at {edge}", edge=self.context.transport.edge)
         self.client.startService()
 
-    def drain(self, grace_sec, reason):
+    def drain(self, grace_sec: float, reason: str) -> Deferred[None]:
         """
         The first step of a local shutdown: stop counting attempts and
         let the ready session's work end within C{grace_sec}
@@ -144,14 +163,14 @@ class Supervisor(Service):
             return defer.succeed(None)
         return self.ready_session.drain(grace_sec, reason)
 
-    def hurry(self):
+    def hurry(self) -> None:
         """
         Cut the drain's grace period to zero.
         """
         if self.ready_session is not None:
             self.ready_session.hurry()
 
-    def stopService(self):
+    def stopService(self) -> Deferred[None]:
         """
         Cancel in-flight work (telling the Edge while the link is up),
         close the connection and stop retrying.
@@ -174,20 +193,20 @@ class Supervisor(Service):
             waiter.cancel()
         return d
 
-    def when_ready(self):
+    def when_ready(self) -> Deferred[NodeSession]:
         """
         @return: a Deferred firing with the ready L{NodeSession}: the
             current one, or the next one to become ready.
         """
         if self.ready_session is not None:
             return defer.succeed(self.ready_session)
-        d = defer.Deferred(lambda d: self._ready_waiters.remove(d))
+        d: Deferred[NodeSession] = Deferred(self._ready_waiters.remove)
         self._ready_waiters.append(d)
         return d
 
     # -- one attempt -------------------------------------------------------------
 
-    def _new_session(self):
+    def _new_session(self) -> NodeSession:
         self.context.transport.attempts += 1
         session = NodeSession(self.context)
         self.session = session
@@ -196,7 +215,7 @@ class Supervisor(Service):
         session.lost.addCallback(self._lost, session)
         return session
 
-    def _ready(self, session):
+    def _ready(self, session: NodeSession) -> None:
         self.ready_session = session
         self.failures = 0
         self._session_was_ready = True
@@ -206,7 +225,7 @@ class Supervisor(Service):
         for waiter in waiters:
             waiter.callback(session)
 
-    def _refused(self, failure):
+    def _refused(self, failure: Failure) -> None:
         if failure.check(IncompatibleVersion):
             self._finish(EXIT_INCOMPATIBLE, f"the Edge cannot serve this node's wire version: {failure.value}")
         elif failure.check(FatalRefusal):
@@ -214,7 +233,7 @@ class Supervisor(Service):
         else:
             self._attempt_failed(str(failure.value))
 
-    def _lost(self, why, session):
+    def _lost(self, why: str, session: NodeSession) -> None:
         if self.session is session:
             self.session = None
         if self.ready_session is session:
@@ -225,12 +244,12 @@ class Supervisor(Service):
                 f"connection to the Edge {'closed' if self._edge_drained else 'lost'}: {why.rstrip('.')}"
             )
 
-    def _attempt_failed(self, why):
+    def _attempt_failed(self, why: str) -> None:
         self._last_failure = why
 
     # -- the policy ----------------------------------------------------------------
 
-    def _retry_delay(self, _client_service_count):
+    def _retry_delay(self, _client_service_count: int) -> float:
         """
         C{ClientService}'s retry policy: called once per failed attempt or
         lost session. Counts, logs, and decides whether to go on.
@@ -269,7 +288,7 @@ class Supervisor(Service):
         )
         return delay
 
-    def _move_on(self):
+    def _move_on(self) -> str:
         """
         With several Edges, dial the next one from now on.
 
@@ -281,12 +300,12 @@ class Supervisor(Service):
         self.context.transport.edge = self.edges.move_on()
         return f" at {self.edges.current}"
 
-    def _edge_names(self):
+    def _edge_names(self) -> str:
         if self.edges is None:
             return self.context.transport.edge
         return ", ".join(description for description, _ in self.edges.endpoints)
 
-    def _finish(self, status, message):
+    def _finish(self, status: int, message: str) -> None:
         """
         End the Node. Scheduled rather than called in place: stopping
         C{ClientService} from inside its own retry policy is re-entrant.
@@ -297,7 +316,7 @@ class Supervisor(Service):
         self.reactor.callLater(0, self.exit, status, message)
 
 
-def _cancelling(result, call):
+def _cancelling(result: object, call: IDelayedCall) -> object:
     if call.active():
         call.cancel()
     return result

@@ -8,6 +8,7 @@ L{iop.node.service.NodeService.stopService}) and exits 0; a second one
 during the drain ends it at once.
 """
 
+from twisted.application.service import IService
 from twisted.python import usage
 
 from iop.config import ConfigError
@@ -23,7 +24,8 @@ class Options(usage.Options):
     ]
 
 
-def makeService(options):
+def makeService(options: Options) -> IService:
+
     from twisted.internet import reactor
 
     from iop.node.service import NodeService

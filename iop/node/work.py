@@ -12,11 +12,34 @@ Node drains, the registry stops admitting and tells the drain when it is
 empty.
 """
 
-from twisted.internet import defer
-from twisted.logger import Logger
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from iop.node.flow import SendWindow
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from iop.node.flow import Message, SendWindow
+from iop.node.gate import Slot
 from iop.run import CAPACITY_EXCEEDED, NODE_DRAINING, UNKNOWN_ADAPTER
+
+if TYPE_CHECKING:
+    from iop.node.host import AdapterHost, Hosted
+    from iop.node.store import Store
+
+
+class WorkManager(Protocol):
+    """
+    What a L{Work} needs of the manager that started it (a run's or a
+    tunnel's): where its frames go, the registry it lives in, and the
+    host whose clock times it.
+    """
+
+    inflight: "Inflight"
+    host: "AdapterHost"
+
+    def send(self, message: Message) -> object: ...
 
 
 class Inflight:
@@ -26,21 +49,21 @@ class Inflight:
     @ivar admitting: whether new work may start (false once draining).
     """
 
-    def __init__(self):
-        self._work = {}
-        self._empty_waiters = []
+    def __init__(self) -> None:
+        self._work: dict[str, Work] = {}
+        self._empty_waiters: list[Deferred[None]] = []
         self.admitting = True
 
-    def __contains__(self, work_id):
+    def __contains__(self, work_id: object) -> bool:
         return work_id in self._work
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._work)
 
-    def add(self, work_id, work):
+    def add(self, work_id: str, work: "Work") -> None:
         self._work[work_id] = work
 
-    def discard(self, work_id, work):
+    def discard(self, work_id: str, work: "Work") -> None:
         if self._work.get(work_id) is work:
             del self._work[work_id]
         if not self._work:
@@ -48,18 +71,18 @@ class Inflight:
             for waiter in waiters:
                 waiter.callback(None)
 
-    def when_empty(self):
+    def when_empty(self) -> Deferred[None]:
         """
         @return: a Deferred firing once nothing is in flight (at once if
             nothing is).
         """
         if not self._work:
             return defer.succeed(None)
-        d = defer.Deferred()
+        d: Deferred[None] = Deferred()
         self._empty_waiters.append(d)
         return d
 
-    def cancel(self, work_id, reason=None):
+    def cancel(self, work_id: str, reason: str | None = None) -> bool:
         """
         Cancel one run or tunnel. @return: whether it was in flight.
         """
@@ -69,18 +92,18 @@ class Inflight:
         work.cancel(reason)
         return True
 
-    def cancel_all(self, reason=None):
+    def cancel_all(self, reason: str | None = None) -> None:
         for work in list(self._work.values()):
             work.cancel(reason)
 
-    def works(self):
+    def works(self) -> "list[Work]":
         """
         The work in flight (a list: safe to change the registry while
         walking it).
         """
         return list(self._work.values())
 
-    def grant(self, work_id, size):
+    def grant(self, work_id: str, size: int) -> None:
         """
         A C{WindowUpdate}: the Edge lets C{work_id} send C{size} more bytes
         (ignored for work no longer here).
@@ -96,13 +119,13 @@ class Refused(Exception):
     error terminal.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
 
 
-def admit(host, inflight, work_id, adapter_name):
+def admit(host: "AdapterHost", inflight: Inflight, work_id: str, adapter_name: str) -> "tuple[Hosted, Slot] | None":
     """
     Admission shared by runs and tunnels: find the adapter and take a slot
     of its capacity gate.
@@ -137,7 +160,7 @@ class Work:
 
     log = Logger()
 
-    def __init__(self, manager, work_id, hosted, slot, window=0):
+    def __init__(self, manager: WorkManager, work_id: str, hosted: "Hosted", slot: Slot, window: int = 0) -> None:
         self.manager = manager
         self.work_id = work_id
         self.hosted = hosted
@@ -145,11 +168,20 @@ class Work:
         self.flow = SendWindow(manager.send, window)
         self.seq = 0
         self.finished = False
-        self.deferred = None
-        self.cancel_reason = None
+        self.deferred: Deferred[Any] | None = None
+        self.cancel_reason: str | None = None
+        self.arrived = manager.host.reactor.seconds()
         manager.inflight.add(work_id, self)
 
-    def begin(self, call, *args):
+    def since_arrival_ms(self) -> float:
+        """
+        Milliseconds since the request arrived: on the first frame, the
+        back end's time to its first answer as the Node saw it (the Edge
+        puts it in its C{Server-Timing}).
+        """
+        return (self.manager.host.reactor.seconds() - self.arrived) * 1000
+
+    def begin(self, call: Callable[..., Any], *args: object) -> None:
         """
         Start the adapter's C{call(*args)}; its outcome ends this work.
         """
@@ -157,7 +189,19 @@ class Work:
         self.deferred.addCallbacks(self._ended, self._failed)
         self.deferred.addErrback(lambda f: self.log.failure("{id}: relay failed", f, id=self.work_id))
 
-    def cancel(self, reason=None):
+    def _ended(self, result: Any) -> None:
+        """
+        The adapter's work succeeded with C{result}: send the terminal.
+        """
+        raise NotImplementedError
+
+    def _failed(self, failure: Failure) -> None:
+        """
+        The adapter's work failed or was cancelled: send the terminal.
+        """
+        raise NotImplementedError
+
+    def cancel(self, reason: str | None = None) -> None:
         """
         Cancel the adapter's work; the terminal will say it was cancelled.
         """
@@ -168,7 +212,7 @@ class Work:
         self.cancel_reason = reason or "cancelled by the Edge"
         self.deferred.cancel()
 
-    def end(self, send_terminal, *args):
+    def end(self, send_terminal: Callable[..., object], *args: object) -> None:
         """
         End this work once: free the slot, call C{send_terminal(*args)} to
         send (and record) the terminal, then leave the in-flight registry.
@@ -189,15 +233,17 @@ class Work:
             self.flow.when_idle(lambda: self.manager.inflight.discard(self.work_id, self))
 
 
-def record_safely(store, log, kind, method, *args):
+def record_safely(store: "Store", log: Logger, kind: str, method: str, *args: Any) -> None:
     """
     Call the run store's C{method(*args)} without ever letting it break
     the relay: a failure is logged naming the work (C{args[0]}).
     """
+    d: Deferred[Any]
     try:
         d = defer.maybeDeferred(getattr(store, method), *args)
     except Exception:
         d = defer.fail()
+
     work_id = args[0] if args else ""
     d.addErrback(
         lambda f: log.failure("{kind} {id}: run store {method} failed", f, kind=kind, id=work_id, method=method)

@@ -4,22 +4,17 @@ rest of the code uses (L{iop.run}), kept in one place so
 that "absent is not zero" for the usage breakdown holds everywhere.
 """
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import RunEventData, RunFailure, ToolCall, Usage
 
 _BREAKDOWN = ("reasoning_tokens", "cached_input_tokens")
 
 
-def usage_to_wire(usage):
-    message = iop_pb2.Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
-    for name in _BREAKDOWN:
-        value = getattr(usage, name)
-        if value is not None:
-            setattr(message, name, value)
-    return message
+def usage_to_wire(usage: Usage) -> messages.Usage:
+    return messages.usage(usage.input_tokens, usage.output_tokens, usage.reasoning_tokens, usage.cached_input_tokens)
 
 
-def usage_from_wire(message):
+def usage_from_wire(message: messages.Usage) -> Usage:
     usage = Usage(input_tokens=message.input_tokens, output_tokens=message.output_tokens)
     for name in _BREAKDOWN:
         if message.HasField(name):
@@ -27,7 +22,7 @@ def usage_from_wire(message):
     return usage
 
 
-def usage_to_json(usage):
+def usage_to_json(usage: Usage) -> dict[str, int]:
     """
     A JSON object with only the fields the provider reported.
     """
@@ -39,17 +34,11 @@ def usage_to_json(usage):
     return result
 
 
-def failure_to_wire(failure):
-    return iop_pb2.RunError(
-        code=failure.code,
-        message=failure.message,
-        status=failure.status,
-        deadline=failure.deadline,
-        retry_after_sec=failure.retry_after_sec,
-    )
+def failure_to_wire(failure: RunFailure) -> messages.RunError:
+    return messages.run_error(failure.code, failure.message, failure.status, failure.deadline, failure.retry_after_sec)
 
 
-def failure_from_wire(message):
+def failure_from_wire(message: messages.RunError) -> RunFailure:
     return RunFailure(
         code=message.code,
         message=message.message,
@@ -59,21 +48,22 @@ def failure_from_wire(message):
     )
 
 
-def event_to_wire(run_id, seq, event):
-    message = iop_pb2.RunEvent(
-        run_id=run_id, seq=seq, type=event.type, text=event.text, finish_reason=event.finish_reason or ""
+def event_to_wire(run_id: str, seq: int, event: RunEventData, first_byte_ms: float = 0.0) -> messages.RunEvent:
+    call = event.tool_call
+    return messages.run_event(
+        run_id,
+        seq,
+        event.type,
+        text=event.text,
+        usage=None if event.usage is None else usage_to_wire(event.usage),
+        error=None if event.error is None else failure_to_wire(event.error),
+        finish_reason=event.finish_reason or "",
+        tool_call=None if call is None else messages.tool_call(call.id, call.name, call.arguments),
+        first_byte_ms=first_byte_ms,
     )
-    if event.usage is not None:
-        message.usage.CopyFrom(usage_to_wire(event.usage))
-    if event.error is not None:
-        message.error.CopyFrom(failure_to_wire(event.error))
-    if event.tool_call is not None:
-        call = event.tool_call
-        message.tool_call.CopyFrom(iop_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments))
-    return message
 
 
-def event_from_wire(message):
+def event_from_wire(message: messages.RunEvent) -> RunEventData:
     return RunEventData(
         type=message.type,
         text=message.text,

@@ -16,9 +16,10 @@ prefix is checked against the limit in force when its 4 bytes are in,
 before any of its body is read or kept.
 """
 
-from struct import unpack_from
+from struct import pack, unpack_from
 
-from twisted.protocols.basic import Int32StringReceiver
+from twisted.internet.interfaces import ITransport
+from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 
 _PREFIX = 4
 
@@ -27,21 +28,28 @@ class LinearInt32StringReceiver(Int32StringReceiver):
     """
     C{Int32StringReceiver} with linear reassembly (see the module).
 
+    It also restates, with their types, the three methods of Twisted's
+    (unannotated) class that a subclass calls or overrides: the frame
+    format is the same.
+
     @ivar discarding: set to stop delivering frames (the connection is
         being dropped): whatever else arrives is thrown away.
+    @ivar transport: what the frames go over, set once connected.
     """
+
+    transport: ITransport
 
     discarding = False
     #: The reads not yet delivered. This class-level empty list is never
     #: appended to: the first read replaces it with the instance's own.
-    _chunks: list = []
+    _chunks: list[bytes] = []
     _buffered = 0
     #: How many buffered bytes the next step needs (a prefix, or a whole
     #: frame whose length is known); reads that leave the buffer short of
     #: it are only appended.
     _need = _PREFIX
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if self.discarding:
             return
         if data:
@@ -80,3 +88,26 @@ class LinearInt32StringReceiver(Int32StringReceiver):
             self._chunks = [rest] if rest else []
             self._buffered = len(rest)
             self._need = 0 if self.paused else need
+
+    def stringReceived(self, string: bytes) -> None:
+        """
+        One complete frame arrived; a subclass handles it.
+        """
+        raise NotImplementedError
+
+    def lengthLimitExceeded(self, length: int) -> None:
+        """
+        A length prefix over C{MAX_LENGTH} arrived (nothing of its frame is
+        kept): disconnect. A subclass may say why first.
+        """
+        self.transport.loseConnection()
+
+    def sendString(self, string: bytes) -> None:
+        """
+        Send one frame: its 4-byte big-endian length, then C{string}.
+
+        @raise StringTooLongError: if the length does not fit the prefix.
+        """
+        if len(string) >= 2 ** (8 * _PREFIX):
+            raise StringTooLongError(f"frame of {len(string)} bytes does not fit a {_PREFIX}-byte length prefix")
+        self.transport.write(pack("!I", len(string)) + string)

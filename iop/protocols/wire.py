@@ -15,15 +15,18 @@ receive limit can start small and be raised once the peer is known
 (L{WireProtocol.set_frame_limit}): docs/wire.md, "Before registration".
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError
-from twisted.internet.protocol import Factory
+from google.protobuf.message import DecodeError, Message
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ITCPTransport
+from twisted.internet.protocol import Factory, connectionDone
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import Interface
 
-from iop.protocols import iop_pb2
+from iop.protocols import iop_pb2, messages
 from iop.protocols.framing import LinearInt32StringReceiver
 
 # 16 MiB per frame. Twisted's default (99,999 bytes) is far too small for a
@@ -67,15 +70,16 @@ WIRE_VERSION = 4
 OLDEST_WIRE_VERSION = 1
 
 
-def peer_wire_version(message):
+def peer_wire_version(message: messages.RegisterRequest | messages.RegisterResponse) -> int:
     """
     The version the peer declares in its C{RegisterRequest} (read by the
     Edge) or C{RegisterResponse} (read by the Node); an absent field is 1.
     """
-    return message.wire_version or 1
+    version: int = message.wire_version or 1
+    return version
 
 
-_FIELD_BY_TYPE = {
+_FIELD_BY_TYPE: dict[str, str] = {
     field.message_type.full_name: field.name for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
 }
 
@@ -93,7 +97,7 @@ class ProtocolViolation(Exception):
     """
 
 
-def envelope(message):
+def envelope(message: Message) -> messages.Envelope:
     """
     Wrap one wire message in an L{iop_pb2.Envelope}.
 
@@ -122,12 +126,12 @@ class IWireReceiver(Interface):
     The session logic on one end of a wire connection.
     """
 
-    def wire_connected(wire):
+    def wire_connected(wire: "WireProtocol") -> None:
         """
         The connection is up; C{wire} is the L{WireProtocol} to send on.
         """
 
-    def message_received(kind, message):
+    def message_received(kind: str, message: Message) -> None:
         """
         One decoded message arrived. C{kind} is the envelope field name
         (C{"run_event"}, ...). Heartbeat messages are never delivered.
@@ -135,7 +139,7 @@ class IWireReceiver(Interface):
         @raise ProtocolViolation: to close the connection.
         """
 
-    def wire_lost(reason):
+    def wire_lost(reason: Failure) -> None:
         """
         The connection is gone (closed, aborted, or heartbeat timeout).
         """
@@ -162,21 +166,30 @@ class WireProtocol(LinearInt32StringReceiver):
 
     MAX_LENGTH = MAX_FRAME_BYTES
     log = Logger()
+    #: A TCP connection, or TLS over one: it can be aborted.
+    transport: ITCPTransport
 
-    def __init__(self, receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
+    def __init__(
+        self,
+        receiver: IWireReceiver,
+        clock: IReactorTime,
+        heartbeat: Heartbeat = Heartbeat(),
+        frame_limit: int = MAX_FRAME_BYTES,
+    ) -> None:
         self.MAX_LENGTH = frame_limit
         self.receiver = receiver
         self.clock = clock
         self.heartbeat = heartbeat
-        self.close_reason = None
-        self._pinger = None
+        self.close_reason: str | None = None
+        self._pinger: LoopingCall | None = None
         self._ping_seq = 0
         self._last_heard = clock.seconds()
-        self._silence = None
+        self._due = self._last_heard
+        self._silence: IDelayedCall | None = None
 
     # -- connection lifecycle ----------------------------------------------
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         # Small frames must not wait for Nagle's algorithm (~40 ms each).
         setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
         if setNoDelay is not None:
@@ -187,7 +200,7 @@ class WireProtocol(LinearInt32StringReceiver):
         self.set_heartbeat(self.heartbeat)
         self.receiver.wire_connected(self)
 
-    def set_heartbeat(self, heartbeat):
+    def set_heartbeat(self, heartbeat: Heartbeat) -> None:
         """
         (Re)start pinging and silence detection with new timings.
         """
@@ -199,14 +212,14 @@ class WireProtocol(LinearInt32StringReceiver):
         self._pinger.start(heartbeat.interval, now=False)
         self._watch(self._last_heard + heartbeat.timeout)
 
-    def set_frame_limit(self, limit):
+    def set_frame_limit(self, limit: int) -> None:
         """
         Accept frames of up to C{limit} bytes from now on (checked on each
         length prefix as it arrives).
         """
         self.MAX_LENGTH = limit
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.discarding = True
         if self._silence is not None and self._silence.active():
             self._silence.cancel()
@@ -215,7 +228,7 @@ class WireProtocol(LinearInt32StringReceiver):
             self._pinger.stop()
         self.receiver.wire_lost(reason)
 
-    def _watch(self, due):
+    def _watch(self, due: float) -> None:
         """
         Look for silence at time C{due}.
         """
@@ -224,7 +237,7 @@ class WireProtocol(LinearInt32StringReceiver):
         self._due = due
         self._silence = self.clock.callLater(max(due - self.clock.seconds(), 0), self._look)
 
-    def _look(self):
+    def _look(self) -> None:
         self._silence = None
         now = self.clock.seconds()
         timeout = self.heartbeat.timeout
@@ -236,7 +249,7 @@ class WireProtocol(LinearInt32StringReceiver):
         else:
             self.drop(f"heartbeat timeout: nothing received for {timeout:g}s")
 
-    def close(self, reason):
+    def close(self, reason: str) -> None:
         """
         End this connection in order: what was sent is flushed first. For
         planned ends (a drain), not errors.
@@ -245,7 +258,7 @@ class WireProtocol(LinearInt32StringReceiver):
             self.close_reason = reason
         self.transport.loseConnection()
 
-    def drop(self, reason):
+    def drop(self, reason: str) -> None:
         """
         Close this connection at once, logging why.
         """
@@ -255,7 +268,7 @@ class WireProtocol(LinearInt32StringReceiver):
             self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
         self.transport.abortConnection()
 
-    def _peer(self):
+    def _peer(self) -> str:
         try:
             return str(self.transport.getPeer())
         except Exception:
@@ -263,15 +276,15 @@ class WireProtocol(LinearInt32StringReceiver):
 
     # -- receiving -----------------------------------------------------------
 
-    def lengthLimitExceeded(self, length):
+    def lengthLimitExceeded(self, length: int) -> None:
         self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit")
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         # Any bytes are a sign of life, a frame still arriving included.
         self._last_heard = self.clock.seconds()
         super().dataReceived(data)
 
-    def stringReceived(self, data):
+    def stringReceived(self, data: bytes) -> None:
         env = iop_pb2.Envelope()
         try:
             env.ParseFromString(data)
@@ -284,7 +297,7 @@ class WireProtocol(LinearInt32StringReceiver):
             return
         message = getattr(env, kind)
         if kind == "ping":
-            self.send(iop_pb2.Pong(seq=message.seq))
+            self.send(messages.pong(message.seq))
             return
         if kind == "pong":
             return
@@ -298,7 +311,7 @@ class WireProtocol(LinearInt32StringReceiver):
 
     # -- sending ---------------------------------------------------------------
 
-    def send(self, message):
+    def send(self, message: Message) -> None:
         """
         Send one wire message.
 
@@ -310,12 +323,12 @@ class WireProtocol(LinearInt32StringReceiver):
             raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
         self.sendString(data)
 
-    def _ping(self):
+    def _ping(self) -> None:
         self._ping_seq += 1
-        self.send(iop_pb2.Ping(seq=self._ping_seq))
+        self.send(messages.ping(self._ping_seq))
 
 
-def chunks(data, size=TUNNEL_CHUNK_BYTES):
+def chunks(data: bytes, size: int = TUNNEL_CHUNK_BYTES) -> list[bytes]:
     """
     Split C{data} into pieces of at most C{size} bytes (at least one piece).
     """
@@ -330,13 +343,19 @@ class WireFactory(Factory):
     C{make_receiver()}. Used for the Edge's listener and the Node's dialer.
     """
 
-    def __init__(self, make_receiver, clock, heartbeat=Heartbeat(), frame_limit=MAX_FRAME_BYTES):
+    def __init__(
+        self,
+        make_receiver: Callable[[], IWireReceiver],
+        clock: IReactorTime,
+        heartbeat: Heartbeat = Heartbeat(),
+        frame_limit: int = MAX_FRAME_BYTES,
+    ) -> None:
         self.make_receiver = make_receiver
         self.clock = clock
         self.heartbeat = heartbeat
         self.frame_limit = frame_limit
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> WireProtocol:
         protocol = WireProtocol(self.make_receiver(), self.clock, self.heartbeat, self.frame_limit)
         protocol.factory = self
         return protocol

@@ -14,9 +14,13 @@ import json
 import os
 import struct
 import time
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import provider
 
 from iop.protocols.wire import MAX_FRAME_BYTES
 
@@ -43,16 +47,17 @@ def fuzz(strategy, check, short, batch=500):
         counted["examples"] += 1
         counted["frames"] += check(value) or 0
 
-    common = {
-        "deadline": None,
-        "database": None,
-        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-    }
+    common = settings(
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     if not LONG:
-        given(strategy)(settings(max_examples=short, derandomize=True, **common)(one))()
+        given(strategy)(settings(common, max_examples=short, derandomize=True)(one))()
         return counted
     started = time.monotonic()
-    run = given(strategy)(settings(max_examples=batch, derandomize=False, **common)(one))
+    run = given(strategy)(settings(common, max_examples=batch, derandomize=False)(one))
+
     while time.monotonic() - started < LONG_SECONDS and counted["frames"] < LONG_FRAMES:
         run()
     print(f"fuzz: {counted['examples']} examples, {counted['frames']} frames in {time.monotonic() - started:.0f}s")
@@ -145,7 +150,7 @@ def encode(body):
     A generated body as request bytes: JSON, with L{Deep} values spliced
     in as raw text.
     """
-    deep = {}
+    deep: dict[str, Any] = {}
 
     def default(value):
         if isinstance(value, Deep):
@@ -241,16 +246,16 @@ def envelopes(ids=(), kinds=None):
     envelope field names; one named twice is drawn twice as often), with
     random fields.
     """
-    from iop.protocols import iop_pb2
+    from iop.protocols import messages
 
-    every = list(iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
+    every = list(messages.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
     by_name = {f.name: f for f in every}
     fields = every if kinds is None else [by_name[k] for k in kinds]
 
     @st.composite
     def envelope(draw):
         field = draw(st.sampled_from(fields))
-        env = iop_pb2.Envelope()
+        env = messages.Envelope()
         getattr(env, field.name).CopyFrom(draw(wire_message(field.message_type, ids=ids)))
         return env
 
@@ -351,12 +356,12 @@ class RandomMessages:
         return message
 
     def envelope(self, kinds=None):
-        from iop.protocols import iop_pb2
+        from iop.protocols import messages
 
-        every = list(iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
+        every = list(messages.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields)
         by_name = {f.name: f for f in every}
         field = self.rng.choice(every if kinds is None else [by_name[k] for k in kinds])
-        env = iop_pb2.Envelope()
+        env = messages.Envelope()
         getattr(env, field.name).CopyFrom(self.message(field.message_type))
         return env
 
@@ -409,3 +414,20 @@ def random_chunk(generator):
     if kind == "oversize":
         return struct.pack("!I", rng.choice([65537, MAX_FRAME_BYTES + 1, 2**32 - 1]))
     return struct.pack("!I", rng.randrange(5, 101)) + rng.randbytes(rng.randrange(0, 5))
+
+
+def watch_critical(case: SynchronousTestCase) -> list[LogEvent]:
+    """
+    The events logged as critical or with a failure (an internal error)
+    from now until C{case} ends: a fuzz test expects none.
+    """
+    critical: list[LogEvent] = []
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        if event.get("log_level") == LogLevel.critical or "log_failure" in event:
+            critical.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    case.addCleanup(globalLogPublisher.removeObserver, observe)
+    return critical

@@ -9,7 +9,7 @@ import signal
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.daemon import freeze_startup_heap, stop_then_hurry
-from iop.testing.reactor import RunningReactor
+from iop.testing.reactor import RunningReactor, deliver_signal
 
 
 class StopThenHurryTests(SynchronousTestCase):
@@ -18,9 +18,6 @@ class StopThenHurryTests(SynchronousTestCase):
             self.addCleanup(signal.signal, signum, signal.getsignal(signum))
         self.hurried = []
 
-    def send(self, signum):
-        signal.getsignal(signum)(signum, None)
-
     def test_first_stops_later_hurry(self):
         """
         The first SIGTERM or SIGINT stops the reactor once; every later one
@@ -28,10 +25,10 @@ class StopThenHurryTests(SynchronousTestCase):
         """
         reactor = RunningReactor()
         stop_then_hurry(reactor, lambda: self.hurried.append(True))
-        self.send(signal.SIGINT)
+        deliver_signal(signal.SIGINT)
         self.assertEqual((reactor.stopped, self.hurried), (1, []))
-        self.send(signal.SIGTERM)
-        self.send(signal.SIGTERM)
+        deliver_signal(signal.SIGTERM)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, self.hurried), (1, [True, True]))
 
     def test_signal_while_already_stopping(self):
@@ -41,7 +38,7 @@ class StopThenHurryTests(SynchronousTestCase):
         """
         reactor = RunningReactor(stopping=True)
         stop_then_hurry(reactor, lambda: self.hurried.append(True))
-        self.send(signal.SIGTERM)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, self.hurried), (0, []))
 
 

@@ -13,10 +13,9 @@ import copy
 import json
 
 from hypothesis import strategies as st
-from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.test.fuzz import encode, fuzz, json_values, mutated, nasty_strings
+from iop.test.fuzz import encode, fuzz, json_values, mutated, nasty_strings, watch_critical
 from iop.testing.gateway import BASE, GATEWAY_YAML, Gateway
 
 #: The in-memory gateway with an instant echo (so work ends on its own)
@@ -87,14 +86,7 @@ class HTTPFuzzTests(SynchronousTestCase):
     def setUp(self):
         self.gateway = Gateway(FUZZ_YAML)
         self.node = self.gateway.node()
-        self.critical = []
-
-        def observe(event):
-            if event.get("log_level") == LogLevel.critical or "log_failure" in event:
-                self.critical.append(event)
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        self.critical = watch_critical(self)
 
     def settle(self):
         """

@@ -16,12 +16,11 @@ import struct
 import time
 
 from hypothesis import strategies as st
-from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge import service as service_module
+from iop.edge import commands, starter
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import MAX_FRAME_BYTES, WIRE_VERSION
 from iop.test.fuzz import (
     LONG,
@@ -34,6 +33,7 @@ from iop.test.fuzz import (
     fuzz,
     mutated_bytes,
     random_chunk,
+    watch_critical,
 )
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
@@ -117,16 +117,10 @@ class WireFuzzTests(SynchronousTestCase):
         self.edge = EdgeHarness(YAML)
         self.service = self.edge.service
         self.bystander, self.bystander_pump, _ = self.edge.register("tok-1")
-        self.critical = []
-
-        def observe(event):
-            if event.get("log_level") == LogLevel.critical or "log_failure" in event:
-                self.critical.append(event)
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        self.critical = watch_critical(self)
         self.counter = 0
-        self.patch(service_module, "new_id", self.new_id)
+        for module in (starter, commands):
+            self.patch(module, "new_id", self.new_id)
 
     def new_id(self, prefix):
         work_id = f"{prefix}-f{self.counter}"
@@ -157,7 +151,7 @@ class WireFuzzTests(SynchronousTestCase):
         """
         self.bystander_pump.flush()
         for request in self.bystander.of("run_request"):
-            self.bystander.wire.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="complete"))
+            self.bystander.connection.send(messages.run_event(run_id=request.run_id, seq=1, type="complete"))
         self.bystander.received.clear()
         self.bystander_pump.flush()
 
@@ -207,10 +201,10 @@ class WireFuzzTests(SynchronousTestCase):
         for chunk in chunks:
             if node.lost:
                 break
-            node.wire.transport.write(chunk)
+            node.transport.write(chunk)
             pump.flush()
             sent += 1
-        node.wire.transport.loseConnection()
+        node.transport.loseConnection()
         pump.flush()
         self.edge.pumps.remove(pump)
         self.settle()
@@ -218,5 +212,7 @@ class WireFuzzTests(SynchronousTestCase):
         self.assertIsNotNone(self.service.registry.ready_link("n1"))
         self.assertEqual(self.service.pool.active_leases(), [])
         self.assertEqual(len(self.service.inflight), 0)
-        self.assertEqual(self.service.node_port.unregistered, {})
+        node_port = self.service.node_port
+        assert node_port is not None
+        self.assertEqual(node_port.unregistered, {})
         return sent

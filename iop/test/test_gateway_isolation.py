@@ -57,10 +57,18 @@ class IsolationTestCase(SynchronousTestCase):
         self.assertEqual(code, 202)
         return run["id"]
 
+    def status(self, run_id: str) -> str:
+        """
+        The status of the run C{run_id}, which must exist.
+        """
+        record = self.gateway.service.runs.get(run_id)
+        assert record is not None, f"no run {run_id}"
+        return record.status
+
     def finished_run(self, key):
         run_id = self.background_run(key)
         self.gateway.advance(1)
-        self.assertEqual(self.gateway.service.runs.get(run_id).status, "complete")
+        self.assertEqual(self.status(run_id), "complete")
         return run_id
 
     def assert_hidden(self, d, run_id):
@@ -178,13 +186,13 @@ class CancelTests(IsolationTestCase):
         run_id = self.background_run(ALICE)
         self.gateway.advance(0.15)
         self.assert_hidden(self.call("POST", f"/v1/runs/{run_id}/cancel", BOB), run_id)
-        self.assertEqual(self.gateway.service.runs.get(run_id).status, "running")
+        self.assertEqual(self.status(run_id), "running")
         self.assertEqual(
             self.json(self.call("POST", f"/v1/runs/{run_id}/cancel", ALICE)),
             (200, {"run_id": run_id, "cancelling": True}),
         )
         self.gateway.advance(1)
-        self.assertEqual(self.gateway.service.runs.get(run_id).status, "cancelled")
+        self.assertEqual(self.status(run_id), "cancelled")
 
     def test_cancel_queued_run(self):
         """
@@ -193,12 +201,12 @@ class CancelTests(IsolationTestCase):
         """
         running = [self.background_run(ALICE), self.background_run(ALICE)]
         queued = self.background_run(ALICE)
-        self.assertEqual(self.gateway.service.runs.get(queued).status, "queued")
+        self.assertEqual(self.status(queued), "queued")
         self.assert_hidden(self.call("POST", f"/v1/runs/{queued}/cancel", BOB), queued)
-        self.assertEqual(self.gateway.service.runs.get(queued).status, "queued")
+        self.assertEqual(self.status(queued), "queued")
         self.assertEqual(self.json(self.call("POST", f"/v1/runs/{queued}/cancel", ROOT))[0], 200)
-        self.assertEqual(self.gateway.service.runs.get(queued).status, "cancelled")
-        self.assertEqual([self.gateway.service.runs.get(r).status for r in running], ["running", "running"])
+        self.assertEqual(self.status(queued), "cancelled")
+        self.assertEqual([self.status(r) for r in running], ["running", "running"])
 
 
 def open_api(**extra) -> dict:

@@ -7,13 +7,16 @@ answering once the Edge has forgotten a run.
 
 import copy
 import json
+from typing import cast
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from iop.edge.bus import EventBus
+from iop.edge.http.api import EdgeAPI
 from iop.edge.http.native import EventFeed
+from iop.edge.http.request import EdgeRequest
 from iop.run import COMPLETE, DELTA, START, RunEventData, Usage
 from iop.testing.gateway import GATEWAY_YAML, Gateway
 
@@ -126,6 +129,7 @@ class BackgroundTests(GatewayRunsTestCase):
         done.callback(None)
         self.gateway.flush()
         record = self.gateway.service.runs.get(run.run_id)
+        assert record is not None
         self.assertEqual((record.status, record.last_seq), ("complete", 6))
 
     def test_foreground_still_cancelled(self):
@@ -351,6 +355,7 @@ class TruncatedLogTests(GatewayRunsTestCase):
             emit(RunEventData(DELTA, text=word))
         self.gateway.flush()
         record = self.gateway.service.runs.get(run.run_id)
+        assert record is not None
         self.assertFalse(record.complete_log)
         d = self.gateway.http.get(f"http://edge.invalid/v1/runs/{run.run_id}/events")
         # Live events arrive while the Edge is still asking the Node.
@@ -379,10 +384,13 @@ class EventsFeedTests(SynchronousTestCase):
         self.bus = EventBus(self.clock)
         self.request = DummyRequest([b""])
         # DummyRequest drives only pull producers; the feed is a push one.
-        self.request.registerProducer = lambda producer, streaming: None
+        self.patch(self.request, "registerProducer", lambda producer, streaming: None)
 
     def feed(self, types=frozenset(), node=None, deltas=False):
-        return EventFeed(FeedService(self.clock, self.bus), self.request, types, node, deltas)
+        # The feed reads only the Edge's clock and bus, and uses only what a
+        # DummyRequest has of an EdgeRequest.
+        service = cast(EdgeAPI, FeedService(self.clock, self.bus))
+        return EventFeed(service, cast(EdgeRequest, self.request), types, node, deltas)
 
     def events(self):
         return sse_named(b"".join(self.request.written))
@@ -599,7 +607,9 @@ class LostLinkTests(GatewayRunsTestCase):
         _, _, body = self.successResultOf(other.read(other.get(f"/v1/runs/{run_id}")))
         run = json.loads(body)
         self.assertEqual((run["status"], run["output"], run["background"]), ("complete", "one two", True))
-        self.assertEqual(other.service.runs.get(run_id).caller, "anonymous")
+        record = other.service.runs.get(run_id)
+        assert record is not None
+        self.assertEqual(record.caller, "anonymous")
 
     def test_edge_drain_hands_runs_back(self):
         """

@@ -55,11 +55,11 @@ class HeaderRuleTests(SynchronousTestCase):
             "X-Team": "ops",  # the adapter's headers win
             "X-Secret": None,  # drop_headers
         }
-        got = {}
+        got: dict[str, list[str]] = {}
         for name, value in sent:
             got.setdefault(name.lower(), []).append(value)
-        for name, value in expected.items():
-            self.assertEqual(got.get(name.lower()), None if value is None else [value], name)
+        for name, want in expected.items():
+            self.assertEqual(got.get(name.lower()), None if want is None else [want], name)
 
     def test_no_api_key_no_authorization(self):
         """

@@ -1,8 +1,9 @@
 """
 The layering rules of docs/architecture.md, checked on the source: which
 of iop's packages may import which, which modules inside the Edge may
-import which, and that no chain of imports (those inside functions
-included) leads back to where it started. A violation names the module
+import which, that only the wire layer imports the generated protobuf
+module, and that no chain of imports (those inside functions included)
+leads back to where it started. A violation names the module
 and the import, so the arrow that points the wrong way is found at once.
 """
 
@@ -25,10 +26,28 @@ FORBIDDEN = {
 }
 
 
-#: Edge module prefix -> Edge modules it must never import: the HTTP
-#: surfaces are handed the service; they never reach for its assembly.
+#: The pieces of the Edge that act on its state: they are handed the
+#: cluster they belong to as an L{iop.edge.seam.ICluster}, never its
+#: implementation, and never the service that wires them.
+_EDGE_PIECES = (
+    "iop.edge.intake",
+    "iop.edge.starter",
+    "iop.edge.commands",
+    "iop.edge.history",
+    "iop.edge.drain",
+    "iop.edge.links",
+    "iop.edge.connection",
+)
+
+#: Edge module prefix -> Edge modules (and everything under them) it must
+#: never import: the HTTP surfaces are handed the service; they never reach
+#: for its assembly, nor for the cluster behind the seam (a forwarding
+#: outcome is the seam's L{iop.edge.seam.Forward}); the seam itself knows
+#: no implementation.
 EDGE_FORBIDDEN = {
-    "iop.edge.http": ("iop.edge.service", "iop.edge.listeners", "iop.edge.tap"),
+    "iop.edge.http": ("iop.edge.service", "iop.edge.listeners", "iop.edge.tap", "iop.edge.cluster"),
+    "iop.edge.seam": ("iop.edge.cluster", "iop.edge.service"),
+    **dict.fromkeys(_EDGE_PIECES, ("iop.edge.cluster", "iop.edge.service")),
 }
 
 
@@ -136,7 +155,9 @@ class LayerTests(SynchronousTestCase):
     def test_edge_surfaces_do_not_reach_the_assembly(self):
         """
         Inside the Edge, the HTTP surfaces never import the service, its
-        listeners or its twistd plugin: they are given what they use.
+        listeners or its twistd plugin, nor the cluster (its C{Forward}
+        among it); the pieces the service wires never import it or the
+        cluster behind the seam: they are given what they use.
         """
         violations = []
         for name, path in sorted(library_modules().items()):
@@ -145,15 +166,32 @@ class LayerTests(SynchronousTestCase):
                     violations += [
                         f"{name}:{line} imports {imported}"
                         for imported, line in imported_names(path)
-                        if imported in forbidden
+                        if any(imported == f or imported.startswith(f + ".") for f in forbidden)
                     ]
+        self.assertEqual(violations, [])
+
+    def test_generated_module_stays_in_the_wire_layer(self):
+        """
+        Only iop.protocols imports the generated iop_pb2: everything else
+        builds messages with L{iop.protocols.messages} and takes the names
+        it reads from there, so the typed builders are the one way in.
+        """
+        protocols = ROOT / "protocols"
+        violations = [
+            f"{path.relative_to(ROOT.parent)}:{line} imports {imported}"
+            for path in sorted(ROOT.rglob("*.py"))
+            if protocols not in path.parents
+            for imported, line in imported_names(path)
+            if imported == "iop.protocols.iop_pb2"
+        ]
         self.assertEqual(violations, [])
 
     def test_no_import_cycle(self):
         """
         No chain of imports among iop's modules (imports inside functions
-        included, since hiding one there does not break the loop) leads
-        back to its start.
+        and under C{TYPE_CHECKING} included, since hiding one there does not
+        break the loop) leads back to its start: across packages, and
+        among the modules of one package (the Edge's pieces) alike.
         """
         self.assertIsNone(find_cycle(import_graph()))
 

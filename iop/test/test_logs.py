@@ -6,15 +6,28 @@ becomes, and the way the taps hand twistd a JSON observer.
 import io
 import json
 
-from twisted.application.service import Application, IService, IServiceCollection, Service
-from twisted.logger import ILogObserver, Logger, LogLevel
+from twisted.application.service import Application, IService, Service
+from twisted.logger import ILogObserver, LogEvent, Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import provider
 
 from iop.config import ConfigError, Section
 from iop.logs import JSONLineObserver, LogFormatted, json_line, with_log_format
 from iop.node.config import parse_config
 from iop.testing.edge import EDGE_YAML, edge_config
+
+
+def collector(events: list[LogEvent]) -> ILogObserver:
+    """
+    A log observer that appends every event to C{events}.
+    """
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        events.append(event)
+
+    return observe
 
 
 def node_config(**data):
@@ -51,8 +64,8 @@ class JSONLineTests(SynchronousTestCase):
         sentence the text format prints, and every keyword field of the
         call (the ids an operator searches for) as its own key.
         """
-        events = []
-        log = Logger(namespace="iop.edge.links", observer=events.append)
+        events: list[LogEvent] = []
+        log = Logger(namespace="iop.edge.links", observer=collector(events))
         log.warn("node {node} disconnected: {reason}", node="gpu-1", reason="heartbeat timeout", generation=3)
         record = json.loads(json_line(events[0], daemon="iop-edge"))
         self.assertEqual(record["daemon"], "iop-edge")
@@ -67,8 +80,8 @@ class JSONLineTests(SynchronousTestCase):
         A failure's traceback rides along escaped: the record stays one
         line; values JSON cannot hold become their text.
         """
-        events = []
-        log = Logger(namespace="x", observer=events.append)
+        events: list[LogEvent] = []
+        log = Logger(namespace="x", observer=collector(events))
         try:
             raise ValueError("bad\nthing")
         except ValueError:
@@ -107,11 +120,11 @@ class LogFormattedTests(SynchronousTestCase):
         """
         service = Service()
         wrapped = with_log_format(service, "json", "iop-edge", out=io.StringIO())
-        self.assertIsInstance(wrapped, LogFormatted)
+        assert isinstance(wrapped, LogFormatted)
         application = Application("iop-edge")
         IService(wrapped).setServiceParent(application)
         self.assertIs(application.getComponent(ILogObserver), wrapped.observer)
         IService(application).startService()
         self.assertTrue(service.running)
-        IServiceCollection(application).stopService()
+        IService(application).stopService()
         self.assertFalse(service.running)

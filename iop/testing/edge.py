@@ -5,18 +5,24 @@ ends, wired together by L{twisted.test.iosim} on a L{Clock}. No process,
 thread or socket.
 """
 
+from typing import Any
+
+from twisted.internet.interfaces import ITransport
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.test import iosim
 from zope.interface import implementer
 
 from iop.config import Section
 from iop.edge.bus import EventBus
-from iop.edge.config import parse
+from iop.edge.config import EdgeConfig, parse
 from iop.edge.service import EdgeService
-from iop.protocols import iop_pb2
+from iop.node.flow import Message
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat, IWireReceiver, WireProtocol
+from iop.run import RunEventData
 
-EDGE_YAML = {
+EDGE_YAML: dict[str, Any] = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
     "admin_keys": ["admin"],
     "nodes": [
@@ -46,7 +52,7 @@ EDGE_YAML = {
 }
 
 
-def edge_config(data=EDGE_YAML):
+def edge_config(data: dict[str, Any] = EDGE_YAML) -> EdgeConfig:
     return parse(Section(data, "", "edge.yaml"))
 
 
@@ -56,21 +62,38 @@ class ScriptedNode:
     A Node stand-in that records what the Edge sends it.
     """
 
-    def __init__(self):
-        self.wire = None
-        self.received = []
+    def __init__(self) -> None:
+        self.wire: WireProtocol | None = None
+        self.received: list[tuple[str, Message]] = []
         self.lost = False
 
-    def wire_connected(self, wire):
+    @property
+    def connection(self) -> WireProtocol:
+        """
+        The wire of this connection (once it is made).
+        """
+        assert self.wire is not None, "the Edge has not connected"
+        return self.wire
+
+    @property
+    def transport(self) -> ITransport:
+        """
+        The transport of this connection (once it is made).
+        """
+        transport = self.connection.transport
+        assert transport is not None, "the Edge has not connected"
+        return transport
+
+    def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
 
-    def message_received(self, kind, message):
+    def message_received(self, kind: str, message: Message) -> None:
         self.received.append((kind, message))
 
-    def wire_lost(self, reason):
+    def wire_lost(self, reason: Failure) -> None:
         self.lost = True
 
-    def of(self, kind):
+    def of(self, kind: str) -> list[Message]:
         return [m for k, m in self.received if k == kind]
 
 
@@ -79,24 +102,29 @@ class EdgeHarness:
     One Edge service and any number of in-memory Node connections.
     """
 
-    def __init__(self, data=EDGE_YAML, clock=None, etcd=None):
+    def __init__(self, data: dict[str, Any] = EDGE_YAML, clock: Clock | None = None, etcd: Any = None) -> None:
         self.clock = clock if clock is not None else Clock()
         self.config = edge_config(data)
         self.bus = EventBus(self.clock)
-        self.node_events = []
+        self.node_events: list[Any] = []
         self.bus.subscribe(lambda topic, payload: self.node_events.append(payload), topics=["node"])
         self.service = EdgeService(self.config, self.clock, self.bus, etcd=etcd)
-        self.site = self.service.site
-        self.pumps = []
+        site = self.service.site
+        assert site is not None, "the Edge's tree is built"
+        self.site = site
+        self.pumps: list[iosim.IOPump] = []
 
-    def connect(self, node=None):
+    def connect(self, node: Any = None) -> tuple[Any, iosim.IOPump, WireProtocol]:
         """
         Open one Node connection to C{node} (an L{IWireReceiver}; a new
         L{ScriptedNode} by default). @return: C{(node, pump, edge_protocol)}.
         """
         node = node if node is not None else ScriptedNode()
         # The Edge's own factory: the same limits as on a real Node port.
-        edge_protocol = self.service.node_port.buildProtocol(None)
+        node_port = self.service.node_port
+        assert node_port is not None, "the Edge's tree is built"
+        edge_protocol = node_port.buildProtocol(None)
+        assert isinstance(edge_protocol, WireProtocol)
         node_protocol = WireProtocol(node, self.clock, Heartbeat(2, 5))
         pump = iosim.connect(
             edge_protocol,
@@ -109,11 +137,11 @@ class EdgeHarness:
         self.pumps.append(pump)
         return node, pump, edge_protocol
 
-    def flush(self):
+    def flush(self) -> None:
         for pump in self.pumps:
             pump.flush()
 
-    def advance(self, seconds, step=1.0):
+    def advance(self, seconds: float, step: float = 1.0) -> None:
         """
         Let C{seconds} pass in steps, flushing every connection at each, so
         heartbeats keep live links alive as they would on a real reactor.
@@ -123,12 +151,14 @@ class EdgeHarness:
             seconds -= step
             self.flush()
 
-    def register(self, token="tok-1", ready=True, wire_version=WIRE_VERSION):
-        node, pump, edge_protocol = self.connect()
-        node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=wire_version))
+    def register(
+        self, token: str = "tok-1", ready: bool = True, wire_version: int = WIRE_VERSION
+    ) -> tuple[ScriptedNode, iosim.IOPump, WireProtocol]:
+        node, pump, edge_protocol = self.connect(ScriptedNode())
+        node.connection.send(messages.register_request(token, wire_version))
         pump.flush()
         if ready:
-            node.wire.send(iop_pb2.NodeReadyRequest(node_id=node.of("register_response")[0].config.node_id))
+            node.connection.send(messages.ready_request(node.of("register_response")[0].config.node_id))
             pump.flush()
         return node, pump, edge_protocol
 
@@ -139,16 +169,17 @@ class Recorder:
     C{listener_for} that hands it out and notes the work's id.
     """
 
-    def __init__(self):
-        self.events = []
-        self.work_id = None
+    def __init__(self) -> None:
+        self.events: list[RunEventData] = []
+        self.work_id: str | None = None
 
-    def for_run(self, kind, work_id):
+    def for_run(self, kind: str, work_id: str) -> "Recorder":
         self.work_id = work_id
         return self
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         self.events.append(event)
 
-    def types(self):
+    def types(self) -> list[str]:
+
         return [e.type for e in self.events]

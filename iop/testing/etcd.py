@@ -9,28 +9,34 @@ L{MemoryEtcd.stop} takes the whole server down (an outage). Like a real
 etcd, a server that starts again gives every lease its whole TTL back.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from iop.edge.cluster.etcd import Created, EtcdUnavailable, IEtcd, IWatch, KeyValue, WatchEvent
 
 
 class MemoryEtcd:
-    def __init__(self, clock):
+    def __init__(self, clock: IReactorTime) -> None:
         self.clock = clock
         self.revision = 1
-        self.data = {}  # key -> KeyValue
-        self.leases = {}  # id -> [ttl, DelayedCall or None]
-        self.watches = []
+        self.data: dict[str, KeyValue] = {}
+        #: lease id -> C{[ttl, its expiry or None]}
+        self.leases: dict[int, list[Any]] = {}
+        self.watches: list[MemoryWatch] = []
         self.up = True
         self._next_lease = 1000
 
-    def client(self):
+    def client(self) -> "MemoryEtcdClient":
         return MemoryEtcdClient(self)
 
     # -- outages
 
-    def stop(self):
+    def stop(self) -> None:
         """
         The server goes down: every call fails, watches end, lease expiry
         pauses.
@@ -43,7 +49,7 @@ class MemoryEtcd:
         for watch in list(self.watches):
             watch.end(EtcdUnavailable("etcd stopped"))
 
-    def start(self):
+    def start(self) -> None:
         """
         The server is back; every lease gets its whole TTL again.
         """
@@ -53,13 +59,13 @@ class MemoryEtcd:
 
     # -- the store
 
-    def _arm(self, lease_id):
+    def _arm(self, lease_id: int) -> None:
         lease = self.leases[lease_id]
         if lease[1] is not None and lease[1].active():
             lease[1].cancel()
         lease[1] = self.clock.callLater(lease[0], self.expire, lease_id)
 
-    def expire(self, lease_id):
+    def expire(self, lease_id: int) -> None:
         """
         The lease ends (its TTL passed, or it was revoked): its keys go.
         """
@@ -71,7 +77,7 @@ class MemoryEtcd:
         for key in [k for k, kv in self.data.items() if kv.lease == lease_id]:
             self._delete(key)
 
-    def _put(self, key, value, lease):
+    def _put(self, key: str, value: bytes, lease: int) -> int:
         self.revision += 1
         old = self.data.get(key)
         kv = KeyValue(key, value, old.create_revision if old else self.revision, self.revision, lease)
@@ -79,12 +85,12 @@ class MemoryEtcd:
         self._notify(WatchEvent("put", kv))
         return self.revision
 
-    def _delete(self, key):
+    def _delete(self, key: str) -> None:
         self.revision += 1
         self.data.pop(key)
         self._notify(WatchEvent("delete", KeyValue(key, b"", 0, self.revision)))
 
-    def _notify(self, event):
+    def _notify(self, event: WatchEvent) -> None:
         for watch in list(self.watches):
             if event.kv.key.startswith(watch.prefix):
                 watch.on_event(event)
@@ -97,13 +103,13 @@ class MemoryEtcdClient:
     off alone.
     """
 
-    def __init__(self, server):
+    def __init__(self, server: MemoryEtcd) -> None:
         self.server = server
         self.reachable = True
-        self.calls = []
-        self.watches = []
+        self.calls: list[str] = []
+        self.watches: list[MemoryWatch] = []
 
-    def cut(self):
+    def cut(self) -> None:
         """
         This client alone loses etcd (a partition): calls fail, its
         watches end.
@@ -112,23 +118,23 @@ class MemoryEtcdClient:
         for watch in list(self.watches):
             watch.end(EtcdUnavailable("etcd is not reachable"))
 
-    def heal(self):
+    def heal(self) -> None:
         self.reachable = True
 
-    def _check(self, name):
+    def _check(self, name: str) -> MemoryEtcd:
         self.calls.append(name)
         if not (self.server.up and self.reachable):
             raise EtcdUnavailable("etcd is not reachable")
         return self.server
 
-    def _answer(self, name, f, *args):
+    def _answer(self, name: str, f: Callable[..., Any], *args: object) -> Deferred[Any]:
         try:
             return defer.succeed(f(self._check(name), *args))
         except EtcdUnavailable as e:
             return defer.fail(e)
 
-    def grant(self, ttl):
-        def grant(server):
+    def grant(self, ttl: float) -> Deferred[int]:
+        def grant(server: MemoryEtcd) -> int:
             server._next_lease += 1
             server.leases[server._next_lease] = [ttl, None]
             server._arm(server._next_lease)
@@ -136,8 +142,8 @@ class MemoryEtcdClient:
 
         return self._answer("grant", grant)
 
-    def keepalive(self, lease):
-        def keepalive(server):
+    def keepalive(self, lease: int) -> Deferred[int]:
+        def keepalive(server: MemoryEtcd) -> int:
             if lease not in server.leases:
                 return 0
             server._arm(lease)
@@ -145,19 +151,19 @@ class MemoryEtcdClient:
 
         return self._answer("keepalive", keepalive)
 
-    def revoke(self, lease):
+    def revoke(self, lease: int) -> Deferred[None]:
         return self._answer("revoke", lambda server: server.expire(lease))
 
-    def put(self, key, value, lease=0):
-        def put(server):
+    def put(self, key: str, value: bytes, lease: int = 0) -> Deferred[int]:
+        def put(server: MemoryEtcd) -> int:
             if lease and lease not in server.leases:
                 raise EtcdUnavailable("requested lease not found")
             return server._put(key, value, lease)
 
         return self._answer("put", put)
 
-    def range(self, key, prefix=False):
-        def range_(server):
+    def range(self, key: str, prefix: bool = False) -> Deferred[tuple[int, list[KeyValue]]]:
+        def range_(server: MemoryEtcd) -> tuple[int, list[KeyValue]]:
             if prefix:
                 kvs = [server.data[k] for k in sorted(server.data) if k.startswith(key)]
             else:
@@ -166,8 +172,8 @@ class MemoryEtcdClient:
 
         return self._answer("range", range_)
 
-    def create(self, key, value, lease):
-        def create(server):
+    def create(self, key: str, value: bytes, lease: int) -> Deferred[Created]:
+        def create(server: MemoryEtcd) -> Created:
             if key in server.data:
                 return Created(False, server.revision, server.data[key])
             if lease not in server.leases:
@@ -176,8 +182,8 @@ class MemoryEtcdClient:
 
         return self._answer("create", create)
 
-    def replace(self, key, value, lease, mod_revision):
-        def replace(server):
+    def replace(self, key: str, value: bytes, lease: int, mod_revision: int) -> Deferred[int | None]:
+        def replace(server: MemoryEtcd) -> int | None:
             kv = server.data.get(key)
             if kv is None or kv.mod_revision != mod_revision:
                 return None
@@ -185,8 +191,8 @@ class MemoryEtcdClient:
 
         return self._answer("replace", replace)
 
-    def delete_if(self, key, mod_revision):
-        def delete_if(server):
+    def delete_if(self, key: str, mod_revision: int) -> Deferred[bool]:
+        def delete_if(server: MemoryEtcd) -> bool:
             kv = server.data.get(key)
             if kv is None or kv.mod_revision != mod_revision:
                 return False
@@ -195,7 +201,7 @@ class MemoryEtcdClient:
 
         return self._answer("delete_if", delete_if)
 
-    def watch(self, prefix, start_revision, on_event):
+    def watch(self, prefix: str, start_revision: int, on_event: Callable[[WatchEvent], object]) -> "MemoryWatch":
         watch = MemoryWatch(self.server, prefix, on_event)
         try:
             self._check("watch")
@@ -205,19 +211,25 @@ class MemoryEtcdClient:
         # Only the present is kept: start_revision must be the next one.
         self.server.watches.append(watch)
         self.watches.append(watch)
-        watch.done.addBoth(lambda result: (self.watches.remove(watch), result)[1])
+
+        def forget(result: object) -> object:
+            self.watches.remove(watch)
+            return result
+
+        watch.done.addBoth(forget)
         return watch
 
 
 @implementer(IWatch)
 class MemoryWatch:
-    def __init__(self, server, prefix, on_event):
+    def __init__(self, server: MemoryEtcd, prefix: str, on_event: Callable[[WatchEvent], object]) -> None:
         self.server = server
         self.prefix = prefix
         self.on_event = on_event
-        self.done = defer.Deferred()
+        self.done: Deferred[None] = defer.Deferred()
 
-    def end(self, error=None):
+    def end(self, error: Exception | None = None) -> None:
+
         if self in self.server.watches:
             self.server.watches.remove(self)
         if not self.done.called:
@@ -226,5 +238,5 @@ class MemoryWatch:
             else:
                 self.done.errback(error)
 
-    def cancel(self):
+    def cancel(self) -> None:
         self.end()

@@ -11,12 +11,20 @@ echo adapter (its C{delay_ms} on the shared clock), and C{openai_compat} is
 a L{ManualAdapter}, so a test plays the provider of a tunnel by hand.
 """
 
+from collections.abc import Callable, Generator
+from typing import Any
+
 from treq.testing import StubTreq
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.server import Request
 
 from iop.adapters.echo import EchoAdapter
+from iop.adapters.interface import IAdapter
 from iop.node.host import AdapterHost
 from iop.node.session import NodeSession
 from iop.testing.edge import EdgeHarness
@@ -25,9 +33,9 @@ from iop.testing.node import ManualAdapter, RecordingStore, make_context
 BASE = "http://edge.invalid"
 
 #: Adapter types the in-memory Nodes build.
-GATEWAY_TYPES = {"echo": EchoAdapter, "openai_compat": ManualAdapter}
+GATEWAY_TYPES: dict[str, Callable[..., IAdapter]] = {"echo": EchoAdapter, "openai_compat": ManualAdapter}
 
-GATEWAY_YAML = {
+GATEWAY_YAML: dict[str, Any] = {
     "listen": {"nodes": "tcp:0", "http": "tcp:0"},
     "admin_keys": ["admin"],
     "shutdown_grace_sec": 10,
@@ -57,7 +65,7 @@ GATEWAY_YAML = {
 }
 
 
-def build(name, type, max_concurrency, options, reactor):
+def build(name: str, type: str, max_concurrency: int, options: dict[str, Any], reactor: IReactorTime) -> IAdapter:
     return GATEWAY_TYPES[type](name, max_concurrency, options, reactor)
 
 
@@ -66,21 +74,27 @@ class GatewayNode:
     One in-memory Node: its session, store and adapter host.
     """
 
-    def __init__(self, gateway, token):
+    def __init__(self, gateway: "Gateway", token: str) -> None:
         self.store = RecordingStore(now=gateway.clock.seconds)
         self.host = AdapterHost(gateway.clock, build)
         self.context = make_context(gateway.clock, host=self.host, store=self.store)
         self.context.token = token
         self._dial(gateway)
 
-    def _dial(self, gateway):
+    def _dial(self, gateway: "Gateway") -> None:
         self.session = NodeSession(self.context)
         _, self.pump, _ = gateway.edge.connect(self.session)
 
-    def adapter(self, name):
-        return self.host.get(name).adapter
+    def adapter(self, name: str) -> Any:
+        """
+        The adapter C{name} as the test built it (a L{ManualAdapter} or an
+        C{EchoAdapter}).
+        """
+        hosted = self.host.get(name)
+        assert hosted is not None, f"no adapter {name} on this node"
+        return hosted.adapter
 
-    def reconnect(self, gateway):
+    def reconnect(self, gateway: "Gateway") -> None:
         """
         The same Node process dials C{gateway}'s Edge again (after its
         link was lost): a new session on the same context — adapters,
@@ -96,24 +110,19 @@ class Gateway:
     @ivar http: a C{StubTreq} in front of the Edge's HTTP resource.
     """
 
-    def __init__(self, config=GATEWAY_YAML):
+    def __init__(self, config: dict[str, Any] = GATEWAY_YAML) -> None:
         self.edge = EdgeHarness(config)
         self.clock = self.edge.clock
         self.service = self.edge.service
-        self.http = StubTreq(self.edge.site.resource)
+        site = self.edge.site
+        # StubTreq makes its request functions (get, post, ...) at run time.
+        self.http: Any = StubTreq(site.resource)
         #: The Edge's side of every HTTP request made, in order.
-        self.requests = []
-        router = self.edge.site.resource
-        observer = router.observer
+        self.requests: list[Request] = []
+        router = site.resource
+        router.observers = (lambda route, request: self.requests.append(request), *router.observers)
 
-        def observe(route, request):
-            self.requests.append(request)
-            if observer is not None:
-                observer(route, request)
-
-        router.observer = observe
-
-    def node(self, token="tok-1"):
+    def node(self, token: str = "tok-1") -> GatewayNode:
         """
         Connect a Node with C{token} and let it register and become ready.
         """
@@ -121,7 +130,7 @@ class Gateway:
         self.flush()
         return node
 
-    def flush(self):
+    def flush(self) -> None:
         """
         Deliver everything in flight: wire frames both ways, and HTTP
         requests and responses (a few rounds, since each may cause more).
@@ -130,7 +139,7 @@ class Gateway:
             self.edge.flush()
             self.http.flush()
 
-    def advance(self, seconds, step=0.05):
+    def advance(self, seconds: float, step: float = 0.05) -> None:
         """
         Let time pass in small steps, delivering everything at each.
         """
@@ -139,7 +148,7 @@ class Gateway:
             seconds -= step
             self.flush()
 
-    def hang_up(self, request=None):
+    def hang_up(self, request: Request | None = None) -> None:
         """
         The caller of C{request} (the latest one by default) goes away: its
         connection is lost, as when a client disconnects mid-stream.
@@ -152,18 +161,18 @@ class Gateway:
             producer.stopProducing()
         self.flush()
 
-    def post(self, path, body):
-        d = self.http.post(BASE + path, json=body)
+    def post(self, path: str, body: Any) -> Deferred[Any]:
+        d: Deferred[Any] = self.http.post(BASE + path, json=body)
         self.flush()
         return d
 
-    def get(self, path, headers=None):
-        d = self.http.get(BASE + path, headers=headers)
+    def get(self, path: str, headers: dict[str, Any] | Headers | None = None) -> Deferred[Any]:
+        d: Deferred[Any] = self.http.get(BASE + path, headers=headers)
         self.flush()
         return d
 
     @defer.inlineCallbacks
-    def read(self, response_deferred):
+    def read(self, response_deferred: Deferred[Any]) -> Generator[Deferred[Any], Any, tuple[int, Headers, bytes]]:
         """
         @return: a Deferred firing with C{(status, headers, body bytes)}.
         """

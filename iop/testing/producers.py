@@ -12,14 +12,14 @@ class RecordingProducer:
     C{calls} lists C{"pause"}, C{"resume"} and C{"stop"} in order.
     """
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self) -> None:
+        self.calls: list[str] = []
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self.calls.append("pause")
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self.calls.append("resume")
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         self.calls.append("stop")

@@ -9,22 +9,50 @@ no test leaves the reactor dirty.
 """
 
 import json
+from typing import cast
 
 from twisted.internet import defer, reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.protocol import ServerFactory, connectionDone
+from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from iop.run import RunEventData
 
 
 class _Channel(HTTPChannel):
-    def connectionMade(self):
+    site: "_Site"
+
+    def connectionMade(self) -> None:
         super().connectionMade()
-        self.lost = defer.Deferred()
+        self.lost: defer.Deferred[None] = defer.Deferred()
         self.site.channels.append(self)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.lost.callback(None)
+
+
+class _Site(Site):
+    """
+    A site that keeps every connection it accepted (C{channels}), so that
+    cleanup can wait for them to close.
+    """
+
+    # (twisted types a site's protocols as its HTTP/2-negotiating wrapper.)
+    protocol = _Channel  # type: ignore[assignment]
+    noisy = False
+
+    def __init__(self, resource: IResource) -> None:
+        super().__init__(resource)
+        self.channels: list[_Channel] = []
+
+
+def _port_number(port: IListeningPort) -> int:
+    return cast(IPv4Address, port.getHost()).port
 
 
 class Script(Resource):
@@ -53,10 +81,10 @@ class Script(Resource):
         self.hold = hold or headers_only
         self.headers_only = headers_only
         self.cut = cut
-        self.held = None
-        self.requests = []
-        self.arrived = defer.Deferred()
-        self.closed_early = defer.Deferred()
+        self.held: Request | None = None
+        self.requests: list[tuple[str, str, dict[str, list[str]], bytes]] = []
+        self.arrived: defer.Deferred[Request] = defer.Deferred()
+        self.closed_early: defer.Deferred[Request] = defer.Deferred()
 
     def render(self, request):
         body = request.content.read()
@@ -88,11 +116,12 @@ class Script(Resource):
         request.finish()
         return NOT_DONE_YET
 
-    def write(self, *chunks):
+    def write(self, *chunks: bytes) -> None:
         """
         Write more of the held response (its headers first, if they were
         held too).
         """
+        assert self.held is not None, "the response is held"
         for chunk in chunks:
             self.held.write(chunk)
 
@@ -138,11 +167,10 @@ def serve(testcase, resource):
     C{http://127.0.0.1:PORT}. At cleanup, stop listening and wait for all
     accepted connections to close.
     """
-    site = Site(resource)
-    site.protocol = _Channel
-    site.channels = []
-    site.noisy = False
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    site = _Site(resource)
+    # (a Site is a ServerFactory of twisted's HTTP channel type, which
+    # listenTCP's type does not accept.)
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[arg-type]
 
     @defer.inlineCallbacks
     def close():
@@ -153,17 +181,15 @@ def serve(testcase, resource):
             yield channel.lost
 
     testcase.addCleanup(close)
-    return f"http://127.0.0.1:{port.getHost().port}"
+    return f"http://127.0.0.1:{_port_number(port)}"
 
 
 def closed_port(testcase):
     """
     A loopback URL where nothing listens: connections are refused.
     """
-    from twisted.internet.protocol import Factory
-
-    port = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
-    number = port.getHost().port
+    port = reactor.listenTCP(0, ServerFactory(), interface="127.0.0.1")
+    number = _port_number(port)
     port.stopListening()
     return f"http://127.0.0.1:{number}"
 
@@ -203,26 +229,26 @@ class Events:
     An C{emit} callable that records events and can wait for one type.
     """
 
-    def __init__(self):
-        self.events = []
-        self._waiting = {}
+    def __init__(self) -> None:
+        self.events: list[RunEventData] = []
+        self._waiting: dict[str, defer.Deferred[RunEventData]] = {}
 
-    def __call__(self, event):
+    def __call__(self, event: RunEventData) -> None:
         self.events.append(event)
         waiter = self._waiting.pop(event.type, None)
         if waiter is not None:
             waiter.callback(event)
 
-    def first(self, type):
+    def first(self, type: str) -> "defer.Deferred[RunEventData]":
         """
         A Deferred firing with the first event of C{type} from now on.
         """
-        d = defer.Deferred()
+        d: defer.Deferred[RunEventData] = defer.Deferred()
         self._waiting[type] = d
         return d
 
-    def types(self):
+    def types(self) -> list[str]:
         return [e.type for e in self.events]
 
-    def text(self, type="delta"):
+    def text(self, type: str = "delta") -> str:
         return "".join(e.text for e in self.events if e.type == type)

@@ -8,10 +8,11 @@ import os
 import sys
 
 from twisted.internet import defer, reactor
+from twisted.internet.process import Process
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
 
-from iop.adapters.cli import CLIAdapter, _RunProcess
+from iop.adapters.cli import CLIAdapter
 from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput
 from iop.adapters.test.providers import Events
 from iop.adapters.test.test_echo import PausingEvents
@@ -94,12 +95,15 @@ class RunTests(CLITestCase):
         """
         events = PausingEvents()
         code = "import sys; sys.stdout.write('x' * 1_000_000); sys.stdout.flush()"
-        d = self.adapter(**python(code)).execute(run_input(), events)
+        adapter = self.adapter(**python(code))
+        d = adapter.execute(run_input(), events)
         yield events.first("delta")
-        process = events.producer
-        self.assertIsInstance(process, _RunProcess)
+        process = adapter.running["r1"]
+        self.assertIs(events.producer, process)
+        transport = process.transport
+        assert isinstance(transport, Process)
         readers = set(reactor.getReaders())
-        self.assertFalse(readers & set(process.transport.pipes.values()))
+        self.assertFalse(readers & set(transport.pipes.values()))
         process.resumeProducing()
         yield d
         self.assertEqual(events.text(), "x" * 1_000_000)
@@ -129,6 +133,7 @@ class RunTests(CLITestCase):
         yield self.adapter(**python(code)).execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "error"])
         error = events.events[-1].error
+        assert error is not None
         self.assertEqual((error.code, error.status), ("exit_status", 3))
         self.assertIn("the real reason", error.message)
         self.assertLess(len(error.message), 2200)
@@ -141,6 +146,7 @@ class RunTests(CLITestCase):
         events = Events()
         yield self.adapter(command=["iop-no-such-command-xyz"]).execute(run_input(), events)
         self.assertEqual(events.types(), ["error"])
+        assert events.events[0].error is not None
         self.assertEqual(events.events[0].error.code, "spawn_failed")
 
     def test_start_refuses_a_missing_command(self):
@@ -194,6 +200,7 @@ class RunTests(CLITestCase):
         events = Events()
         yield adapter.execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "timeout")
 
     @defer.inlineCallbacks
@@ -267,6 +274,7 @@ class SessionTests(CLITestCase):
         yield started
         second = Events()
         yield adapter.execute(run_input(session_id="s1", run_id="r2"), second)
+        assert second.events[0].error is not None
         self.assertEqual(second.events[0].error.code, "session_busy")
         d.cancel()
         self.failureResultOf(d, defer.CancelledError)

@@ -3,7 +3,10 @@ Tests for L{iop.adapters.echo}, the built-in back end whose output is
 known exactly.
 """
 
+from typing import Any
+
 from twisted.internet import task
+from twisted.internet.interfaces import IPushProducer
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
@@ -22,11 +25,11 @@ class PausingEvents(Events):
     """
     An C{emit} that takes a producer, as the Node's does, and pauses it
     after the first delta, as a slow caller's flow control would.
+
+    @ivar producer: the registered producer (unset until then).
     """
 
-    def __init__(self):
-        super().__init__()
-        self.producer = None
+    producer: IPushProducer
 
     def register_producer(self, producer):
         self.producer = producer
@@ -110,7 +113,7 @@ class RegistryTests(SynchronousTestCase):
         an unknown type is a config error naming the adapter.
         """
         clock = task.Clock()
-        options = {
+        options: dict[str, dict[str, Any]] = {
             "openai_compat": {"base_url": "http://127.0.0.1:8000/v1"},
             "vllm": {"base_url": "http://127.0.0.1:8000/v1"},
             "ollama": {"base_url": "http://127.0.0.1:11434"},

@@ -32,11 +32,11 @@ class _Fake(ProcessProtocol):
     Reads the fake's stdout: its port, and the lines it logs.
     """
 
-    def __init__(self):
-        self.port = defer.Deferred()
-        self.ended = defer.Deferred()
+    def __init__(self) -> None:
+        self.port: defer.Deferred[int] = defer.Deferred()
+        self.ended: defer.Deferred[None] = defer.Deferred()
         self.buffer = b""
-        self.waiting = []
+        self.waiting: list[tuple[str, defer.Deferred[str]]] = []
 
     def outReceived(self, data):
         self.buffer += data
@@ -54,7 +54,7 @@ class _Fake(ProcessProtocol):
         """
         A Deferred firing with the next stdout line starting with C{prefix}.
         """
-        d = defer.Deferred()
+        d: defer.Deferred[str] = defer.Deferred()
         self.waiting.append((prefix, d))
         return d
 
@@ -67,8 +67,9 @@ class _Fake(ProcessProtocol):
 class FakeProviderTestCase(TestCase):
     kind: str = ""
 
+    # (trial waits on a setUp that returns a Deferred; unittest's type says None.)
     @defer.inlineCallbacks
-    def setUp(self):
+    def setUp(self):  # type: ignore[override]
         if not os.path.exists(SCRIPT):
             raise SkipTest("tests/support/fake_providers.py is not in this tree")
         self.fake = _Fake()
@@ -146,6 +147,7 @@ class OpenAIFakeTests(FakeProviderTestCase):
         self.assertEqual(events.events[-1].usage, Usage(3, 3))
         events = Events()
         yield adapter.execute(RunInput("r2", "error-model", [{"role": "user", "content": "x"}]), events)
+        assert events.events[0].error is not None
         self.assertEqual(events.events[0].error.status, 429)
         self.assertEqual(events.events[0].error.message, "rate limited by fake")
 

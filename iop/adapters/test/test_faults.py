@@ -167,6 +167,7 @@ class RunFaultTests(FaultTestCase):
         yield d
         self.assertEqual(events.types(), ["start", "delta", "error"])
         error = events.events[-1].error
+        assert error is not None
         self.assertEqual((error.code, error.deadline), (INCOMPLETE, STALL))
         self.assertEqual(events.events[-1].usage, Usage(3, 1))
         yield script.closed_early

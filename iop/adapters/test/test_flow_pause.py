@@ -55,6 +55,7 @@ class PauseTests(OpenAICompatTestCase):
         producer.resumeProducing()
         adapter.clock.advance(30)
         yield d
+        assert events.events[-1].error is not None
         self.assertEqual((events.events[-1].error.code, events.events[-1].error.deadline), ("incomplete", "idle"))
 
     @defer.inlineCallbacks

@@ -4,6 +4,7 @@ model commands.
 """
 
 import json
+from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
@@ -112,6 +113,7 @@ class OllamaTests(TestCase):
         events = Events()
         yield self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "incomplete")
         self.assertIn("runner crashed", events.events[-1].error.message)
 
@@ -172,7 +174,7 @@ class OllamaTests(TestCase):
             ]
         )
         adapter = self.adapter({"/api/pull": pull})
-        updates = []
+        updates: list[dict[str, Any]] = []
         result = yield adapter.command("ollama_pull", {"model": "q"}, updates.append)
         self.assertEqual(
             updates,

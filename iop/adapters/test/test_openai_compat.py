@@ -5,6 +5,7 @@ loopback sockets.
 
 import gzip
 import json
+from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
@@ -72,7 +73,7 @@ class ExecuteTests(OpenAICompatTestCase):
             headers=SSE_HEADERS,
             chunks=[b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in pieces) + b"data: [DONE]\n\n"],
         )
-        messages = [
+        messages: list[dict[str, Any]] = [
             {"role": "user", "content": "look", "images": ["data:image/png;base64,AA"]},
             {"role": "tool", "content": "42", "tool_call_id": "c0"},
         ]
@@ -80,6 +81,7 @@ class ExecuteTests(OpenAICompatTestCase):
         yield self.adapter(script).execute(RunInput(run_id="r1", target="m", messages=messages), events)
         self.assertEqual(events.types(), ["start", "tool_call", "complete"])
         call = events.events[1].tool_call
+        assert call is not None
         self.assertEqual((call.id, call.name, call.arguments), ("c1", "f", '{"a": 1}'))
         self.assertEqual(events.events[-1].finish_reason, "tool_calls")
         sent = script.json_body()["messages"]
@@ -123,6 +125,24 @@ class ExecuteTests(OpenAICompatTestCase):
         )
 
     @defer.inlineCallbacks
+    def test_trace_context_reaches_the_provider(self):
+        """
+        A run that carries a trace context sends it as the provider
+        request's C{traceparent}, beside the configured headers; a run
+        without one sends none.
+        """
+        trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="x"), chunk(finish="stop")))
+        adapter = self.adapter(script, api_key="sk-1")
+        run = run_input()
+        run.traceparent = trace
+        yield adapter.execute(run, Events())
+        yield adapter.execute(run_input(), Events())
+        traced, plain = script.requests[0][2], script.requests[1][2]
+        self.assertEqual((traced["traceparent"], traced["authorization"]), ([trace], ["Bearer sk-1"]))
+        self.assertNotIn("traceparent", plain)
+
+    @defer.inlineCallbacks
     def test_reasoning(self):
         """
         delta.reasoning_content and delta.reasoning both become
@@ -160,6 +180,7 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(script).execute(run_input(), events)
         self.assertEqual(events.events[-1].usage, Usage(input_tokens=7, output_tokens=3))
+        assert events.events[-1].usage is not None
         self.assertIsNone(events.events[-1].usage.reasoning_tokens)
         self.assertIsNone(events.events[-1].usage.cached_input_tokens)
 
@@ -228,6 +249,7 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(base_url=closed_port(self) + "/v1").execute(run_input(), events)
         self.assertEqual(events.types(), ["error"])
+        assert events.events[0].error is not None
         self.assertEqual(events.events[0].error.code, "provider_unreachable")
 
     @defer.inlineCallbacks
@@ -307,6 +329,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield d
         yield script.closed_early
         self.assertEqual(events.types(), ["error"])
+        assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "provider_timeout")
 
     @defer.inlineCallbacks
@@ -327,6 +350,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield d
         yield script.closed_early
         self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
         self.assertEqual((events.events[-1].error.code, events.events[-1].error.deadline), ("incomplete", "idle"))
 
     def test_disabled_and_invalid(self):

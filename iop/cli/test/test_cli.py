@@ -25,7 +25,8 @@ from iop.cli.client import (
     EdgeClient,
     answer_error,
 )
-from iop.cli.main import Context, build_parser, main, run_list
+from iop.cli.context import Context
+from iop.cli.main import build_parser, main, run_list
 from iop.cli.pull import show_progress
 
 
@@ -287,13 +288,14 @@ class FakeResponse:
         pass
 
 
-class FakeClient:
+class FakeClient(EdgeClient):
     """
     Answers each request with the next scripted response (or raises the
     scripted CLIError), recording what was asked.
     """
 
     def __init__(self, *answers):
+        super().__init__()
         self.answers = list(answers)
         self.requests = []
 

@@ -15,6 +15,8 @@ Without the section the Edge runs alone, exactly as before.
 import re
 from dataclasses import dataclass, field
 
+from iop.config import Section
+
 #: What an edge id may be: it is part of etcd keys and log lines.
 _EDGE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -25,7 +27,7 @@ MIN_LEASE_TTL_SEC = 2
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    etcd: tuple
+    etcd: tuple[str, ...]
     edge_id: str
     advertise: str
     secret: str = field(repr=False)
@@ -33,7 +35,7 @@ class ClusterSpec:
     lease_ttl_sec: int = 5
 
 
-def parse_cluster(section, listen):
+def parse_cluster(section: Section, listen: Section) -> ClusterSpec:
     """
     @param section: the C{cluster} L{iop.config.Section}.
     @param listen: the C{listen} section (C{peer} is required with a cluster).

@@ -20,13 +20,19 @@ Deferred, time comes from the reactor given.
 
 import base64
 import json
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IAgent, IResponse
 from zope.interface import Attribute, Interface, implementer
 
 #: How long one request (other than a watch) may take.
@@ -78,7 +84,7 @@ class Created:
 class IWatch(Interface):
     done = Attribute("A Deferred firing (or failing) when the watch ends.")
 
-    def cancel():
+    def cancel() -> None:
         """
         End the watch; C{done} fires.
         """
@@ -91,66 +97,66 @@ class IEtcd(Interface):
     cannot be reached.
     """
 
-    def grant(ttl):
+    def grant(ttl: float) -> Deferred[int]:
         """
         A new lease of C{ttl} seconds: fires with its id.
         """
 
-    def keepalive(lease):
+    def keepalive(lease: int) -> Deferred[int]:
         """
         Refresh C{lease}: fires with its remaining TTL, 0 if it is gone.
         """
 
-    def revoke(lease):
+    def revoke(lease: int) -> Deferred[None]:
         """
         End C{lease} now; every key under it is deleted.
         """
 
-    def put(key, value, lease=0):
+    def put(key: str, value: bytes, lease: int = 0) -> Deferred[int]:
         """
         Set C{key}: fires with the new revision.
         """
 
-    def range(key, prefix=False):
+    def range(key: str, prefix: bool = False) -> Deferred[tuple[int, list[KeyValue]]]:
         """
         Fires with C{(revision, [KeyValue])}: the key, or every key under
         the prefix, in key order.
         """
 
-    def create(key, value, lease):
+    def create(key: str, value: bytes, lease: int) -> Deferred[Created]:
         """
         Set C{key} under C{lease} only if it does not exist: fires with a
         L{Created}.
         """
 
-    def replace(key, value, lease, mod_revision):
+    def replace(key: str, value: bytes, lease: int, mod_revision: int) -> Deferred[int | None]:
         """
         Set C{key} only if its C{mod_revision} is still the one given:
         fires with the new revision, or C{None} if it changed (or is gone).
         """
 
-    def delete_if(key, mod_revision):
+    def delete_if(key: str, mod_revision: int) -> Deferred[bool]:
         """
         Delete C{key} only if its C{mod_revision} is the one given: fires
         with whether it was deleted.
         """
 
-    def watch(prefix, start_revision, on_event):
+    def watch(prefix: str, start_revision: int, on_event: Callable[[WatchEvent], None]) -> IWatch:
         """
         Call C{on_event(WatchEvent)} for every change under C{prefix} from
         C{start_revision} on. @return: an L{IWatch}.
         """
 
 
-def _b64(text):
+def _b64(text: str | bytes) -> str:
     return base64.b64encode(text.encode("utf-8") if isinstance(text, str) else text).decode("ascii")
 
 
-def _unb64(data):
+def _unb64(data: str | None) -> bytes:
     return base64.b64decode(data or "")
 
 
-def prefix_end(prefix):
+def prefix_end(prefix: str) -> bytes:
     """
     The C{range_end} that makes a range cover every key starting with
     C{prefix}.
@@ -163,7 +169,7 @@ def prefix_end(prefix):
     return b"\0"
 
 
-def _kv(data):
+def _kv(data: dict[str, Any]) -> KeyValue:
     return KeyValue(
         key=_unb64(data.get("key")).decode("utf-8"),
         value=_unb64(data.get("value")),
@@ -173,7 +179,7 @@ def _kv(data):
     )
 
 
-def _revision(answer):
+def _revision(answer: dict[str, Any]) -> int:
     return int(answer.get("header", {}).get("revision", 0))
 
 
@@ -189,7 +195,14 @@ class EtcdClient:
 
     log = Logger()
 
-    def __init__(self, endpoints, reactor, agent=None, timeout=REQUEST_TIMEOUT_SEC, http=None):
+    def __init__(
+        self,
+        endpoints: Iterable[str],
+        reactor: IReactorTime,
+        agent: IAgent | None = None,
+        timeout: float = REQUEST_TIMEOUT_SEC,
+        http: Any = None,
+    ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = [e.rstrip("/") for e in endpoints]
@@ -209,7 +222,7 @@ class EtcdClient:
     # -- plumbing
 
     @defer.inlineCallbacks
-    def _call(self, path, body):
+    def _call(self, path: str, body: dict[str, Any]) -> Generator[Deferred[Any], Any, dict[str, Any]]:
         last = None
         for attempt in range(len(self.endpoints) + 1):
             index = (self._current + attempt) % len(self.endpoints)
@@ -242,25 +255,25 @@ class EtcdClient:
     # -- leases
 
     @defer.inlineCallbacks
-    def grant(self, ttl):
+    def grant(self, ttl: float) -> Generator[Deferred[Any], Any, int]:
         answer = yield self._call("/v3/lease/grant", {"TTL": str(int(ttl))})
         if answer.get("error"):
             raise EtcdUnavailable(f"lease grant refused: {answer['error']}")
         return int(answer["ID"])
 
     @defer.inlineCallbacks
-    def keepalive(self, lease):
+    def keepalive(self, lease: int) -> Generator[Deferred[Any], Any, int]:
         answer = yield self._call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(answer.get("result", {}).get("TTL", 0))
 
     @defer.inlineCallbacks
-    def revoke(self, lease):
+    def revoke(self, lease: int) -> Generator[Deferred[Any], Any, None]:
         yield self._call("/v3/lease/revoke", {"ID": str(lease)})
 
     # -- keys
 
     @defer.inlineCallbacks
-    def put(self, key, value, lease=0):
+    def put(self, key: str, value: bytes, lease: int = 0) -> Generator[Deferred[Any], Any, int]:
         body = {"key": _b64(key), "value": _b64(value)}
         if lease:
             body["lease"] = str(lease)
@@ -268,18 +281,23 @@ class EtcdClient:
         return _revision(answer)
 
     @defer.inlineCallbacks
-    def range(self, key, prefix=False):
+    def range(self, key: str, prefix: bool = False) -> Generator[Deferred[Any], Any, tuple[int, list[KeyValue]]]:
         body = {"key": _b64(key)}
         if prefix:
             body["range_end"] = _b64(prefix_end(key))
         answer = yield self._call("/v3/kv/range", body)
         return _revision(answer), [_kv(kv) for kv in answer.get("kvs", [])]
 
-    def _txn(self, compare, success, failure=()):
+    def _txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: Iterable[dict[str, Any]],
+        failure: Iterable[dict[str, Any]] = (),
+    ) -> Deferred[dict[str, Any]]:
         return self._call("/v3/kv/txn", {"compare": compare, "success": list(success), "failure": list(failure)})
 
     @defer.inlineCallbacks
-    def create(self, key, value, lease):
+    def create(self, key: str, value: bytes, lease: int) -> Generator[Deferred[Any], Any, Created]:
         answer = yield self._txn(
             [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
             [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": str(lease)}}],
@@ -293,7 +311,9 @@ class EtcdClient:
         return Created(False, _revision(answer), _kv(kvs[0]) if kvs else None)
 
     @defer.inlineCallbacks
-    def replace(self, key, value, lease, mod_revision):
+    def replace(
+        self, key: str, value: bytes, lease: int, mod_revision: int
+    ) -> Generator[Deferred[Any], Any, int | None]:
         answer = yield self._txn(
             [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
             [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": str(lease)}}],
@@ -301,7 +321,7 @@ class EtcdClient:
         return _revision(answer) if answer.get("succeeded") else None
 
     @defer.inlineCallbacks
-    def delete_if(self, key, mod_revision):
+    def delete_if(self, key: str, mod_revision: int) -> Generator[Deferred[Any], Any, bool]:
         answer = yield self._txn(
             [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
             [{"request_delete_range": {"key": _b64(key)}}],
@@ -310,7 +330,7 @@ class EtcdClient:
 
     # -- watch
 
-    def watch(self, prefix, start_revision, on_event):
+    def watch(self, prefix: str, start_revision: int, on_event: Callable[[WatchEvent], None]) -> "_Watch":
         watch = _Watch(on_event)
         body = {
             "create_request": {
@@ -324,13 +344,13 @@ class EtcdClient:
         d.addTimeout(self.timeout, self.reactor)
         watch.connecting = d
 
-        def connected(response):
+        def connected(response: IResponse) -> None:
             watch.connecting = None
             if response.code != 200:
                 raise EtcdUnavailable(f"{url}: HTTP {response.code}")
             response.deliverBody(watch)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             watch.connecting = None
             if watch.done.called:
                 return
@@ -344,6 +364,14 @@ class EtcdClient:
         return watch
 
 
+def body_producer(protocol: Protocol) -> IPushProducer:
+    """
+    The transport of a response body's protocol: the producer of that body
+    (twisted.web's client gives one that can pause, resume and stop it).
+    """
+    return cast(IPushProducer, protocol.transport)
+
+
 @implementer(IWatch)
 class _Watch(Protocol):
     """
@@ -351,14 +379,14 @@ class _Watch(Protocol):
     C{result.events}.
     """
 
-    def __init__(self, on_event):
+    def __init__(self, on_event: Callable[[WatchEvent], None]) -> None:
         self.on_event = on_event
-        self.done = defer.Deferred()
-        self.connecting = None
+        self.done: Deferred[None] = Deferred()
+        self.connecting: Deferred[IResponse] | None = None
         self.buffer = b""
         self.cancelled = False
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         self.buffer += data
         while b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
@@ -367,7 +395,7 @@ class _Watch(Protocol):
         if len(self.buffer) > MAX_WATCH_LINE:
             self._end(EtcdUnavailable("watch line too long"))
 
-    def _line(self, line):
+    def _line(self, line: bytes) -> None:
         try:
             result = json.loads(line).get("result") or {}
         except ValueError:
@@ -380,13 +408,13 @@ class _Watch(Protocol):
             kind = "delete" if event.get("type") == "DELETE" else "put"
             self.on_event(WatchEvent(kind, _kv(event.get("kv", {}))))
 
-    def _end(self, error):
+    def _end(self, error: Exception) -> None:
         if self.transport is not None:
-            self.transport.stopProducing()
+            body_producer(self).stopProducing()
         if not self.done.called:
             self.done.errback(error)
 
-    def connectionLost(self, reason=None):
+    def connectionLost(self, reason: Failure | None = None) -> None:
         if self.done.called:
             return
         if self.cancelled:
@@ -396,11 +424,11 @@ class _Watch(Protocol):
         else:
             self.done.errback(EtcdUnavailable(f"watch stream lost: {reason.getErrorMessage() if reason else ''}"))
 
-    def cancel(self):
+    def cancel(self) -> None:
         self.cancelled = True
         if self.connecting is not None:
             self.connecting.cancel()
         elif self.transport is not None:
-            self.transport.stopProducing()
+            body_producer(self).stopProducing()
         if not self.done.called:
             self.done.callback(None)

@@ -20,17 +20,25 @@ that a request goes elsewhere.
 
 import hmac
 from io import BytesIO
+from typing import cast
 
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent, IResponse
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.server import NOT_DONE_YET, Request
 
+from iop.edge.cluster.etcd import body_producer
+from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import relay_response_headers, write_error
+from iop.edge.http.common import cut_off, relay_response_headers, write_error
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError
 from iop.httpheaders import header_pairs, relay_headers
 
@@ -58,15 +66,13 @@ class PeerGate(Resource):
     isLeaf = True
     log = Logger()
 
-    def __init__(self, root, secret):
+    def __init__(self, root: Resource, secret: str) -> None:
         super().__init__()
         self.root = root
         self.secret = secret.encode("utf-8")
 
-    def render(self, request):
+    def render(self, request: EdgeRequest) -> bytes | int:
         presented = request.getHeader(PEER_HEADER) or b""
-        if isinstance(presented, str):
-            presented = presented.encode("utf-8")
         if not hmac.compare_digest(presented, self.secret):
             write_error(request, HTTPError("unauthorized", "not a peer of this Edge cluster", code="not_a_peer"))
             return NOT_DONE_YET
@@ -87,7 +93,7 @@ class Forwarder:
 
     log = Logger()
 
-    def __init__(self, secret, reactor, agent=None):
+    def __init__(self, secret: str, reactor: IReactorTime, agent: IAgent | None = None) -> None:
         self.secret = secret.encode("utf-8")
         self.reactor = reactor
         if agent is None:
@@ -96,11 +102,12 @@ class Forwarder:
             )
         self.agent = agent
 
-    def proxy(self, request, forward):
+    def proxy(self, request: Request, forward: Forward) -> Deferred[None]:
         """
         Send C{request} (a C{twisted.web} request whose body was read) to
         C{forward.url} and relay the answer.
         """
+        assert request.content is not None  # (its body was read)
         request.content.seek(0)
         body = request.content.read()
         headers = Headers()
@@ -109,12 +116,12 @@ class Forwarder:
         headers.addRawHeader(PEER_HEADER, self.secret)
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
-        relay = _Relay(request, forward)
+        # The surfaces hand over their EdgeRequest (ICluster says Request).
+        relay = _Relay(cast(EdgeRequest, request), forward)
         d = self.agent.request(request.method, url, headers, FileBodyProducer(BytesIO(body)))
         relay.pending = d
         request.notifyFinish().addErrback(relay.caller_gone)
-        d.addCallbacks(relay.respond, relay.failed)
-        return d
+        return d.addCallbacks(relay.respond, relay.failed)
 
 
 class _Relay(Protocol):
@@ -125,20 +132,20 @@ class _Relay(Protocol):
 
     log = Logger()
 
-    def __init__(self, request, forward):
+    def __init__(self, request: EdgeRequest, forward: Forward) -> None:
         self.request = request
         self.forward = forward
-        self.pending = None
+        self.pending: Deferred[IResponse] | None = None
         self.gone = False
 
-    def caller_gone(self, failure):
+    def caller_gone(self, failure: Failure) -> None:
         self.gone = True
         if self.pending is not None and not self.pending.called:
             self.pending.cancel()
         elif self.transport is not None:
-            self.transport.stopProducing()
+            body_producer(self).stopProducing()
 
-    def respond(self, response):
+    def respond(self, response: IResponse) -> None:
         self.pending = None
         if self.gone:
             response.deliverBody(_Discard())
@@ -148,19 +155,19 @@ class _Relay(Protocol):
         relay_response_headers(request, header_pairs(response.headers))
         response.deliverBody(self)
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         if self.gone:
-            self.transport.stopProducing()
+            body_producer(self).stopProducing()
             return
         # The peer's connection is the producer of the caller's response:
         # a caller that does not read pauses the owner's stream.
-        self.request.registerProducer(self.transport, True)
+        self.request.registerProducer(body_producer(self), True)
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if not self.gone:
             self.request.write(data)
 
-    def connectionLost(self, reason=None):
+    def connectionLost(self, reason: Failure | None = None) -> None:
         if self.gone or self.request.finished:
             return
         if self.request.producer is not None:
@@ -174,9 +181,9 @@ class _Relay(Protocol):
                 edge=self.forward.edge_id,
                 why=reason.getErrorMessage(),
             )
-            self.request.channel.transport.abortConnection()
+            cut_off(self.request.channel.transport)
 
-    def failed(self, failure):
+    def failed(self, failure: Failure) -> None:
         self.pending = None
         if self.gone or self.request.finished:
             return None
@@ -188,7 +195,7 @@ class _Relay(Protocol):
             ServiceError(
                 "unavailable",
                 f"Edge {self.forward.edge_id}, which has room for this request, did not answer:"
-                f" {failure.getErrorMessage() or failure.type.__name__}",
+                f" {failure.getErrorMessage() or type(failure.value).__name__}",
                 code="forward_failed",
             ),
         )
@@ -196,5 +203,5 @@ class _Relay(Protocol):
 
 
 class _Discard(Protocol):
-    def connectionMade(self):
-        self.transport.stopProducing()
+    def connectionMade(self) -> None:
+        body_producer(self).stopProducing()

@@ -12,32 +12,43 @@ owning Edge leases a node's capacity; this is a hint for choosing where
 to send a request, never a lease.
 """
 
-from iop.edge.pool import CLASSES
+from typing import Any, Protocol
+
+from iop.edge.config import EdgeConfig
+from iop.edge.pool import CLASSES, ProviderPool, ProviderSpec
+from iop.edge.registry import NodeRegistry
+from iop.edge.seam import Forward
+from iop.edge.spec import RunSpec
 
 
-class Forward(Exception):
+class ClusterView(Protocol):
     """
-    The service's answer for a request another Edge should serve: the
-    surface proxies it to C{url} (that Edge's C{listen.peer}).
+    What this Edge sees of the cluster (L{iop.edge.cluster.membership.Membership}).
     """
 
-    def __init__(self, edge_id, url, why):
-        super().__init__(f"forwarded to Edge {edge_id}: {why}")
-        self.edge_id = edge_id
-        self.url = url
+    @property
+    def edge_id(self) -> str: ...
+
+    @property
+    def edges(self) -> dict[str, dict[str, Any]]: ...
+
+    @property
+    def loads(self) -> dict[str, dict[str, Any]]: ...
+
+    def owner(self, node_id: str) -> str | None: ...
 
 
-def local_load(config, pool):
+def local_load(config: EdgeConfig, pool: ProviderPool) -> dict[str, Any]:
     """
     This Edge's room per model group, from the pool's snapshot.
     """
     state = pool.snapshot()
     providers = {(p["node"], p["id"]): p for p in state["providers"]}
     queued = {g["name"]: g["queued"] for g in state["model_groups"]}
-    groups = {}
+    groups: dict[str, dict[str, Any]] = {}
     for group in config.model_groups:
         room = dict.fromkeys(CLASSES, 0)
-        live = set()
+        live: set[str] = set()
         for member in group.members:
             provider = providers.get((member.node_id, member.provider_id))
             if provider is None or provider["status"] != "available" or provider["health"] != "ok":
@@ -56,18 +67,18 @@ def local_load(config, pool):
     return {"groups": groups}
 
 
-def _peer_url(membership, edge_id):
+def _peer_url(membership: ClusterView, edge_id: str | None) -> str | None:
     """
     Where to forward to C{edge_id} (its C{advertise} URL) if it is another
     Edge, up (not draining) and reachable; else C{None}.
     """
-    info = membership.edges.get(edge_id)
+    info = membership.edges.get(edge_id) if edge_id is not None else None
     if edge_id == membership.edge_id or not info or info.get("state") != "up":
         return None
     return info.get("advertise") or None
 
 
-def choose_peer(membership, group, klass):
+def choose_peer(membership: ClusterView, group: str, klass: str) -> tuple[int, str, str] | None:
     """
     The other Edge (up, not draining) that is best placed to serve a
     request of class C{klass} for C{group}: the most room, then the
@@ -76,7 +87,7 @@ def choose_peer(membership, group, klass):
     @return: C{(room, edge_id, url)} or C{None} when no other Edge has a
         live provider for it.
     """
-    best = None
+    best: tuple[tuple[int, int, str], str, str] | None = None
     for edge_id, document in membership.loads.items():
         url = _peer_url(membership, edge_id)
         if url is None:
@@ -93,7 +104,9 @@ def choose_peer(membership, group, klass):
     return best[0][0], best[1], best[2]
 
 
-def forward_target(membership, registry, pool, spec):
+def forward_target(
+    membership: ClusterView, registry: NodeRegistry, pool: ProviderPool, spec: RunSpec
+) -> Forward | None:
     """
     Where a request that may be forwarded should go: C{None} to place it
     here, or a L{Forward}.
@@ -109,14 +122,14 @@ def forward_target(membership, registry, pool, spec):
             return None
         owner = membership.owner(spec.node)
         url = _peer_url(membership, owner)
-        if url is None:
+        if owner is None or url is None:
             return None
         return Forward(owner, url, f"node {spec.node} is connected there")
     if not spec.model or pool.group(spec.model) is None:
         return None
     klass = pool.classify(spec.model, spec.input_chars())
 
-    def accept(provider):
+    def accept(provider: ProviderSpec) -> bool:
         return spec.serves(provider.adapter_type)
 
     if pool.has_room(spec.model, klass, accept):

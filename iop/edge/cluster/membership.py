@@ -28,13 +28,20 @@ here or elsewhere, and joins again with a new lease.
 """
 
 import json
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from twisted.application.service import Service
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-from iop.edge.cluster.etcd import EtcdUnavailable
+from iop.edge.cluster.config import ClusterSpec
+from iop.edge.cluster.etcd import Created, EtcdUnavailable, IEtcd, IWatch, KeyValue, WatchEvent
+from iop.edge.seam import NotOwner
 
 #: How soon a failed join or watch is tried again.
 RETRY_SEC = 1.0
@@ -50,19 +57,7 @@ LOST = "lost"
 STARTING = "starting"
 
 
-class NotOwner(Exception):
-    """
-    This Edge may not own the node now: another Edge does, or etcd cannot
-    be reached (C{unreachable}).
-    """
-
-    def __init__(self, reason, unreachable=False):
-        super().__init__(reason)
-        self.reason = reason
-        self.unreachable = unreachable
-
-
-def _json(value):
+def _json(value: bytes) -> dict[str, Any]:
     try:
         data = json.loads(value)
     except ValueError:
@@ -89,64 +84,71 @@ class Membership(Service):
 
     log = Logger()
 
-    def __init__(self, spec, etcd, clock, on_void=None, load=None):
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        etcd: IEtcd,
+        clock: IReactorTime,
+        on_void: Callable[[str], object] | None = None,
+        load: Callable[[], dict[str, Any] | None] | None = None,
+    ) -> None:
         self.spec = spec
         self.edge_id = spec.edge_id
         self.etcd = etcd
         self.clock = clock
-        self.on_void = on_void or (lambda reason: None)
+        self.on_void: Callable[[str], object] = on_void or (lambda reason: None)
         self.load = load
         self.session = STARTING
-        self.session_error = "not joined yet"
-        self.lost_since = clock.seconds()
-        self.lease = None
+        self.session_error: str | None = "not joined yet"
+        self.lost_since: float | None = clock.seconds()
+        self.lease: int | None = None
         self.draining = False
-        self.claims = {}
-        self.releasing = {}
-        self.edges = {}
-        self.gone = {}
-        self.owners = {}
-        self.loads = {}
+        self.claims: dict[str, int] = {}
+        self.releasing: dict[str, int] = {}
+        self.edges: dict[str, dict[str, Any]] = {}
+        self.gone: dict[str, float] = {}
+        self.owners: dict[str, dict[str, Any]] = {}
+        self.loads: dict[str, dict[str, Any]] = {}
         self.voids = 0
         self._keeper = LoopingCall(self._keep)
         self._keeper.clock = clock
         self._publisher = LoopingCall(self._publish)
         self._publisher.clock = clock
-        self._published = None
-        self._watch = None
-        self._retry = None
-        self._retry_watch = None
+        self._published: dict[str, Any] | None = None
+        self._watch: IWatch | None = None
+        self._retry: IDelayedCall | None = None
+        self._retry_watch: IDelayedCall | None = None
         self._left = False
 
     # -- keys
 
-    def key(self, kind, name=""):
+    def key(self, kind: str, name: str = "") -> str:
         return f"{self.spec.prefix}{kind}/{name}"
 
-    def _me(self):
+    def _me(self) -> bytes:
         return json.dumps(
             {"advertise": self.spec.advertise, "state": "draining" if self.draining else "up"}, sort_keys=True
         ).encode()
 
     # -- joining and staying
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         self._join()
         self._watch_start()
         self._publisher.start(PUBLISH_INTERVAL_SEC, now=False)
 
-    def _join(self):
+    def _join(self) -> Deferred[None]:
         self._retry = None
         if self._left:
             return defer.succeed(None)
         d = self.etcd.grant(self.spec.lease_ttl_sec)
 
-        def granted(lease):
+        def granted(lease: int) -> Deferred[int]:
             self.lease = lease
             return self.etcd.put(self.key("edges", self.edge_id), self._me(), lease)
 
-        def joined(_):
+        def joined(_: object) -> None:
             self.log.info(
                 "joined the Edge cluster as {edge} (lease {lease:x}, {ttl}s)",
                 edge=self.edge_id,
@@ -158,7 +160,7 @@ class Membership(Service):
             if not self._keeper.running:
                 self._keeper.start(self.spec.lease_ttl_sec / 3.0, now=False)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(EtcdUnavailable)
             self._session_lost(failure.getErrorMessage())
             if not self._left:
@@ -166,13 +168,13 @@ class Membership(Service):
 
         return d.addCallback(granted).addCallback(joined).addErrback(failed)
 
-    def _keep(self):
+    def _keep(self) -> Deferred[None] | None:
         if self.lease is None:
             return None
         lease = self.lease
         d = self.etcd.keepalive(lease)
 
-        def kept(ttl):
+        def kept(ttl: int) -> None:
             if self.lease != lease:
                 return None
             if ttl <= 0:
@@ -183,18 +185,18 @@ class Membership(Service):
             self._retry_releases()
             return None
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(EtcdUnavailable)
             self._session_lost(failure.getErrorMessage())
 
         return d.addCallbacks(kept, failed)
 
-    def _session_ok(self):
+    def _session_ok(self) -> None:
         self.session = OK
         self.session_error = None
         self.lost_since = None
 
-    def _session_lost(self, why):
+    def _session_lost(self, why: str) -> None:
         if self.session == OK:
             self.log.warn(
                 "lost the etcd session of Edge {edge}: refusing node registrations until it is back"
@@ -206,7 +208,7 @@ class Membership(Service):
         self.session = LOST
         self.session_error = why
 
-    def _void(self, reason):
+    def _void(self, reason: str) -> None:
         """
         The lease is gone, and with it every key this Edge held: its claims
         are void. Close every Node link and join again.
@@ -229,13 +231,13 @@ class Membership(Service):
 
     # -- the view of the cluster
 
-    def _watch_start(self):
+    def _watch_start(self) -> None:
         self._retry_watch = None
         if self._left:
             return
         d = self.etcd.range(self.spec.prefix, prefix=True)
 
-        def listed(answer):
+        def listed(answer: tuple[int, list[KeyValue]]) -> None:
             revision, kvs = answer
             self.edges.clear()
             self.owners.clear()
@@ -245,21 +247,21 @@ class Membership(Service):
             self._watch = self.etcd.watch(self.spec.prefix, revision + 1, self._event)
             self._watch.done.addBoth(self._watch_ended)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(EtcdUnavailable)
             self._watch_ended(None)
 
         d.addCallbacks(listed, failed)
 
-    def _watch_ended(self, result):
+    def _watch_ended(self, result: object) -> None:
         self._watch = None
         if not self._left:
             self._retry_watch = self.clock.callLater(RETRY_SEC, self._watch_start)
 
-    def _event(self, event):
+    def _event(self, event: WatchEvent) -> None:
         self._apply(event.type, event.kv)
 
-    def _apply(self, kind, kv):
+    def _apply(self, kind: str, kv: KeyValue) -> None:
         rest = kv.key[len(self.spec.prefix) :]
         section, _, name = rest.partition("/")
         if not name:
@@ -285,7 +287,7 @@ class Membership(Service):
 
     # -- ownership
 
-    def claim(self, node_id):
+    def claim(self, node_id: str) -> Deferred[int]:
         """
         Make this Edge the owner of C{node_id}.
 
@@ -299,7 +301,7 @@ class Membership(Service):
         lease = self.lease
         value = json.dumps({"edge": self.edge_id}).encode()
 
-        def created(answer):
+        def created(answer: Created) -> int | Deferred[int]:
             if answer.created:
                 return answer.revision
             kv = answer.existing
@@ -310,35 +312,34 @@ class Membership(Service):
             owner = _json(kv.value).get("edge") if kv is not None else None
             raise NotOwner(f"node {node_id} is connected to Edge {owner or 'another Edge'}")
 
-        def replaced(revision):
+        def replaced(revision: int | None) -> int:
             if revision is None:
                 raise NotOwner(f"node {node_id} changed hands while this Edge claimed it")
             return revision
 
-        def claimed(revision):
+        def claimed(revision: int) -> int:
             if self.lease != lease:
                 raise NotOwner(f"the etcd lease of Edge {self.edge_id} expired while it claimed node {node_id}")
             self.claims[node_id] = revision
             self.releasing.pop(node_id, None)
             return revision
 
-        def unreachable(failure):
+        def unreachable(failure: Failure) -> NoReturn:
             failure.trap(EtcdUnavailable)
             self._session_lost(failure.getErrorMessage())
             raise NotOwner(f"Edge {self.edge_id} cannot reach etcd: {failure.getErrorMessage()}", True)
 
-        d = self.etcd.create(key, value, lease)
-        d.addCallback(created)
+        d: Deferred[int] = self.etcd.create(key, value, lease).addCallback(created)
         d.addErrback(unreachable)
         return d.addCallback(claimed)
 
-    def holds(self, node_id, revision):
+    def holds(self, node_id: str, revision: int) -> bool:
         """
         Whether this Edge's claim on C{node_id} is the one of C{revision}.
         """
         return self.claims.get(node_id) == revision
 
-    def release(self, node_id, revision):
+    def release(self, node_id: str, revision: int) -> None:
         """
         Give up the claim of C{revision} on C{node_id} (its connection is
         gone). Fenced: etcd deletes the key only if it is still that
@@ -349,15 +350,15 @@ class Membership(Service):
         del self.claims[node_id]
         self._release(node_id, revision)
 
-    def _release(self, node_id, revision):
+    def _release(self, node_id: str, revision: int) -> None:
         self.releasing[node_id] = revision
         d = self.etcd.delete_if(self.key("nodes", node_id), revision)
 
-        def done(_):
+        def done(_: object) -> None:
             if self.releasing.get(node_id) == revision:
                 del self.releasing[node_id]
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(EtcdUnavailable)
             self.log.info(
                 "node {node} not released yet (etcd cannot be reached); trying again when it can",
@@ -366,12 +367,12 @@ class Membership(Service):
 
         d.addCallbacks(done, failed)
 
-    def _retry_releases(self):
+    def _retry_releases(self) -> None:
         for node_id, revision in list(self.releasing.items()):
             if self.claims.get(node_id) is None:
                 self._release(node_id, revision)
 
-    def owner(self, node_id):
+    def owner(self, node_id: str) -> str | None:
         """
         The id of the Edge that owns C{node_id}, or C{None}.
         """
@@ -383,7 +384,7 @@ class Membership(Service):
 
     # -- load
 
-    def _publish(self):
+    def _publish(self) -> Deferred[object] | None:
         if self.load is None or self.session != OK or self.lease is None:
             return None
         document = self.load()
@@ -392,7 +393,7 @@ class Membership(Service):
         self._published = document
         d = self.etcd.put(self.key("load", self.edge_id), json.dumps(document, sort_keys=True).encode(), self.lease)
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             failure.trap(EtcdUnavailable)
             self._published = None
 
@@ -400,7 +401,7 @@ class Membership(Service):
 
     # -- leaving
 
-    def start_draining(self):
+    def start_draining(self) -> None:
         """
         Say that this Edge is draining (others stop forwarding to it) and
         take no more registrations.
@@ -410,7 +411,7 @@ class Membership(Service):
             d = self.etcd.put(self.key("edges", self.edge_id), self._me(), self.lease)
             d.addErrback(lambda f: f.trap(EtcdUnavailable))
 
-    def leave(self):
+    def leave(self) -> Deferred[None]:
         """
         Revoke the lease: every key this Edge holds goes at once, so its
         Nodes can register elsewhere as soon as their links close.
@@ -435,10 +436,10 @@ class Membership(Service):
         d = self.etcd.revoke(lease)
         d.addTimeout(LEAVE_TIMEOUT_SEC, self.clock)
 
-        def left(_):
+        def left(_: object) -> None:
             self.log.info("left the Edge cluster (lease revoked)")
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             self.log.warn(
                 "could not revoke the etcd lease ({why}): its keys go when it expires",
                 why=failure.getErrorMessage(),
@@ -446,19 +447,19 @@ class Membership(Service):
 
         return d.addCallbacks(left, failed)
 
-    def stopService(self):
+    def stopService(self) -> Deferred[None]:
         super().stopService()
         return self.leave()
 
     # -- what the status shows
 
-    def view(self):
+    def view(self) -> dict[str, Any]:
         """
         The cluster part of C{/v1/status}: this Edge's session and every
         Edge seen, with its state.
         """
-        edges = []
-        me = {
+        edges: list[dict[str, Any]] = []
+        me: dict[str, Any] = {
             "id": self.edge_id,
             "advertise": self.spec.advertise,
             "state": "draining" if self.draining else "up",
@@ -488,7 +489,7 @@ class Membership(Service):
             "edges": edges,
         }
 
-    def annotate(self, status):
+    def annotate(self, status: dict[str, Any]) -> dict[str, Any]:
         """
         Add the cluster to a C{/v1/status} snapshot: each node's owning
         Edge (C{edge}, or C{None}) and the C{cluster} view.
@@ -497,32 +498,3 @@ class Membership(Service):
             node["edge"] = self.owner(node["id"])
         status["cluster"] = self.view()
         return status
-
-
-def join_cluster(edge, reactor, etcd=None):
-    """
-    Give the L{iop.edge.service.EdgeService} C{edge} its L{Membership}
-    (a child service, so it joins when the tree starts): registrations
-    then need the node's claim, a void lease closes every Node link, and
-    the load of its pool is published.
-    """
-    from iop.edge.cluster.etcd import EtcdClient
-    from iop.edge.cluster.load import local_load
-
-    spec = edge.config.cluster
-    if etcd is None:
-        etcd = EtcdClient(spec.etcd, reactor)
-    membership = Membership(
-        spec,
-        etcd,
-        reactor,
-        on_void=lambda reason: edge.links.close_all(reason),
-        load=lambda: local_load(edge.config, edge.pool),
-    )
-    membership.setServiceParent(edge)
-    edge.links.cluster = membership
-    from iop.edge.cluster.forward import Forwarder
-
-    # The surfaces proxy what the service says goes elsewhere.
-    edge.forwarder = Forwarder(spec.secret, reactor)
-    return membership

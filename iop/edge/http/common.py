@@ -6,20 +6,30 @@ caller who goes away cancels that work (or leaves the queue).
 """
 
 import json
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from twisted.internet import defer
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
+from iop.edge.flow import ReceiveWindow
+from iop.edge.http.api import EdgeAPI, ListenerFor, OnQueued
 from iop.edge.http.notes import note
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
+from iop.edge.seam import Forward
+from iop.edge.spec import RunSpec
 from iop.edge.tenants import ANONYMOUS, Tenant
+from iop.edge.tracing import TRACEPARENT, outgoing_traceparent
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
+from iop.run import RunFailure
 
 log = Logger()
 
@@ -40,7 +50,7 @@ ERRORS_BY_KIND = {
 }
 
 
-def error_body(kind, message, code=None, param=None):
+def error_body(kind: str, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
@@ -51,7 +61,7 @@ def error_body(kind, message, code=None, param=None):
     }
 
 
-def release_producer(request):
+def release_producer(request: Request) -> None:
     """
     Unregister the response's producer (a stream's flow-control window),
     which twisted.web wants gone before the request finishes.
@@ -69,7 +79,17 @@ def answered_or_gone(request: Request) -> bool:
     return bool(request.finished or request._disconnected)
 
 
-def write_json(request, status, obj):
+def cut_off(transport: ITransport | None) -> None:
+    """
+    Abort a connection at once, what it still buffers dropped: the only
+    honest end left for an answer cut mid-way, or for a peer the Edge will
+    not serve. (twisted declares a protocol's transport an C{ITransport};
+    the Edge's connections are TCP or TLS ones, which abort.)
+    """
+    cast(ITCPTransport, transport).abortConnection()
+
+
+def write_json(request: Request, status: int, obj: object) -> None:
     release_producer(request)
     data = json.dumps(obj).encode("utf-8")
     request.setResponseCode(status)
@@ -79,13 +99,13 @@ def write_json(request, status, obj):
     request.finish()
 
 
-def _as_service_error(failure):
+def _as_service_error(failure: Failure) -> ServiceError:
     """
     The caller's view of a failure: a L{ServiceError} as it is; anything
     else is a bug on our side, a 500 C{internal_error} that names nothing
     internal (the traceback goes to the log).
     """
-    if failure.check(ServiceError):
+    if isinstance(failure.value, ServiceError):
         return failure.value
     return ServiceError("internal", "internal error", code="internal_error", status=500)
 
@@ -95,7 +115,7 @@ def _as_service_error(failure):
 REFUSAL_STATUSES = frozenset({429, 503})
 
 
-def refused(request, reason):
+def refused(request: EdgeRequest, reason: str) -> None:
     """
     Mark C{request} as work the Edge refused for C{reason} (an error
     code), for its access log line and C{iop_edge_refusals_total}.
@@ -104,20 +124,19 @@ def refused(request, reason):
     note(request, refused=reason)
 
 
-def write_error(request, error):
+def write_error(request: EdgeRequest, error: ServiceError) -> None:
     """
     Answer with the OpenAI-style error JSON for a L{ServiceError}.
     """
     status = error.status or ERRORS_BY_KIND.get(error.kind, (500, None))[0]
     if status in REFUSAL_STATUSES:
         refused(request, error.code)
-    retry_after = getattr(error, "retry_after", None)
-    if retry_after is not None:
-        request.setHeader(b"retry-after", str(retry_after).encode("ascii"))
+    if error.retry_after is not None:
+        request.setHeader(b"retry-after", str(error.retry_after).encode("ascii"))
     write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
-def read_json(request, max_bytes):
+def read_json(request: EdgeRequest, max_bytes: int) -> dict[str, Any]:
     """
     The request body as a checked JSON object (L{parse_body}).
 
@@ -127,6 +146,7 @@ def read_json(request, max_bytes):
     @raise HTTPError: for an oversize, non-JSON or non-object body, or one
         nested too deeply or carrying strings that are not UTF-8.
     """
+    assert request.content is not None  # (a request is handled once its body is read)
     data = request.content.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise HTTPError("too_large", f"request body exceeds {max_bytes} bytes (limits.max_body_bytes)")
@@ -136,12 +156,17 @@ def read_json(request, max_bytes):
     return body
 
 
-def caller_headers(request):
+def caller_headers(request: Request) -> list[tuple[str, str]]:
     """
     The caller's request headers that travel on to a provider through a
-    tunnel (see L{iop.httpheaders}).
+    tunnel (see L{iop.httpheaders}), with the Edge's own trace context in
+    place of the caller's when tracing is on (L{iop.edge.tracing}).
     """
-    return caller_request_headers(header_pairs(request.requestHeaders))
+    pairs = caller_request_headers(header_pairs(request.requestHeaders))
+    own = getattr(request, "traceparent", None)
+    if not own:
+        return pairs
+    return [(name, value) for name, value in pairs if name.lower() != TRACEPARENT] + [(TRACEPARENT, own)]
 
 
 #: Headers the Edge's own HTTP server sets on every response; a relayed
@@ -149,7 +174,7 @@ def caller_headers(request):
 _OWN_HEADERS = ("date", "server")
 
 
-def relay_response_headers(request, pairs):
+def relay_response_headers(request: Request, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """
     Give C{request}'s response exactly the headers C{pairs} of the response
     it relays (a provider's, through a tunnel, or another Edge's), minus
@@ -161,21 +186,21 @@ def relay_response_headers(request, pairs):
     response_headers = request.responseHeaders
     for name in _OWN_HEADERS:
         response_headers.removeHeader(name)
-    relayed = relay_headers(pairs)
+    relayed = relay_headers(list(pairs))
     for name, value in relayed:
         response_headers.addRawHeader(name, value)
     return relayed
 
 
-def forwarded(request):
+def forwarded(request: Request) -> bool:
     """
     Whether C{request} came from another Edge of the cluster, on this
     Edge's peer listener (L{iop.edge.cluster.forward.PeerGate}).
     """
-    return getattr(request, "iop_forwarded", False)
+    return bool(getattr(request, "iop_forwarded", False))
 
 
-def bearer(request):
+def bearer(request: Request) -> str | None:
     header = (request.getHeader(b"authorization") or b"").decode("latin-1")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
@@ -193,12 +218,17 @@ class Keys:
     @param seconds: the clock of the per-minute limits.
     """
 
-    def __init__(self, api_keys, admin_keys, seconds=None):
+    def __init__(
+        self,
+        api_keys: Iterable[KeySpec | str],
+        admin_keys: Iterable[KeySpec | str],
+        seconds: Callable[[], float] | None = None,
+    ) -> None:
         self.api_keys = tuple(_spec(k) for k in api_keys)
         self.admin_keys = tuple(_spec(k) for k in admin_keys)
         self.limiter = KeyLimiter() if seconds is None else KeyLimiter(seconds)
 
-    def check_caller(self, request):
+    def check_caller(self, request: Request) -> KeySpec | None:
         """
         @return: the caller's L{KeySpec}, or C{None} when the API is open.
         @raise HTTPError: for a missing or unknown key.
@@ -215,13 +245,13 @@ class Keys:
             raise HTTPError("unauthorized", "the API key is not valid", code="invalid_api_key")
         return spec
 
-    def is_admin(self, spec):
+    def is_admin(self, spec: KeySpec | None) -> bool:
         """
         Whether C{spec} (a caller's L{KeySpec}) is an admin key.
         """
         return spec is not None and any(spec.digest == admin.digest for admin in self.admin_keys)
 
-    def check_admin(self, request):
+    def check_admin(self, request: Request) -> KeySpec:
         """
         @return: the admin key's L{KeySpec}.
         @raise HTTPError: unless an admin key is presented.
@@ -233,7 +263,7 @@ class Keys:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
         return spec
 
-    def admit(self, spec, request, runs_work=True):
+    def admit(self, spec: KeySpec, request: EdgeRequest, runs_work: bool = True) -> None:
         """
         Hold C{request} to the limits of its key: C{requests_per_minute},
         and when it C{runs_work}, C{max_concurrent} until it finishes or
@@ -243,17 +273,17 @@ class Keys:
         """
         if spec.max_concurrent is None and spec.requests_per_minute is None:
             return
-        release = self.limiter.admit(spec, runs_work)
+        release: Callable[[], None] = self.limiter.admit(spec, runs_work)
         request.key_hold = release
 
-        def finished(_):
+        def finished(_: object) -> None:
             if request.key_hold is release:
                 release()
 
         request.notifyFinish().addBoth(finished)
 
 
-def hold_until_ended(request, service, run_id):
+def hold_until_ended(request: EdgeRequest, service: EdgeAPI, run_id: str | None) -> None:
     """
     Keep the key's count of requests in progress (C{max_concurrent}) for
     the background run C{run_id} that C{request} started until the run
@@ -268,11 +298,21 @@ def hold_until_ended(request, service, run_id):
     service.runs.when_ended(record, release)
 
 
-def _spec(key):
+def proxy(service: EdgeAPI, request: EdgeRequest, failure: Failure) -> None:
+    """
+    Relay C{request} to the Edge the L{Forward} C{failure} names (the
+    service answers so only in a cluster).
+    """
+    forward = failure.value
+    assert isinstance(forward, Forward)
+    service.cluster.proxy(request, forward)
+
+
+def _spec(key: KeySpec | str) -> KeySpec:
     return key if isinstance(key, KeySpec) else KeySpec.plain(key)
 
 
-def caller_name(request):
+def caller_name(request: Request) -> str:
     """
     The name of the key a request was admitted with (the label of the
     token metrics; never the key itself), or C{anonymous}.
@@ -285,7 +325,7 @@ def caller_name(request):
 PRIORITY_HEADER = b"x-iop-priority"
 
 
-def claim(spec, request):
+def claim(spec: RunSpec, request: Request) -> RunSpec:
     """
     Make C{spec} the work of the request's caller key: its name (token
     metrics), its tenant (share, priority, token budgets) and the priority
@@ -307,7 +347,7 @@ def claim(spec, request):
     return spec
 
 
-def run_owner(request):
+def run_owner(request: Request) -> str | None:
     """
     Whose runs a request may see, cancel and follow (docs/edge.md,
     "Isolation"): the name of its caller key, or C{None} for every run
@@ -318,17 +358,18 @@ def run_owner(request):
     return caller_name(request)
 
 
-def query(request, name):
+def query(request: Request, name: str) -> str | None:
     """
     A query parameter as text, or C{None}.
     """
-    values = request.args.get(name.encode("ascii"))
+    args: dict[bytes, list[bytes]] = request.args or {}
+    values = args.get(name.encode("ascii"))
     if not values:
         return None
     return values[-1].decode("utf-8", "replace")
 
 
-def query_int(request, name, default, low, high):
+def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
     """
     An integer query parameter in C{[low, high]}.
 
@@ -360,12 +401,12 @@ class JSONResource(Resource):
     #: C{max_concurrent}); other requests count only per minute.
     runs_work = False
 
-    def __init__(self, service, keys):
+    def __init__(self, service: EdgeAPI, keys: Keys) -> None:
         super().__init__()
         self.service = service
         self.keys = keys
 
-    def render(self, request):
+    def render(self, request: EdgeRequest) -> int:
         handler = getattr(self, "handle_" + request.method.decode("ascii", "replace"), None)
         if handler is None:
             write_error(request, HTTPError("method", f"{request.method.decode()} is not allowed here"))
@@ -375,7 +416,7 @@ class JSONResource(Resource):
         d.addErrback(self._failed, request)
         return NOT_DONE_YET
 
-    def _handle(self, handler, request):
+    def _handle(self, handler: Callable[[EdgeRequest], object], request: EdgeRequest) -> object:
         spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         request.caller_key = spec
         request.sees_all = spec is None or self.admin or self.keys.is_admin(spec)
@@ -385,14 +426,14 @@ class JSONResource(Resource):
             self.keys.admit(spec, request, self.runs_work and request.method == b"POST")
         return handler(request)
 
-    def read_json(self, request):
+    def read_json(self, request: EdgeRequest) -> dict[str, Any]:
         """
         The request body as a checked JSON object, under
         C{limits.max_body_bytes}.
         """
         return read_json(request, self.service.config.limits.max_body_bytes)
 
-    def _respond(self, result, request):
+    def _respond(self, result: object, request: EdgeRequest) -> None:
         if result is NOT_DONE_YET or answered_or_gone(request):
             return
         if isinstance(result, tuple):
@@ -401,7 +442,7 @@ class JSONResource(Resource):
         else:
             write_json(request, 200, result)
 
-    def _failed(self, failure, request):
+    def _failed(self, failure: Failure, request: EdgeRequest) -> None:
         if not failure.check(ServiceError):
             # A bug on our side: logged with its traceback, answered 500.
             log.failure("request failed", failure, level=LogLevel.error)
@@ -417,12 +458,12 @@ class RequireKey(Resource):
 
     isLeaf = True
 
-    def __init__(self, resource, spec):
+    def __init__(self, resource: Resource, spec: KeySpec) -> None:
         super().__init__()
         self.resource = resource
         self.spec = spec
 
-    def render(self, request):
+    def render(self, request: EdgeRequest) -> bytes | int:
         if find((self.spec,), bearer(request)) is None:
             error = HTTPError(
                 "unauthorized", "this endpoint needs its key (Authorization: Bearer ...)", code="missing_key"
@@ -440,7 +481,7 @@ class NotFound(Resource):
 
     isLeaf = True
 
-    def render(self, request):
+    def render(self, request: Request) -> bytes:
         path = request.path.decode("utf-8", "replace")
         data = json.dumps(error_body("not_found", f"no such endpoint: {path}")).encode()
         request.setResponseCode(404)
@@ -456,19 +497,19 @@ class Call:
     which goes on (queued or running) until it ends.
     """
 
-    def __init__(self, service, request, background=False):
+    def __init__(self, service: EdgeAPI, request: EdgeRequest, background: bool = False) -> None:
         self.service = service
         self.request = request
         self.background = background
         self.gone = False
-        self.submitting = None
-        self.work_id = None
+        self.submitting: Deferred[str] | None = None
+        self.work_id: str | None = None
         #: How a stream that began while the work waited (queue comments)
         #: ends when the work never starts: C{end_stream(ServiceError)}.
-        self.end_stream = None
+        self.end_stream: Callable[[ServiceError], None] | None = None
         request.notifyFinish().addErrback(self._caller_gone)
 
-    def _caller_gone(self, failure):
+    def _caller_gone(self, failure: Failure) -> None:
         self.gone = True
         if self.background:
             return
@@ -477,7 +518,7 @@ class Call:
         elif self.work_id is not None:
             self.service.cancel(self.work_id)
 
-    def submit(self, spec, listener_for, on_queued=None):
+    def submit(self, spec: RunSpec, listener_for: ListenerFor, on_queued: OnQueued | None = None) -> int:
         """
         Submit C{spec} to the service for this request; errors before the
         work starts are answered here.
@@ -487,16 +528,20 @@ class Call:
         @return: C{NOT_DONE_YET}.
         """
         note(self.request, model=spec.model or spec.adapter)
-        self.submitting = self.service.submit(
+        timing = getattr(self.request, "timing", None)
+        if timing is not None:
+            spec.timing = timing
+        spec.traceparent = outgoing_traceparent(self.request)
+        self.submitting = submitting = self.service.submit(
             spec, listener_for, may_forward=not forwarded(self.request), on_queued=on_queued
         )
         if spec.background:
             hold_until_ended(self.request, self.service, spec.run_id)
-        self.submitting.addCallback(self._started)
-        self.submitting.addErrback(self.fail)
+        submitting.addCallback(self._started)
+        submitting.addErrback(self.fail)
         return NOT_DONE_YET
 
-    def _started(self, work_id):
+    def _started(self, work_id: str) -> None:
         self.work_id = work_id
         dispatch = self.service.inflight.for_caller(work_id)
         if dispatch is not None:
@@ -504,7 +549,7 @@ class Call:
         if self.gone and not self.background:
             self.service.cancel(work_id)
 
-    def fail(self, failure):
+    def fail(self, failure: Failure) -> None:
         """
         Errback: answer with an error unless the response already began
         (then just end it) or the caller is gone.
@@ -512,7 +557,7 @@ class Call:
         if failure.check(Forward):
             # Another Edge of the cluster serves it (iop.edge.cluster.forward).
             if not self.gone:
-                self.service.forwarder.proxy(self.request, failure.value)
+                proxy(self.service, self.request, failure)
             return None
         if not failure.check(ServiceError, CancelledError):
             log.failure("call failed", failure, level=LogLevel.error)
@@ -528,7 +573,11 @@ class Call:
         write_error(self.request, _as_service_error(failure))
         return None
 
-    def queued_stream(self, tell, end):
+    def queued_stream(
+        self,
+        tell: Callable[["EventStream", int, int], None],
+        end: Callable[["EventStream", ServiceError], None],
+    ) -> OnQueued:
         """
         Tell the caller of a streamed request where its work stands while
         it waits for room: C{tell(stream, position, eta_ms)} writes it on
@@ -540,13 +589,13 @@ class Call:
         stream = EventStream(self.request)
         self.end_stream = lambda error: end(stream, error)
 
-        def on_queued(position, eta_ms):
+        def on_queued(position: int, eta_ms: int) -> None:
             if not (self.gone or self.request.finished):
                 tell(stream, position, eta_ms)
 
         return on_queued
 
-    def use_producer(self, producer):
+    def use_producer(self, producer: ReceiveWindow) -> None:
         """
         Let C{producer} (a stream's L{iop.edge.flow.ReceiveWindow}) be
         paused while the caller's connection does not drain; a caller that
@@ -557,12 +606,12 @@ class Call:
             self.request.registerProducer(producer, True)
             producer.on_stall = self._stalled
 
-    def _stalled(self):
+    def _stalled(self) -> None:
         if not self.gone and not self.request.finished:
             log.info("caller of {id} took nothing for too long; closing its connection", id=self.work_id)
-            self.request.channel.transport.abortConnection()
+            cut_off(self.request.channel.transport)
 
-    def finish(self):
+    def finish(self) -> None:
         if not self.gone and not self.request.finished:
             release_producer(self.request)
             self.request.finish()
@@ -573,13 +622,13 @@ class EventStream:
     Server-sent events on an HTTP response: headers on the first event.
     """
 
-    def __init__(self, request):
+    def __init__(self, request: Request) -> None:
         self.request = request
         # A response already begun (the caller was told its place in a
         # queue) continues as this stream.
         self.open = bool(getattr(request, "startedWriting", False))
 
-    def start(self):
+    def start(self) -> None:
         if not self.open:
             self.open = True
             self.request.setResponseCode(200)
@@ -587,15 +636,15 @@ class EventStream:
             self.request.setHeader(b"cache-control", b"no-cache")
             self.request.setHeader(b"x-accel-buffering", b"no")
 
-    def send(self, obj):
+    def send(self, obj: object) -> None:
         self.start()
         self.send_raw(json.dumps(obj))
 
-    def send_raw(self, text):
+    def send_raw(self, text: str) -> None:
         self.start()
         self.request.write(f"data: {text}\n\n".encode())
 
-    def send_event(self, obj, event_id=None, name=None):
+    def send_event(self, obj: object, event_id: int | None = None, name: str | None = None) -> None:
         """
         One event with its C{id:} (what C{Last-Event-ID} resumes from) and
         C{event:} name, when given.
@@ -608,7 +657,7 @@ class EventStream:
             head += f"event: {name}\n"
         self.request.write(f"{head}data: {json.dumps(obj)}\n\n".encode())
 
-    def comment(self, text):
+    def comment(self, text: str) -> None:
         """
         A comment line (ignored by readers): sends the headers, keeps
         proxies from timing the stream out.
@@ -616,13 +665,13 @@ class EventStream:
         self.start()
         self.request.write(f": {text}\n\n".encode())
 
-    def done(self):
+    def done(self) -> None:
         """
         OpenAI's end-of-stream marker, C{data: [DONE]}.
         """
         self.send_raw("[DONE]")
 
-    def fail(self, failure):
+    def fail(self, failure: RunFailure | ServiceError) -> None:
         """
         End a stream that already began with an error event for the
         L{iop.run.RunFailure} C{failure}, then the end-of-stream marker, so
@@ -631,7 +680,7 @@ class EventStream:
         self.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
         self.done()
 
-    def send_bytes(self, event):
+    def send_bytes(self, event: bytes) -> None:
         """
         One event already rendered as bytes (C{data: ...\n\n}).
         """

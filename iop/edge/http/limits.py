@@ -22,12 +22,27 @@ is closed at once.
 """
 
 import json
+from functools import partial
+from typing import Protocol as Structure
 
-from twisted.internet.protocol import Protocol
-from twisted.web.http import HTTPChannel
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel, Request
 
-from iop.edge.http.common import error_body
+from iop.edge.http.common import cut_off, error_body
 from iop.edge.http.validate import HTTPError
+from iop.edge.limits import Limits
+from iop.edge.throttle import LogThrottle
+
+
+class LimitedSite(Structure):
+    """
+    What a L{LimitedChannel} needs of its site (L{iop.edge.http.site.EdgeSite}).
+    """
+
+    limits: Limits
+    slow_peers: LogThrottle
 
 
 class Refused(Protocol):
@@ -35,8 +50,8 @@ class Refused(Protocol):
     A connection over the cap: aborted as soon as it exists.
     """
 
-    def connectionMade(self):
-        self.transport.abortConnection()
+    def connectionMade(self) -> None:
+        cut_off(self.transport)
 
 
 class LimitedChannel(HTTPChannel):
@@ -46,30 +61,31 @@ class LimitedChannel(HTTPChannel):
     C{self.site.slow_peers}.
     """
 
-    _deadline = None
+    site: LimitedSite
+    _deadline: IDelayedCall | None = None
     _refused_body = False
     _body_bytes = 0
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         super().connectionMade()
         self._expect("headers", self.site.limits.header_timeout_sec)
 
-    def _expect(self, what, seconds):
+    def _expect(self, what: str, seconds: float) -> None:
         self._disarm()
-        self._deadline = self.callLater(seconds, self._too_slow, what, seconds)
+        self._deadline = self.callLater(seconds, partial(self._too_slow, what, seconds))
 
-    def _disarm(self):
+    def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
 
-    def _too_slow(self, what, seconds):
+    def _too_slow(self, what: str, seconds: float) -> None:
         self._deadline = None
         key = "header_timeout_sec" if what == "headers" else "body_timeout_sec"
         self.site.slow_peers.note(what=what, seconds=seconds, key=key)
-        self.transport.abortConnection()
+        cut_off(self.transport)
 
-    def allHeadersReceived(self):
+    def allHeadersReceived(self) -> None:
         limit = self.site.limits.max_body_bytes
         if self.length is not None and self.length > limit:
             self._refuse_body(f"request body of {self.length} bytes exceeds {limit} bytes (limits.max_body_bytes)")
@@ -78,7 +94,7 @@ class LimitedChannel(HTTPChannel):
         self._body_bytes = 0
         self._expect("body", self.site.limits.body_timeout_sec)
 
-    def rawDataReceived(self, data):
+    def rawDataReceived(self, data: bytes) -> None:
         if self._refused_body:
             return
         if not self._handlingRequest and self.length is None:
@@ -90,22 +106,22 @@ class LimitedChannel(HTTPChannel):
                 return
         super().rawDataReceived(data)
 
-    def allContentReceived(self):
+    def allContentReceived(self) -> None:
         self._disarm()
         super().allContentReceived()
 
-    def requestDone(self, request):
+    def requestDone(self, request: Request) -> None:
         # Armed first: a pipelined request handled within requestDone moves
         # on to its own deadline or to none.
         if self.persistent:
             self._expect("headers", self.site.limits.header_timeout_sec)
         super().requestDone(request)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         super().connectionLost(reason)
 
-    def _refuse_body(self, message):
+    def _refuse_body(self, message: str) -> None:
         """
         Answer 413 without reading the body, and close.
         """
@@ -113,10 +129,12 @@ class LimitedChannel(HTTPChannel):
         self._disarm()
         error = HTTPError("too_large", message)
         data = json.dumps(error_body(error.kind, error.message, error.code)).encode()
-        self.transport.write(
+        transport = self.transport
+        assert transport is not None  # (a channel receiving bytes is connected)
+        transport.write(
             b"HTTP/1.1 413 Content Too Large\r\n"
             b"content-type: application/json\r\n"
             b"content-length: %d\r\n"
             b"connection: close\r\n\r\n" % len(data) + data
         )
-        self.transport.loseConnection()
+        transport.loseConnection()

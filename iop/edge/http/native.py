@@ -19,14 +19,18 @@ node commands, the events feed and the status snapshot.
                                     everyone's, with a count per key)
 """
 
-from twisted.internet.interfaces import IPushProducer
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from iop.edge.cluster.load import Forward
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
+from iop.edge.flow import ReceiveWindow
+from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import (
     Call,
     EventStream,
@@ -36,6 +40,7 @@ from iop.edge.http.common import (
     error_body,
     forwarded,
     hold_until_ended,
+    proxy,
     query,
     query_int,
     run_owner,
@@ -43,11 +48,13 @@ from iop.edge.http.common import (
 )
 from iop.edge.http.notes import note_usage
 from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
-from iop.edge.runs import event_json
+from iop.edge.runs import Follower, event_json
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Tenant
-from iop.run import ERROR, TERMINAL_TYPES
+from iop.run import ERROR, TERMINAL_TYPES, RunEventData
 
 #: Statuses a run can have (C{GET /v1/runs?status=}).
 RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
@@ -62,14 +69,14 @@ class _Listener:
     it) and the C{x-iop-run-id} header.
     """
 
-    def __init__(self, call, run_id):
+    def __init__(self, call: Call, run_id: str) -> None:
         self.call = call
         self.run_id = run_id
         self.record = call.service.runs.get(run_id)
         if not call.gone:
             call.request.setHeader(RUN_ID_HEADER, run_id.encode("ascii"))
 
-    def payload(self, event):
+    def payload(self, event: RunEventData) -> dict[str, Any]:
         return event_json(self.run_id, self.record.last_seq if self.record is not None else None, event)
 
 
@@ -80,14 +87,14 @@ class EventStreamListener(_Listener):
     C{id: <seq>}, so a reader cut off can resume from C{/events}.
     """
 
-    def __init__(self, call, run_id):
+    def __init__(self, call: Call, run_id: str) -> None:
         super().__init__(call, run_id)
         self.stream = EventStream(call.request)
 
-    def use_producer(self, producer):
+    def use_producer(self, producer: ReceiveWindow) -> None:
         self.call.use_producer(producer)
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         if self.call.gone:
             return
         payload = self.payload(event)
@@ -105,22 +112,22 @@ class CollectingListener(_Listener):
     run's record does), so a caller can tell where its answer came from.
     """
 
-    def __init__(self, call, run_id):
+    def __init__(self, call: Call, run_id: str) -> None:
         super().__init__(call, run_id)
-        self.events = []
+        self.events: list[dict[str, Any]] = []
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         self.events.append(self.payload(event))
         if event.type in TERMINAL_TYPES and not self.call.gone:
             note_usage(self.call.request, event.usage)
             text = "".join(e.get("text", "") for e in self.events if e["type"] == "delta")
-            result = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
+            result: dict[str, Any] = {"run_id": self.run_id, "status": event.type, "text": text, "events": self.events}
             if self.record is not None:
                 result.update(node=self.record.node, provider=self.record.provider, model=self.record.model)
             write_json(self.call.request, 200, result)
 
 
-def _tell_queued(stream, position, eta_ms):
+def _tell_queued(stream: EventStream, position: int, eta_ms: int) -> None:
     """
     A streamed native run that waits for room: a C{queued} event (no
     C{id:}, it is not one of the run's events) per update.
@@ -128,11 +135,11 @@ def _tell_queued(stream, position, eta_ms):
     stream.send_event({"type": "queued", "position": position, "eta_ms": eta_ms})
 
 
-def _end_queued(stream, error):
+def _end_queued(stream: EventStream, error: ServiceError) -> None:
     stream.send_event({"type": ERROR, "error": {"code": error.code, "message": error.message}})
 
 
-def parse_run(body):
+def parse_run(body: dict[str, Any]) -> RunSpec:
     """
     The native run request, every field checked: C{adapter} (or C{model}),
     C{target}, C{input} as text or chat messages, C{node}, C{session_id},
@@ -165,7 +172,7 @@ def parse_run(body):
 class Runs(JSONResource):
     runs_work = True
 
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> object:
         body = self.read_json(request)
         spec = claim(parse_run(body), request)
         stream = boolean(body, "stream", True)
@@ -176,7 +183,7 @@ class Runs(JSONResource):
         on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
         return call.submit(spec, lambda kind, run_id: listener_class(call, run_id), on_queued)
 
-    def _background(self, request, spec):
+    def _background(self, request: EdgeRequest, spec: RunSpec) -> object:
         """
         A background run answered at once: 202 with the run (queued, or
         running when there was room), or the error that kept it from
@@ -184,22 +191,29 @@ class Runs(JSONResource):
         """
         d = self.service.submit(spec, lambda kind, run_id: Unheard(), may_forward=not forwarded(request))
         hold_until_ended(request, self.service, spec.run_id)
-        outcome = []
-        d.addBoth(lambda result: outcome.append(result) or result)
+        outcome: list[str | Failure] = []
+
+        def seen(result: str | Failure) -> str | Failure:
+            outcome.append(result)
+            return result
+
+        d.addBoth(seen)
         if outcome and isinstance(outcome[0], Failure):
             if outcome[0].check(Forward):
                 # Another Edge of the cluster takes it (and answers the 202).
                 d.addErrback(lambda failure: None)
-                self.service.forwarder.proxy(request, outcome[0].value)
+                proxy(self.service, request, outcome[0])
                 return NOT_DONE_YET
             return d
         # Later failures (a queue timeout) are on the run's record.
         d.addErrback(lambda failure: None)
         request.setHeader(b"location", f"/v1/runs/{spec.run_id}".encode("ascii"))
         request.setHeader(RUN_ID_HEADER, spec.run_id.encode("ascii"))
-        return 202, self.service.runs.get(spec.run_id).as_json()
+        record = self.service.runs.get(spec.run_id)
+        assert record is not None  # (a background run is on record from its submission)
+        return 202, record.as_json()
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> Deferred[dict[str, Any]]:
         """
         Recent runs of the caller's key (an admin key: of every key, or of
         the one C{?key=} names): C{?node=}, C{?status=}, C{?limit=} (50).
@@ -220,11 +234,11 @@ class Run(JSONResource):
     key's is a 404, as if it did not exist.
     """
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> Deferred[dict[str, Any]]:
         return self.service.get_run(request.path_params["run_id"], run_owner(request))
 
 
-def resume_point(request):
+def resume_point(request: EdgeRequest) -> int:
     """
     Where a reader resumes: C{Last-Event-ID} (what C{EventSource} sends
     after a cut), else C{?after=SEQ}, else the start.
@@ -249,22 +263,22 @@ class RunEvents(JSONResource):
     which the stream ends. No event is sent twice or skipped.
     """
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> Deferred[object]:
         run_id = request.path_params["run_id"]
         after = resume_point(request)
         stream = EventStream(request)
-        state = {"gone": False, "follower": None}
+        state: dict[str, Any] = {"gone": False, "follower": None}
 
-        def write(seq, payload):
+        def write(seq: int, payload: dict[str, Any]) -> None:
             if not state["gone"]:
                 stream.send_event(payload, seq)
 
-        def end():
+        def end() -> None:
             if not (state["gone"] or request.finished):
                 stream.start()
                 request.finish()
 
-        def attached(follower):
+        def attached(follower: Follower) -> object:
             state["follower"] = follower
             if state["gone"]:
                 self.service.runs.unfollow(run_id, follower)
@@ -272,7 +286,7 @@ class RunEvents(JSONResource):
                 stream.comment(f"following {run_id}")
             return NOT_DONE_YET
 
-        def gone(_):
+        def gone(_: object) -> None:
             state["gone"] = True
             if state["follower"] is not None:
                 self.service.runs.unfollow(run_id, state["follower"])
@@ -301,7 +315,9 @@ class EventFeed:
     @param node: only events naming this node (C{None}: all).
     """
 
-    def __init__(self, service, request, types, node, deltas):
+    def __init__(
+        self, service: EdgeAPI, request: EdgeRequest, types: frozenset[str], node: str | None, deltas: bool
+    ) -> None:
         self.request = request
         self.stream = EventStream(request)
         self.types = types
@@ -310,20 +326,20 @@ class EventFeed:
         self.dropped = 0
         self.clock = service.clock
         self.subscription = service.bus.subscribe(self.offer, opt_in=("run_delta",) if deltas else ())
-        self._keepalive = None
+        self._keepalive: IDelayedCall | None = None
         request.registerProducer(self, True)
         request.notifyFinish().addBoth(lambda _: self.stopProducing())
         self.stream.comment("iop events")
         self._schedule()
 
-    def passes(self, topic, payload):
+    def passes(self, topic: str, payload: dict[str, Any]) -> bool:
         if self.node is not None and payload.get("node") != self.node:
             return False
         if not self.types:
             return True
         return bool(self.types & {topic, payload.get("type"), payload.get("event"), payload.get("status")})
 
-    def offer(self, topic, payload):
+    def offer(self, topic: str, payload: dict[str, Any]) -> None:
         if self.request.finished or not self.passes(topic, payload):
             return
         if self.paused:
@@ -335,24 +351,24 @@ class EventFeed:
         self.stream.send_event(payload, name=topic)
         self._schedule()
 
-    def _schedule(self):
+    def _schedule(self) -> None:
         if self._keepalive is not None and self._keepalive.active():
             self._keepalive.cancel()
         self._keepalive = self.clock.callLater(KEEPALIVE_SEC, self._ping)
 
-    def _ping(self):
+    def _ping(self) -> None:
         self._keepalive = None
         if not self.request.finished:
             self.stream.comment("keepalive")
             self._schedule()
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self.paused = True
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self.paused = False
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         self.subscription.cancel()
         if self._keepalive is not None and self._keepalive.active():
             self._keepalive.cancel()
@@ -371,7 +387,7 @@ class Events(JSONResource):
 
     admin = True
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> int:
         types = frozenset(t for t in (query(request, "type") or "").split(",") if t)
         deltas = (query(request, "deltas") or "").lower() in ("1", "true", "yes") or "run_delta" in types
         EventFeed(self.service, request, types, query(request, "node") or None, deltas)
@@ -384,7 +400,7 @@ class CancelRun(JSONResource):
     key's is a 404, as if it were not in flight.
     """
 
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> dict[str, Any]:
         run_id = request.path_params["run_id"]
         if not self.service.cancel(run_id, run_owner(request)):
             raise HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found")
@@ -392,7 +408,7 @@ class CancelRun(JSONResource):
 
 
 class Status(JSONResource):
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         return self.service.status()
 
 
@@ -405,7 +421,7 @@ _TERMINATE_FAILURES = {
 
 
 class TerminateSession(JSONResource):
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> Deferred[object]:
         body = self.read_json(request)
         adapter = string(body, "adapter", required=True)
         session_id = string(body, "session_id", required=True)
@@ -413,14 +429,14 @@ class TerminateSession(JSONResource):
         d = self.service.terminate_session(node, adapter, target, session_id)
         return d.addCallback(self._answer, session_id)
 
-    def _answer(self, result, session_id):
+    def _answer(self, result: tuple[bool, str, str], session_id: str) -> object:
         """
         C{terminated: true} (200) only when the adapter ended a session it
         knew; otherwise C{terminated: false} with the reason, under the
         status that says whose mistake it was (404 for an unknown session).
         """
         ok, reason, code = result
-        answer = {"session_id": session_id, "terminated": ok, "reason": reason}
+        answer: dict[str, Any] = {"session_id": session_id, "terminated": ok, "reason": reason}
         if ok:
             return answer
         status, kind = _TERMINATE_FAILURES.get(code, (502, "failed"))
@@ -436,16 +452,16 @@ class Queue(JSONResource):
     An admin key sees every key's work and how much each has waiting.
     """
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         key = getattr(request, "caller_key", None)
         if self.keys.is_admin(key):
             waiting = self.service.queue()
-            by_key = {}
+            by_key: dict[str, int] = {}
             for entry in waiting:
                 by_key[entry["key"]] = by_key.get(entry["key"], 0) + 1
             return {"queued": waiting, "by_key": by_key}
         tenant = key.tenant() if key is not None else Tenant()
-        answer = {"key": tenant.name, "queued": self.service.queue(tenant.name)}
+        answer: dict[str, Any] = {"key": tenant.name, "queued": self.service.queue(tenant.name)}
         budgets = self.service.budgets.remaining(tenant.name)
         if budgets:
             answer["tokens_left"] = budgets
@@ -464,7 +480,7 @@ class NodeCommands(JSONResource):
     admin = True
     runs_work = True
 
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> Deferred[object]:
         node_id = request.path_params["node"]
         body = self.read_json(request)
         command = string(body, "command", required=True)
@@ -476,22 +492,26 @@ class NodeCommands(JSONResource):
         request.notifyFinish().addErrback(lambda _: d.cancel())
         return d.addCallback(lambda result: {"node": node_id, "command": command, "result": result})
 
-    def _stream(self, request, node_id, command, adapter, args):
+    def _stream(
+        self, request: EdgeRequest, node_id: str, command: str, adapter: str, args: dict[str, Any]
+    ) -> Deferred[object]:
         stream = EventStream(request)
         d = self.service.command(node_id, command, adapter, args, progress=stream.send)
         request.notifyFinish().addErrback(lambda _: d.cancel())
 
-        def done(result):
+        def done(result: object) -> None:
             if not answered_or_gone(request):
                 stream.send({"done": True, "node": node_id, "command": command, "result": result})
                 request.finish()
 
-        def failed(failure):
+        def failed(failure: Failure) -> Failure | None:
             if answered_or_gone(request):
                 return None
             if not stream.open:
                 return failure  # nothing sent yet: a plain error response
-            error = failure.value if failure.check(ServiceError) else ServiceError("failed", "internal error")
+            error = (
+                failure.value if isinstance(failure.value, ServiceError) else ServiceError("failed", "internal error")
+            )
             stream.send(error_body(error.kind, error.message, error.code))
             request.finish()
             return None

@@ -4,8 +4,12 @@ surfaces note the model, the node and provider it went to and the tokens
 it cost on the request as they learn them.
 """
 
+from twisted.web.server import Request
 
-def note(request, **fields):
+from iop.run import Usage
+
+
+def note(request: Request, **fields: object) -> None:
     """
     Add C{fields} to what the access log says about C{request}.
     """
@@ -14,7 +18,7 @@ def note(request, **fields):
         notes.update(fields)
 
 
-def note_usage(request, usage):
+def note_usage(request: Request, usage: Usage | None) -> None:
     """
     Add a reported L{iop.run.Usage} (if any) to the access log's notes.
     """

@@ -11,22 +11,29 @@ response.
 """
 
 import json
+from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, ITunnelListener
 from iop.edge.errors import ServiceError
+from iop.edge.flow import ReceiveWindow
+from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import (
     Call,
     EventStream,
     JSONResource,
+    Keys,
     caller_headers,
     claim,
+    cut_off,
     relay_response_headers,
     write_error,
     write_json,
 )
 from iop.edge.http.notes import note_usage
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import TUNNEL
 from iop.edge.spec import RunSpec, TunnelSpec
@@ -39,14 +46,17 @@ from iop.run import (
     REASONING_DELTA,
     START,
     TOOL_CALL,
+    RunEventData,
     RunFailure,
+    ToolCall,
+    Usage,
 )
 
 #: Request keys that are not generation options for a normalized run.
 _ENVELOPE_KEYS = {"model", "messages", "stream", "stream_options", "user", "n"}
 
 
-def content_of(content, param="content"):
+def content_of(content: object, param: str = "content") -> tuple[str, list[str]]:
     """
     The text and images of a message's C{content}: a string, or a list of
     parts whose C{text} parts are joined and whose C{image_url} parts give
@@ -61,7 +71,8 @@ def content_of(content, param="content"):
         return content, []
     if not isinstance(content, list):
         raise invalid(param, "must be a string or a list of parts", "invalid_messages")
-    texts, images = [], []
+    texts: list[str] = []
+    images: list[str] = []
     for i, part in enumerate(content):
         where = f"{param}[{i}]"
         if not isinstance(part, dict):
@@ -86,21 +97,21 @@ def content_of(content, param="content"):
     return "".join(texts), images
 
 
-def text_of(content, param="content"):
+def text_of(content: object, param: str = "content") -> str:
     """
     The text of a message's C{content} (see L{content_of}).
     """
     return content_of(content, param)[0]
 
 
-def _tool_calls(value, param):
+def _tool_calls(value: object, param: str) -> list[dict[str, Any]]:
     """
     An assistant message's C{tool_calls}, checked: each with an C{id} and a
     C{function} with a C{name} and C{arguments} (a JSON text).
     """
     if not isinstance(value, list):
         raise invalid(param, "must be a list of tool calls", "invalid_messages")
-    calls = []
+    calls: list[dict[str, Any]] = []
     for i, call in enumerate(value):
         where = f"{param}[{i}]"
         if not isinstance(call, dict):
@@ -121,7 +132,7 @@ def _tool_calls(value, param):
     return calls
 
 
-def parse_messages(value, param="messages"):
+def parse_messages(value: object, param: str = "messages") -> list[dict[str, Any]]:
     """
     Chat messages as C{{"role", "content"}} with text content, plus the
     OpenAI extras a normalized run carries when present: C{name},
@@ -133,14 +144,14 @@ def parse_messages(value, param="messages"):
     """
     if not isinstance(value, list) or not value:
         raise invalid(param, "must be a non-empty list of messages", "invalid_messages")
-    messages = []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(value):
         where = f"{param}[{i}]"
         if not isinstance(m, dict):
             raise invalid(where, "must be an object with a role", "invalid_messages")
         role = string(m, "role", required=True, param=where + ".role")
         text, images = content_of(m.get("content"), where + ".content")
-        message = {"role": role, "content": text}
+        message: dict[str, Any] = {"role": role, "content": text}
         for key in ("name", "tool_call_id"):
             value_of = string(m, key, param=f"{where}.{key}")
             if value_of:
@@ -153,7 +164,7 @@ def parse_messages(value, param="messages"):
     return messages
 
 
-def parse_chat(body):
+def parse_chat(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool, bool]:
     """
     Every field of a chat completion request the Edge uses, checked.
 
@@ -168,11 +179,11 @@ def parse_chat(body):
     return model, messages, stream, include_usage
 
 
-def openai_usage(usage):
+def openai_usage(usage: Usage) -> dict[str, Any]:
     """
     OpenAI's usage object; the details appear only when reported.
     """
-    result = {
+    result: dict[str, Any] = {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
         "total_tokens": usage.input_tokens + usage.output_tokens,
@@ -200,7 +211,7 @@ _KIND_BY_FAILURE = {
 }
 
 
-def run_failure_error(failure):
+def run_failure_error(failure: RunFailure) -> ServiceError:
     """
     The HTTP error for a run that ended in C{error} before any output: the
     provider's own status when it reported one, else by failure code.
@@ -218,7 +229,7 @@ BACKGROUND_HEADER = b"x-iop-background"
 RUN_ID_HEADER = b"x-iop-run-id"
 
 
-def background_requested(request):
+def background_requested(request: EdgeRequest) -> bool:
     value = (request.getHeader(BACKGROUND_HEADER) or b"").strip().lower()
     if value in (b"", b"0", b"false", b"no"):
         return False
@@ -230,11 +241,11 @@ def background_requested(request):
 class ChatCompletions(JSONResource):
     runs_work = True
 
-    def __init__(self, service, keys, clock):
+    def __init__(self, service: EdgeAPI, keys: Keys, clock: IReactorTime) -> None:
         super().__init__(service, keys)
         self.clock = clock
 
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> int:
         body = self.read_json(request)
         model, messages, stream, include_usage = parse_chat(body)
         headers = caller_headers(request)
@@ -253,7 +264,7 @@ class ChatCompletions(JSONResource):
         on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
         created = int(self.clock.seconds())
 
-        def listener_for(kind, work_id):
+        def listener_for(kind: str, work_id: str) -> IRunListener | ITunnelListener:
             if kind == TUNNEL:
                 # A tunnel answers with exactly the provider's headers.
                 return TunnelPassthrough(call)
@@ -267,7 +278,7 @@ class ChatCompletions(JSONResource):
         return call.submit(spec, listener_for, on_queued)
 
 
-def _tell_queued(stream, position, eta_ms):
+def _tell_queued(stream: EventStream, position: int, eta_ms: int) -> None:
     """
     A streamed completion that waits for room: an SSE comment per update,
     which OpenAI clients skip.
@@ -275,7 +286,7 @@ def _tell_queued(stream, position, eta_ms):
     stream.comment(f"queued position={position} eta_ms={eta_ms}")
 
 
-def _end_queued(stream, error):
+def _end_queued(stream: EventStream, error: ServiceError) -> None:
     stream.fail(error)
 
 
@@ -284,15 +295,15 @@ _DELTA_END = b'}, "finish_reason": null}]}\n\n'
 
 
 class _Renderer:
-    def __init__(self, call, work_id, model, created, include_usage):
+    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
         self.call = call
         self.id = "chatcmpl-" + work_id.split("-", 1)[-1]
         self.model = model
         self.created = created
         self.include_usage = include_usage
-        self.tool_calls = []
+        self.tool_calls: list[ToolCall] = []
 
-    def finish_reason(self, event):
+    def finish_reason(self, event: RunEventData) -> str:
         """
         OpenAI's finish reason for the C{complete} terminal: the back end's
         when it said one, else C{tool_calls} after tool calls, else C{stop}.
@@ -300,12 +311,25 @@ class _Renderer:
         return event.finish_reason or ("tool_calls" if self.tool_calls else "stop")
 
 
-def tool_call_json(call, index=None):
+def _reason(event: RunEventData) -> RunFailure:
+    """
+    Why an C{error} or C{cancelled} terminal ended its run (the dispatch
+    gives each one its reason: L{iop.edge.dispatch.RunDispatch.event}).
+    """
+    assert event.error is not None
+    return event.error
+
+
+def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     """
     A L{iop.run.ToolCall} as an OpenAI tool call (with its C{index} in a
     streamed delta).
     """
-    result = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    result: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
     if index is not None:
         result["index"] = index
     return result
@@ -317,8 +341,8 @@ class ChunkRenderer(_Renderer):
     Normalized run events as OpenAI C{chat.completion.chunk} SSE events.
     """
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
+        super().__init__(call, work_id, model, created, include_usage)
         self.stream = EventStream(self.call.request)
         # Text deltas are the bulk of a stream: their chunk is rendered
         # from a template, only the text encoded per event (the bytes are
@@ -331,14 +355,14 @@ class ChunkRenderer(_Renderer):
             for key in ("content", "reasoning_content")
         }
 
-    def _delta(self, key, text):
+    def _delta(self, key: str, text: str) -> None:
         prefix, suffix = self.templates[key]
         self.stream.send_bytes(prefix + json.dumps(text).encode() + suffix)
 
-    def use_producer(self, producer):
+    def use_producer(self, producer: ReceiveWindow) -> None:
         self.call.use_producer(producer)
 
-    def chunk(self, delta, finish_reason=None):
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -347,12 +371,12 @@ class ChunkRenderer(_Renderer):
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         if self.call.gone:
             return
         if event.type in (ERROR, CANCELLED) and not self.stream.open:
             # Nothing sent yet: the caller gets a proper error status.
-            write_error(self.call.request, run_failure_error(event.error))
+            write_error(self.call.request, run_failure_error(_reason(event)))
             return
         if event.type == START:
             self.stream.send(self.chunk({"role": "assistant", "content": ""}))
@@ -360,7 +384,7 @@ class ChunkRenderer(_Renderer):
             self._delta("content", event.text)
         elif event.type == REASONING_DELTA:
             self._delta("reasoning_content", event.text)
-        elif event.type == TOOL_CALL:
+        elif event.type == TOOL_CALL and event.tool_call is not None:
             self.stream.send(self.chunk({"tool_calls": [tool_call_json(event.tool_call, len(self.tool_calls))]}))
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
@@ -375,7 +399,7 @@ class ChunkRenderer(_Renderer):
             self.call.finish()
         elif event.type in (ERROR, CANCELLED):
             # The stream began: it ends with an error event.
-            self.stream.fail(event.error)
+            self.stream.fail(_reason(event))
             self.call.finish()
 
 
@@ -385,29 +409,29 @@ class ResponseRenderer(_Renderer):
     A normalized run collected into one C{chat.completion} response.
     """
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.text = []
-        self.reasoning = []
+    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
+        super().__init__(call, work_id, model, created, include_usage)
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
 
-    def event(self, event):
+    def event(self, event: RunEventData) -> None:
         if self.call.gone:
             return
         if event.type == DELTA:
             self.text.append(event.text)
         elif event.type == REASONING_DELTA:
             self.reasoning.append(event.text)
-        elif event.type == TOOL_CALL:
+        elif event.type == TOOL_CALL and event.tool_call is not None:
             self.tool_calls.append(event.tool_call)
         elif event.type == COMPLETE:
             note_usage(self.call.request, event.usage)
             text = "".join(self.text)
-            message = {"role": "assistant", "content": text if text or not self.tool_calls else None}
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.tool_calls else None}
             if self.tool_calls:
                 message["tool_calls"] = [tool_call_json(call) for call in self.tool_calls]
             if self.reasoning:
                 message["reasoning_content"] = "".join(self.reasoning)
-            response = {
+            response: dict[str, Any] = {
                 "id": self.id,
                 "object": "chat.completion",
                 "created": self.created,
@@ -418,7 +442,7 @@ class ResponseRenderer(_Renderer):
                 response["usage"] = openai_usage(event.usage)
             write_json(self.call.request, 200, response)
         elif event.type in (ERROR, CANCELLED):
-            write_error(self.call.request, run_failure_error(event.error))
+            write_error(self.call.request, run_failure_error(_reason(event)))
 
 
 @implementer(ITunnelListener)
@@ -428,19 +452,19 @@ class TunnelPassthrough:
     status, headers (minus hop-by-hop) and raw body bytes.
     """
 
-    def __init__(self, call):
+    def __init__(self, call: Call) -> None:
         self.call = call
         self.request = call.request
         self.event_stream = False
         self.tail = b""
         #: A provider's error answer to a caller already told it was
         #: queued: C{(status, body parts)}, ended as an SSE error event.
-        self.refused = None
+        self.refused: tuple[int, list[bytes]] | None = None
 
-    def use_producer(self, producer):
+    def use_producer(self, producer: ReceiveWindow) -> None:
         self.call.use_producer(producer)
 
-    def status(self, code):
+    def status(self, code: int) -> None:
         if self.call.gone:
             return
         if self.request.startedWriting:
@@ -452,7 +476,7 @@ class TunnelPassthrough:
             return
         self.request.setResponseCode(code)
 
-    def headers(self, pairs):
+    def headers(self, pairs: list[tuple[str, str]]) -> None:
         """
         Exactly the provider's headers, minus hop-by-hop ones: same-named
         ones the Edge's server set (Server, Date) are replaced, or removed
@@ -464,20 +488,20 @@ class TunnelPassthrough:
             if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
                 self.event_stream = True
 
-    def body(self, data):
+    def body(self, data: bytes) -> None:
         if self.refused is not None:
             self.refused[1].append(data)
         elif not self.call.gone and data:
             self.request.write(data)
             self.tail = (self.tail + data)[-2:]
 
-    def usage(self, usage):
+    def usage(self, usage: Usage) -> None:
         note_usage(self.request, usage)
 
-    def metadata(self, info):
+    def metadata(self, info: dict[str, Any]) -> None:
         pass
 
-    def end(self):
+    def end(self) -> None:
         if self.refused is not None:
             status, parts = self.refused
             self.refused = None
@@ -485,7 +509,7 @@ class TunnelPassthrough:
             return
         self.call.finish()
 
-    def error(self, failure):
+    def error(self, failure: RunFailure) -> None:
         if self.call.gone or self.request.finished:
             return
         if self.request.startedWriting:
@@ -501,12 +525,12 @@ class TunnelPassthrough:
             else:
                 # Mid-body of one JSON document: the only honest signal
                 # left is an aborted response.
-                self.request.channel.transport.abortConnection()
+                cut_off(self.request.channel.transport)
             return
         write_error(self.request, run_failure_error(failure))
 
 
-def _error_message(body, status):
+def _error_message(body: bytes, status: int) -> str:
     """
     The message of a provider's error body (OpenAI's C{error.message}, or
     the text), for an error event.
@@ -518,17 +542,17 @@ def _error_message(body, status):
     return str(message) or f"the provider answered HTTP {status}"
 
 
-def model_object(name):
+def model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "iop"}
 
 
 class Models(JSONResource):
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         return {"object": "list", "data": [model_object(name) for name in self.service.models()]}
 
 
 class Model(JSONResource):
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         name = request.path_params["model"]
         if name not in self.service.models():
             raise HTTPError("not_found", f"the model {name!r} does not exist", code="model_not_found")

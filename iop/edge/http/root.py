@@ -14,13 +14,20 @@ longer path under it, the rest reaching the handler as
 C{request.path_params["path"]}.
 """
 
+from collections.abc import Callable
+
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
+from iop.edge.config import EdgeConfig
+from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, Events, NodeCommands, Queue, Run, RunEvents, Runs, Status, TerminateSession
 from iop.edge.http.openai import ChatCompletions, Model, Models
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.tunnelled import TunnelledEndpoint
 from iop.edge.http.ui import add_ui_routes
+from iop.edge.tracing import RequestTracing
 
 
 class Router(Resource):
@@ -30,17 +37,21 @@ class Router(Resource):
     """
 
     isLeaf = True
+    #: The keys its resources check (what the console and tests read the
+    #: keys' spending from), once L{build_root} built it.
+    keys: Keys
 
-    def __init__(self, observer=None):
+    def __init__(self, *observers: Callable[[str, EdgeRequest], object]) -> None:
         super().__init__()
-        #: called as C{observer(route, request)} before each request is
-        #: rendered (the request metrics); the route is the pattern.
-        self.observer = observer
-        self._exact = {}
-        self._patterns = []
+        #: each called as C{observer(route, request)} before each request
+        #: is rendered (the request metrics, the tracing spans); the route
+        #: is the pattern.
+        self.observers = observers
+        self._exact: dict[tuple[str, ...], tuple[str, Resource]] = {}
+        self._patterns: list[tuple[tuple[str, ...], tuple[str, Resource]]] = []
 
     @classmethod
-    def only(cls, pattern, resource):
+    def only(cls, pattern: str, resource: Resource) -> "Router":
         """
         A router with one route (and JSON 404s for everything else).
         """
@@ -48,23 +59,23 @@ class Router(Resource):
         router.route(pattern, resource)
         return router
 
-    def route(self, pattern, resource):
+    def route(self, pattern: str, resource: Resource) -> None:
         segments = tuple(pattern.strip("/").split("/"))
         if any(s.startswith("{") for s in segments):
             self._patterns.append((segments, (pattern, resource)))
         else:
             self._exact[segments] = (pattern, resource)
 
-    def prefix(self, pattern, resource):
+    def prefix(self, pattern: str, resource: Resource) -> None:
         """
         Route every longer path under C{pattern} to C{resource}, the rest
         as C{request.path_params["path"]}.
         """
         self.route(pattern.rstrip("/") + "/{path...}", resource)
 
-    def render(self, request):
+    def render(self, request: EdgeRequest) -> bytes | int:
         try:
-            segments = tuple(s.decode("utf-8") for s in request.prepath + request.postpath)
+            segments = tuple(s.decode("utf-8") for s in (request.prepath or []) + (request.postpath or []))
         except UnicodeDecodeError:
             return NotFound().render(request)
         found = self._exact.get(segments)
@@ -76,22 +87,22 @@ class Router(Resource):
                     found, request.path_params = candidate, params
                     break
         route, resource = found if found is not None else ("unmatched", NotFound())
-        if self.observer is not None:
-            self.observer(route, request)
+        for observer in self.observers:
+            observer(route, request)
         return resource.render(request)
 
 
-def _match(pattern, segments):
+def _match(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str] | None:
     if pattern[-1].endswith("...}") and len(segments) >= len(pattern):
         rest = "/".join(segments[len(pattern) - 1 :])
-        params = _match(pattern[:-1], segments[: len(pattern) - 1])
-        if params is None:
+        head = _match(pattern[:-1], segments[: len(pattern) - 1])
+        if head is None:
             return None
-        params[pattern[-1][1:-4]] = rest
-        return params
+        head[pattern[-1][1:-4]] = rest
+        return head
     if len(pattern) != len(segments):
         return None
-    params = {}
+    params: dict[str, str] = {}
     for want, have in zip(pattern, segments, strict=True):
         if want.startswith("{"):
             if not have:
@@ -102,11 +113,21 @@ def _match(pattern, segments):
     return params
 
 
-def build_root(service, config, clock, metrics_resource=None):
+def build_root(
+    service: EdgeAPI,
+    config: EdgeConfig,
+    clock: IReactorTime,
+    metrics_resource: Resource | None = None,
+    tracing: RequestTracing | None = None,
+) -> Router:
+    """
+    The caller API's routes; C{metrics_resource}'s request metrics and
+    C{tracing}'s spans, when given, observe every request.
+    """
     keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
     http_metrics = getattr(metrics_resource, "http", None)
-    router = Router(http_metrics.observe if http_metrics is not None else None)
-    #: (What the console and tests read the keys' spending from.)
+    observers = [o.observe for o in (http_metrics, tracing) if o is not None]
+    router = Router(*observers)
     router.keys = keys
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))
     for path in ("/completions", "/embeddings", "/responses"):

@@ -10,13 +10,22 @@ that address waiting unread in its line (L{iop.edge.doors}).
 """
 
 from collections import Counter
+from typing import Any, cast
 
 from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IAddress, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
-from twisted.web.server import Request, Site
+from twisted.python.failure import Failure
+from twisted.web import http
+from twisted.web.resource import IResource
+from twisted.web.server import Site
 
-from iop.edge.doors import FULL, WAITED_OUT, Doors
+from iop.edge.doors import FULL, WAITED_OUT, Doors, Ticket
+from iop.edge.http.common import cut_off
 from iop.edge.http.limits import LimitedChannel, Refused
+from iop.edge.http.request import EdgeRequest
 from iop.edge.limits import Limits
 from iop.edge.throttle import LogThrottle
 
@@ -28,61 +37,48 @@ class _TrackedChannel(LimitedChannel):
     transport is paused) until it goes in.
     """
 
-    ticket = None
+    site: "EdgeSite"
+    ticket: Ticket | None = None
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         super().connectionMade()
         self.site.channels.add(self)
         if self.ticket is not None and not self.ticket.inside:
-            self.transport.pauseProducing()
+            self._reading().pauseProducing()
 
-    def go_in(self):
+    def _reading(self) -> IPushProducer:
+        """
+        The connection as the producer of what this channel reads (a TCP
+        or TLS transport is one).
+        """
+        return cast(IPushProducer, self.transport)
+
+    def go_in(self) -> None:
         """
         Its wait is over: read it (its header deadline runs on).
         """
-        self.transport.resumeProducing()
+        self._reading().resumeProducing()
 
-    def put_out(self):
-        self.transport.abortConnection()
+    def put_out(self) -> None:
+        cut_off(self.transport)
 
-    def _too_slow(self, what, seconds):
+    def _too_slow(self, what: str, seconds: float) -> None:
         if self.ticket is not None and not self.ticket.inside:
             self._deadline = None
             self.site.doors.leave(self.ticket)
             self.site.note_refused(WAITED_OUT)
-            self.transport.abortConnection()
+            cut_off(self.transport)
             return
         self.site.refused["header_timeout_sec" if what == "headers" else "body_timeout_sec"] += 1
         super()._too_slow(what, seconds)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         if self.ticket is not None:
             self.site.doors.leave(self.ticket)
         self.site.channels.discard(self)
         if not self.site.channels:
             self.site.all_closed()
-
-
-class EdgeRequest(Request):
-    """
-    twisted.web's request, for an API whose bodies are JSON: a POST body is
-    never parsed as an HTML form (that check parses the Content-Type as an
-    email header on every POST), and the request notes when it arrived and
-    what it did (C{notes}: model, node, provider, tokens) for the access
-    log.
-    """
-
-    _parsePOSTFormSubmission = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.arrived = None
-        self.notes = {}
-
-    def requestReceived(self, command, path, version):
-        self.arrived = self.channel.site.reactor.seconds()
-        super().requestReceived(command, path, version)
 
 
 class EdgeSite(Site):
@@ -92,7 +88,14 @@ class EdgeSite(Site):
 
     access = Logger(namespace="iop.edge.access")
 
-    def __init__(self, resource, limits=None, access_log=True, per_address=True, **kwargs):
+    def __init__(
+        self,
+        resource: IResource,
+        limits: Limits | None = None,
+        access_log: bool = True,
+        per_address: bool = True,
+        **kwargs: Any,
+    ) -> None:
         """
         @param per_address: whether C{limits.max_http_connections_per_address}
             applies (not on the port other Edges of a cluster forward to:
@@ -102,11 +105,11 @@ class EdgeSite(Site):
         self.access_log = access_log
         self.displayTracebacks = False
         self.limits = limits if limits is not None else Limits()
-        self.channels = set()
-        self.closing = []
+        self.channels: set[_TrackedChannel] = set()
+        self.closing: list[Deferred[None]] = []
         #: Connections refused or closed before being served, by reason
         #: (C{iop_edge_refusals_total}).
-        self.refused = Counter()
+        self.refused: Counter[str] = Counter()
         self.doors = Doors(
             self.limits.max_http_connections_per_address if per_address else 0,
             self.limits.max_http_connections,
@@ -126,7 +129,7 @@ class EdgeSite(Site):
             "HTTP: {count} slow connection(s) closed so far; the last: {what} not complete in {seconds:g}s ({key})",
         )
 
-    def log(self, request):
+    def log(self, request: http.Request) -> None:
         """
         One structured line per request when C{access_log} is on: method,
         path, status, duration and what the request did (model, node,
@@ -147,7 +150,7 @@ class EdgeSite(Site):
             **notes,
         )
 
-    def note_refused(self, reason):
+    def note_refused(self, reason: str) -> None:
         """
         Count (and log, at a bounded rate) a connection refused or closed
         before it was served, by C{reason}.
@@ -158,14 +161,16 @@ class EdgeSite(Site):
         else:
             self.address_refusals.note(cap=self.doors.per_address, reason=reason)
 
-    def buildProtocol(self, addr):
-        channel = super().buildProtocol(addr)
+    def buildProtocol(self, addr: IAddress | None) -> Protocol | None:  # type: ignore[override]
+        # (twisted types a site's protocols as its HTTP/2-negotiating
+        # wrapper; the Edge's are its own channels, or a refusal.)
+        channel = cast(_TrackedChannel, super().buildProtocol(addr))
         channel.ticket = self.doors.arrive(getattr(addr, "host", None), channel.go_in, channel.put_out)
         if channel.ticket is None:
             return Refused()
         return channel
 
-    def close_connections(self, clock, timeout):
+    def close_connections(self, clock: IReactorTime, timeout: float) -> Deferred[None]:
         """
         Close every open connection once what it was sent is flushed;
         abort the ones still open after C{timeout} seconds.
@@ -174,18 +179,20 @@ class EdgeSite(Site):
         """
         if not self.channels:
             return defer.succeed(None)
-        d = defer.Deferred()
+        d: Deferred[None] = Deferred()
         self.closing.append(d)
         for channel in list(self.channels):
+            # (A channel is in the set while it is connected.)
+            assert channel.transport is not None
             channel.transport.loseConnection()
 
-        def abort(result, timeout):
+        def abort(result: object, timeout: float) -> None:
             for channel in list(self.channels):
-                channel.transport.abortConnection()
+                cut_off(channel.transport)
 
         return d.addTimeout(timeout, clock, onTimeoutCancel=abort)
 
-    def all_closed(self):
+    def all_closed(self) -> None:
         waiting, self.closing = self.closing, []
         for d in waiting:
             if not d.called:

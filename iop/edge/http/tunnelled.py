@@ -9,13 +9,15 @@ C{model} rewritten to the provider's target. A model group with no such
 provider answers 400 naming the endpoint.
 """
 
-from iop.edge.http.common import Call, JSONResource, caller_headers, claim
+from iop.edge.http.api import EdgeAPI
+from iop.edge.http.common import Call, JSONResource, Keys, caller_headers, claim
 from iop.edge.http.openai import TunnelPassthrough
+from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import string
 from iop.edge.spec import RunSpec, TunnelSpec
 
 
-def _size(value):
+def _size(value: object) -> int:
     """
     How many characters a prompt or input holds (strings, or lists of
     them), for the long/normal request class.
@@ -35,11 +37,11 @@ class TunnelledEndpoint(JSONResource):
 
     runs_work = True
 
-    def __init__(self, service, keys, path):
+    def __init__(self, service: EdgeAPI, keys: Keys, path: str) -> None:
         super().__init__(service, keys)
         self.path = path
 
-    def handle_POST(self, request):
+    def handle_POST(self, request: EdgeRequest) -> int:
         body = self.read_json(request)
         model = string(body, "model", required=True)
         spec = RunSpec(

@@ -21,10 +21,16 @@ the last L{RecentRuns.size} runs and tunnels, which is what the page shows
 
 from collections import OrderedDict
 from importlib import resources
+from typing import Any, Protocol
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
+from twisted.web.server import Request
 
-from iop.edge.http.common import JSONResource, run_owner
+from iop.edge.bus import EventBus
+from iop.edge.http.api import EdgeAPI
+from iop.edge.http.common import JSONResource, Keys, run_owner
+from iop.edge.http.request import EdgeRequest
 from iop.run import TERMINAL_TYPES
 
 CONTENT_TYPES = {
@@ -49,13 +55,14 @@ class RecentRuns:
     Edge's clock, usage and error code.
     """
 
-    def __init__(self, bus, clock, size=30):
+    def __init__(self, bus: EventBus, clock: IReactorTime, size: int = 30) -> None:
         self.clock = clock
         self.size = size
-        self._runs = OrderedDict()
+        #: (by run id, as the payload gives it)
+        self._runs: OrderedDict[str | None, dict[str, Any]] = OrderedDict()
         self.subscription = bus.subscribe(self._observe, topics=["run", "tunnel"])
 
-    def _observe(self, topic, payload):
+    def _observe(self, topic: str, payload: dict[str, Any]) -> None:
         run_id = payload.get("run_id")
         status = payload.get("status") if topic == "tunnel" else payload.get("type")
         if payload.get("type") == "start":
@@ -69,7 +76,7 @@ class RecentRuns:
             if payload.get("error"):
                 run["error"] = payload["error"].get("code", "")
 
-    def _started(self, run_id, kind, payload):
+    def _started(self, run_id: str | None, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
         run = {
             "id": run_id,
             "kind": kind,
@@ -86,7 +93,7 @@ class RecentRuns:
             self._runs.popitem(last=False)
         return run
 
-    def snapshot(self, owner=None):
+    def snapshot(self, owner: str | None = None) -> list[dict[str, Any]]:
         """
         The runs, newest first: only those of the caller key named
         C{owner}, when given.
@@ -94,17 +101,27 @@ class RecentRuns:
         return [dict(run) for run in reversed(self._runs.values()) if owner is None or run["key"] == owner]
 
 
+class Routes(Protocol):
+    """
+    Where the page's routes go (L{iop.edge.http.root.Router}).
+    """
+
+    def route(self, pattern: str, resource: Resource) -> None: ...
+
+    def prefix(self, pattern: str, resource: Resource) -> None: ...
+
+
 class State(JSONResource):
     """
     C{GET /ui/state}: everything the page draws, in one answer.
     """
 
-    def __init__(self, service, keys, clock, recent):
+    def __init__(self, service: EdgeAPI, keys: Keys, clock: IReactorTime, recent: RecentRuns) -> None:
         super().__init__(service, keys)
         self.clock = clock
         self.recent = recent
 
-    def handle_GET(self, request):
+    def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         request.setHeader(b"cache-control", b"no-store")
         status = self.service.status()
         for node in status["nodes"]:
@@ -123,15 +140,15 @@ class StaticFiles(Resource):
 
     isLeaf = True
 
-    def __init__(self, package="iop.edge.http", folder="static"):
+    def __init__(self, package: str = "iop.edge.http", folder: str = "static") -> None:
         super().__init__()
-        self.files = {}
+        self.files: dict[str, tuple[bytes, bytes]] = {}
         for entry in resources.files(package).joinpath(folder).iterdir():
             suffix = "." + entry.name.rsplit(".", 1)[-1]
             if entry.is_file() and suffix in CONTENT_TYPES:
                 self.files[entry.name] = (CONTENT_TYPES[suffix], entry.read_bytes())
 
-    def render_GET(self, request):
+    def render_GET(self, request: EdgeRequest) -> bytes:
         name = request.path_params.get("path") or "index.html"
         found = self.files.get(name)
         if found is None:
@@ -146,7 +163,7 @@ class StaticFiles(Resource):
         request.setHeader(b"referrer-policy", b"no-referrer")
         return data
 
-    def render_HEAD(self, request):
+    def render_HEAD(self, request: EdgeRequest) -> bytes:
         return self.render_GET(request)
 
 
@@ -158,18 +175,18 @@ class Redirect(Resource):
 
     isLeaf = True
 
-    def __init__(self, location):
+    def __init__(self, location: bytes) -> None:
         super().__init__()
         self.location = location
 
-    def render(self, request):
+    def render(self, request: Request) -> bytes:
         request.setResponseCode(302)
         request.setHeader(b"location", self.location)
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return b"the status page is at " + self.location + b"\n"
 
 
-def add_ui_routes(router, service, keys, clock):
+def add_ui_routes(router: Routes, service: EdgeAPI, keys: Keys, clock: IReactorTime) -> None:
     """
     Route C{/}, C{/ui} and C{/ui/...} on C{router} to the status page.
     """

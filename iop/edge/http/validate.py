@@ -17,6 +17,7 @@ docs/edge.md, "Surfaces".
 
 import json
 import re
+from typing import Any, NoReturn
 
 from iop.edge.errors import ServiceError
 
@@ -30,6 +31,10 @@ MAX_NAME_CHARS = 512
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+#: A place in a request body: C{(parent place, key or index)}, C{None} at
+#: the top.
+Place = tuple["Place", str | int] | None
+
 
 class HTTPError(ServiceError):
     """
@@ -38,12 +43,14 @@ class HTTPError(ServiceError):
     @ivar param: the offending field (C{messages[0].content}), if any.
     """
 
-    def __init__(self, kind, message, code=None, status=None, param=None):
+    def __init__(
+        self, kind: str, message: str, code: str | None = None, status: int | None = None, param: str | None = None
+    ) -> None:
         super().__init__(kind, message, code=code, status=status)
         self.param = param
 
 
-def invalid(param, message, code=None):
+def invalid(param: str, message: str, code: str | None = None) -> HTTPError:
     """
     A 400 for one field.
     """
@@ -52,11 +59,11 @@ def invalid(param, message, code=None):
     )
 
 
-def _no_constant(name):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_body(data):
+def parse_body(data: bytes) -> dict[str, Any]:
     """
     A request body as a checked JSON object.
 
@@ -79,7 +86,7 @@ def parse_body(data):
     return body
 
 
-def _path(node):
+def _path(node: Place) -> str:
     parts = []
     while node is not None:
         node, key = node
@@ -87,7 +94,7 @@ def _path(node):
     return "".join(reversed(parts)).lstrip(".")
 
 
-def check_tree(value, max_depth=MAX_DEPTH):
+def check_tree(value: object, max_depth: int = MAX_DEPTH) -> None:
     """
     Walk a parsed JSON value without recursion: refuse nesting deeper than
     C{max_depth} and any string or key that is not encodable as UTF-8.
@@ -96,7 +103,7 @@ def check_tree(value, max_depth=MAX_DEPTH):
     """
     # (value, depth, path) where path is a (parent path, key) chain, turned
     # into text only for an error.
-    stack = [(value, 1, None)]
+    stack: list[tuple[object, int, Place]] = [(value, 1, None)]
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, str):
@@ -119,7 +126,14 @@ def check_tree(value, max_depth=MAX_DEPTH):
                 stack.extend((child, depth + 1, (path, i)) for i, child in enumerate(item))
 
 
-def string(body, key, default="", required=False, max_chars=MAX_NAME_CHARS, param=None):
+def string(
+    body: dict[str, Any],
+    key: str,
+    default: str = "",
+    required: bool = False,
+    max_chars: int | None = MAX_NAME_CHARS,
+    param: str | None = None,
+) -> str:
     """
     C{body[key]} as a string (C{null} or absent is C{default}).
 
@@ -139,7 +153,7 @@ def string(body, key, default="", required=False, max_chars=MAX_NAME_CHARS, para
     return value
 
 
-def boolean(body, key, default=False, param=None):
+def boolean(body: dict[str, Any], key: str, default: bool = False, param: str | None = None) -> bool:
     """
     C{body[key]} as C{true}/C{false} (C{null} or absent is C{default}).
     """
@@ -151,7 +165,7 @@ def boolean(body, key, default=False, param=None):
     return value
 
 
-def mapping(body, key, param=None):
+def mapping(body: dict[str, Any], key: str, param: str | None = None) -> dict[str, Any]:
     """
     C{body[key]} as an object (C{null} or absent is C{{}}).
     """
@@ -163,7 +177,7 @@ def mapping(body, key, param=None):
     return value
 
 
-def _json_type(value):
+def _json_type(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):

@@ -5,6 +5,7 @@ work.
 """
 
 import copy
+from typing import Any
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
@@ -18,7 +19,7 @@ BURST = 3 * ADMIT_PER_TURN + 5
 
 
 def roomy(max_waiting=None):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     data["nodes"][0]["adapters"][0]["max_concurrency"] = 1000
     data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1000
     if max_waiting is not None:

@@ -126,7 +126,7 @@ class GateMachine(RuleBasedStateMachine):
     @invariant()
     def ledger_matches_gate(self):
         if self.pool is not None:
-            counted = {}
+            counted: dict[str, int] = {}
             for lease in self.pool.active_leases():
                 counted[lease.adapter] = counted.get(lease.adapter, 0) + 1
             assert counted == {a: n for a, n in self.gate.items() if n}, (counted, self.gate)

@@ -22,11 +22,11 @@ class EventBusTests(SynchronousTestCase):
         a, b = [], []
         self.bus.subscribe(lambda topic, event: a.append((topic, event)))
         self.bus.subscribe(lambda topic, event: b.append(event), topics=["node"])
-        self.bus.publish("run", 1)
+        self.bus.publish("run", {"n": 1})
         self.bus.node_event("n1", "ready")
         self.assertEqual((a, b), ([], []))
         self.clock.advance(0)
-        self.assertEqual(a, [("run", 1), ("node", {"node": "n1", "event": "ready"})])
+        self.assertEqual(a, [("run", {"n": 1}), ("node", {"node": "n1", "event": "ready"})])
         self.assertEqual(b, [{"node": "n1", "event": "ready"}])
 
     def test_deltas_only_when_asked(self):
@@ -61,11 +61,11 @@ class EventBusTests(SynchronousTestCase):
 
         self.bus.subscribe(bad)
         self.bus.subscribe(lambda topic, event: good.append(event))
-        self.bus.publish("run", 1)
-        self.bus.publish("run", 2)
+        self.bus.publish("run", {"n": 1})
+        self.bus.publish("run", {"n": 2})
         self.clock.advance(0)
-        self.assertEqual(good, [1, 2])
-        self.assertEqual(calls, [1, 2])
+        self.assertEqual(good, [{"n": 1}, {"n": 2}])
+        self.assertEqual(calls, [{"n": 1}, {"n": 2}])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
 
     def test_backlog_bounded(self):
@@ -77,13 +77,13 @@ class EventBusTests(SynchronousTestCase):
         got = []
         subscription = self.bus.subscribe(lambda topic, event: got.append(event))
         for i in range(5):
-            self.bus.publish("run", i)
+            self.bus.publish("run", {"n": i})
         self.assertEqual(subscription.dropped, 2)
         self.clock.advance(0)
-        self.assertEqual(got, [2, 3, 4])
-        self.bus.publish("run", 5)
+        self.assertEqual(got, [{"n": 2}, {"n": 3}, {"n": 4}])
+        self.bus.publish("run", {"n": 5})
         self.clock.advance(0)
-        self.assertEqual(got, [2, 3, 4, 5])
+        self.assertEqual(got, [{"n": 2}, {"n": 3}, {"n": 4}, {"n": 5}])
 
     def test_cancel(self):
         """
@@ -91,7 +91,7 @@ class EventBusTests(SynchronousTestCase):
         """
         got = []
         subscription = self.bus.subscribe(lambda topic, event: got.append(event))
-        self.bus.publish("run", 1)
+        self.bus.publish("run", {"n": 1})
         subscription.cancel()
         self.clock.advance(0)
         self.assertEqual(got, [])

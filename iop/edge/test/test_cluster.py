@@ -8,16 +8,18 @@ view, draining, and where a request that finds no room goes.
 
 import copy
 import json
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
-from iop.edge.cluster.load import Forward
+from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.etcd import MemoryEtcd
 
@@ -25,7 +27,7 @@ SECRET = "a-cluster-secret-of-some-length"
 
 
 def cluster_yaml(edge_id, ttl=3):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     data["listen"]["peer"] = "tcp:0"
     data["cluster"] = {
         "etcd": ["http://127.0.0.1:2379"],
@@ -50,6 +52,7 @@ class TwoEdges(SynchronousTestCase):
 
     def edge(self, edge_id, ttl=3):
         harness = EdgeHarness(cluster_yaml(edge_id, ttl), clock=self.clock, etcd=self.etcd.client())
+        assert harness.service.cluster is not None
         harness.service.cluster.startService()
         return harness
 
@@ -72,12 +75,12 @@ class MembershipTests(TwoEdges):
         address; each sees the other.
         """
         for harness, edge_id in ((self.a, "edge-a"), (self.b, "edge-b")):
-            cluster = harness.service.cluster
+            cluster = harness.service.cluster.membership
             self.assertEqual(cluster.session, OK)
             kv = self.etcd.data[f"/iop/edges/{edge_id}"]
             self.assertEqual(kv.lease, cluster.lease)
             self.assertEqual(json.loads(kv.value)["advertise"], f"http://{edge_id}.example:7180")
-        self.assertEqual(set(self.a.service.cluster.edges), {"edge-a", "edge-b"})
+        self.assertEqual(set(self.a.service.cluster.membership.edges), {"edge-a", "edge-b"})
 
     def test_keepalive(self):
         """
@@ -85,7 +88,7 @@ class MembershipTests(TwoEdges):
         """
         self.advance(30)
         self.assertIn("/iop/edges/edge-a", self.etcd.data)
-        self.assertEqual(self.a.service.cluster.session, OK)
+        self.assertEqual(self.a.service.cluster.membership.session, OK)
 
 
 class OwnershipTests(TwoEdges):
@@ -98,7 +101,7 @@ class OwnershipTests(TwoEdges):
         self.assertTrue(node.of("node_ready_response")[0].ready)
         kv = self.owner_key("n1")
         self.assertEqual(json.loads(kv.value)["edge"], "edge-a")
-        self.assertEqual(kv.lease, self.a.service.cluster.lease)
+        self.assertEqual(kv.lease, self.a.service.cluster.membership.lease)
         self.assertEqual(self.a.service.registry.owner("n1").generation, kv.mod_revision)
 
     def test_duplicate_across_edges(self):
@@ -110,7 +113,7 @@ class OwnershipTests(TwoEdges):
         second, _, _ = self.b.register("tok-1", ready=False)
         response = second.of("register_response")[0]
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertEqual(response.code, messages.DUPLICATE_CONNECTION)
         self.assertIn("edge-a", response.reason)
         self.assertTrue(second.lost)
         self.assertFalse(first.lost)
@@ -139,7 +142,7 @@ class OwnershipTests(TwoEdges):
         """
         self.b.register("tok-1")
         kv = self.owner_key("n1")
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         cluster.claims["n1"] = kv.mod_revision - 1  # what a stale owner believes
         cluster.release("n1", kv.mod_revision - 1)
         self.assertEqual(self.owner_key("n1"), kv)
@@ -149,8 +152,8 @@ class OwnershipTests(TwoEdges):
         A ready from a link whose claim is no longer held is refused.
         """
         node, pump, _ = self.a.register("tok-1", ready=False)
-        self.a.service.cluster.claims.clear()
-        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n1"))
+        self.a.service.cluster.membership.claims.clear()
+        node.wire.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.a.service.status()["nodes"][0]["connected"])
@@ -162,12 +165,12 @@ class OwnershipTests(TwoEdges):
         """
         from twisted.internet import defer
 
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         real_create = cluster.etcd.create
         pending = []
 
         def slow_create(key, value, lease):
-            d = defer.Deferred()
+            d: defer.Deferred[Created] = defer.Deferred()
             pending.append((d, key, value, lease))
             return d
 
@@ -192,7 +195,7 @@ class SessionTests(TwoEdges):
         self.a.register("tok-1")
         self.etcd.stop()
         self.advance(3)
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         self.assertEqual(cluster.session, LOST)
         status = self.a.service.status()
         self.assertFalse(status["cluster"]["accepting_registrations"])
@@ -202,7 +205,7 @@ class SessionTests(TwoEdges):
         self.a.flush()
         refused, _, _ = self.a.register("tok-2", ready=False)
         response = refused.of("register_response")[0]
-        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertEqual(response.code, messages.DUPLICATE_CONNECTION)
         self.assertIn("etcd", response.reason)
         self.etcd.start()
         self.advance(3)
@@ -230,7 +233,7 @@ class SessionTests(TwoEdges):
         gone it closes its Node links and joins again with a new lease.
         """
         node, _, _ = self.a.register("tok-1")
-        client = self.a.service.cluster.etcd
+        client = self.a.service.cluster.membership.etcd
         client.cut()
         self.advance(4)
         self.assertIsNone(self.owner_key("n1"))
@@ -238,7 +241,7 @@ class SessionTests(TwoEdges):
         client.heal()
         self.advance(2)
         self.assertTrue(node.lost)
-        cluster = self.a.service.cluster
+        cluster = self.a.service.cluster.membership
         self.assertEqual(cluster.voids, 1)
         self.assertEqual(cluster.session, OK)
         self.assertIn("/iop/edges/edge-a", self.etcd.data)
@@ -263,7 +266,7 @@ class StatusTests(TwoEdges):
         """
         An Edge whose lease expired shows as down.
         """
-        self.a.service.cluster.etcd.cut()
+        self.a.service.cluster.membership.etcd.cut()
         self.advance(4)
         edges = {e["id"]: e["state"] for e in self.b.service.status()["cluster"]["edges"]}
         self.assertEqual(edges, {"edge-a": "down", "edge-b": "up"})
@@ -286,8 +289,10 @@ class DrainTests(TwoEdges):
         """
         self.a.register("tok-1")
         states = []
-        self.b.service.cluster.etcd.watch("/iop/edges/", 0, lambda e: states.append(json.loads(e.kv.value or "{}")))
-        client = self.a.service.cluster.etcd
+        self.b.service.cluster.membership.etcd.watch(
+            "/iop/edges/", 0, lambda e: states.append(json.loads(e.kv.value or "{}"))
+        )
+        client = self.a.service.cluster.membership.etcd
         seen = []
         self.a.service.links.close_all = lambda reason: seen.append((self.owner_key("n1"), client.calls[-1]))
         self.a.service.stopService()
@@ -295,7 +300,7 @@ class DrainTests(TwoEdges):
         self.assertEqual(states[0]["state"], "draining")
         self.assertEqual(seen, [(None, "revoke")])
         self.assertNotIn("/iop/edges/edge-a", self.etcd.data)
-        self.assertEqual(self.b.service.cluster.edges.keys(), {"edge-b"})
+        self.assertEqual(self.b.service.cluster.membership.edges.keys(), {"edge-b"})
 
 
 class ForwardTests(TwoEdges):
@@ -371,7 +376,7 @@ class ConfigTests(SynchronousTestCase):
         Without cluster there is none, and listen.peer alone is refused.
         """
         self.assertIsNone(self.parse(copy.deepcopy(EDGE_YAML)).cluster)
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["listen"]["peer"] = "tcp:0"
         self.assertRaisesRegex(ConfigError, "listen.peer", self.parse, data)
 

@@ -39,7 +39,7 @@ class Connection:
 
 class DoorsTests(SynchronousTestCase):
     def setUp(self):
-        self.reasons = []
+        self.reasons: list[str] = []
         self.doors = Doors(per_address=2, total=6, refused=self.reasons.append)
 
     def arrive(self, host):
@@ -156,7 +156,7 @@ class HallTests(SynchronousTestCase):
     """
 
     def setUp(self):
-        self.reasons = []
+        self.reasons: list[str] = []
         self.doors = Doors(per_address=2, total=4, refused=self.reasons.append, line=4, hall=3)
 
     def arrive(self, host):
@@ -220,6 +220,7 @@ class SiteDoorsTests(SynchronousTestCase):
 
     def connect(self, host):
         protocol = self.site.buildProtocol(IPv4Address("TCP", host, 40000))
+        assert protocol is not None
         transport = StringTransport()
         protocol.makeConnection(transport)
         return protocol, transport
@@ -283,6 +284,7 @@ class SiteDoorsTests(SynchronousTestCase):
         """
         for _ in range(3):
             protocol = self.site.buildProtocol(UNIXAddress(None))
+            assert protocol is not None
             transport = StringTransport()
             protocol.makeConnection(transport)
             self.assertEqual(transport.producerState, "producing")
@@ -294,6 +296,7 @@ class SiteDoorsTests(SynchronousTestCase):
         site = EdgeSite(self.resource, limits=LIMITS, per_address=False, reactor=self.clock)
         for _ in range(5):
             protocol = site.buildProtocol(IPv4Address("TCP", STRANGER, 40000))
+            assert protocol is not None
             transport = StringTransport()
             protocol.makeConnection(transport)
             self.assertEqual(transport.producerState, "producing")

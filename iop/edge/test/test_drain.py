@@ -9,7 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
 from iop.run import CANCELLED, SHUTTING_DOWN
 from iop.testing.edge import EdgeHarness, Recorder
@@ -39,7 +39,7 @@ class EdgeDrainTests(OneNodeTestCase):
 
     def reply(self, run_id, *types):
         for seq, kind in enumerate(types, 1):
-            self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind))
+            self.node.connection.send(messages.run_event(run_id=run_id, seq=seq, type=kind))
         self.pump.flush()
 
     def test_queued_waiter_gets_shutting_down(self):
@@ -131,7 +131,7 @@ class EdgeDrainTests(OneNodeTestCase):
         failure = self.failureResultOf(pending, ServiceError)
         self.assertEqual(failure.value.code, SHUTTING_DOWN)
         request = self.node.of("node_command_request")[0]
-        self.node.wire.send(iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True))
+        self.node.connection.send(messages.command_result(request.request_id, ""))
         self.pump.flush()
 
     def test_stop_twice_same_deferred_result(self):
@@ -163,7 +163,7 @@ class NodeDrainingTests(OneNodeTestCase):
         take no new lease: with no other provider live, a pooled request
         fails at once as unavailable instead of being sent there.
         """
-        self.node.wire.send(iop_pb2.NodeDraining(grace_sec=30, reason="stopping"))
+        self.node.connection.send(messages.node_draining(grace_sec=30, reason="stopping"))
         self.pump.flush()
         status = self.service.status()
         self.assertEqual(status["nodes"][0]["providers"][0]["status"], "draining")
@@ -179,10 +179,10 @@ class NodeDrainingTests(OneNodeTestCase):
         """
         recorder = Recorder()
         run_id = self.successResultOf(self.service.submit(pooled(), recorder.for_run))
-        self.node.wire.send(iop_pb2.NodeDraining(grace_sec=30))
+        self.node.connection.send(messages.node_draining(grace_sec=30))
         self.pump.flush()
         self.assertEqual(len(self.service.pool.active_leases()), 1)
-        self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        self.node.connection.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(recorder.types(), ["complete"])
         self.assertEqual(self.service.pool.active_leases(), [])
@@ -196,14 +196,18 @@ class NodeDrainingTests(OneNodeTestCase):
         first = self.successResultOf(self.service.submit(pooled(), Recorder().for_run))
         second = self.successResultOf(self.service.submit(pooled(), Recorder().for_run))
         waiting = self.service.submit(pooled(), Recorder().for_run)
-        self.node.wire.send(iop_pb2.NodeDraining(grace_sec=30))
+        self.node.connection.send(messages.node_draining(grace_sec=30))
         self.pump.flush()
         self.assertNoResult(waiting)
-        on_n2 = first if self.service.inflight.get(first).link.node_id == "n2" else second
-        other.wire.send(iop_pb2.RunEvent(run_id=on_n2, seq=1, type="complete"))
+        dispatch = self.service.inflight.get(first)
+        assert dispatch is not None
+        on_n2 = first if dispatch.link.node_id == "n2" else second
+        other.connection.send(messages.run_event(run_id=on_n2, seq=1, type="complete"))
         other_pump.flush()
         run_id = self.successResultOf(waiting)
-        self.assertEqual(self.service.inflight.get(run_id).link.node_id, "n2")
+        dispatch = self.service.inflight.get(run_id)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n2")
 
 
 class WireVersionTests(SynchronousTestCase):
@@ -217,7 +221,7 @@ class WireVersionTests(SynchronousTestCase):
         node, _, _ = edge.register(ready=False, wire_version=99)
         (response,) = node.of("register_response")
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.INCOMPATIBLE_VERSION)
+        self.assertEqual(response.code, messages.INCOMPATIBLE_VERSION)
         self.assertIn("wire version 99", response.reason)
         self.assertTrue(node.lost)
 
@@ -231,4 +235,6 @@ class WireVersionTests(SynchronousTestCase):
         (response,) = node.of("register_response")
         self.assertTrue(response.accepted)
         self.assertEqual(response.wire_version, WIRE_VERSION)
-        self.assertEqual(edge.service.registry.owner("n1").wire_version, 1)
+        owner = edge.service.registry.owner("n1")
+        assert owner is not None
+        self.assertEqual(owner.wire_version, 1)

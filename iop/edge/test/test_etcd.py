@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
-from iop.edge.cluster.etcd import EtcdClient, EtcdUnavailable, _Watch, prefix_end
+from iop.edge.cluster.etcd import EtcdClient, EtcdUnavailable, WatchEvent, _Watch, prefix_end
 
 
 def b64(text):
@@ -141,7 +141,7 @@ class WatchTests(SynchronousTestCase):
         size; puts and deletes come out in order; a cancelled watch ends
         it with an error.
         """
-        events = []
+        events: list[WatchEvent] = []
         watch = _Watch(events.append)
         put = {"kv": {"key": b64("/p/a"), "value": b64("1"), "mod_revision": "5"}}
         delete = {"type": "DELETE", "kv": {"key": b64("/p/a"), "mod_revision": "6"}}

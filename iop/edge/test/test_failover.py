@@ -6,17 +6,18 @@ ejected for a cooldown, and comes back on its first answer.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.tunnels import TunnelRecorder
 
 
 def config(retries=None, tunnel=False):
-    data = copy.deepcopy(EDGE_YAML)
+    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
     if tunnel:
         for node in data["nodes"]:
             node["adapters"] = [
@@ -58,10 +59,10 @@ class FailoverTests(SynchronousTestCase):
     def answer(self, node_id, run_id, *events, error=None):
         node, pump = self.nodes[node_id]
         for seq, kind in enumerate(events, 1):
-            message = iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind)
+            message = messages.run_event(run_id=run_id, seq=seq, type=kind)
             if kind == "error" and error is not None:
                 message.error.CopyFrom(error)
-            node.wire.send(message)
+            node.connection.send(message)
         pump.flush()
         self.edge.flush()
 
@@ -79,7 +80,7 @@ class FailoverTests(SynchronousTestCase):
         recorder = self.submit_run()
         first_node, first = self.last_request()
         self.answer(
-            first_node, first.run_id, "error", error=iop_pb2.RunError(code="provider_unreachable", message="refused")
+            first_node, first.run_id, "error", error=messages.run_error(code="provider_unreachable", message="refused")
         )
         other, second = self.last_request()
         self.assertNotEqual(other, first_node)
@@ -104,18 +105,18 @@ class FailoverTests(SynchronousTestCase):
         self.edge.flush()
         first_node, first = self.last_request("provider_tunnel_request")
         node, pump = self.nodes[first_node]
-        node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=first.tunnel_id, seq=1, status=503))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 1, status=503))
         self.edge.flush()
         self.assertEqual([c.run_id for c in node.of("cancel_request")], [first.tunnel_id])
         other, second = self.last_request("provider_tunnel_request")
         self.assertNotEqual(other, first_node)
         other_node, other_pump = self.nodes[other]
-        for frame in (dict(status=200), dict(body=b"ok"), dict(end=iop_pb2.TunnelEnd())):
-            other_node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=second.tunnel_id, **frame))
+        for frame in (dict(status=200), dict(body=b"ok"), dict(end=True)):
+            other_node.connection.send(messages.tunnel_frame(second.tunnel_id, 0, **frame))
         other_pump.flush()
         self.assertEqual(listener.calls, [("status", 200), ("body", b"ok"), ("end",)])
         # A late frame of the abandoned attempt reaches nobody.
-        node.wire.send(iop_pb2.ProviderTunnelFrame(tunnel_id=first.tunnel_id, seq=2, body=b"stale"))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"stale"))
         pump.flush()
         self.assertEqual(len(listener.calls), 3)
 
@@ -127,7 +128,7 @@ class FailoverTests(SynchronousTestCase):
         self.start()
         recorder = self.submit_run()
         node_id, request = self.last_request()
-        error = iop_pb2.RunError(code="provider_error", message="lost", status=502)
+        error = messages.run_error(code="provider_error", message="lost", status=502)
         self.answer(node_id, request.run_id, "start", "error", error=error)
         self.assertEqual(recorder.types(), ["start", "error"])
         self.assertRaises(AssertionError, self.last_request)
@@ -139,7 +140,7 @@ class FailoverTests(SynchronousTestCase):
         """
         self.start()
         recorder = self.submit_run()
-        error = iop_pb2.RunError(code="provider_error", message="down", status=500)
+        error = messages.run_error(code="provider_error", message="down", status=500)
         node_id, request = self.last_request()
         self.answer(node_id, request.run_id, "error", error=error)
         node_id, request = self.last_request()
@@ -160,7 +161,7 @@ class FailoverTests(SynchronousTestCase):
         recorder = self.submit_run()
         node_id, request = self.last_request()
         self.answer(
-            node_id, request.run_id, "error", error=iop_pb2.RunError(code="provider_error", message="bad", status=400)
+            node_id, request.run_id, "error", error=messages.run_error(code="provider_error", message="bad", status=400)
         )
         self.assertEqual(recorder.types(), ["error"])
 
@@ -172,7 +173,7 @@ class FailoverTests(SynchronousTestCase):
         healthy.
         """
         self.start(retries=0)
-        error = iop_pb2.RunError(code="provider_unreachable", message="refused")
+        error = messages.run_error(code="provider_unreachable", message="refused")
         for _ in range(3):
             self.submit_run(node="n1")
             node_id, request = self.last_request()

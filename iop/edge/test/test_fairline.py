@@ -40,7 +40,7 @@ class FairLineTests(SynchronousTestCase):
         A lone tenant is served in arrival order: fairness only orders
         tenants against each other.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         waiters = [W("a") for _ in range(4)]
         for w in waiters:
             line.add(w)
@@ -52,7 +52,7 @@ class FairLineTests(SynchronousTestCase):
         Two tenants of equal weight with requests of equal cost take turns,
         however many the first one queued before the second came.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         for _ in range(5):
             line.add(W("heavy"))
         for _ in range(2):
@@ -64,7 +64,7 @@ class FairLineTests(SynchronousTestCase):
         A tenant of weight 3 is served three requests for each one of a
         tenant of weight 1.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         for _ in range(8):
             line.add(W("big", weight=3.0))
             line.add(W("small", weight=1.0))
@@ -77,7 +77,7 @@ class FairLineTests(SynchronousTestCase):
         Shares are in tokens: a tenant whose requests cost 4 times as much
         gets a quarter as many of them served.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         for _ in range(10):
             line.add(W("costly", cost=400))
         for _ in range(10):
@@ -91,7 +91,7 @@ class FairLineTests(SynchronousTestCase):
         A higher class is served before any lower one, whatever the
         counters say.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         line.grant("vip", 1.0, 10_000)
         low = W("low", priority=0)
         high = W("vip", priority=5)
@@ -107,7 +107,7 @@ class FairLineTests(SynchronousTestCase):
         (it was served least recently), but then takes turns instead of
         being owed everything it missed.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         for _ in range(10):
             line.add(W("heavy"))
         for _ in range(6):
@@ -122,7 +122,7 @@ class FairLineTests(SynchronousTestCase):
         A negative charge (work that cost less than its estimate) lowers
         the counter again.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         line.grant("a", 2.0, 1000)
         line.adjust("a", 2.0, -400)
         self.assertEqual(line.counter("a"), 300.0)
@@ -132,7 +132,7 @@ class FairLineTests(SynchronousTestCase):
         A waiter that leaves from the middle is gone from the order and
         the count; empty tenants and classes leave no trace.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         a1, a2, b1 = W("a"), W("a", priority=1), W("b")
         for w in (a1, a2, b1):
             line.add(w)
@@ -147,7 +147,7 @@ class FairLineTests(SynchronousTestCase):
         Positions play the order forward: 1 is served next, and each
         position is the place the waiter would be served in.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         waiters = [W("a"), W("a"), W("a"), W("b"), W("c", priority=1)]
         for w in waiters:
             line.add(w)
@@ -155,7 +155,7 @@ class FairLineTests(SynchronousTestCase):
         expected = []
         while len(line):
             expected.append(serve(line))
-        self.assertEqual(sorted(positions, key=positions.get), expected)
+        self.assertEqual(sorted(positions, key=positions.__getitem__), expected)
         self.assertEqual(sorted(positions.values()), [1, 2, 3, 4, 5])
 
 
@@ -170,7 +170,7 @@ class FairShareProperties(SynchronousTestCase):
         Tenants that all stay backlogged are served tokens in proportion to
         their weights, within 10%, whatever their requests cost.
         """
-        line = FairLine()
+        line: FairLine[W] = FairLine()
         tenants = [f"t{i}" for i in range(len(weights))]
         served = dict.fromkeys(tenants, 0)
         backlog = dict.fromkeys(tenants, 0)

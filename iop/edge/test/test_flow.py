@@ -5,18 +5,19 @@ granted back in halves of the window while the caller's connection
 drains, and not while it is paused.
 """
 
+from google.protobuf.message import Message
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.flow import ReceiveWindow
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import STREAM_WINDOW_BYTES
 from iop.testing.edge import EdgeHarness, Recorder
 
 
 class ReceiveWindowTests(SynchronousTestCase):
     def setUp(self):
-        self.sent = []
+        self.sent: list[Message] = []
         self.window = ReceiveWindow(self.sent.append, "t1", 100)
 
     def grants(self):
@@ -72,7 +73,7 @@ class DispatchWindowTests(SynchronousTestCase):
         (request,) = node.of("run_request")
         self.assertEqual(request.window_bytes, STREAM_WINDOW_BYTES)
         text = "x" * (STREAM_WINDOW_BYTES // 2)
-        node.wire.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="delta", text=text))
+        node.wire.send(messages.run_event(run_id=request.run_id, seq=1, type="delta", text=text))
         pump.flush()
         self.assertEqual([(u.id, u.bytes) for u in node.of("window_update")], [(request.run_id, len(text))])
 
@@ -83,7 +84,7 @@ class DispatchWindowTests(SynchronousTestCase):
         edge, node, pump, recorder = self.start(2)
         (request,) = node.of("run_request")
         self.assertEqual(request.window_bytes, 0)
-        node.wire.send(iop_pb2.RunEvent(run_id=request.run_id, seq=1, type="delta", text="x" * STREAM_WINDOW_BYTES))
+        node.wire.send(messages.run_event(run_id=request.run_id, seq=1, type="delta", text="x" * STREAM_WINDOW_BYTES))
         pump.flush()
         self.assertEqual(node.of("window_update"), [])
         self.assertEqual(recorder.types(), ["delta"])

@@ -5,12 +5,14 @@ an in-memory wire.
 """
 
 import json
+from typing import Any, cast
 
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge.http.common import Call
 from iop.edge.http.openai import ChunkRenderer
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EdgeHarness
 
 BASE = "http://edge.invalid"
@@ -20,7 +22,9 @@ class SurfaceTests(SynchronousTestCase):
     def setUp(self):
         self.edge = EdgeHarness()
         self.node, self.pump, _ = self.edge.register()
-        self.http = StubTreq(self.edge.site.resource)
+        assert self.edge.site is not None
+        # (StubTreq's request functions are set on it at run time.)
+        self.http: Any = StubTreq(self.edge.site.resource)
 
     def post(self, path, body, raw=None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()
@@ -33,12 +37,12 @@ class SurfaceTests(SynchronousTestCase):
         self.pump.flush()
         run_id = self.node.of("run_request")[-1].run_id
         for seq, (kind, text) in enumerate(events, 1):
-            message = iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind, text=text)
+            message = messages.run_event(run_id=run_id, seq=seq, type=kind, text=text)
             if kind in ("complete", "error") and usage is not None:
                 message.usage.CopyFrom(usage)
             if kind == "error" and error is not None:
                 message.error.CopyFrom(error)
-            self.node.wire.send(message)
+            self.node.connection.send(message)
         self.pump.flush()
         self.http.flush()
 
@@ -53,7 +57,7 @@ class SurfaceTests(SynchronousTestCase):
         text and OpenAI usage; the breakdown appears only when reported.
         """
         d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "hi you"}]})
-        usage = iop_pb2.Usage(input_tokens=2, output_tokens=2, cached_input_tokens=0)
+        usage = messages.usage(input_tokens=2, output_tokens=2, cached_input_tokens=0)
         self.answer(("start", ""), ("delta", "hi "), ("delta", "you"), ("complete", ""), usage=usage)
         code, _, body = self.result(d)
         reply = json.loads(body)
@@ -83,7 +87,7 @@ class SurfaceTests(SynchronousTestCase):
             ("delta", "a"),
             ("reasoning_delta", "hm"),
             ("complete", ""),
-            usage=iop_pb2.Usage(input_tokens=1, output_tokens=1),
+            usage=messages.usage(input_tokens=1, output_tokens=1),
         )
         code, headers, body = self.result(d)
         self.assertEqual(code, 200)
@@ -137,7 +141,7 @@ class SurfaceTests(SynchronousTestCase):
         d = self.post(
             "/v1/chat/completions", {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "a"}]}
         )
-        self.answer(("error", ""), error=iop_pb2.RunError(code="provider_error", message="slow down", status=429))
+        self.answer(("error", ""), error=messages.run_error(code="provider_error", message="slow down", status=429))
         code, _, body = self.result(d)
         self.assertEqual(code, 429)
         self.assertEqual(json.loads(body)["error"]["message"], "slow down")
@@ -148,8 +152,8 @@ class SurfaceTests(SynchronousTestCase):
         it again once) is a 429 for the caller.
         """
         d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
-        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
-        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
+        self.answer(("error", ""), error=messages.run_error(code="capacity_exceeded", message="full"))
+        self.answer(("error", ""), error=messages.run_error(code="capacity_exceeded", message="full"))
         code, _, body = self.result(d)
         self.assertEqual((code, json.loads(body)["error"]["code"]), (429, "capacity_exceeded"))
         self.assertEqual(len(self.node.of("run_request")), 2)
@@ -162,7 +166,7 @@ class SurfaceTests(SynchronousTestCase):
         caller gets.
         """
         d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
-        self.answer(("error", ""), error=iop_pb2.RunError(code="capacity_exceeded", message="full"))
+        self.answer(("error", ""), error=messages.run_error(code="capacity_exceeded", message="full"))
         self.answer(("start", ""), ("delta", "a"), ("complete", ""))
         code, _, body = self.result(d)
         self.assertEqual(code, 200)
@@ -207,7 +211,7 @@ class SurfaceTests(SynchronousTestCase):
         """
         d = self.post("/v1/runs", {"adapter": "echo", "node": "n1", "input": "x", "stream": True})
         self.answer(
-            ("start", ""), ("delta", "x"), ("complete", ""), usage=iop_pb2.Usage(input_tokens=1, output_tokens=1)
+            ("start", ""), ("delta", "x"), ("complete", ""), usage=messages.usage(input_tokens=1, output_tokens=1)
         )
         _, _, body = self.result(d)
         events = [json.loads(line[6:]) for line in body.decode().split("\n") if line.startswith("data: ")]
@@ -269,7 +273,7 @@ class SurfaceTests(SynchronousTestCase):
         request = self.node.of("node_command_request")[-1]
         for response in responses:
             response.request_id = request.request_id
-            self.node.wire.send(response)
+            self.node.connection.send(response)
         self.pump.flush()
         self.http.flush()
         return request
@@ -280,9 +284,7 @@ class SurfaceTests(SynchronousTestCase):
         with the Node's code, not 502.
         """
         d = self.command({"command": "frobnicate"})
-        self.node_answers(
-            iop_pb2.NodeCommandResponse(ok=False, code="unknown_command", error="no command 'frobnicate'")
-        )
+        self.node_answers(messages.command_error("", "unknown_command", "no command 'frobnicate'"))
         code, _, body = self.result(d)
         self.assertEqual((code, json.loads(body)["error"]["code"]), (400, "unknown_command"))
 
@@ -293,13 +295,9 @@ class SurfaceTests(SynchronousTestCase):
         """
         d = self.command({"command": "ollama_pull", "adapter": "ollama", "args": {"model": "m"}, "stream": True})
         request = self.node_answers(
-            iop_pb2.NodeCommandResponse(
-                ok=True, progress=True, result_json='{"status": "pulling", "completed": 1, "total": 4}'
-            ),
-            iop_pb2.NodeCommandResponse(
-                ok=True, progress=True, result_json='{"status": "pulling", "completed": 4, "total": 4}'
-            ),
-            iop_pb2.NodeCommandResponse(ok=True, result_json='{"status": "success"}'),
+            messages.command_result("", '{"status": "pulling", "completed": 1, "total": 4}', progress=True),
+            messages.command_result("", '{"status": "pulling", "completed": 4, "total": 4}', progress=True),
+            messages.command_result("", '{"status": "success"}'),
         )
         self.assertTrue(request.stream)
         code, headers, body = self.result(d)
@@ -316,8 +314,10 @@ class SurfaceTests(SynchronousTestCase):
         d = self.post("/v1/sessions/terminate", {"node": "n1", "adapter": "echo", "session_id": "ghost"})
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
-        self.node.wire.send(
-            iop_pb2.CancelResponse(request_id=request.request_id, ok=False, code="unknown_session", reason="no session")
+        self.node.connection.send(
+            messages.cancel_response(
+                request_id=request.request_id, ok=False, code="unknown_session", reason="no session"
+            )
         )
         self.pump.flush()
         self.http.flush()
@@ -348,7 +348,7 @@ class ChunkTemplateTests(SynchronousTestCase):
             request = Request()
             gone = False
 
-        renderer = ChunkRenderer(CallStub(), "run-abc", 'm"odel', 12, False)
+        renderer = ChunkRenderer(cast(Call, CallStub()), "run-abc", 'm"odel', 12, False)
         for key, text in (("content", 'hé"llo\n'), ("reasoning_content", "\u2028 x")):
             renderer._delta(key, text)
             self.assertEqual(written[-1], f"data: {json.dumps(renderer.chunk({key: text}))}\n\n".encode())

@@ -45,6 +45,7 @@ class HTTPLimitsTests(SynchronousTestCase):
 
     def connect(self):
         protocol = self.site.buildProtocol(IPv4Address("TCP", "203.0.113.9", 40000))
+        assert protocol is not None
         transport = StringTransport()
         protocol.makeConnection(transport)
         return protocol, transport

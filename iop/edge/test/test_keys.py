@@ -8,6 +8,7 @@ its own endpoint.
 import copy
 import hashlib
 import json
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.internet import defer
@@ -18,7 +19,7 @@ from iop.config import ConfigError
 from iop.edge.http.site import EdgeSite
 from iop.edge.keys import KeyLimiter, KeySpec, RateLimited, key_digest
 from iop.edge.test.test_config import parsed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
 BASE = "http://edge.invalid"
@@ -124,7 +125,7 @@ class LimiterTests(SynchronousTestCase):
         """
         limiter = KeyLimiter(lambda: 0.0)
         spec = KeySpec(key_digest("k"), "k", max_concurrent=1)
-        finished = defer.Deferred()
+        finished: defer.Deferred[None] = defer.Deferred()
         finished.addBoth(limiter.admit(spec))
         finished.errback(ConnectionDone("the caller hung up"))
         self.assertIsNone(self.successResultOf(finished))
@@ -163,7 +164,7 @@ class LimiterTests(SynchronousTestCase):
 
 class KeyedHTTPTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["api_keys"] = [
             {"sha256": sha("caller")},
             {"key": "one-at-a-time", "max_concurrent": 1},
@@ -173,7 +174,8 @@ class KeyedHTTPTests(SynchronousTestCase):
         data["metrics_key"] = {"sha256": sha("scrape")}
         self.edge = EdgeHarness(data)
         self.node, self.pump, _ = self.edge.register()
-        self.http = StubTreq(self.edge.site.resource)
+        # StubTreq makes its request functions (get, request, ...) at run time.
+        self.http: Any = StubTreq(self.edge.site.resource)
 
     def request(self, method, path, key=None, body=None):
         headers = {b"authorization": [b"Bearer " + key.encode()]} if key else {}
@@ -213,7 +215,7 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.assertEqual(json.loads(answer)["error"]["code"], "key_rate_limited")
         self.assertEqual(self.result(self.request("GET", "/v1/status", "caller"))[0], 200)
         run_id = self.node.of("run_request")[-1].run_id
-        self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        self.node.connection.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         self.pump.flush()
         self.assertEqual(self.result(running)[0], 200)
         self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)
@@ -247,10 +249,11 @@ class MetricsEndpointTests(SynchronousTestCase):
         With C{listen.metrics}, C{/metrics} is served there and not on the
         HTTP port.
         """
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["listen"]["metrics"] = "tcp:0:interface=127.0.0.1"
         edge = EdgeHarness(data)
-        http = StubTreq(edge.site.resource)
+        # StubTreq makes its request functions (get, request, ...) at run time.
+        http: Any = StubTreq(edge.site.resource)
         d = http.get(BASE + "/metrics")
         http.flush()
         self.assertEqual(self.successResultOf(d).code, 404)
@@ -259,7 +262,7 @@ class MetricsEndpointTests(SynchronousTestCase):
             for child in edge.service
             if isinstance(child.factory, EdgeSite) and child.factory is not edge.site
         ]
-        separate = StubTreq(metrics_site.resource)
+        separate: Any = StubTreq(metrics_site.resource)
         d = separate.get(BASE + "/metrics")
         separate.flush()
         self.assertEqual(self.successResultOf(d).code, 200)

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec, TunnelSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.tunnels import TunnelRecorder
 
@@ -52,7 +52,7 @@ class MalformedTests(SynchronousTestCase):
 
     def send(self, *messages):
         for message in messages:
-            self.node.wire.send(message)
+            self.node.connection.send(message)
         self.pump.flush()
 
     def cancels(self):
@@ -71,13 +71,13 @@ class MalformedTests(SynchronousTestCase):
         """
         bad = self.start_run(model="grp")
         good = self.start_run(adapter="echo", node="n1")
-        self.send(iop_pb2.RunEvent(run_id=bad.work_id, seq=1, type="bogus"))
+        self.send(messages.run_event(run_id=bad.work_id, seq=1, type="bogus"))
         self.assertEqual(bad.types(), ["error"])
         self.assertEqual(bad.events[0].error.code, "protocol_error")
         self.assertIn(bad.work_id, self.cancels())
         self.assertEqual([lease.group for lease in self.service.pool.active_leases()], ["n1/echo"])
         self.assert_connection_alive()
-        self.send(iop_pb2.RunEvent(run_id=good.work_id, seq=1, type="complete"))
+        self.send(messages.run_event(run_id=good.work_id, seq=1, type="complete"))
         self.assertEqual(good.types(), ["complete"])
         self.assertEqual(self.service.pool.active_leases(), [])
 
@@ -88,8 +88,8 @@ class MalformedTests(SynchronousTestCase):
         """
         errored, cancelled = self.start_run(model="grp"), self.start_run(adapter="echo", node="n1")
         self.send(
-            iop_pb2.RunEvent(run_id=errored.work_id, seq=1, type="error"),
-            iop_pb2.RunEvent(run_id=cancelled.work_id, seq=1, type="cancelled"),
+            messages.run_event(run_id=errored.work_id, seq=1, type="error"),
+            messages.run_event(run_id=cancelled.work_id, seq=1, type="cancelled"),
         )
         self.assertEqual(errored.events[0].error.code, "adapter_error")
         self.assertEqual(cancelled.events[0].error.code, "cancelled")
@@ -102,13 +102,11 @@ class MalformedTests(SynchronousTestCase):
         and an empty frame each end their tunnel with C{protocol_error}.
         """
         frames = [
-            iop_pb2.ProviderTunnelFrame(status=42),
-            iop_pb2.ProviderTunnelFrame(status=99999),
-            iop_pb2.ProviderTunnelFrame(headers=iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name="a b", value="x")])),
-            iop_pb2.ProviderTunnelFrame(
-                headers=iop_pb2.TunnelHeaders(headers=[iop_pb2.Header(name="x-a", value="1\r\nset-cookie: y")])
-            ),
-            iop_pb2.ProviderTunnelFrame(),
+            messages.tunnel_frame("", 0, status=42),
+            messages.tunnel_frame("", 0, status=99999),
+            messages.tunnel_frame("", 0, headers=[("a b", "x")]),
+            messages.tunnel_frame("", 0, headers=[("x-a", "1\r\nset-cookie: y")]),
+            messages.tunnel_frame("", 0),
         ]
         for frame in frames:
             recorder = self.tunnel()
@@ -127,9 +125,9 @@ class MalformedTests(SynchronousTestCase):
         """
         recorder = self.tunnel()
         self.send(
-            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, status=200),
-            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, metadata_json="{nope"),
-            iop_pb2.ProviderTunnelFrame(tunnel_id=recorder.work_id, end=iop_pb2.TunnelEnd()),
+            messages.tunnel_frame(recorder.work_id, 0, status=200),
+            messages.tunnel_frame(recorder.work_id, 0, metadata_json="{nope"),
+            messages.tunnel_frame(recorder.work_id, 0, end=True),
         )
         self.assertEqual([c[0] for c in recorder.calls], ["status", "end"])
         self.assert_connection_alive()
@@ -146,7 +144,7 @@ class MalformedTests(SynchronousTestCase):
             raise ZeroDivisionError("bug")
 
         recorder.event = broken
-        self.send(iop_pb2.RunEvent(run_id=recorder.work_id, seq=1, type="start"))
+        self.send(messages.run_event(run_id=recorder.work_id, seq=1, type="start"))
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
         self.assertNotIn(recorder.work_id, self.service.inflight)
         self.assertIn(recorder.work_id, self.cancels())
@@ -161,7 +159,7 @@ class MalformedTests(SynchronousTestCase):
         d = self.service.command("n1", "capabilities")
         self.pump.flush()
         request_id = self.node.of("node_command_request")[0].request_id
-        self.send(iop_pb2.NodeCommandResponse(request_id=request_id, ok=True, result_json="{nope"))
+        self.send(messages.command_result(request_id, "{nope"))
         f = self.failureResultOf(d, ServiceError)
         self.assertEqual((f.value.kind, f.value.code), ("failed", "protocol_error"))
         self.assert_connection_alive()

@@ -129,6 +129,7 @@ class EdgeMetricsTests(SynchronousTestCase):
         transports = []
         for _ in range(2 * cap + 1):
             protocol = site.buildProtocol(IPv4Address("TCP", "192.0.2.66", 40000))
+            assert protocol is not None
             transports.append(StringTransport())
             protocol.makeConnection(transports[-1])
         self.assertEqual(self.value("iop_edge_http_waiting_connections"), cap)

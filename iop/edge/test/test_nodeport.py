@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.limits import PREAUTH_FRAME_BYTES
 from iop.edge.nodeport import _Refused
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
 from iop.testing.edge import EDGE_YAML, EdgeHarness, ScriptedNode
 
@@ -65,7 +65,7 @@ class PreauthFrameTests(SynchronousTestCase):
         """
         edge = harness()
         node, pump, edge_protocol = edge.register()
-        node.wire.send(iop_pb2.RunEvent(run_id="nothing", seq=1, type="delta", text="x" * (PREAUTH_FRAME_BYTES * 2)))
+        node.wire.send(messages.run_event(run_id="nothing", seq=1, type="delta", text="x" * (PREAUTH_FRAME_BYTES * 2)))
         pump.flush()
         self.assertIsNone(edge_protocol.close_reason)
         self.assertFalse(node.lost)
@@ -113,14 +113,14 @@ class DeadlineTests(SynchronousTestCase):
         """
         edge = harness()
         node, pump, edge_protocol = edge.connect()
-        data = iop_pb2.Envelope(register_request=iop_pb2.RegisterRequest(token="wrong")).SerializeToString()
+        data = messages.Envelope(register_request=messages.register_request("wrong", WIRE_VERSION)).SerializeToString()
         edge_protocol.dataReceived(struct.pack("!I", len(data)) + data)
         connection = edge_protocol.receiver
         self.assertEqual(connection.state, "refused")
         self.assertTrue(connection._deadline.active())
         self.assertIn(connection, edge.service.node_port.unregistered)
         pump.flush()
-        self.assertEqual(node.of("register_response")[0].code, iop_pb2.UNKNOWN_TOKEN)
+        self.assertEqual(node.of("register_response")[0].code, messages.UNKNOWN_TOKEN)
         self.assertEqual(edge.service.node_port.unregistered, {})
         self.assertIsNone(connection._deadline)
 
@@ -143,9 +143,7 @@ class CapTests(SynchronousTestCase):
         return protocol, transport
 
     def register(self, edge, protocol, token="tok-1"):
-        data = iop_pb2.Envelope(
-            register_request=iop_pb2.RegisterRequest(token=token, wire_version=WIRE_VERSION)
-        ).SerializeToString()
+        data = messages.Envelope(register_request=messages.register_request(token, WIRE_VERSION)).SerializeToString()
         protocol.dataReceived(struct.pack("!I", len(data)) + data)
 
     def test_beyond_the_cap_waits_in_the_hall(self):

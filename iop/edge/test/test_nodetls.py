@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import os
 import tempfile
+from typing import Any
 
 from cryptography import x509
 from OpenSSL import crypto
@@ -17,7 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.nodetls import identities, mismatch
 from iop.edge.test.test_config import parsed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
 from iop.testing.edge import EDGE_YAML, EdgeHarness
 
@@ -26,6 +27,7 @@ _SCRIPT = os.path.join(os.path.dirname(__file__), *[os.pardir] * 3, "scripts", "
 
 def certs_module():
     spec = importlib.util.spec_from_file_location("make_test_certs", _SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -89,8 +91,10 @@ class RegistrationTests(SynchronousTestCase):
 
     def register(self, token, certificate):
         node, pump, edge_protocol = self.edge.connect()
-        edge_protocol.transport.getPeerCertificate = FakeTLS(certificate).getPeerCertificate
-        node.wire.send(iop_pb2.RegisterRequest(token=token, wire_version=WIRE_VERSION))
+        # In-memory, given the method a TLS transport has.
+        transport: Any = edge_protocol.transport
+        transport.getPeerCertificate = FakeTLS(certificate).getPeerCertificate
+        node.wire.send(messages.register_request(token=token, wire_version=WIRE_VERSION))
         pump.flush()
         return node.of("register_response")[0]
 
@@ -108,7 +112,7 @@ class RegistrationTests(SynchronousTestCase):
         """
         response = self.register("tok-1", load(os.path.join(self.out, "n2.pem")))
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.UNKNOWN_TOKEN)
+        self.assertEqual(response.code, messages.UNKNOWN_TOKEN)
         self.assertIn("names 'n2', not node 'n1'", response.reason)
         self.assertIsNone(self.edge.service.registry.owner("n1"))
 

@@ -5,12 +5,13 @@ the single-node fallback; direct work counts in C{in_use} and queues.
 """
 
 import copy
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 
 
@@ -20,7 +21,7 @@ def spec(**kwargs):
 
 class PlacementTests(SynchronousTestCase):
     def setUp(self):
-        data = copy.deepcopy(EDGE_YAML)
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
         data["model_groups"].append({"name": "only1", "providers": [{"node": "n1", "provider": "p1", "target": "o1"}]})
         self.edge = EdgeHarness(data)
         self.service = self.edge.service
@@ -36,7 +37,7 @@ class PlacementTests(SynchronousTestCase):
         }
 
     def finish(self, node, pump, run_id):
-        node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=1, type="complete"))
+        node.wire.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
         pump.flush()
 
     def test_explicit_node_with_group(self):
@@ -72,7 +73,9 @@ class PlacementTests(SynchronousTestCase):
         run_id = self.successResultOf(self.submit(adapter="echo", node="n1"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)
         pooled = self.successResultOf(self.submit(model="grp"))
-        self.assertEqual(self.service.inflight.get(pooled).link.node_id, "n2")
+        dispatch = self.service.inflight.get(pooled)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n2")
         self.edge.flush()
         self.finish(self.n1, self.pump1, run_id)
         self.assertEqual(self.in_use()[("n1", "p1")], 0)
@@ -115,7 +118,7 @@ class PlacementTests(SynchronousTestCase):
         With one ready node, an adapter name alone places there, with a
         lease.
         """
-        self.n2.wire.transport.loseConnection()
+        self.n2.transport.loseConnection()
         self.edge.flush()
         self.successResultOf(self.submit(adapter="echo"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)

@@ -3,7 +3,9 @@ Tests for L{iop.edge.pool}: leases, shared capacity, the FIFO queue and
 Node lifecycle.
 """
 
-from twisted.internet.defer import CancelledError
+from collections.abc import Iterable
+
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -30,8 +32,10 @@ def group(name, *keys, **kwargs):
     return ModelGroupSpec(name, members, **kwargs)
 
 
-class PoolTestMixin:
-    def make_pool(self, providers, groups, ready=()):
+class PoolTestCase(SynchronousTestCase):
+    def make_pool(
+        self, providers: list[ProviderSpec], groups: list[ModelGroupSpec], ready: Iterable[str] = ()
+    ) -> ProviderPool:
         self.clock = Clock()
         pool = ProviderPool(self.clock, providers, groups)
         for node in ready:
@@ -50,13 +54,13 @@ class PoolTestMixin:
                 return entry["queued"]
         raise AssertionError(f"no group {name}")
 
-    def lease_of(self, d):
+    def lease_of(self, d: Deferred[Lease]) -> Lease:
         lease = self.successResultOf(d)
         self.assertIsInstance(lease, Lease)
         return lease
 
 
-class AcquireTests(PoolTestMixin, SynchronousTestCase):
+class AcquireTests(PoolTestCase):
     """
     Immediate leases and the choice of provider.
     """
@@ -71,7 +75,7 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
             [provider("n1", "p1", normal=2, adapter="vllm-a", adapter_type="vllm")],
             [group("m", ("n1", "p1"))],
         )
-        pool.node_ready("n1", "gen-7")
+        pool.node_ready("n1", 7)
         lease = self.lease_of(pool.acquire("m", NORMAL))
         self.assertEqual(
             (
@@ -84,7 +88,7 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
                 lease.generation,
                 lease.group,
             ),
-            ("n1", "p1", "vllm-a", "vllm", "m-on-n1", NORMAL, "gen-7", "m"),
+            ("n1", "p1", "vllm-a", "vllm", "m-on-n1", NORMAL, 7, "m"),
         )
         self.assertTrue(lease.active)
         self.assertEqual(self.in_use(pool, "n1", "p1"), {NORMAL: 1, LONG: 0})
@@ -183,7 +187,9 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
         """
         pool = self.make_pool([provider("n1", "p1")], [group("m", ("n1", "p1"))], ready=["n1"])
         self.assertIsNone(pool.group("nope"))
-        self.assertEqual(pool.group("m").name, "m")
+        spec = pool.group("m")
+        assert spec is not None
+        self.assertEqual(spec.name, "m")
         error = self.assertRaises(KeyError, pool.acquire, "nope", NORMAL)
         self.assertIn("nope", str(error))
         self.assertRaises(KeyError, pool.classify, "nope", 1)
@@ -234,7 +240,7 @@ class AcquireTests(PoolTestMixin, SynchronousTestCase):
         self.failureResultOf(pool.acquire("empty", NORMAL), NoLiveProvider)
 
 
-class QueueTests(PoolTestMixin, SynchronousTestCase):
+class QueueTests(PoolTestCase):
     """
     Waiting for room: FIFO, timeouts, limits and cancellation.
     """
@@ -366,7 +372,7 @@ class QueueTests(PoolTestMixin, SynchronousTestCase):
         self.assertEqual(self.in_use(self.pool, "n1", "p1"), {NORMAL: 0, LONG: 0})
 
 
-class LifecycleTests(PoolTestMixin, SynchronousTestCase):
+class LifecycleTests(PoolTestCase):
     """
     Node ready and disconnect, generations.
     """
@@ -432,7 +438,7 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         served = []
         waiters = [pool.acquire("m", NORMAL) for _ in range(3)]
         for i, d in enumerate(waiters):
-            d.addCallback(lambda lease, i=i: served.append((i, lease)))
+            d.addCallback(lambda lease, i: served.append((i, lease)), i)
         pool.node_disconnected("n1", 1)
         self.assertEqual(served, [])
         pool.node_ready("n1", 2)
@@ -516,7 +522,7 @@ class LifecycleTests(PoolTestMixin, SynchronousTestCase):
         )
 
 
-class ReentrancyTests(PoolTestMixin, SynchronousTestCase):
+class ReentrancyTests(PoolTestCase):
     """
     Callbacks on fired Deferreds may call back into the pool.
     """
@@ -547,7 +553,12 @@ class ReentrancyTests(PoolTestMixin, SynchronousTestCase):
         held = self.lease_of(self.pool.acquire("m", NORMAL))
         inner = []
         first = self.pool.acquire("m", NORMAL)
-        first.addCallback(lambda lease: inner.append(self.pool.acquire("m", NORMAL)) or lease)
+
+        def again(lease: Lease) -> Lease:
+            inner.append(self.pool.acquire("m", NORMAL))
+            return lease
+
+        first.addCallback(again)
         second = self.pool.acquire("m", NORMAL)
         held.release()
         lease = self.lease_of(first)

@@ -48,12 +48,12 @@ class IndexMachine(RuleBasedStateMachine):
 
     @rule(node=st.sampled_from(NODES))
     def offline(self, node):
-        resources = self.pool._by_node[node]
-        self.pool.node_disconnected(node, resources[0].generation)
+        # Offline already: generation 0 was never live, so this is stale.
+        self.pool.node_disconnected(node, self.pool._by_node[node][0].generation or 0)
 
     @rule(node=st.sampled_from(NODES))
     def draining(self, node):
-        self.pool.node_draining(node, self.pool._by_node[node][0].generation)
+        self.pool.node_draining(node, self.pool._by_node[node][0].generation or 0)
 
     @rule(klass=st.sampled_from(CLASSES))
     def lease(self, klass):

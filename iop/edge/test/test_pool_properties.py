@@ -71,7 +71,12 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.pool = None
+        self._pool: ProviderPool | None = None
+
+    @property
+    def pool(self) -> ProviderPool:
+        assert self._pool is not None, "set_up_pool runs first"
+        return self._pool
 
     @initialize(
         capacities=st.lists(
@@ -89,8 +94,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.capacity = {
             (p.node_id, p.provider_id): {NORMAL: p.capacity_normal, LONG: p.capacity_long} for p in providers
         }
-        self.pool = ProviderPool(self.clock, providers, make_groups())
-        self.live = {node: None for node in NODES}
+        self._pool = ProviderPool(self.clock, providers, make_groups())
+        self.live: dict[str, int | None] = {node: None for node in NODES}
         self.last_generation = {node: 0 for node in NODES}
         self.acquisitions = []
         self.leases = []
@@ -221,13 +226,14 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES))
     def ready(self, node):
         self.last_generation[node] += 1
-        self.live[node] = self.last_generation[node]
-        self.pool.node_ready(node, self.live[node])
+        generation = self.live[node] = self.last_generation[node]
+        self.pool.node_ready(node, generation)
 
     @rule(node=st.sampled_from(NODES))
     def duplicate_ready(self, node):
-        if self.live[node] is not None:
-            self.pool.node_ready(node, self.live[node])
+        generation = self.live[node]
+        if generation is not None:
+            self.pool.node_ready(node, generation)
 
     @rule(seconds=st.sampled_from([0.5, 1, 2, 3, 5]))
     def advance(self, seconds):
@@ -247,7 +253,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
-        if self.pool is None:
+        if self._pool is None:
             return
         providers = self.providers()
         self.check_bounds()
@@ -278,7 +284,7 @@ class PoolMachine(RuleBasedStateMachine):
         Quiescence: release everything and let every timeout pass; every
         counter is then 0 and every acquire has fired exactly once.
         """
-        if self.pool is None:
+        if self._pool is None:
             return
         for _ in range(100):
             held = self.counted_leases()

@@ -6,6 +6,8 @@ interleaving of new events, readers joining and leaving, and answers from
 the Node's store.
 """
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer
@@ -42,7 +44,7 @@ class FakeNode:
         self.pending = []
 
     def fetch(self, run_id, node_id, after):
-        d = defer.Deferred()
+        d: defer.Deferred[tuple[str, dict[str, Any]]] = defer.Deferred()
         self.pending.append((after, d))
         return d
 
@@ -79,7 +81,7 @@ class RunBookTests(SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()
         self.bus = EventBus(self.clock)
-        self.published = []
+        self.published: list[tuple[str, dict[str, Any]]] = []
         self.bus.subscribe(lambda topic, payload: self.published.append((topic, payload)), ["run", "tunnel"])
         self.book = RunBook(self.clock, self.bus, max_bytes=1024, max_age_sec=60, max_runs=2)
 
@@ -136,6 +138,23 @@ class RunBookTests(SynchronousTestCase):
         self.clock.advance(61)
         self.assertIsNone(self.book.get("c"))
         self.assertIsNotNone(self.book.get("r1"))
+
+    def test_follow_past_the_log_without_a_store(self):
+        """
+        With no Node store to ask (no C{fetch}), a reader resuming before
+        the oldest event still in memory gets what the log still holds and
+        follows on live.
+        """
+        record = self.book.open("r1", RUN)
+        for seq in range(1, 40):
+            self.book.event(record, RunEventData(DELTA, text="x" * 100), seq)
+        written: list[int] = []
+        follower = self.successResultOf(
+            self.book.follow("r1", 0, lambda seq, payload: written.append(seq), lambda: None)
+        )
+        self.book.event(record, RunEventData(COMPLETE), 40)
+        self.assertEqual(written, list(range(40 - len(record.log), 41)))
+        self.assertTrue(follower.closed)
 
     def test_tunnel(self):
         """
@@ -253,9 +272,10 @@ class OlderNodeTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo", node="n1", background=True)
         run_id = self.successResultOf(harness.service.submit(spec, recorder.for_run))
-        node.wire.transport.loseConnection()
+        node.transport.loseConnection()
         pump.flush()
         record = harness.service.runs.get(run_id)
+        assert record is not None and record.error is not None
         self.assertEqual((record.status, record.error["code"]), ("error", "node_disconnected"))
         self.assertEqual(harness.service.inflight.detached_on("n1"), [])
         self.assertEqual(node.of("run_resume"), [])

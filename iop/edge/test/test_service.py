@@ -5,6 +5,7 @@ generation fencing, run relay, cancel and disconnects.
 
 import copy
 import json
+from typing import Any, cast
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
@@ -12,8 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.config import token_digest
 from iop.edge.errors import ServiceError
+from iop.edge.registry import Wire
 from iop.edge.spec import RunSpec
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder, edge_config
 
 
@@ -46,7 +48,7 @@ class RegistrationTests(SynchronousTestCase):
         node, pump, _ = self.edge.register(token="nope", ready=False)
         (response,) = node.of("register_response")
         self.assertFalse(response.accepted)
-        self.assertEqual(response.code, iop_pb2.UNKNOWN_TOKEN)
+        self.assertEqual(response.code, messages.UNKNOWN_TOKEN)
         self.assertTrue(node.lost)
         self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
         self.assertNotIn("nope", repr(self.edge.node_events))
@@ -98,7 +100,7 @@ class RegistrationTests(SynchronousTestCase):
         closes it.
         """
         node, pump, edge_protocol = self.edge.register(ready=False)
-        node.wire.send(iop_pb2.RunEvent(run_id="x", type="start"))
+        node.connection.send(messages.run_event("x", 0, "start"))
         pump.flush()
         self.assertTrue(node.lost)
         self.assertIn("run_event", edge_protocol.close_reason)
@@ -116,7 +118,7 @@ class FencingTests(SynchronousTestCase):
         first, _, _ = self.edge.register()
         second, _, _ = self.edge.register(ready=False)
         response = second.of("register_response")[0]
-        self.assertEqual(response.code, iop_pb2.DUPLICATE_CONNECTION)
+        self.assertEqual(response.code, messages.DUPLICATE_CONNECTION)
         self.assertFalse(first.lost)
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
         self.assertEqual(self.edge.node_events[-1]["event"], "rejected")
@@ -127,7 +129,7 @@ class FencingTests(SynchronousTestCase):
         (no second "ready" event, capacity not doubled).
         """
         node, pump, _ = self.edge.register()
-        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n1"))
+        node.connection.send(messages.ready_request(node_id="n1"))
         pump.flush()
         self.assertEqual([r.ready for r in node.of("node_ready_response")], [True, True])
         self.assertEqual([e["event"] for e in self.edge.node_events].count("ready"), 1)
@@ -139,7 +141,7 @@ class FencingTests(SynchronousTestCase):
         A ready naming another node than the registration is refused.
         """
         node, pump, _ = self.edge.register(ready=False)
-        node.wire.send(iop_pb2.NodeReadyRequest(node_id="n2"))
+        node.connection.send(messages.ready_request(node_id="n2"))
         pump.flush()
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.edge.service.status()["nodes"][1]["connected"])
@@ -148,7 +150,8 @@ class FencingTests(SynchronousTestCase):
         """
         A ready from a connection that is no longer the owner is refused.
         """
-        link = self.edge.service.registry.register("tok-1", wire=None)
+        # No wire: the link is lost before anything is sent on it.
+        link = self.edge.service.registry.register("tok-1", wire=cast(Wire, None))
         self.edge.service.registry.lost(link)
         response, first = self.edge.service.links.ready(link, "n1")
         self.assertFalse(first)
@@ -180,7 +183,9 @@ class FencingTests(SynchronousTestCase):
         self.assertFalse(self.edge.service.status()["nodes"][0]["connected"])
         second, _, _ = self.edge.register()
         self.assertTrue(second.of("node_ready_response")[0].ready)
-        self.assertEqual(self.edge.service.registry.owner("n1").generation, 2)
+        owner = self.edge.service.registry.owner("n1")
+        assert owner is not None
+        self.assertEqual(owner.generation, 2)
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
 
 
@@ -191,7 +196,7 @@ class RunTests(SynchronousTestCase):
 
     def reply(self, run_id, *events):
         for seq, (kind, text) in enumerate(events, 1):
-            self.node.wire.send(iop_pb2.RunEvent(run_id=run_id, seq=seq, type=kind, text=text))
+            self.node.connection.send(messages.run_event(run_id=run_id, seq=seq, type=kind, text=text))
         self.pump.flush()
 
     def test_run_request_and_relay_order(self):
@@ -227,7 +232,9 @@ class RunTests(SynchronousTestCase):
         recorder = Recorder()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="echo")
         run = self.successResultOf(self.edge.service.submit(spec, recorder.for_run))
-        self.assertEqual(self.edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         self.edge.register(token="tok-2")
         f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
         self.assertIn("name a node", f.value.message)
@@ -242,7 +249,7 @@ class RunTests(SynchronousTestCase):
         self.assertTrue(self.edge.service.cancel(run))
         self.pump.flush()
         (cancel,) = self.node.of("cancel_request")
-        self.assertEqual((cancel.kind, cancel.run_id), (iop_pb2.CancelRequest.CANCEL_RUN, run))
+        self.assertEqual((cancel.kind, cancel.run_id), (messages.CANCEL_RUN, run))
         self.reply(run, ("cancelled", ""))
         self.assertEqual(recorder.types(), ["cancelled"])
         self.assertFalse(self.edge.service.cancel(run))
@@ -273,7 +280,9 @@ class RunTests(SynchronousTestCase):
         self.edge_protocol.transport.loseConnection()
         self.pump.flush()
         self.assertEqual(recorder.types(), ["error"])
-        self.assertEqual(recorder.events[0].error.code, "node_disconnected")
+        error = recorder.events[0].error
+        assert error is not None
+        self.assertEqual(error.code, "node_disconnected")
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertEqual(self.edge.node_events[-1]["event"], "disconnected")
         status = self.edge.service.status()["nodes"][0]
@@ -286,7 +295,10 @@ class RunTests(SynchronousTestCase):
         """
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
         run = self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
-        lease = self.edge.service.inflight.get(run).placement.lease
+        dispatch = self.edge.service.inflight.get(run)
+        assert dispatch is not None
+        lease = dispatch.placement.lease
+        assert lease is not None
         self.reply(run, ("complete", ""))
         self.assertEqual(self.edge.service.pool.active_leases(), [])
         self.assertFalse(lease.release())
@@ -309,7 +321,7 @@ class RunTests(SynchronousTestCase):
         d = self.edge.service.command("n1", "capabilities")
         self.pump.flush()
         (request,) = self.node.of("node_command_request")
-        self.node.wire.send(iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=True, result_json='{"a": 1}'))
+        self.node.connection.send(messages.command_result(request.request_id, '{"a": 1}'))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), {"a": 1})
 
@@ -322,15 +334,15 @@ class RunTests(SynchronousTestCase):
         d = self.edge.service.terminate_session("n1", "echo", "", "s1")
         self.pump.flush()
         (request,) = self.node.of("cancel_request")
-        self.assertEqual(request.kind, iop_pb2.CancelRequest.TERMINATE_SESSION)
-        answer = iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="no", code="not_supported")
-        self.node.wire.send(answer)
+        self.assertEqual(request.kind, messages.TERMINATE_SESSION)
+        answer = messages.cancel_response(request_id=request.request_id, ok=False, reason="no", code="not_supported")
+        self.node.connection.send(answer)
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "no", "not_supported"))
         d = self.edge.service.terminate_session("n1", "echo", "", "s1")
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
-        self.node.wire.send(iop_pb2.CancelResponse(request_id=request.request_id, ok=False, reason="?"))
+        self.node.connection.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "?", "failed"))
 
@@ -349,9 +361,7 @@ class RunTests(SynchronousTestCase):
             d = self.edge.service.command("n1", "x")
             self.pump.flush()
             request = self.node.of("node_command_request")[-1]
-            self.node.wire.send(
-                iop_pb2.NodeCommandResponse(request_id=request.request_id, ok=False, code=code, error="e")
-            )
+            self.node.connection.send(messages.command_error(request.request_id, code, "e"))
             self.pump.flush()
             failure = self.failureResultOf(d, ServiceError)
             self.assertEqual((failure.value.kind, failure.value.code), (kind, code))
@@ -368,7 +378,7 @@ class RunTests(SynchronousTestCase):
         self.assertEqual(failure.value.kind, "timeout")
         (request,) = self.node.of("node_command_request")
         (abort,) = self.node.of("cancel_request")
-        self.assertEqual((abort.kind, abort.request_id), (iop_pb2.CancelRequest.CANCEL_COMMAND, request.request_id))
+        self.assertEqual((abort.kind, abort.request_id), (messages.CANCEL_COMMAND, request.request_id))
 
     def test_command_progress(self):
         """
@@ -376,17 +386,13 @@ class RunTests(SynchronousTestCase):
         Node's progress answers reach the callback in order before the
         final answer fires the Deferred; a cancel aborts it on the Node.
         """
-        updates = []
+        updates: list[dict[str, Any]] = []
         d = self.edge.service.command("n1", "ollama_pull", "ollama", {"model": "m"}, progress=updates.append)
         self.pump.flush()
         (request,) = self.node.of("node_command_request")
         self.assertTrue(request.stream)
         for n in (1, 2):
-            self.node.wire.send(
-                iop_pb2.NodeCommandResponse(
-                    request_id=request.request_id, ok=True, progress=True, result_json=f'{{"n": {n}}}'
-                )
-            )
+            self.node.connection.send(messages.command_result(request.request_id, f'{{"n": {n}}}', progress=True))
         self.pump.flush()
         self.assertEqual(updates, [{"n": 1}, {"n": 2}])
         self.assertNoResult(d)
@@ -423,7 +429,9 @@ class ReadyOrderTests(SynchronousTestCase):
         self.assertNoResult(waiting)
         node, _, _ = edge.register(token="tok-1")
         run = self.successResultOf(waiting)
-        self.assertEqual(edge.service.inflight.get(run).link.node_id, "n1")
+        dispatch = edge.service.inflight.get(run)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
         kinds = [kind for kind, _ in node.received]
         self.assertEqual(kinds, ["register_response", "node_ready_response", "run_request"])
 
@@ -474,7 +482,7 @@ class ReloadTests(SynchronousTestCase):
         (refresh,) = self.ready.of("config_refresh")
         if answer is not None:
             answer.request_id = refresh.request_id
-            self.ready.wire.send(answer)
+            self.ready.connection.send(answer)
             self.pump.flush()
         return self.edge.service.status()["nodes"][0]
 
@@ -483,7 +491,7 @@ class ReloadTests(SynchronousTestCase):
         A refresh the Node applied shows in the status: what the node runs
         now, and C{config_refresh: applied}.
         """
-        node = self.refresh(iop_pb2.NodeCommandResponse(ok=True, result_json='{"applied": ["echo"]}'))
+        node = self.refresh(messages.command_result("", '{"applied": ["echo"]}'))
         self.assertEqual(node["config_refresh"], {"state": "applied"})
         self.assertEqual(node["adapters"][0]["max_concurrency"], 7)
 
@@ -492,7 +500,7 @@ class ReloadTests(SynchronousTestCase):
         A refresh the Node refused leaves the status showing the adapters
         it still runs, and the Node's reason.
         """
-        node = self.refresh(iop_pb2.NodeCommandResponse(ok=False, code="refused", error="adapter echo: no such thing"))
+        node = self.refresh(messages.command_error("", "refused", "adapter echo: no such thing"))
         self.assertEqual(node["config_refresh"], {"state": "refused", "reason": "adapter echo: no such thing"})
         self.assertEqual(node["adapters"][0]["max_concurrency"], 2)
         self.flushLoggedErrors()

@@ -5,7 +5,7 @@ and a bad configuration refused before anything listens.
 
 import signal
 
-from twisted.application.service import IServiceMaker
+from twisted.application.service import IServiceMaker, ServiceMaker
 from twisted.plugin import getPlugins
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
@@ -36,7 +36,9 @@ class TapTests(SynchronousTestCase):
         twistd finds the C{iop-edge} tapname pointing at this module.
         """
         makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)}
-        self.assertEqual(makers["iop-edge"].module, "iop.edge.tap")
+        maker = makers["iop-edge"]
+        assert isinstance(maker, ServiceMaker)
+        self.assertEqual(maker.module, "iop.edge.tap")
 
     def test_service_tree(self):
         """
@@ -48,6 +50,7 @@ class TapTests(SynchronousTestCase):
             self.addCleanup(signal.signal, signum, signal.getsignal(signum))
         service = tap.makeService(self.options(EDGE_YAML))
         self.assertIsInstance(service, EdgeService)
+        assert isinstance(service, EdgeService)
         self.assertEqual(len(list(service)), 2)
         self.assertFalse(any(child.running for child in service))
 

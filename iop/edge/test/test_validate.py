@@ -6,6 +6,7 @@ lease; an exception that still escapes a handler is a logged 500.
 """
 
 import json
+from typing import Any
 
 from treq.testing import StubTreq
 from twisted.logger import LogLevel, capturedLogs
@@ -64,7 +65,7 @@ class TreeTests(SynchronousTestCase):
         The walk needs no recursion: a tree far deeper than the recursion
         limit is refused by depth, not by a crash.
         """
-        value = []
+        value: list[object] = []
         for _ in range(5000):
             value = [value]
         self.assertEqual(self.assertRaises(HTTPError, check_tree, value).code, "invalid_json")
@@ -74,7 +75,9 @@ class SurfaceValidationTests(SynchronousTestCase):
     def setUp(self):
         self.edge = EdgeHarness()
         self.node, self.pump, _ = self.edge.register()
-        self.http = StubTreq(self.edge.site.resource)
+        assert self.edge.site is not None
+        # (StubTreq's request functions are set on it at run time.)
+        self.http: Any = StubTreq(self.edge.site.resource)
 
     def post(self, path, body=None, raw=None, key=None):
         headers = {b"content-type": [b"application/json"]}
@@ -106,7 +109,8 @@ class SurfaceValidationTests(SynchronousTestCase):
         group, so after placement it used to raise) is a 400 before any
         lease is taken.
         """
-        for value in ("x", [], 5, True):
+        values: tuple[object, ...] = ("x", [], 5, True)
+        for value in values:
             body = {"model": "grp", "stream": True, "stream_options": value, "messages": HI}
             self.assert_refused("/v1/chat/completions", body, "invalid_stream_options", "stream_options")
         body = {"model": "grp", "stream_options": {"include_usage": "yes"}, "messages": HI}

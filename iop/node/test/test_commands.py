@@ -6,8 +6,8 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.protocols import iop_pb2
-from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
+from iop.protocols import messages
+from iop.testing.node import RecordingStore, adapter_config, manual, ready_node, run_request
 
 
 class CommandTests(SynchronousTestCase):
@@ -18,8 +18,8 @@ class CommandTests(SynchronousTestCase):
         )
 
     def command(self, command, adapter="", args=None, request_id="c1"):
-        self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(
+        self.edge.connection.send(
+            messages.command_request(
                 request_id=request_id, command=command, adapter=adapter, args_json=json.dumps(args) if args else ""
             )
         )
@@ -36,7 +36,7 @@ class CommandTests(SynchronousTestCase):
         C{capabilities} lists every adapter with its type, concurrency,
         features and current use.
         """
-        self.edge.wire.send(run_request("r1"))
+        self.edge.connection.send(run_request("r1"))
         self.pump.flush()
         adapters = {a["name"]: a for a in self.result(self.command("capabilities"))["adapters"]}
         self.assertEqual(
@@ -72,9 +72,9 @@ class CommandTests(SynchronousTestCase):
         """
         from iop.run import COMPLETE, RunEventData, Usage
 
-        self.edge.wire.send(run_request("r1"))
+        self.edge.connection.send(run_request("r1"))
         self.pump.flush()
-        self.context.host.get("manual").adapter.runs[0][1](RunEventData(COMPLETE, usage=Usage(10, 20)))
+        manual(self.context.host, "manual").runs[0][1](RunEventData(COMPLETE, usage=Usage(10, 20)))
         usage = self.result(self.command("usage_status"))["adapters"]["manual"]
         self.assertEqual((usage["input_tokens"], usage["output_tokens"]), (10, 20))
         self.assertEqual(usage["runs"], {"complete": 1, "error": 0, "cancelled": 0})
@@ -137,11 +137,12 @@ class CommandTests(SynchronousTestCase):
         A request with C{stream} gets the adapter's progress as progress
         responses, in order, then exactly one final answer.
         """
-        self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual", stream=True)
+        self.edge.connection.send(
+            messages.command_request(request_id="c9", command="manual_wait", adapter="manual", stream=True)
         )
         self.pump.flush()
-        progress, d = self.context.host.get("manual").adapter.waiting[-1]
+        progress, d = manual(self.context.host, "manual").waiting[-1]
+        assert progress is not None
         progress({"completed": 1})
         progress({"completed": 2})
         d.callback({"status": "success"})
@@ -160,9 +161,9 @@ class CommandTests(SynchronousTestCase):
         """
         Without C{stream}, the adapter is given no progress callback.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.connection.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
-        progress, _ = self.context.host.get("manual").adapter.waiting[-1]
+        progress, _ = manual(self.context.host, "manual").waiting[-1]
         self.assertIsNone(progress)
 
     def test_cancel_command(self):
@@ -170,11 +171,11 @@ class CommandTests(SynchronousTestCase):
         CANCEL_COMMAND from the Edge cancels the adapter's command (its
         back-end request is aborted); the answer says C{cancelled}.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c9", command="manual_wait", adapter="manual"))
+        self.edge.connection.send(messages.command_request(request_id="c9", command="manual_wait", adapter="manual"))
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_COMMAND, request_id="c9"))
+        self.edge.connection.send(messages.cancel_command("c9"))
         self.pump.flush()
-        adapter = self.context.host.get("manual").adapter
+        adapter = manual(self.context.host, "manual")
         self.assertEqual(adapter.cancelled, ["command:0"])
         (response,) = self.edge.of("node_command_response")
         self.assertEqual((response.ok, response.code), (False, "cancelled"))
@@ -183,7 +184,7 @@ class CommandTests(SynchronousTestCase):
         """
         Unparsable args_json is an error answer, not a dropped connection.
         """
-        self.edge.wire.send(iop_pb2.NodeCommandRequest(request_id="c1", command="capabilities", args_json="{"))
+        self.edge.connection.send(messages.command_request(request_id="c1", command="capabilities", args_json="{"))
         self.pump.flush()
         [response] = self.edge.of("node_command_response")
         self.assertFalse(response.ok)
@@ -196,14 +197,8 @@ class TerminateSessionTests(SynchronousTestCase):
         session, edge, pump, context = ready_node(
             adapter_config("manual", sessions=True), adapter_config("plain", type="plain")
         )
-        edge.wire.send(
-            iop_pb2.CancelRequest(
-                kind=iop_pb2.CancelRequest.TERMINATE_SESSION,
-                adapter=adapter,
-                target="t",
-                session_id=session_id,
-                request_id="q1",
-            )
+        edge.connection.send(
+            messages.terminate_session(request_id="q1", adapter=adapter, target="t", session_id=session_id)
         )
         pump.flush()
         [response] = edge.of("cancel_response")
@@ -216,7 +211,7 @@ class TerminateSessionTests(SynchronousTestCase):
         """
         response, context = self.terminate("manual")
         self.assertTrue(response.ok)
-        self.assertEqual(context.host.get("manual").adapter.terminated, [("t", "s1")])
+        self.assertEqual(manual(context.host, "manual").terminated, [("t", "s1")])
 
     def test_unknown_session(self):
         """
@@ -254,8 +249,8 @@ class RunHistoryCommandTests(SynchronousTestCase):
         )
 
     def command(self, command, args=None):
-        self.edge.wire.send(
-            iop_pb2.NodeCommandRequest(request_id="c1", command=command, args_json=json.dumps(args or {}))
+        self.edge.connection.send(
+            messages.command_request(request_id="c1", command=command, args_json=json.dumps(args or {}))
         )
         self.pump.flush()
         [response] = self.edge.of("node_command_response")
@@ -267,7 +262,7 @@ class RunHistoryCommandTests(SynchronousTestCase):
         C{run_get} answers a finished run from the store: its row with the
         whole output, and its events after C{after}.
         """
-        self.edge.wire.send(run_request("r1", adapter="echo", text="a b c"))
+        self.edge.connection.send(run_request("r1", adapter="echo", text="a b c"))
         self.pump.flush()
         self.edge.received.clear()
         answer = json.loads(self.command("run_get", {"run_id": "r1", "after": 3}).result_json)
@@ -281,8 +276,8 @@ class RunHistoryCommandTests(SynchronousTestCase):
         and limited.
         """
         for run_id in ("r1", "r2", "r3"):
-            self.edge.wire.send(run_request(run_id, adapter="echo", text="x"))
-        self.edge.wire.send(run_request("bad", adapter="nope"))
+            self.edge.connection.send(run_request(run_id, adapter="echo", text="x"))
+        self.edge.connection.send(run_request("bad", adapter="nope"))
         self.pump.flush()
         self.edge.received.clear()
         runs = json.loads(self.command("run_list", {"status": "complete", "limit": 2}).result_json)["runs"]
@@ -294,7 +289,7 @@ class RunHistoryCommandTests(SynchronousTestCase):
         and C{run_list} filters by it.
         """
         for run_id, caller in (("r1", "alice"), ("r2", "bob"), ("r3", "alice")):
-            self.edge.wire.send(run_request(run_id, adapter="echo", text="x", caller=caller))
+            self.edge.connection.send(run_request(run_id, adapter="echo", text="x", caller=caller))
         self.pump.flush()
         self.edge.received.clear()
         runs = json.loads(self.command("run_list", {"caller": "alice"}).result_json)["runs"]

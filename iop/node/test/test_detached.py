@@ -8,7 +8,7 @@ the Node stops; an older Edge gets the old behaviour.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import Resumed
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import COMPLETE, DELTA, START, RunEventData
 from iop.testing.node import (
     FakeEdge,
@@ -16,22 +16,24 @@ from iop.testing.node import (
     accepted,
     adapter_config,
     connect,
+    hosted,
+    manual,
     node_config,
     ready_node,
     run_request,
 )
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
 class DetachTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
         self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def start(self, run_id, background=True):
-        self.edge.wire.send(run_request(run_id, background=background))
+        self.edge.connection.send(run_request(run_id, background=background))
         self.pump.flush()
         run, emit, d = self.adapter.runs[-1]
         emit(RunEventData(START))
@@ -40,7 +42,7 @@ class DetachTests(SynchronousTestCase):
         return emit, d
 
     def lose(self):
-        self.edge.wire.transport.loseConnection()
+        self.edge.lose_connection()
         self.pump.flush()
 
     def reconnect(self):
@@ -60,7 +62,7 @@ class DetachTests(SynchronousTestCase):
         self.lose()
         self.assertEqual(self.adapter.cancelled, ["fg"])
         self.assertIn("bg", self.context.detached)
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 1)
         emit(RunEventData(DELTA, text="b"))
         session, edge, pump = self.reconnect()
         self.assertEqual(edge.kinds(), ["register_request", "run_reconcile", "node_ready_request"])
@@ -80,7 +82,7 @@ class DetachTests(SynchronousTestCase):
         emit(RunEventData(DELTA, text="b"))
         emit(RunEventData(DELTA, text="c"))
         session, edge, pump = self.reconnect()
-        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=2))
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=2))
         emit(RunEventData(DELTA, text="d"))
         pump.flush()
         emit(RunEventData(COMPLETE))
@@ -101,10 +103,10 @@ class DetachTests(SynchronousTestCase):
         self.lose()
         emit(RunEventData(COMPLETE))
         d.callback(None)
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
         session, edge, pump = self.reconnect()
         self.assertEqual(edge.of("run_reconcile")[0].runs[0].status, "complete")
-        edge.wire.send(iop_pb2.RunResume(run_id="bg", after_seq=1))
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=1))
         pump.flush()
         self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(2, "delta"), (3, "complete")])
 
@@ -116,8 +118,8 @@ class DetachTests(SynchronousTestCase):
         self.start("bg")
         self.lose()
         session, edge, pump = self.reconnect()
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="bg"))
-        edge.wire.send(iop_pb2.RunResume(run_id="gone", after_seq=4))
+        edge.wire.send(messages.cancel_run("bg"))
+        edge.wire.send(messages.run_resume(run_id="gone", after_seq=4))
         pump.flush()
         self.assertEqual(self.adapter.cancelled, ["bg"])
         self.assertEqual(len(self.context.detached), 0)
@@ -131,11 +133,11 @@ class DetachTests(SynchronousTestCase):
         sent.
         """
         session, edge, pump, context = ready_node(wire_version=3)
-        edge.wire.send(run_request("bg", background=True))
+        edge.connection.send(run_request("bg", background=True))
         pump.flush()
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
-        self.assertEqual(context.host.get("manual").adapter.cancelled, ["bg"])
+        self.assertEqual(manual(context.host, "manual").cancelled, ["bg"])
         self.assertEqual(len(context.detached), 0)
 
     def test_local_shutdown(self):
@@ -157,10 +159,10 @@ class ResumedTests(SynchronousTestCase):
         Live events held while the history is read go out after it; an
         event the history already had, or the Edge had, is not sent again.
         """
-        sent = []
+        sent: list[messages.RunEvent] = []
         resumed = Resumed(sent.append, 2)
         for seq in (4, 5):
-            resumed(iop_pb2.RunEvent(run_id="r", seq=seq))
-        resumed.replay([iop_pb2.RunEvent(run_id="r", seq=s) for s in (4, 2, 3)])
-        resumed(iop_pb2.RunEvent(run_id="r", seq=6))
+            resumed(messages.run_event("r", seq, "delta"))
+        resumed.replay([messages.run_event("r", s, "delta") for s in (4, 2, 3)])
+        resumed(messages.run_event("r", 6, "delta"))
         self.assertEqual([m.seq for m in sent], [3, 4, 5, 6])

@@ -5,12 +5,13 @@ the rest is cancelled with its terminals sent, a second signal ends it at
 once, and the whole Node service stops only when all of that is done.
 """
 
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.config import NodeConfig, ReconnectPolicy
 from iop.node.service import SHUTDOWN_REASON, NodeService
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import NODE_DRAINING
 from iop.testing.node import (
     TOKEN,
@@ -22,6 +23,8 @@ from iop.testing.node import (
     build,
     dialled,
     elapse,
+    hosted,
+    manual,
     node_config,
     ready_node,
     run_request,
@@ -38,16 +41,17 @@ def run_events(edge):
 class SessionDrainTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
-        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
-        self.adapter = self.context.host.get("manual").adapter
+        self.clock = Clock()
+        self.session, self.edge, self.pump, self.context = ready_node(clock=self.clock, store=self.store)
+        self.adapter = manual(self.context.host, "manual")
 
     def start(self, *requests):
         for request in requests:
-            self.edge.wire.send(request)
+            self.edge.connection.send(request)
         self.pump.flush()
 
     def elapse(self, seconds):
-        elapse(self.context.clock, self.pump, seconds)
+        elapse(self.clock, self.pump, seconds)
 
     def test_nothing_in_flight_ends_at_once(self):
         """
@@ -135,7 +139,7 @@ class SessionDrainTests(SynchronousTestCase):
         self.assertEqual(len(self.adapter.runs), 1)
         self.assertEqual(len(self.adapter.tunnels), 0)
         self.assertEqual(self.store.unfinished(), ["r1"])
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 1)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 1)
 
     def test_node_draining_sent(self):
         """
@@ -153,11 +157,12 @@ class SessionDrainTests(SynchronousTestCase):
         connection on a message it does not know: it is not sent one, and
         the drain works the same.
         """
-        session, edge, pump, context = ready_node(wire_version=0)
-        edge.wire.send(run_request("r1"))
+        clock = Clock()
+        session, edge, pump, context = ready_node(clock=clock, wire_version=0)
+        edge.connection.send(run_request("r1"))
         pump.flush()
         drained = session.drain(30, REASON)
-        elapse(context.clock, pump, 30)
+        elapse(clock, pump, 30)
         self.successResultOf(drained)
         pump.flush()
         self.assertEqual(edge.of("node_draining"), [])
@@ -180,13 +185,13 @@ class ServiceStopTests(SynchronousTestCase):
         )
         self.service = NodeService(config, self.reactor, RecordingExit(), build=build, store=self.store)
         self.service.startService()
-        self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), iop_pb2.NodeReadyResponse(ready=True))
+        self.edge = FakeEdge(accepted(node_config(adapter_config("manual"))), messages.ready_response(ready=True))
         self.pump = dialled(self.reactor, self.edge)
         self.successResultOf(self.service.supervisor.when_ready())
-        self.adapter = self.service.host.get("manual").adapter
+        self.adapter = manual(self.service.host, "manual")
 
     def start_run(self, run_id):
-        self.edge.wire.send(run_request(run_id))
+        self.edge.connection.send(run_request(run_id))
         self.pump.flush()
 
     def assert_stopped(self, stopped):
@@ -274,6 +279,6 @@ class ServiceStopTests(SynchronousTestCase):
         self.start_run("r1")
         stopped = self.service.stopService()
         self.pump.flush()
-        self.edge.wire.transport.loseConnection()
+        self.edge.lose_connection()
         self.assert_stopped(stopped)
         self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])

@@ -8,9 +8,9 @@ cancel drops what is no longer wanted.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.flow import SendWindow
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import DELTA, RunEventData
-from iop.testing.node import ready_node, run_request, tunnel_request
+from iop.testing.node import manual, ready_node, run_request, tunnel_request
 from iop.testing.producers import RecordingProducer
 
 
@@ -85,10 +85,10 @@ class SendWindowTests(SynchronousTestCase):
 class RelayFlowTests(SynchronousTestCase):
     def setUp(self):
         self.session, self.edge, self.pump, self.context = ready_node()
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def grant(self, work_id, size):
-        self.edge.wire.send(iop_pb2.WindowUpdate(id=work_id, bytes=size))
+        self.edge.connection.send(messages.window_update(work_id, size))
         self.pump.flush()
 
     def body_bytes(self):
@@ -103,7 +103,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = tunnel_request()
         request.window_bytes = 1000
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         producer = RecordingProducer()
@@ -133,14 +133,14 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = tunnel_request()
         request.window_bytes = 100
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         sink.status(200)
         for _ in range(5):
             sink.body(b"y" * 100)
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         frames = self.edge.of("provider_tunnel_frame")
         self.assertEqual(frames[-1].error.code, "cancelled")
@@ -153,7 +153,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         request = run_request()
         request.window_bytes = 10
-        self.edge.wire.send(request)
+        self.edge.connection.send(request)
         self.pump.flush()
         _, emit, d = self.adapter.runs[-1]
         for _ in range(4):
@@ -168,7 +168,7 @@ class RelayFlowTests(SynchronousTestCase):
         """
         A request without a window (an older Edge) is not limited.
         """
-        self.edge.wire.send(tunnel_request())
+        self.edge.connection.send(tunnel_request())
         self.pump.flush()
         _, sink, d = self.adapter.tunnels[-1]
         for _ in range(10):

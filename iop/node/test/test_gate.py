@@ -4,7 +4,13 @@ The capacity gate and slots.
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.gate import CapacityGate
+from iop.node.gate import CapacityGate, Slot
+
+
+def take(gate: CapacityGate) -> Slot:
+    slot = gate.acquire()
+    assert slot is not None, "the gate is full"
+    return slot
 
 
 class GateTests(SynchronousTestCase):
@@ -13,7 +19,7 @@ class GateTests(SynchronousTestCase):
         The gate hands out at most C{limit} slots and refuses beyond.
         """
         gate = CapacityGate(2)
-        a, b = gate.acquire(), gate.acquire()
+        a, b = take(gate), take(gate)
         self.assertIsNone(gate.acquire())
         a.release()
         self.assertIsNotNone(gate.acquire())
@@ -25,7 +31,7 @@ class GateTests(SynchronousTestCase):
         Releasing a slot twice frees it once: the count never goes negative.
         """
         gate = CapacityGate(1)
-        slot = gate.acquire()
+        slot = take(gate)
         slot.release()
         slot.release()
         self.assertEqual(gate.in_use, 0)
@@ -35,10 +41,10 @@ class GateTests(SynchronousTestCase):
         when_idle fires when the last slot is released; on_change sees every
         count.
         """
-        seen = []
+        seen: list[int] = []
         gate = CapacityGate(2, seen.append)
         self.successResultOf(gate.when_idle())
-        a, b = gate.acquire(), gate.acquire()
+        a, b = take(gate), take(gate)
         idle = gate.when_idle()
         a.release()
         self.assertNoResult(idle)

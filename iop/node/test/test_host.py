@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost, AdapterSetupError
-from iop.testing.node import adapter_config, build
+from iop.testing.node import ManualAdapter, adapter_config, build, hosted, manual
 
 
 class HostTests(SynchronousTestCase):
@@ -20,13 +20,16 @@ class HostTests(SynchronousTestCase):
         work and is stopped once its gate is idle.
         """
         self.successResultOf(self.host.apply([adapter_config("a")]))
-        hosted = self.host.get("a")
-        slot = hosted.gate.acquire()
+        a = hosted(self.host, "a")
+        slot = a.gate.acquire()
+        assert slot is not None
         self.successResultOf(self.host.apply([]))
         self.assertIsNone(self.host.get("a"))
-        self.assertEqual(hosted.adapter.stopped, 0)
+        adapter = a.adapter
+        assert isinstance(adapter, ManualAdapter)
+        self.assertEqual(adapter.stopped, 0)
         slot.release()
-        self.assertEqual(hosted.adapter.stopped, 1)
+        self.assertEqual(adapter.stopped, 1)
 
     def test_all_or_nothing(self):
         """
@@ -34,12 +37,13 @@ class HostTests(SynchronousTestCase):
         are stopped and the previous set stays in place.
         """
         self.successResultOf(self.host.apply([adapter_config("old")]))
-        started = []
+        started: list[ManualAdapter] = []
 
         def flaky(name, *args):
             adapter = build(name, *args)
+            assert isinstance(adapter, ManualAdapter)
             if name == "bad":
-                adapter.start = lambda: defer.fail(RuntimeError("port in use"))
+                self.patch(adapter, "start", lambda: defer.fail(RuntimeError("port in use")))
             started.append(adapter)
             return adapter
 
@@ -66,7 +70,8 @@ class HostTests(SynchronousTestCase):
         stop() stops every adapter.
         """
         self.successResultOf(self.host.apply([adapter_config("a"), adapter_config("b")]))
-        adapters = [h.adapter for h in self.host.all()]
+        adapters = [manual(self.host, h.name) for h in self.host.all()]
+
         self.successResultOf(self.host.stop())
         self.assertEqual([a.stopped for a in adapters], [1, 1])
         self.assertEqual(self.host.all(), [])

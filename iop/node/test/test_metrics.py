@@ -2,7 +2,10 @@
 Node metrics: separate registries per instance and the /metrics page.
 """
 
+from typing import cast
+
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyRequest
 
 from iop.metricspage import MetricsPage
@@ -28,8 +31,8 @@ class MetricsTests(SynchronousTestCase):
         metrics.in_flight("echo", 2)
         metrics.tunnel_body(123)
         request = DummyRequest([b""])
-        body = MetricsPage(metrics.registry).render_GET(request).decode()
+        body = MetricsPage(metrics.registry).render_GET(cast(IRequest, request)).decode()
         self.assertIn('iop_node_runs_total{adapter="echo",status="error"} 1.0', body)
         self.assertIn('iop_node_in_flight{adapter="echo"} 2.0', body)
         self.assertIn("iop_node_tunnel_bytes_total 123.0", body)
-        self.assertTrue(request.responseHeaders.getRawHeaders(b"content-type")[0].startswith(b"text/plain"))
+        self.assertTrue(request.responseHeaders.getRawHeaders(b"content-type", [b""])[0].startswith(b"text/plain"))

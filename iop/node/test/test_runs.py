@@ -9,9 +9,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.run import COMPLETE, DELTA, ERROR, INCOMPLETE, STALL, START, RunEventData, RunFailure, Usage
-from iop.testing.node import RecordingStore, adapter_config, ready_node, run_request
+from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, run_request, session_wire
 
 
 def events(edge, run_id=None):
@@ -26,7 +26,7 @@ class RunRelayTests(SynchronousTestCase):
         deltas concatenate back to the input.
         """
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
-        edge.wire.send(run_request("r1", adapter="echo", text="hello brave new world"))
+        edge.connection.send(run_request("r1", adapter="echo", text="hello brave new world"))
         pump.flush()
         got = events(edge)
         self.assertEqual([e.type for e in got], ["start", "delta", "delta", "delta", "delta", "complete"])
@@ -54,9 +54,9 @@ class RunRelayTests(SynchronousTestCase):
         reported them: absent is not zero.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        run, emit, d = context.host.get("manual").adapter.runs[0]
+        run, emit, d = manual(context.host, "manual").runs[0]
         emit(RunEventData(COMPLETE, usage=Usage(3, 5, reasoning_tokens=2)))
         pump.flush()
         usage = events(edge)[-1].usage
@@ -69,9 +69,9 @@ class RunRelayTests(SynchronousTestCase):
         Whatever an adapter emits after its terminal never reaches the wire.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        run, emit, d = context.host.get("manual").adapter.runs[0]
+        run, emit, d = manual(context.host, "manual").runs[0]
         emit(RunEventData(START))
         emit(RunEventData(COMPLETE))
         emit(RunEventData(DELTA, text="late"))
@@ -87,9 +87,9 @@ class RunRelayTests(SynchronousTestCase):
         counted as the provider's failure.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        run, emit, d = context.host.get("manual").adapter.runs[0]
+        run, emit, d = manual(context.host, "manual").runs[0]
         emit(RunEventData(START))
         emit(RunEventData(DELTA, text="par"))
         emit(RunEventData(ERROR, usage=Usage(2, 1), error=RunFailure(INCOMPLETE, "cut", deadline=STALL)))
@@ -109,9 +109,9 @@ class RunRelayTests(SynchronousTestCase):
         synthesized C{complete}, carrying the last usage it reported.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        run, emit, d = context.host.get("manual").adapter.runs[0]
+        run, emit, d = manual(context.host, "manual").runs[0]
         emit(RunEventData(START))
         emit(RunEventData(DELTA, text="hi", usage=Usage(1, 1)))
         d.callback(None)
@@ -126,9 +126,9 @@ class RunRelayTests(SynchronousTestCase):
         terminal with code C{adapter_error} and the failure's message.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        run, emit, d = context.host.get("manual").adapter.runs[0]
+        run, emit, d = manual(context.host, "manual").runs[0]
         emit(RunEventData(START))
         d.errback(RuntimeError("back end exploded"))
         pump.flush()
@@ -144,16 +144,17 @@ class RunRelayTests(SynchronousTestCase):
         one C{error} terminal, and its slot is freed.
         """
         session, edge, pump, context = ready_node()
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
 
         def boom(run, emit):
             raise ValueError("bad input")
 
-        adapter.execute = boom
-        edge.wire.send(run_request("r1"))
+        self.patch(adapter, "execute", boom)
+
+        edge.connection.send(run_request("r1"))
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["error"])
-        self.assertEqual(context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)
         self.flushLoggedErrors(ValueError)
 
     def test_cancel(self):
@@ -162,16 +163,16 @@ class RunRelayTests(SynchronousTestCase):
         terminal is C{cancelled}.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
         run, emit, d = adapter.runs[0]
         emit(RunEventData(START))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
+        edge.connection.send(messages.cancel_run("r1"))
         pump.flush()
         self.assertEqual(adapter.cancelled, ["r1"])
         self.assertEqual([e.type for e in events(edge)], ["start", "cancelled"])
-        self.assertEqual(context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)
 
     def test_cancel_unknown_ignored(self):
         """
@@ -179,9 +180,9 @@ class RunRelayTests(SynchronousTestCase):
         connection.
         """
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo"))
-        edge.wire.send(run_request("r1", adapter="echo"))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="r1"))
-        edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="nope"))
+        edge.connection.send(run_request("r1", adapter="echo"))
+        edge.connection.send(messages.cancel_run("r1"))
+        edge.connection.send(messages.cancel_run("nope"))
         pump.flush()
         self.assertEqual(events(edge)[-1].type, "complete")
         self.assertIsNone(edge.lost_reason)
@@ -192,7 +193,7 @@ class RunRelayTests(SynchronousTestCase):
         C{error} terminal, code C{unknown_adapter}.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1", adapter="nope"))
+        edge.connection.send(run_request("r1", adapter="nope"))
         pump.flush()
         [event] = events(edge)
         self.assertEqual((event.seq, event.type, event.error.code), (1, "error", "unknown_adapter"))
@@ -203,11 +204,11 @@ class RunRelayTests(SynchronousTestCase):
         terminal and takes no capacity.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1", options_json="[1, 2]"))
+        edge.connection.send(run_request("r1", options_json="[1, 2]"))
         pump.flush()
         [event] = events(edge)
         self.assertEqual(event.error.code, "invalid_request")
-        self.assertEqual(context.host.get("manual").adapter.runs, [])
+        self.assertEqual(manual(context.host, "manual").runs, [])
 
 
 class CapacityTests(SynchronousTestCase):
@@ -217,10 +218,10 @@ class CapacityTests(SynchronousTestCase):
         C{capacity_exceeded}; it is never queued on the node.
         """
         session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
-        edge.wire.send(run_request("r1"))
-        edge.wire.send(run_request("r2"))
+        edge.connection.send(run_request("r1"))
+        edge.connection.send(run_request("r2"))
         pump.flush()
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
         self.assertEqual(len(adapter.runs), 1)
         [event] = events(edge, "r2")
         self.assertEqual((event.type, event.error.code), ("error", "capacity_exceeded"))
@@ -235,15 +236,15 @@ class CapacityTests(SynchronousTestCase):
         from iop.testing.node import tunnel_request
 
         session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
-        edge.wire.send(tunnel_request("t1"))
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(tunnel_request("t1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
         self.assertEqual(events(edge, "r1")[0].error.code, "capacity_exceeded")
 
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
         adapter.tunnels[0][2].callback(None)
-        edge.wire.send(run_request("r2"))
-        edge.wire.send(tunnel_request("t2"))
+        edge.connection.send(run_request("r2"))
+        edge.connection.send(tunnel_request("t2"))
         pump.flush()
         self.assertEqual(len(adapter.runs), 1)
         frames = [f for f in edge.of("provider_tunnel_frame") if f.tunnel_id == "t2"]
@@ -255,20 +256,21 @@ class CapacityTests(SynchronousTestCase):
         sends the next run in reaction to a terminal finds room.
         """
         session, edge, pump, context = ready_node(adapter_config("manual", max_concurrency=1))
-        gate = context.host.get("manual").gate
+        gate = hosted(context.host, "manual").gate
         seen = []
-        send = session.wire.send
+        wire = session_wire(session)
+        send = wire.send
 
         def spy(message):
             if message.DESCRIPTOR.name == "RunEvent" and message.type in ("complete", "error", "cancelled"):
                 seen.append(gate.in_use)
             send(message)
 
-        session.wire.send = spy
-        edge.wire.send(run_request("r1"))
-        edge.wire.send(run_request("r2"))
+        self.patch(wire, "send", spy)
+        edge.connection.send(run_request("r1"))
+        edge.connection.send(run_request("r2"))
         pump.flush()
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
         adapter.runs[0][1](RunEventData(COMPLETE))
         pump.flush()
         self.assertEqual(seen, [1, 0])
@@ -284,10 +286,10 @@ class CapacityTests(SynchronousTestCase):
         clock = Clock()
         metrics = NodeMetrics()
         session, edge, pump, context = ready_node(clock=clock, host=AdapterHost(clock, build, metrics), metrics=metrics)
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
         self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "manual"}), 1)
-        context.host.get("manual").adapter.runs[0][2].callback(None)
+        manual(context.host, "manual").runs[0][2].callback(None)
         self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "manual"}), 0)
         self.assertEqual(metrics.value("iop_node_runs_total", {"adapter": "manual", "status": "complete"}), 1)
 
@@ -300,15 +302,15 @@ class DisconnectTests(SynchronousTestCase):
         """
         store = RecordingStore()
         session, edge, pump, context = ready_node(store=store)
-        edge.wire.send(run_request("r1"))
-        edge.wire.send(run_request("r2"))
+        edge.connection.send(run_request("r1"))
+        edge.connection.send(run_request("r2"))
         pump.flush()
-        adapter = context.host.get("manual").adapter
+        adapter = manual(context.host, "manual")
         edge.received.clear()
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.assertEqual(sorted(adapter.cancelled), ["r1", "r2"])
-        self.assertEqual(context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)
         self.assertEqual(len(session.inflight), 0)
         self.assertEqual(
             sorted(store.ends),
@@ -321,7 +323,7 @@ class DisconnectTests(SynchronousTestCase):
         still up, so the Edge gets their C{cancelled} terminals.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
         session.shutdown("the node is shutting down")
         pump.flush()
@@ -336,8 +338,8 @@ class RecordingTests(SynchronousTestCase):
         """
         store = RecordingStore()
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo", max_concurrency=1), store=store)
-        edge.wire.send(run_request("r1", adapter="echo", text="a b", target="t", session_id="s"))
-        edge.wire.send(run_request("r2", adapter="nope"))
+        edge.connection.send(run_request("r1", adapter="echo", text="a b", target="t", session_id="s"))
+        edge.connection.send(run_request("r2", adapter="nope"))
         pump.flush()
         self.assertEqual(store.starts, [("r1", "echo", "t", "s", False), ("r2", "nope", "", "", False)])
         self.assertEqual(store.ends[0], ("r1", "complete", None))
@@ -355,8 +357,8 @@ class RecordingTests(SynchronousTestCase):
         """
         store = RecordingStore()
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo", max_concurrency=1), store=store)
-        edge.wire.send(run_request("r1", adapter="echo", text="a b"))
-        edge.wire.send(run_request("r2", adapter="nope"))
+        edge.connection.send(run_request("r1", adapter="echo", text="a b"))
+        edge.connection.send(run_request("r2", adapter="nope"))
         pump.flush()
         sent = [(e.seq, e.type, e.text) for e in events(edge, "r1")]
         self.assertEqual([(seq, e.type, e.text) for seq, e in store.events["r1"]], sent)
@@ -377,7 +379,7 @@ class RecordingTests(SynchronousTestCase):
                 raise RuntimeError("disk still full")
 
         session, edge, pump, context = ready_node(adapter_config("echo", type="echo"), store=Failing())
-        edge.wire.send(run_request("r1", adapter="echo", text="x"))
+        edge.connection.send(run_request("r1", adapter="echo", text="x"))
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["start", "delta", "complete"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)

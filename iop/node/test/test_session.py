@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost
 from iop.node.session import READY, FatalRefusal, IncompatibleVersion, RetryableRefusal
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION, Heartbeat
 from iop.testing.node import (
     TOKEN,
@@ -21,18 +21,21 @@ from iop.testing.node import (
     adapter_config,
     build,
     connect,
+    hosted,
     make_context,
+    manual,
     node_config,
     ready_node,
     run_request,
+    session_wire,
 )
 
 
 def refused(code, reason="nope"):
-    return iop_pb2.RegisterResponse(accepted=False, code=code, reason=reason)
+    return messages.register_refused(code, reason)
 
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
 class HandshakeTests(SynchronousTestCase):
@@ -53,7 +56,7 @@ class HandshakeTests(SynchronousTestCase):
         self.assertIs(self.successResultOf(session.ready), session)
         self.assertEqual(session.state, READY)
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "b"])
-        self.assertTrue(all(h.adapter.started == 1 for h in context.host.all()))
+        self.assertTrue(all(manual(context.host, h.name).started == 1 for h in context.host.all()))
         self.assertTrue(context.transport.connected)
         self.assertEqual(context.transport.node_id, "node-1")
 
@@ -64,7 +67,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         from twisted.internet import defer
 
-        pending = defer.Deferred()
+        pending: defer.Deferred[None] = defer.Deferred()
         context = make_context()
         edge = FakeEdge(accepted(node_config(adapter_config("slow"))), READY_OK)
 
@@ -72,7 +75,7 @@ class HandshakeTests(SynchronousTestCase):
 
         def slow_build(*args):
             adapter = original(*args)
-            adapter.start = lambda: pending
+            self.patch(adapter, "start", lambda: pending)
             return adapter
 
         context.host = AdapterHost(context.clock, slow_build)
@@ -90,7 +93,7 @@ class HandshakeTests(SynchronousTestCase):
         C{UNKNOWN_TOKEN} fails the handshake with L{FatalRefusal} naming
         the code and the Edge's reason, and closes the connection.
         """
-        edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN, "token matches no node"))
+        edge = FakeEdge(refused(messages.UNKNOWN_TOKEN, "token matches no node"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, FatalRefusal)
@@ -125,7 +128,7 @@ class HandshakeTests(SynchronousTestCase):
         L{IncompatibleVersion} (a L{FatalRefusal}) naming the code, the
         Edge's reason and the version this Node speaks.
         """
-        edge = FakeEdge(refused(iop_pb2.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
+        edge = FakeEdge(refused(messages.INCOMPATIBLE_VERSION, "this edge serves wire versions 1 to 1"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, IncompatibleVersion)
@@ -141,7 +144,7 @@ class HandshakeTests(SynchronousTestCase):
         C{CONFIG_BUILD_FAILED} is fatal too: retrying would get the same
         configuration.
         """
-        edge = FakeEdge(refused(iop_pb2.CONFIG_BUILD_FAILED))
+        edge = FakeEdge(refused(messages.CONFIG_BUILD_FAILED))
         session, pump = connect(make_context(), edge)
         pump.flush()
         self.failureResultOf(session.ready, FatalRefusal)
@@ -151,7 +154,7 @@ class HandshakeTests(SynchronousTestCase):
         C{DUPLICATE_CONNECTION} (another live connection owns the node) is
         worth retrying: L{RetryableRefusal}.
         """
-        edge = FakeEdge(refused(iop_pb2.DUPLICATE_CONNECTION, "node-1 already connected"))
+        edge = FakeEdge(refused(messages.DUPLICATE_CONNECTION, "node-1 already connected"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
@@ -177,7 +180,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         C{NodeReadyResponse(ready=false)} (a stale connection) is retryable.
         """
-        edge = FakeEdge(accepted(node_config()), iop_pb2.NodeReadyResponse(ready=False, reason="stale"))
+        edge = FakeEdge(accepted(node_config()), messages.ready_response(ready=False, reason="stale"))
         session, pump = connect(make_context(), edge)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
@@ -188,13 +191,14 @@ class HandshakeTests(SynchronousTestCase):
         A RegisterRequest with no answer within C{register_timeout} fails
         the attempt (retryable) and closes the connection.
         """
-        context = make_context(register_timeout=10)
+        clock = Clock()
+        context = make_context(clock, register_timeout=10)
         edge = FakeEdge()
         session, pump = connect(context, edge)
         pump.flush()
-        context.clock.advance(9.9)
+        clock.advance(9.9)
         self.assertNoResult(session.ready)
-        context.clock.advance(0.2)
+        clock.advance(0.2)
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("no RegisterResponse from the Edge within 10s", str(failure.value))
@@ -204,11 +208,12 @@ class HandshakeTests(SynchronousTestCase):
         """
         The ready request has its own timeout, started when it is sent.
         """
-        context = make_context(register_timeout=3)
+        clock = Clock()
+        context = make_context(clock, register_timeout=3)
         edge = FakeEdge(accepted(node_config()))
         session, pump = connect(context, edge)
         pump.flush()
-        context.clock.advance(3)
+        clock.advance(3)
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("NodeReadyResponse", str(failure.value))
 
@@ -220,7 +225,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("connection lost during registration", str(failure.value))
@@ -234,10 +239,10 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(run_request())
+        edge.connection.send(run_request())
         pump.flush()
         self.assertIsNotNone(edge.lost_reason)
-        self.assertIn("run_request is not acceptable", session.wire.close_reason)
+        self.assertIn("run_request is not acceptable", session_wire(session).close_reason)
         self.failureResultOf(session.ready, RetryableRefusal)
 
     def test_edge_draining_recorded_when_ready(self):
@@ -246,9 +251,11 @@ class HandshakeTests(SynchronousTestCase):
         supervisor) and the connection stays up.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15, reason="edge restarting"))
+        edge.connection.send(messages.edge_draining(grace_sec=15, reason="edge restarting"))
         pump.flush()
-        self.assertEqual((session.edge_draining.grace_sec, session.edge_draining.reason), (15, "edge restarting"))
+        draining = session.edge_draining
+        assert draining is not None
+        self.assertEqual((draining.grace_sec, draining.reason), (15, "edge restarting"))
         self.assertIsNone(edge.lost_reason)
 
     def test_edge_draining_before_ready_ignored(self):
@@ -259,8 +266,8 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge()
         session, pump = connect(make_context(), edge)
         pump.flush()
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=15))
-        edge.wire.send(accepted(node_config()))
+        edge.connection.send(messages.edge_draining(grace_sec=15))
+        edge.connection.send(accepted(node_config()))
         pump.flush()
         self.assertIsNone(edge.lost_reason)
         self.assertIsNone(session.edge_draining)
@@ -275,7 +282,7 @@ class HandshakeTests(SynchronousTestCase):
         edge = FakeEdge(accepted(node_config(interval=1.5, timeout=0)), READY_OK)
         session, pump = connect(context, edge)
         pump.flush()
-        self.assertEqual(session.wire.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
+        self.assertEqual(session_wire(session).heartbeat, Heartbeat(interval=1.5, timeout=5.0))
         self.assertEqual(context.transport.heartbeat, Heartbeat(interval=1.5, timeout=5.0))
 
     def test_token_never_logged(self):
@@ -285,7 +292,7 @@ class HandshakeTests(SynchronousTestCase):
         """
         with capturedLogs() as events:
             ready_node()
-            edge = FakeEdge(refused(iop_pb2.UNKNOWN_TOKEN))
+            edge = FakeEdge(refused(messages.UNKNOWN_TOKEN))
             session, pump = connect(make_context(), edge)
             pump.flush()
             self.failureResultOf(session.ready)
@@ -303,15 +310,15 @@ class AdapterLifetimeTests(SynchronousTestCase):
         """
         clock = Clock()
         session, edge, pump, context = ready_node(clock=clock)
-        first = context.host.get("manual").adapter
-        edge.wire.transport.loseConnection()
+        first = manual(context.host, "manual")
+        edge.lose_connection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
-        self.assertIs(context.host.get("manual").adapter, first)
+        self.assertIs(manual(context.host, "manual"), first)
         self.assertEqual(first.started, 1)
         self.assertEqual(first.stopped, 0)
 
@@ -321,18 +328,18 @@ class AdapterLifetimeTests(SynchronousTestCase):
         adapter (and stops the old instance) but keeps the unchanged one.
         """
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("b"))
-        a, b = context.host.get("a").adapter, context.host.get("b").adapter
-        edge.wire.transport.loseConnection()
+        a, b = manual(context.host, "a"), manual(context.host, "b")
+        edge.lose_connection()
         pump.flush()
 
         edge2 = FakeEdge(accepted(node_config(adapter_config("a"), adapter_config("b", delay=1))), READY_OK)
         session2, pump2 = connect(context, edge2)
         pump2.flush()
         self.successResultOf(session2.ready)
-        self.assertIs(context.host.get("a").adapter, a)
-        self.assertIsNot(context.host.get("b").adapter, b)
+        self.assertIs(manual(context.host, "a"), a)
+        self.assertIsNot(manual(context.host, "b"), b)
         self.assertEqual(b.stopped, 1)
-        self.assertEqual(context.host.get("b").adapter.options, {"delay": 1})
+        self.assertEqual(manual(context.host, "b").options, {"delay": 1})
 
     def test_config_refresh(self):
         """
@@ -340,13 +347,13 @@ class AdapterLifetimeTests(SynchronousTestCase):
         through the same path as registration.
         """
         session, edge, pump, context = ready_node(adapter_config("a"), adapter_config("gone"))
-        gone = context.host.get("gone").adapter
-        edge.wire.send(
-            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
+        gone = manual(context.host, "gone")
+        edge.connection.send(
+            messages.config_refresh(config=node_config(adapter_config("a"), adapter_config("new", max_concurrency=7)))
         )
         pump.flush()
         self.assertEqual(sorted(h.name for h in context.host.all()), ["a", "new"])
-        self.assertEqual(context.host.get("new").gate.limit, 7)
+        self.assertEqual(hosted(context.host, "new").gate.limit, 7)
         self.assertEqual(gone.stopped, 1)
 
     def test_bad_config_refresh_keeps_previous_adapters(self):
@@ -355,10 +362,10 @@ class AdapterLifetimeTests(SynchronousTestCase):
         keeps the connection.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        a = context.host.get("a").adapter
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b", type="broken"))))
+        a = manual(context.host, "a")
+        edge.connection.send(messages.config_refresh(config=node_config(adapter_config("b", type="broken"))))
         pump.flush()
-        self.assertIs(context.host.get("a").adapter, a)
+        self.assertIs(manual(context.host, "a"), a)
         self.assertIsNone(context.host.get("b"))
         self.assertIsNone(edge.lost_reason)
         self.flushLoggedErrors()
@@ -370,10 +377,12 @@ class AdapterLifetimeTests(SynchronousTestCase):
         the old adapters kept).
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(
-            iop_pb2.ConfigRefresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
+        edge.connection.send(
+            messages.config_refresh(config=node_config(adapter_config("a"), adapter_config("b")), request_id="r1")
         )
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("c", type="broken")), request_id="r2"))
+        edge.connection.send(
+            messages.config_refresh(config=node_config(adapter_config("c", type="broken")), request_id="r2")
+        )
         pump.flush()
         applied, refused = edge.of("node_command_response")
         self.assertEqual(
@@ -389,6 +398,6 @@ class AdapterLifetimeTests(SynchronousTestCase):
         An older Edge's refresh (no request id) gets no answer.
         """
         session, edge, pump, context = ready_node(adapter_config("a"))
-        edge.wire.send(iop_pb2.ConfigRefresh(config=node_config(adapter_config("b"))))
+        edge.connection.send(messages.config_refresh(config=node_config(adapter_config("b"))))
         pump.flush()
         self.assertEqual(edge.of("node_command_response"), [])

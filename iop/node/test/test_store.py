@@ -168,7 +168,12 @@ class RunStoreTests(TestCase):
         yield store._ready
         interactions = []
         real = store.pool.runInteraction
-        store.pool.runInteraction = lambda *a, **k: interactions.append(a[0]) or real(*a, **k)
+
+        def counted(*a, **k):
+            interactions.append(a[0])
+            return real(*a, **k)
+
+        self.patch(store.pool, "runInteraction", counted)
         store.record_start("r1", "echo")
         for seq in range(1, 201):
             store.record_event("r1", seq, RunEventData(DELTA, text="x"))

@@ -4,17 +4,22 @@ timed-out handshakes and lost sessions; the attempt count and its reset;
 and how each terminal outcome becomes an exit status.
 """
 
+from collections.abc import Callable
+from random import Random
+
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from iop.node.config import ReconnectPolicy
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
 from iop.node.supervisor import Supervisor
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import WireProtocol
 from iop.testing.node import (
     FakeEdge,
@@ -26,9 +31,10 @@ from iop.testing.node import (
     run_request,
 )
 
-READY_OK = iop_pb2.NodeReadyResponse(ready=True)
+READY_OK = messages.ready_response(ready=True)
 
 
+@implementer(IStreamClientEndpoint)
 class FakeEndpoint:
     """
     A client endpoint whose every dial the test answers: refuse it, or
@@ -42,7 +48,7 @@ class FakeEndpoint:
 
     def connect(self, factory):
         self.dials += 1
-        d = defer.Deferred()
+        d: defer.Deferred[object] = defer.Deferred()
         self.pending.append((factory, d))
         return d
 
@@ -71,7 +77,7 @@ def ready_edge():
     return FakeEdge(accepted(node_config(adapter_config("manual"))), READY_OK)
 
 
-class SupervisorTestsMixin:
+class SupervisorTestsMixin(SynchronousTestCase):
     def supervisor(self, max_attempts=10, interval_sec=10.0, **context_args):
         self.clock = Clock()
         self.context = make_context(self.clock, **context_args)
@@ -156,8 +162,8 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.endpoint = FakeEndpoint(self.clock)
         draws = []
 
-        class Drawn:
-            def uniform(self, low, high):
+        class Drawn(Random):
+            def uniform(self, low: float, high: float) -> float:
                 draws.append((low, high))
                 return high
 
@@ -201,7 +207,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.assertEqual(supervisor.failures, 0)
         self.assertEqual(self.context.transport.sessions, 1)
 
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.assertIsNone(supervisor.ready_session)
         self.clock.advance(1)
@@ -220,7 +226,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
         first = self.successResultOf(supervisor.when_ready())
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         waiting = supervisor.when_ready()
         self.assertNoResult(waiting)
@@ -241,10 +247,10 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         supervisor = self.supervisor(max_attempts=1, interval_sec=3)
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge restarting"))
+        edge.wire.send(messages.edge_draining(grace_sec=10, reason="edge restarting"))
         pump.flush()
         with capturedLogs() as events:
-            edge.wire.transport.loseConnection()
+            edge.lose_connection()
             pump.flush()
             self.clock.advance(0)
         self.assertEqual(supervisor.failures, 0)
@@ -266,7 +272,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
         with capturedLogs() as events:
-            edge.wire.transport.loseConnection()
+            edge.lose_connection()
             pump.flush()
         [event] = [e for e in events if "reconnecting" in e.get("log_format", "")]
         self.assertEqual(event["log_level"], LogLevel.warn)
@@ -278,7 +284,7 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         dial: with max_attempts=1 it ends the Node with status 3.
         """
         self.supervisor(max_attempts=1, interval_sec=1)
-        edge = FakeEdge(iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.DUPLICATE_CONNECTION, reason="dup"))
+        edge = FakeEdge(messages.register_refused(messages.DUPLICATE_CONNECTION, "dup"))
         self.endpoint.accept(edge)
         self.clock.advance(0)
         [(status, message)] = self.exit.calls
@@ -308,9 +314,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         the cause; it is not retried.
         """
         self.supervisor(max_attempts=0, interval_sec=1)
-        edge = FakeEdge(
-            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.UNKNOWN_TOKEN, reason="token matches no node")
-        )
+        edge = FakeEdge(messages.register_refused(messages.UNKNOWN_TOKEN, "token matches no node"))
         with capturedLogs() as events:
             pump = self.endpoint.accept(edge)
             pump.flush()
@@ -327,9 +331,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         with its own status, 4, and the Edge's reason.
         """
         self.supervisor(max_attempts=0, interval_sec=1)
-        edge = FakeEdge(
-            iop_pb2.RegisterResponse(accepted=False, code=iop_pb2.INCOMPATIBLE_VERSION, reason="edge speaks 3 to 5")
-        )
+        edge = FakeEdge(messages.register_refused(messages.INCOMPATIBLE_VERSION, "edge speaks 3 to 5"))
         self.endpoint.accept(edge)
         self.clock.advance(100)
         [(status, message)] = self.exit.calls
@@ -357,7 +359,7 @@ class OutcomeTests(SupervisorTestsMixin, SynchronousTestCase):
         supervisor = self.supervisor()
         edge = ready_edge()
         pump = self.endpoint.accept(edge)
-        edge.wire.send(run_request("r1"))
+        edge.connection.send(run_request("r1"))
         pump.flush()
         d = supervisor.stopService()
         pump.flush()
@@ -393,7 +395,9 @@ class ProcessExitTests(SynchronousTestCase):
         A non-zero status stops the reactor and leaves an atexit hook that
         ends the process with that status.
         """
-        reactor, hooks, exits = FakeReactor(), [], []
+        reactor = FakeReactor()
+        hooks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        exits: list[int] = []
         exit = ProcessExit(reactor, register=lambda f, *a: hooks.append((f, a)), hard_exit=exits.append)
         exit(3, "giving up")
         self.assertEqual(reactor.stopped, 1)
@@ -441,7 +445,12 @@ class SeveralEdgesTests(SynchronousTestCase):
             rotation, self.context, ReconnectPolicy(max_attempts, interval_sec, jitter=0), self.clock, self.exit
         )
         supervisor.startService()
-        self.addCleanup(lambda: (supervisor.stopService(), self.clock.advance(0)))
+
+        def stop():
+            supervisor.stopService()
+            self.clock.advance(0)
+
+        self.addCleanup(stop)
         return supervisor
 
     def test_failed_attempt_moves_on(self):
@@ -474,7 +483,7 @@ class SeveralEdgesTests(SynchronousTestCase):
         supervisor = self.supervisor()
         edge = ready_edge()
         pump = self.a.accept(edge)
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.clock.advance(1)
         self.assertEqual((self.a.dials, self.b.dials), (1, 1))
@@ -488,9 +497,9 @@ class SeveralEdgesTests(SynchronousTestCase):
         supervisor = self.supervisor(max_attempts=1)
         edge = ready_edge()
         pump = self.a.accept(edge)
-        edge.wire.send(iop_pb2.EdgeDraining(grace_sec=10, reason="edge stopping"))
+        edge.wire.send(messages.edge_draining(grace_sec=10, reason="edge stopping"))
         pump.flush()
-        edge.wire.transport.loseConnection()
+        edge.lose_connection()
         pump.flush()
         self.clock.advance(1)
         self.assertEqual(self.b.dials, 1)

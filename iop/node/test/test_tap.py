@@ -5,7 +5,7 @@ refuses, and what SIGTERM/SIGINT do.
 
 import signal
 
-from twisted.application.service import IServiceMaker
+from twisted.application.service import IServiceMaker, ServiceMaker
 from twisted.plugin import getPlugins
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
@@ -13,7 +13,16 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.daemon import stop_then_hurry
 from iop.node import tap
 from iop.node.service import NodeService
-from iop.testing.reactor import RunningReactor
+from iop.testing.reactor import RunningReactor, deliver_signal
+
+
+def node_service(options: tap.Options) -> NodeService:
+    """
+    The tap's service, which is the Node's own (text logs: not wrapped).
+    """
+    service = tap.makeService(options)
+    assert isinstance(service, NodeService)
+    return service
 
 
 class TapTests(SynchronousTestCase):
@@ -33,7 +42,10 @@ class TapTests(SynchronousTestCase):
         """
         makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)}
         self.assertIn("iop-node", makers)
-        self.assertEqual(makers["iop-node"].module, "iop.node.tap")
+        maker = makers["iop-node"]
+
+        assert isinstance(maker, ServiceMaker)
+        self.assertEqual(maker.module, "iop.node.tap")
 
     def test_options(self):
         """
@@ -79,8 +91,7 @@ class TapTests(SynchronousTestCase):
         path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\nmetrics: "tcp:0:interface=127.0.0.1"\n')
         options = tap.Options()
         options.parseOptions(["--config", path])
-        service = tap.makeService(options)
-        self.assertIsInstance(service, NodeService)
+        service = node_service(options)
         self.assertEqual(list(service), [service.store, service.supervisor, service.metrics_listener])
         self.assertFalse(service.running)
 
@@ -91,7 +102,7 @@ class TapTests(SynchronousTestCase):
         path = self.write('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n')
         options = tap.Options()
         options.parseOptions(["--config", path])
-        service = tap.makeService(options)
+        service = node_service(options)
         self.assertIsNone(service.metrics_listener)
         self.assertEqual(len(list(service)), 2)
 
@@ -107,11 +118,11 @@ class TapTests(SynchronousTestCase):
         reactor = RunningReactor()
         hurried = []
         self.patch(tap, "stop_then_hurry", lambda r, hurry: stop_then_hurry(reactor, hurry))
-        service = tap.makeService(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
+        service = node_service(self.options('edge: "tcp:host=127.0.0.1:port=7100"\ntoken: t\n'))
         self.patch(service.supervisor, "hurry", lambda: hurried.append(True))
 
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, hurried), (1, []))
-        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        deliver_signal(signal.SIGINT)
+        deliver_signal(signal.SIGTERM)
         self.assertEqual((reactor.stopped, hurried), (1, [True, True]))

@@ -7,10 +7,10 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import NotSupported
 from iop.adapters.streams import ProviderError, ProviderStalled
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
 from iop.run import FIRST_BYTE, INCOMPLETE, STALL, Usage
-from iop.testing.node import RecordingStore, adapter_config, ready_node, tunnel_request
+from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, session_wire, tunnel_request
 
 
 def frames(edge, tunnel_id="t1"):
@@ -24,10 +24,10 @@ def kinds(edge, tunnel_id="t1"):
 class TunnelTests(SynchronousTestCase):
     def setUp(self):
         self.session, self.edge, self.pump, self.context = ready_node()
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def open(self, tunnel_id="t1", body=b'{"model": "m"}'):
-        self.edge.wire.send(tunnel_request(tunnel_id, body=body))
+        self.edge.connection.send(tunnel_request(tunnel_id, body=body))
         self.pump.flush()
         return self.adapter.tunnels[-1]
 
@@ -141,27 +141,28 @@ class TunnelTests(SynchronousTestCase):
         """
         request, sink, d = self.open()
         sink.status(200)
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
         self.assertEqual(kinds(self.edge), ["status", "error"])
         self.assertEqual(frames(self.edge)[-1].error.code, "cancelled")
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
 
     def test_slot_freed_before_end(self):
         """
         The gate slot is free by the time the end frame is sent.
         """
-        gate = self.context.host.get("manual").gate
+        gate = hosted(self.context.host, "manual").gate
         seen = []
-        send = self.session.wire.send
+        wire = session_wire(self.session)
+        send = wire.send
 
         def spy(message):
             if message.DESCRIPTOR.name == "ProviderTunnelFrame" and message.WhichOneof("frame") in ("end", "error"):
                 seen.append(gate.in_use)
             send(message)
 
-        self.session.wire.send = spy
+        self.patch(wire, "send", spy)
         request, sink, d = self.open()
         d.callback(None)
         self.assertEqual(seen, [0])
@@ -171,10 +172,10 @@ class TunnelTests(SynchronousTestCase):
         Losing the connection cancels the tunnel and frees its slot.
         """
         self.open()
-        self.edge.wire.transport.loseConnection()
+        self.edge.lose_connection()
         self.pump.flush()
         self.assertEqual(self.adapter.cancelled, ["t1"])
-        self.assertEqual(self.context.host.get("manual").gate.in_use, 0)
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
 
 
 class TunnelRefusalTests(SynchronousTestCase):
@@ -184,12 +185,12 @@ class TunnelRefusalTests(SynchronousTestCase):
         code C{tunnel_not_supported}, and gives its slot back.
         """
         session, edge, pump, context = ready_node(adapter_config("plain", type="plain"))
-        edge.wire.send(tunnel_request("t1", adapter="plain"))
+        edge.connection.send(tunnel_request("t1", adapter="plain"))
         pump.flush()
         [frame] = frames(edge)
         self.assertEqual((frame.seq, frame.error.code), (1, "tunnel_not_supported"))
         self.assertIn("no raw provider tunnel", frame.error.message)
-        self.assertEqual(context.host.get("plain").gate.in_use, 0)
+        self.assertEqual(hosted(context.host, "plain").gate.in_use, 0)
 
     def test_not_supported_from_deferred(self):
         """
@@ -199,8 +200,9 @@ class TunnelRefusalTests(SynchronousTestCase):
         from twisted.internet import defer
 
         session, edge, pump, context = ready_node()
-        context.host.get("manual").adapter.tunnel = lambda request, sink: defer.fail(NotSupported("nope"))
-        edge.wire.send(tunnel_request("t1"))
+        self.patch(manual(context.host, "manual"), "tunnel", lambda request, sink: defer.fail(NotSupported("nope")))
+
+        edge.connection.send(tunnel_request("t1"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "tunnel_not_supported")
 
@@ -210,7 +212,7 @@ class TunnelRefusalTests(SynchronousTestCase):
         C{unknown_adapter}.
         """
         session, edge, pump, context = ready_node()
-        edge.wire.send(tunnel_request("t1", adapter="nope"))
+        edge.connection.send(tunnel_request("t1", adapter="nope"))
         pump.flush()
         self.assertEqual(frames(edge)[0].error.code, "unknown_adapter")
 
@@ -219,7 +221,7 @@ class TunnelStoreTests(SynchronousTestCase):
     def setUp(self):
         self.store = RecordingStore()
         self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
-        self.adapter = self.context.host.get("manual").adapter
+        self.adapter = manual(self.context.host, "manual")
 
     def test_recorded(self):
         """
@@ -227,7 +229,7 @@ class TunnelStoreTests(SynchronousTestCase):
         names at start; at its end the status, the usage observed and the
         body bytes relayed.
         """
-        self.edge.wire.send(tunnel_request("t1", body=b'{"model": "big-v2"}'))
+        self.edge.connection.send(tunnel_request("t1", body=b'{"model": "big-v2"}'))
         self.pump.flush()
         request, sink, d = self.adapter.tunnels[-1]
         self.assertEqual(self.store.tunnel_starts, [("t1", "manual", "big-v2")])
@@ -246,10 +248,10 @@ class TunnelStoreTests(SynchronousTestCase):
         is recorded as an error with its code; a body that is not JSON
         names no target.
         """
-        self.edge.wire.send(tunnel_request("t1", body=b"not json"))
-        self.edge.wire.send(tunnel_request("t2", adapter="nope"))
+        self.edge.connection.send(tunnel_request("t1", body=b"not json"))
+        self.edge.connection.send(tunnel_request("t2", adapter="nope"))
         self.pump.flush()
-        self.edge.wire.send(iop_pb2.CancelRequest(kind=iop_pb2.CancelRequest.CANCEL_RUN, run_id="t1"))
+        self.edge.connection.send(messages.cancel_run("t1"))
         self.pump.flush()
         self.assertEqual(self.store.tunnel_starts, [("t1", "manual", ""), ("t2", "nope", "")])
         self.assertEqual(

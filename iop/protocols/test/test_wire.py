@@ -220,7 +220,9 @@ class BadInputTests(SynchronousTestCase):
         good.dataReceived(frame(iop_pb2.NodeReadyRequest(node_id="n")))
         self.assertTrue(bad_transport.aborted)
         self.assertFalse(good_transport.aborted)
-        self.assertEqual(len(good.receiver.messages), 1)
+        receiver = good.receiver
+        assert isinstance(receiver, RecordingReceiver)
+        self.assertEqual(len(receiver.messages), 1)
 
 
 class HeartbeatTests(SynchronousTestCase):
