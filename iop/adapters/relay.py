@@ -14,8 +14,9 @@ an answer either whole or an explicit error:
     anything reached the caller, and the Edge may place it elsewhere;
   - any other body (a JSON answer, an error answer) is held whole, up to
     L{HOLD_LIMIT}, with its status and headers: it reaches the caller
-    complete or not at all. A body larger than that is relayed as it
-    comes once the limit is passed;
+    complete or not at all (a 2xx JSON answer that does not parse was cut,
+    even if its connection seemed to end cleanly). A body larger than that
+    is relayed as it comes once the limit is passed;
   - a failure once part of the body was relayed is C{incomplete} (the
     usage seen so far goes to the sink first); the Node ends the tunnel
     with an error frame after the body, and the Edge ends the caller's
@@ -164,11 +165,30 @@ class TunnelBody:
                 raise broken_answer("the stream ended before the answer said it was finished")
         elif self.mode == HOLD:
             held, self.buffer = bytes(self.buffer), bytearray()
+            if self._json_cut(held):
+                raise broken_answer("the answer is not whole JSON (its end was lost)")
             self._release_head(held)
             self._relay(held)
         self._release_head(b"")
         if self.observer is not None:
             self.observer.finish()
+
+    def _json_cut(self, held: bytes) -> bool:
+        """
+        Whether a held 2xx JSON answer is not whole: a body delimited by
+        the connection's end (no length, not chunked) cut short looks like
+        one that ended.
+        """
+        if not 200 <= self.response.code < 300 or not held.strip() or not _plain(self.response):
+            return False
+        content_type = b",".join(self.response.headers.getRawHeaders(b"content-type", [])).lower()
+        if b"json" not in content_type:
+            return False
+        try:
+            json.loads(held)
+        except ValueError:
+            return True
+        return False
 
     def failed(self, error: ProviderError) -> ProviderError:
         """

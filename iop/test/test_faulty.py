@@ -82,12 +82,17 @@ class FaultyTests(SynchronousTestCase):
     def test_tunnel_faults(self) -> None:
         """
         A streamed tunnel cut after its first event fails incomplete; a
-        non-streamed one cut mid-body fails with nothing relayed.
+        non-streamed one cut mid-body fails with nothing relayed, even when
+        its connection seemed to end cleanly (no length: only its JSON
+        says it was cut).
         """
         sink, d = self.tunnel_on("cut-model", True)
         self.assertEqual(self.failureResultOf(d, ProviderError).value.code, "incomplete")
         self.assertTrue(sink.bodies)
         sink, d = self.tunnel_on("cut-model", False)
+        self.assertEqual(self.failureResultOf(d, ProviderError).value.status, 502)
+        self.assertEqual(sink.calls, [])
+        sink, d = self.tunnel_on("lossy-model", False)
         self.assertEqual(self.failureResultOf(d, ProviderError).value.status, 502)
         self.assertEqual(sink.calls, [])
         sink, d = self.tunnel_on("silent-model", True, 10)

@@ -14,6 +14,8 @@ the integration tests (tests/support/fake_providers.py):
   - C{cut-model}: a word, then the connection drops (not streamed: half
     of a body, then it drops);
   - C{stall-model}: a word, then silence (not streamed: half a body);
+  - C{lossy-model}: half a JSON body, then the connection closes as if
+    that were the end (a body without a length);
   - C{malformed-model}: a word, then an event that is not JSON;
   - C{nodone-model}: a whole answer with its finish reason, no C{[DONE]},
     the connection left open;
@@ -36,7 +38,7 @@ from twisted.internet.error import ConnectionAborted, ConnectionDone
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.client import PotentialDataLoss, ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
@@ -44,7 +46,8 @@ from zope.interface import implementer
 from iop.adapters.openai_compat import OpenAICompatAdapter
 
 #: One step of a scripted answer: C{("write", bytes)}, C{("wait", seconds)},
-#: C{("end",)} (the body ends), C{("cut",)} (the connection drops) or
+#: C{("end",)} (the body ends), C{("close",)} (the connection closes, the
+#: end of a body without a length), C{("cut",)} (the connection drops) or
 #: C{("hold",)} (nothing more, the connection stays open).
 Step = tuple[Any, ...]
 
@@ -94,6 +97,8 @@ def answer(model: str, stream: bool) -> Answer | None:
         return 200, SSE if stream else JSON, [("hold",)]
     if model == "cut-model":
         return (200, SSE, [("write", ROLE + WORD), ("cut",)]) if stream else (200, JSON, [*half, ("cut",)])
+    if model == "lossy-model":
+        return 200, JSON, [*half, ("close",)]
     if model == "stall-model":
         return (200, SSE, [("write", ROLE + WORD), ("hold",)]) if stream else (200, JSON, [*half, ("hold",)])
     if model == "malformed-model":
@@ -176,6 +181,9 @@ class ScriptedResponse:
                 self.clock.callLater(args[0], self._waited)
             elif kind == "end":
                 self.lose(Failure(ResponseDone()))
+            elif kind == "close":
+                # The end of a body delimited by the connection closing.
+                self.lose(Failure(PotentialDataLoss()))
             elif kind == "cut":
                 self.lose(Failure(ResponseFailed([Failure(ConnectionDone("cut"))])))
             elif kind == "hold":
