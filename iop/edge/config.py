@@ -232,8 +232,10 @@ def parse(top: Section) -> EdgeConfig:
     config.nodes = [_node(section) for section in top.sections("nodes")]
     _unique(top, "nodes", [node.id for node in config.nodes])
     _unique(top, "nodes", [node.token_digest for node in config.nodes], what="token")
-    config.model_groups = [_group(section, config) for section in top.sections("model_groups", [])]
+    group_sections = top.sections("model_groups", [])
+    config.model_groups = [_group(section, config) for section in group_sections]
     _unique(top, "model_groups", [group.name for group in config.model_groups], what="name")
+    _check_fallbacks(config.model_groups, group_sections)
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
     config.command_timeouts = _command_timeouts(top.section("commands", None))
@@ -272,9 +274,10 @@ def _run_log(section: Section) -> RunLogSpec:
 
 def _health(section: Section) -> HealthPolicy:
     """
-    C{health: {failures_to_eject: 3, cooldown_sec: 30, max_cooldown_sec: 300}}.
+    C{health: {failures_to_eject: 3, cooldown_sec: 30, max_cooldown_sec: 300,
+    probe_interval_sec: 5}}.
     """
-    section.unknown({"failures_to_eject", "cooldown_sec", "max_cooldown_sec"})
+    section.unknown({"failures_to_eject", "cooldown_sec", "max_cooldown_sec", "probe_interval_sec"})
     failures = section.get("failures_to_eject", int, 3)
     if failures < 1:
         raise section.error("failures_to_eject", "must be at least 1")
@@ -282,7 +285,10 @@ def _health(section: Section) -> HealthPolicy:
     cap = section.number("max_cooldown_sec", max(300.0, cooldown), positive=True)
     if cap < cooldown:
         raise section.error("max_cooldown_sec", "must not be below cooldown_sec")
-    return HealthPolicy(failures_to_eject=failures, cooldown_sec=cooldown, max_cooldown_sec=cap)
+    probe = section.number("probe_interval_sec", HealthPolicy.probe_interval_sec, minimum=0)
+    return HealthPolicy(
+        failures_to_eject=failures, cooldown_sec=cooldown, max_cooldown_sec=cap, probe_interval_sec=float(probe)
+    )
 
 
 def _command_timeouts(section: Section) -> dict[str | None, float]:
@@ -423,10 +429,21 @@ def _fill_capacity(
 
 
 def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
-    section.unknown({"name", "providers", "queue_timeout_sec", "max_queue", "long_threshold_chars", "retries"})
+    section.unknown(
+        {
+            "name",
+            "providers",
+            "queue_timeout_sec",
+            "max_queue",
+            "long_threshold_chars",
+            "retries",
+            "fallbacks",
+            "context_fallbacks",
+        }
+    )
     members = []
     for member in section.sections("providers"):
-        member.unknown({"node", "provider", "target"})
+        member.unknown({"node", "provider", "target", "priority"})
         node_id = member.get("node", str)
         provider_id = member.get("provider", str)
         node = config.node(node_id)
@@ -434,7 +451,14 @@ def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
             raise member.error("node", f"names no configured node: {node_id!r}")
         if not any(p.provider_id == provider_id for p in node.providers):
             raise member.error("provider", f"node {node_id} has no provider {provider_id!r}")
-        members.append(GroupMember(node_id=node_id, provider_id=provider_id, target=member.get("target", str, "")))
+        priority = member.get("priority", int, 0)
+        if priority < 0:
+            raise member.error("priority", f"must not be negative, got {priority!r}")
+        members.append(
+            GroupMember(
+                node_id=node_id, provider_id=provider_id, target=member.get("target", str, ""), priority=priority
+            )
+        )
     if not members:
         raise section.error("providers", "must list at least one provider")
     max_queue = section.get("max_queue", int, None)
@@ -451,7 +475,58 @@ def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
         max_queue=max_queue,
         long_threshold_chars=threshold,
         retries=retries,
+        fallbacks=_group_names(section, "fallbacks"),
+        context_fallbacks=_group_names(section, "context_fallbacks"),
     )
+
+
+def _group_names(section: Section, name: str) -> tuple[str, ...]:
+    """
+    A list of model group names (C{fallbacks}, C{context_fallbacks}),
+    without repeats.
+    """
+    names = section.get(name, list, [])
+    for i, value in enumerate(names):
+        if not isinstance(value, str) or not value:
+            raise section.error(f"{name}[{i}]", f"must be the name of a model group, got {value!r}")
+    _unique(section, name, names, what="model group")
+    return tuple(names)
+
+
+def _check_fallbacks(groups: list[ModelGroupSpec], sections: list[Section]) -> None:
+    """
+    Every C{fallbacks} and C{context_fallbacks} entry names another
+    configured model group, and following either never leads back to the
+    group it started from.
+    """
+    by_name = {group.name: group for group in groups}
+    for field_name in ("fallbacks", "context_fallbacks"):
+        for group, section in zip(groups, sections, strict=True):
+            for i, name in enumerate(getattr(group, field_name)):
+                if name == group.name:
+                    raise section.error(f"{field_name}[{i}]", f"a model group cannot fall back to itself ({name!r})")
+                if name not in by_name:
+                    raise section.error(f"{field_name}[{i}]", f"names no configured model group: {name!r}")
+            cycle = _cycle(group.name, by_name, field_name)
+            if cycle:
+                raise section.error(field_name, f"falls back in a circle: {' -> '.join(cycle)}")
+
+
+def _cycle(start: str, by_name: dict[str, ModelGroupSpec], field_name: str) -> tuple[str, ...] | None:
+    """
+    A path of C{field_name} links from C{start} back to it, or C{None}.
+    """
+    stack: list[tuple[str, tuple[str, ...]]] = [(start, (start,))]
+    seen: set[str] = set()
+    while stack:
+        name, path = stack.pop()
+        for step in getattr(by_name[name], field_name):
+            if step == start:
+                return (*path, step)
+            if step not in seen:
+                seen.add(step)
+                stack.append((step, (*path, step)))
+    return None
 
 
 def _manhole(section: Section) -> ManholeSpec:

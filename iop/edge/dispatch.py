@@ -18,7 +18,7 @@ raises (a bug) ends only its own work too.
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from iop.edge.registry import NodeLink
 from iop.edge.runs import RunRecord
 from iop.edge.timing import Timing
 from iop.protocols import messages
-from iop.protocols.convert import usage_from_wire, usage_to_json
+from iop.protocols.convert import failure_from_wire, usage_from_wire, usage_to_json
 from iop.protocols.wire import FLOW_CONTROL_WIRE_VERSION, RECONCILE_WIRE_VERSION, STREAM_WINDOW_BYTES
 from iop.run import (
     ADAPTER_ERROR,
@@ -42,13 +42,16 @@ from iop.run import (
     DELTA,
     ERROR,
     EVENT_TYPES,
+    INCOMPLETE,
     NODE_DISCONNECTED,
     PROTOCOL_ERROR,
     PROVIDER_ERROR,
     REASONING_DELTA,
     SEND_FAILED,
     SHUTTING_DOWN,
+    START,
     TERMINAL_TYPES,
+    TOOL_CALL,
     ITunnelSink,
     RunEventData,
     RunFailure,
@@ -116,11 +119,11 @@ class Placement:
 
     def record_failure(self, failure: RunFailure) -> None:
         """
-        Tell the provider's health about a failure before any output (only
-        the provider's own failures count: see L{provider_failed}).
+        Tell the provider's health about a failure, before or after output
+        (only the provider's own failures count: see L{provider_failed}).
         """
         if self.lease is not None and provider_failed(failure):
-            self.lease.report(failure.code, failure.message)
+            self.lease.report(failure.code, failure.message, failure.deadline)
 
 
 @implementer(IRunListener)
@@ -167,6 +170,11 @@ class Dispatch:
         returns a callable to take the work over (the dispatch ends
         quietly, then calls it: the Edge places the work again), or
         C{None} to let the listener get the failure.
+    @ivar on_failure: when set, called as C{on_failure(dispatch, failure)}
+        for every failure of the provider itself (L{provider_failed}),
+        before or after output.
+    @ivar continued: whether its answer, cut mid-way, goes on in another
+        attempt.
     @ivar window: the stream's flow-control window (L{iop.edge.flow}), on
         links of wire version 3 or later.
     """
@@ -199,6 +207,8 @@ class Dispatch:
         self.done = False
         self.output = False
         self.on_early_failure: Callable[[Any, RunFailure], Callable[[], None] | None] | None = None
+        self.on_failure: Callable[[Any, RunFailure], None] | None = None
+        self.continued = False
         self.window: ReceiveWindow | None = None
         self._grace: IDelayedCall | None = None
 
@@ -230,11 +240,19 @@ class Dispatch:
 
     def _first_output(self) -> None:
         """
-        The provider answered: from now on nothing is retried, and its
-        health hears of a success.
+        The provider answered: from now on nothing is retried (its health
+        hears of a success when the answer is whole).
         """
         self.output = True
-        self.placement.record_success()
+
+    def _provider_failure(self, failure: RunFailure) -> None:
+        """
+        Tell the provider's health, and L{on_failure}, of C{failure} when
+        it is the provider's own.
+        """
+        self.placement.record_failure(failure)
+        if self.on_failure is not None and provider_failed(failure):
+            self.on_failure(self, failure)
 
     def _taken_over(self, failure: RunFailure) -> bool:
         """
@@ -245,7 +263,7 @@ class Dispatch:
         """
         if self.output:
             return False
-        self.placement.record_failure(failure)
+        self._provider_failure(failure)
         then = self.on_early_failure(self, failure) if self.on_early_failure is not None else None
         if then is None:
             return False
@@ -388,7 +406,29 @@ class Dispatch:
 
 
 class RunDispatch(Dispatch):
+    """
+    A normalized run.
+
+    @ivar on_late_failure: when set, called as C{on_late_failure(dispatch,
+        failure, text)} for a failure after output, with the text the
+        caller got of this attempt; it returns a callable to take the
+        work over (the answer goes on in another attempt: the dispatch
+        ends quietly, then calls it), or C{None}.
+    @ivar continuing: this attempt continues an answer the caller already
+        has part of: its C{start} is not passed on, its events are
+        numbered after those of the attempts before (from C{seq_base}),
+        and a failure that ends it is the caller's C{incomplete}.
+    """
+
     kind = "run"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_late_failure: Callable[[RunDispatch, RunFailure, str], Callable[[], None] | None] | None = None
+        self.continuing = False
+        self.seq_base = 0
+        self._text: list[str] = []
+        self._tool_called = False
 
     @property
     def background(self) -> bool:
@@ -417,12 +457,28 @@ class RunDispatch(Dispatch):
             # A terminal without its reason: give it a generic one.
             code, message = (CANCELLED, "cancelled") if event.type == CANCELLED else (ADAPTER_ERROR, "no reason given")
             event = replace(event, error=RunFailure(code=code, message=message))
+        if self.continuing:
+            if event.type == START:
+                return  # the caller's answer started long ago
+            seq = None if seq is None else seq + self.seq_base
         failure = event.error if event.type == ERROR else None
-        if failure is not None and self._taken_over(failure):
-            return
+        if failure is not None:
+            if self.output:
+                # Cut, stalled or malformed mid-answer: it counts too, and
+                # may go on elsewhere.
+                if self._goes_on(failure):
+                    return
+                self._provider_failure(failure)
+            elif self._taken_over(failure):
+                return
+            if self.continuing and failure.code != INCOMPLETE:
+                failure = _incomplete(failure)
+                event = replace(event, error=failure)
         if not self.output and event.type != ERROR:
             self._first_output()
         self.output = True
+        if event.type == COMPLETE:
+            self.placement.record_success()
         if event.type in TERMINAL_TYPES:
             self.finish()
             if failure is not None:
@@ -436,14 +492,40 @@ class RunDispatch(Dispatch):
                 )
         self.tracker.run_event(self, event, seq)
         self._tell(self.listener.event, event)
+        if event.type == TOOL_CALL:
+            self._tool_called = True
+        elif event.type == DELTA and event.text and self.on_late_failure is not None:
+            self._text.append(event.text)
         if event.type in (DELTA, REASONING_DELTA) and event.text:
             self.delivered(len(event.text.encode("utf-8")))
+
+    def _goes_on(self, failure: RunFailure) -> bool:
+        """
+        Offer a failure after output to L{on_late_failure}: a cut text
+        answer (no tool call in it) may go on in another attempt.
+
+        @return: whether it does (this dispatch has ended).
+        """
+        if self.on_late_failure is None or self._tool_called or not self._text:
+            return False
+        then = self.on_late_failure(self, failure, "".join(self._text))
+        if then is None:
+            return False
+        self.continued = True
+        self._provider_failure(failure)
+        if self.finish():
+            then()
+        return True
 
     def fail(self, code: str, message: str, status: int = 0) -> None:
         self.deliver(RunEventData(ERROR, error=RunFailure(code=code, message=message, status=status)))
 
     def tell_failure(self, failure: RunFailure) -> None:
-        event = RunEventData(ERROR, error=failure)
+        """
+        Give the listener a terminal error for work that ended here without
+        one (its next placement failed).
+        """
+        event = RunEventData(ERROR, error=_incomplete(failure) if self.continuing else failure)
         self.tracker.run_event(self, event, None)
         self._tell(self.listener.event, event)
 
@@ -452,11 +534,30 @@ class RunDispatch(Dispatch):
 
 
 class TunnelDispatch(Dispatch):
+    """
+    A provider tunnel. The provider's status and headers are held until
+    its first body byte (or its end), so that a failure before then (a
+    missed deadline, a body cut before it was whole) can still be placed
+    again, or answered as an error instead of a 200 with part of a body.
+
+    A failure status (5xx, 429, 400) is decided on at the first frame
+    after its status and headers: the Node's C{failure} observation (a
+    metadata frame saying its code, such as C{context_length_exceeded},
+    and C{retry_after_sec}), or else the status itself with the
+    C{Retry-After} of its headers.
+    """
+
     kind = "tunnel"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.usage: dict[str, Any] | None = None
+        self._status: int | None = None
+        self._headers: list[tuple[str, str]] | None = None
+        #: A failure status waiting for the frame after its headers.
+        self._refusal: RunFailure | None = None
+        #: The provider answered a failure status the caller is given.
+        self._failed_status = False
 
     def frame(self, frame: messages.ProviderTunnelFrame) -> None:
         """
@@ -465,57 +566,132 @@ class TunnelDispatch(Dispatch):
         if self.done:
             return
         which = frame.WhichOneof("frame")
+        if self._refusal is not None and which not in ("status", "headers"):
+            refusal, self._refusal = self._refusal, None
+            if self._refused(self._observed(refusal, frame, which)):
+                return
         if which == "error":
-            error = frame.error
-            self.fail(error.code or ADAPTER_ERROR, error.message or "no reason given", error.status)
+            failure = failure_from_wire(frame.error)
+            self.fail_with(
+                replace(failure, code=failure.code or ADAPTER_ERROR, message=failure.message or "no reason given")
+            )
             return
         if which is None:
             self.violation("empty tunnel frame")
             return
         if which == "status":
-            if not 100 <= frame.status <= 599:
-                self.violation(f"tunnel status {frame.status} is not an HTTP status")
-                return
-            if not self.output and (frame.status >= 500 or frame.status == 429):
-                failure = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {frame.status}", frame.status)
-                if self._taken_over(failure):
-                    self._cancel_on_node()
-                    return
-        if not self.output:
-            self._first_output()
-        if which == "status":
-            self._tell(self.listener.status, frame.status)
+            self._on_status(frame.status)
         elif which == "headers":
-            pairs = [(h.name, h.value) for h in frame.headers.headers]
-            for name, value in pairs:
-                if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
-                    self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
-                    return
-            self._tell(self.listener.headers, pairs)
+            self._on_headers([(h.name, h.value) for h in frame.headers.headers])
         elif which == "body":
-            self._tell(self.listener.body, frame.body)
-            self.delivered(len(frame.body))
+            self._open()
+            if not self.done:
+                self._tell(self.listener.body, frame.body)
+                self.delivered(len(frame.body))
         elif which == "usage":
             usage = usage_from_wire(frame.usage)
             self.usage = usage_to_json(usage)
             self._tell(self.listener.usage, usage)
         elif which == "metadata_json":
-            # An observation, never part of the body: a bad one is ignored.
-            try:
-                info = json.loads(frame.metadata_json)
-            except ValueError:
+            info = _metadata(frame)
+            if info is None:
                 self.log.warn("tunnel {id}: metadata from the node is not JSON; ignored", id=self.id)
                 return
             self._tell(self.listener.metadata, info)
         elif which == "end":
+            self._open()
+            if self.done:
+                return
+            if not self._failed_status:
+                self.placement.record_success()
             self.finish()
             self.tracker.tunnel_ended(self, COMPLETE, None)
             self._tell(self.listener.end)
 
+    def _on_status(self, status: int) -> None:
+        if not 100 <= status <= 599:
+            self.violation(f"tunnel status {status} is not an HTTP status")
+            return
+        if self.output:
+            self._tell(self.listener.status, status)
+            return
+        self._status = status
+        if status >= 500 or status in (400, 429):
+            self._refusal = RunFailure(PROVIDER_ERROR, f"the provider answered HTTP {status}", status)
+
+    def _on_headers(self, pairs: list[tuple[str, str]]) -> None:
+        for name, value in pairs:
+            if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
+                self.violation(f"tunnel header {name[:40]!r} is not a valid HTTP header")
+                return
+        if self.output:
+            self._tell(self.listener.headers, pairs)
+            return
+        self._headers = pairs
+
+    def _observed(self, refusal: RunFailure, frame: messages.ProviderTunnelFrame, which: str | None) -> RunFailure:
+        """
+        The failure a held failure status stands for: what the Node's
+        C{failure} observation says (when C{frame} is one), else the status
+        with its headers' C{Retry-After}.
+        """
+        said = (_metadata(frame) or {}).get("failure") if which == "metadata_json" else None
+        if isinstance(said, dict) and isinstance(said.get("code"), str) and said["code"]:
+            try:
+                return RunFailure(
+                    said["code"],
+                    str(said.get("message") or refusal.message),
+                    int(said.get("status") or refusal.status),
+                    retry_after_sec=max(float(said.get("retry_after_sec") or 0.0), 0.0),
+                )
+            except (TypeError, ValueError):
+                pass
+        return replace(refusal, retry_after_sec=retry_after(self._headers or ()))
+
+    def _refused(self, failure: RunFailure) -> bool:
+        """
+        The provider answered a failure status before its body: place the
+        work again if that is planned (the Node is told to drop this
+        attempt); else the caller gets the provider's own answer.
+
+        @return: whether the work was taken over.
+        """
+        self._failed_status = provider_failed(failure)
+        if self._taken_over(failure):
+            self._cancel_on_node()
+            return True
+        self._open()
+        return False
+
+    def _open(self) -> None:
+        """
+        The caller's answer begins: the held status and headers go to the
+        listener, and nothing is retried any more.
+        """
+        if self.output:
+            return
+        self._first_output()
+        if self._status is not None:
+            self._tell(self.listener.status, self._status)
+        if self._headers is not None and not self.done:
+            self._tell(self.listener.headers, self._headers)
+
     def fail(self, code: str, message: str, status: int = 0) -> None:
-        failure = RunFailure(code=code, message=message, status=status)
+        self.fail_with(RunFailure(code=code, message=message, status=status))
+
+    def fail_with(self, failure: RunFailure) -> None:
+        """
+        End the tunnel with C{failure}: placed again if it came before the
+        first body byte and that is planned; else its listener is told
+        (mid-answer: the surface ends the caller's answer with an explicit
+        error).
+        """
+        late = self.output
         if self._taken_over(failure) or not self.finish():
             return
+        if late:
+            self._provider_failure(failure)
+        code, message = failure.code, failure.message
         (self.log.info if code in (CANCELLED, SHUTTING_DOWN) else self.log.warn)(
             "tunnel {tunnel_id} on node {node} ({adapter}) ended: {code}: {reason}",
             tunnel_id=self.id,
@@ -533,3 +709,38 @@ class TunnelDispatch(Dispatch):
 
     def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.fail(code, message)
+
+
+def _incomplete(failure: RunFailure) -> RunFailure:
+    """
+    The caller's view of C{failure} ending the continuation of an answer
+    it has part of: the answer is C{incomplete}.
+    """
+    if failure.code == INCOMPLETE:
+        return failure
+    return RunFailure(INCOMPLETE, f"the answer was cut and its continuation failed: {failure.code}: {failure.message}")
+
+
+def _metadata(frame: messages.ProviderTunnelFrame) -> dict[str, Any] | None:
+    """
+    A tunnel metadata frame's JSON object, or C{None} when it is not one.
+    """
+    try:
+        info = json.loads(frame.metadata_json)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def retry_after(pairs: Iterable[tuple[str, str]]) -> float:
+    """
+    The delay a C{Retry-After} header among C{pairs} asks for, in seconds
+    (its delay-seconds form; 0 when absent or an HTTP date).
+    """
+    for name, value in pairs:
+        if name.lower() == "retry-after":
+            try:
+                return max(float(value.strip()), 0.0)
+            except ValueError:
+                return 0.0
+    return 0.0

@@ -75,7 +75,8 @@ class Intake:
         self.runs = runs
         self.inflight = inflight
         self.bus = bus
-        self.starter = Starter(placer, pool, runs, inflight, bus, drain)
+        self._clock = clock
+        self.starter = Starter(placer, pool, runs, inflight, bus, drain, clock)
         self.admission = Admission(clock, self.starter.place)
         self.budgets = TokenBudgets(clock.seconds)
         self._queued: dict[str, Deferred[str]] = {}
@@ -150,7 +151,14 @@ class Intake:
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **labels(self.pool, spec))
             queued = record
             self.runs.when_ended(record, lambda: ticket.settle_usage(queued.usage))
-        work = Work(spec, listener_for, retries=self.placer.retries(spec), id=spec.run_id or None, ticket=ticket)
+        work = Work(
+            spec,
+            listener_for,
+            retries=self.placer.retries(spec),
+            id=spec.run_id or None,
+            ticket=ticket,
+            since=self._clock.seconds(),
+        )
         d = self.admission.submit(work)
         d.addErrback(_never_ran, ticket)
         if record is not None:

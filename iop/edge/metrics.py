@@ -173,11 +173,18 @@ class _ServiceCollector:
         ejections = CounterMetricFamily(
             "iop_edge_provider_ejections", "Times the provider was ejected for failing", labels=["node", "provider"]
         )
-        for node, provider, by_code, ejected in self.service.pool.health_counters():
+        probes = CounterMetricFamily(
+            "iop_edge_provider_probes",
+            "Probes of an ejected provider's back end, by outcome (passed, failed)",
+            labels=["node", "provider", "outcome"],
+        )
+        for node, provider, by_code, ejected, by_outcome in self.service.pool.health_counters():
             for code, count in by_code.items():
                 failures.add_metric([node, provider, code], count)
             ejections.add_metric([node, provider], ejected)
-        return [failures, ejections]
+            for outcome, count in by_outcome.items():
+                probes.add_metric([node, provider, outcome], count)
+        return [failures, ejections, probes]
 
 
 class HTTPMetrics:
@@ -286,6 +293,27 @@ def build_metrics(service: Observed, bus: EventBus, clock: IReactorTime | None =
         registry=registry,
     )
 
+    fallbacks = Counter(
+        "iop_edge_fallbacks",
+        "Work taken by a fallback model group after its own group's providers failed it before a byte reached"
+        " its caller, by reason (fallbacks, context_fallbacks)",
+        ["model_group", "fallback", "reason"],
+        registry=registry,
+    )
+    deadlines = Counter(
+        "iop_edge_deadline_hits",
+        "Provider deadlines missed, by kind (first_byte, stall, idle)",
+        ["node", "provider", "kind"],
+        registry=registry,
+    )
+    incompletes = Counter(
+        "iop_edge_incompletes",
+        "Answers cut, stalled or malformed after their first byte reached the caller (ended with an explicit"
+        " error), by whether they were continued on another provider",
+        ["node", "provider", "continued"],
+        registry=registry,
+    )
+
     def ended(work: str, kind: str, payload: dict[str, Any]) -> None:
         terminals.labels(kind, work).inc()
         if payload.get("error"):
@@ -305,12 +333,23 @@ def build_metrics(service: Observed, bus: EventBus, clock: IReactorTime | None =
                 ended("tunnel", payload["status"], payload)
         elif topic == "queue":
             queue_wait.labels(payload["key"], payload["event"]).observe(payload["waited_sec"])
-        elif topic == "provider" and payload.get("event") == "retry":
-            retries.labels(payload["node"], payload["provider"]).inc()
+        elif topic == "provider":
+            provider_event(payload)
         elif topic == "node":
             node_events.labels(payload["event"]).inc()
             if payload["event"] == "disconnected":
                 disconnects.labels(payload["node"] or "", disconnect_cause(payload.get("reason"))).inc()
+
+    def provider_event(payload: dict[str, Any]) -> None:
+        event = payload.get("event")
+        if event == "retry":
+            retries.labels(payload["node"], payload["provider"]).inc()
+        elif event == "fallback":
+            fallbacks.labels(payload["model_group"], payload["fallback"], payload["reason"]).inc()
+        elif event == "deadline":
+            deadlines.labels(payload["node"], payload["provider"], payload["kind"]).inc()
+        elif event == "incomplete":
+            incompletes.labels(payload["node"], payload["provider"], str(payload["continued"]).lower()).inc()
 
     bus.subscribe(observe)
     return EdgeMetricsPage(registry, http)

@@ -79,13 +79,14 @@ class Placer:
 
     def elsewhere(self, spec: RunSpec, avoid: Collection[tuple[str, str]]) -> bool:
         """
-        Whether C{spec}'s model group has a live provider outside C{avoid}
-        that could serve it (so that placing it again can succeed).
+        Whether C{spec}'s model group has a healthy live provider outside
+        C{avoid} that could serve it (so that placing it again can succeed;
+        an ejected one, which panic mode would give it, does not count).
         """
         if not spec.model or self.pool.group(spec.model) is None:
             return False
         klass = self.pool.classify(spec.model, spec.input_chars())
-        return self.pool.has_candidate(spec.model, klass, spec.node, _acceptor(spec, avoid))
+        return self.pool.has_candidate(spec.model, klass, spec.node, self._acceptor(spec, avoid), panic=False)
 
     def _lease(self, spec: RunSpec, avoid: frozenset[tuple[str, str]], ticket: Ticket | None) -> defer.Deferred[Lease]:
         model, node_id = spec.model, spec.node
@@ -112,7 +113,7 @@ class Placer:
         # Every provider will do (the common case): the pool's index then
         # chooses without scanning the group.
         assert spec.model is not None  # only work naming a model group is pooled
-        accept = None if spec.runs and not avoid else _acceptor(spec, avoid)
+        accept = None if spec.runs and not avoid and not spec.continues else self._acceptor(spec, avoid)
         try:
             klass = self.pool.classify(spec.model, spec.input_chars())
             return self.pool.acquire(spec.model, klass, node_id, accept, ticket)
@@ -158,6 +159,29 @@ class Placer:
             raise ServiceError("unavailable", f"node {lease.node_id} is no longer connected")
         return Placement(link, lease.adapter, lease.adapter_type, lease.target or spec.target, lease=lease)
 
+    def _acceptor(self, spec: RunSpec, avoid: Collection[tuple[str, str]]) -> Callable[[ProviderSpec], bool]:
+        """
+        The providers C{spec} may go to: of a type that serves it, not one
+        that already failed it, and for a run that continues a cut answer
+        only one whose adapter can continue it (C{continuation: true}).
+        """
+
+        def accept(provider: ProviderSpec) -> bool:
+            if not spec.serves(provider.adapter_type) or provider.key in avoid:
+                return False
+            return not spec.continues or self.continues(provider)
+
+        return accept
+
+    def continues(self, provider: ProviderSpec) -> bool:
+        """
+        Whether C{provider}'s adapter continues a partial answer given as a
+        final assistant message (its C{continuation: true} option).
+        """
+        node = self._config().node(provider.node_id)
+        adapter = node.adapter(provider.adapter) if node is not None else None
+        return adapter is not None and adapter.options.get("continuation") is True
+
     def _pool_failure(self, failure: Failure) -> Failure:
         # When to come back: from the queue's measured drain rate.
         if failure.check(NoLiveProvider):
@@ -170,18 +194,6 @@ class Placer:
             assert isinstance(failure.value, QueueFull)
             raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)
         return failure
-
-
-def _acceptor(spec: RunSpec, avoid: Collection[tuple[str, str]]) -> Callable[[ProviderSpec], bool]:
-    """
-    The providers C{spec} may go to: of a type that serves it, and not one
-    that already failed it.
-    """
-
-    def accept(provider: ProviderSpec) -> bool:
-        return spec.serves(provider.adapter_type) and provider.key not in avoid
-
-    return accept
 
 
 def _cannot_serve(what: str, spec: RunSpec) -> ServiceError:

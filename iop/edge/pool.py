@@ -29,11 +29,18 @@ Rules
     disconnect naming any other generation is stale and changes nothing. A
     ready with a new generation replaces the old one, returning the old
     generation's leases first.
-  - L{ProviderPool.acquire} leases the least loaded live member with room
-    (lowest C{in_use / capacity} for the request class; ties go to config
-    order). With no room but a I{live candidate} (a live member whose
-    capacity for the class is above 0) it waits in the group's queue;
-    without a live candidate it fails at once with L{NoLiveProvider}.
+  - L{ProviderPool.acquire} leases, among the live members with room of
+    the best (lowest) C{priority}, the least loaded one (lowest C{in_use /
+    capacity} for the request class; ties go to config order): a member of
+    a worse priority is chosen only while every better one is full,
+    ejected or offline, never for its lower load. With no room but a
+    I{live candidate} (a live member whose capacity for the class is above
+    0) it waits in the group's queue; without a live candidate it fails at
+    once with L{NoLiveProvider}.
+  - B{Panic mode}: when every live candidate of a group is ejected, work
+    still goes to the ejected one that failed longest ago (with room)
+    instead of failing with L{NoLiveProvider} for a whole cooldown; an
+    answer there makes it healthy again.
   - A lease is returned exactly once: by L{Lease.release} or by its Node's
     disconnect (or replacement), whichever comes first. Later calls to
     C{release} return C{False} and change nothing.
@@ -154,11 +161,16 @@ class ProviderSpec:
 class GroupMember:
     """
     One provider of a model group; C{target} is the model name at the back end.
+
+    @ivar priority: the member's rank in its group: placement takes the
+        lowest priority with room first (0, the default, is the first
+        choice).
     """
 
     node_id: str
     provider_id: str
     target: str
+    priority: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -171,6 +183,11 @@ class ModelGroupSpec:
     A model name callers use, and the providers that serve it.
 
     @ivar members: a tuple of L{GroupMember}, in preference order for ties.
+    @ivar fallbacks: the names of the model groups that take the work, in
+        order, when this group's providers failed it before its caller saw
+        a byte.
+    @ivar context_fallbacks: likewise for a provider that refused the
+        prompt as too long for its context (C{context_length_exceeded}).
     @ivar queue_timeout_sec: how long a request may wait for room.
     @ivar max_queue: how many requests (of both classes) may wait;
         C{None} for no limit.
@@ -186,19 +203,25 @@ class ModelGroupSpec:
     #: How many times work whose provider failed before answering may be
     #: placed again on another provider of the group.
     retries: int = 1
+    fallbacks: tuple = ()
+    context_fallbacks: tuple = ()
 
 
 @dataclass(frozen=True)
 class HealthPolicy:
     """
     When a provider is ejected: after C{failures_to_eject} consecutive
-    failures before answering, for C{cooldown_sec}, doubling (up to
-    C{max_cooldown_sec}) each time it fails again on its first try back.
+    failures (before answering, or a cut or stalled answer), for
+    C{cooldown_sec}, doubling (up to C{max_cooldown_sec}) each time it
+    fails again on its first try back. While it is ejected it is probed
+    every C{probe_interval_sec} (0: never), and returns as soon as a probe
+    passes.
     """
 
     failures_to_eject: int = 3
     cooldown_sec: float = 30.0
     max_cooldown_sec: float = 300.0
+    probe_interval_sec: float = 5.0
 
 
 class Lease:
@@ -246,13 +269,14 @@ class Lease:
         """
         return self._pool._release(self)
 
-    def report(self, code: str | None = None, message: str = "") -> None:
+    def report(self, code: str | None = None, message: str = "", deadline: str = "") -> None:
         """
-        Tell the provider's health how its answer went: no C{code} for an
-        answer; the failure's C{code} and C{message} when it failed before
-        answering.
+        Tell the provider's health how its answer went: no C{code} for a
+        whole answer; the failure's C{code} and C{message} when it failed
+        (before answering, or cut or stalled mid-answer), and the
+        C{deadline} it missed, if any (L{iop.run.DEADLINES}).
         """
-        self._pool._report(self, code, message)
+        self._pool._report(self, code, message, deadline)
 
     def __repr__(self) -> str:
         return (
@@ -275,9 +299,13 @@ class _Resource:
         self.failures = 0
         self.last_error: str | None = None
         self.ejected: IDelayedCall | None = None  # the cooldown's DelayedCall while ejected
+        self.probe: IDelayedCall | None = None  # the next probe's DelayedCall while ejected
+        self.failed_at: float | None = None  # when it last failed (panic mode's order)
         self.cooldown = cooldown
         self.failures_total: dict[str, int] = {}  # failure code -> count since start
         self.ejections_total = 0
+        self.probes_total: dict[str, int] = {}  # probe outcome (passed, failed) -> count
+        self.deadlines_total: dict[str, int] = {}  # deadline kind (first_byte, stall, idle) -> count
         #: Bumped on every change of room or load; the L{_LoadIndex}es that
         #: hold this resource are told (stale entries are dropped lazily).
         self.version = 0
@@ -297,10 +325,20 @@ class _Resource:
     def candidate(self, klass: str) -> bool:
         return self.live and not self.draining and self.ejected is None and self.spec.capacity(klass) > 0
 
+    def panic_candidate(self, klass: str) -> bool:
+        """
+        Whether it could serve in panic mode: live and taking work, but
+        ejected.
+        """
+        return self.live and not self.draining and self.ejected is not None and self.spec.capacity(klass) > 0
+
     def room(self, klass: str) -> int:
         if not self.live or self.draining or self.ejected is not None:
             return 0
         return self.spec.capacity(klass) - self.in_use[klass]
+
+    def panic_room(self, klass: str) -> int:
+        return self.spec.capacity(klass) - self.in_use[klass] if self.panic_candidate(klass) else 0
 
     def load(self, klass: str) -> float:
         return self.in_use[klass] / self.spec.capacity(klass)
@@ -337,8 +375,9 @@ class _Resource:
 
 class _LoadIndex:
     """
-    The members of one queue that have room for one request class, least
-    loaded first (ties: the order the queue lists them): a heap whose
+    The members of one queue that have room for one request class, best
+    priority first, then least loaded (ties: the order the queue lists
+    them): a heap whose
     entries go stale when a resource changes (it pushes a fresh one), and
     are dropped when they reach the top. Choosing is O(log n) amortized,
     not a scan of every member.
@@ -349,10 +388,10 @@ class _LoadIndex:
     ) -> None:
         self.klass = klass
         self.members = {m.key: m for m in members}
-        self.order = {m.key: i for i, m in enumerate(members)}
-        #: C{(load, config order, version, resource)}: an entry is stale
-        #: once its resource's version moved on.
-        self.heap: list[tuple[float, int, int, _Resource]] = []
+        self.order = {m.key: (m.priority, i) for i, m in enumerate(members)}
+        #: C{(priority, load, config order, version, resource)}: an entry
+        #: is stale once its resource's version moved on.
+        self.heap: list[tuple[int, float, int, int, _Resource]] = []
         for member in members:
             resource = resources[member.key]
             resource.indexes.append(self)
@@ -361,19 +400,19 @@ class _LoadIndex:
     def push(self, resource: _Resource) -> None:
         if resource.room(self.klass) <= 0:
             return
-        key = resource.spec.key
-        heapq.heappush(self.heap, (resource.load(self.klass), self.order[key], resource.version, resource))
+        priority, order = self.order[resource.spec.key]
+        heapq.heappush(self.heap, (priority, resource.load(self.klass), order, resource.version, resource))
         if len(self.heap) > 4 * len(self.members) + 16:
             self._compact()
 
     def best(self) -> "tuple[_Resource, GroupMember] | None":
         """
-        The least loaded member with room, as C{(resource, member)}, or
-        C{None}.
+        The least loaded member with room of the best priority, as
+        C{(resource, member)}, or C{None}.
         """
         heap = self.heap
         while heap:
-            _, order, version, resource = heap[0]
+            version, resource = heap[0][3:]
             if version == resource.version and resource.room(self.klass) > 0:
                 return resource, self.members[resource.spec.key]
             heapq.heappop(heap)
@@ -382,8 +421,8 @@ class _LoadIndex:
     def _compact(self) -> None:
         fresh = {}
         for entry in self.heap:
-            resource = entry[3]
-            if entry[2] == resource.version and resource.room(self.klass) > 0:
+            resource = entry[4]
+            if entry[3] == resource.version and resource.room(self.klass) > 0:
                 fresh[resource.spec.key] = entry
         self.heap = list(fresh.values())
         heapq.heapify(self.heap)
@@ -496,6 +535,12 @@ class ProviderPool:
     @param clock: an C{IReactorTime} for queue timeouts.
     @param providers: the L{ProviderSpec}s, in config order.
     @param groups: the L{ModelGroupSpec}s, in config order.
+    @param health: the L{HealthPolicy}.
+    @param prober: C{prober(spec)} probes the back end of an ejected
+        provider (a L{ProviderSpec}) with a cheap request; its Deferred
+        fires with C{True} (it answers), C{False} (it does not), or
+        C{None} (it cannot be probed: it waits for its cooldown). C{None}:
+        no probes.
     @raise ValueError: duplicate providers or groups, a negative capacity,
         or a group member naming an unknown provider.
     """
@@ -509,8 +554,10 @@ class ProviderPool:
         groups: Iterable[ModelGroupSpec],
         direct_timeout: float = 30.0,
         health: HealthPolicy | None = None,
+        prober: Callable[[ProviderSpec], "defer.Deferred[bool | None]"] | None = None,
     ) -> None:
         self._clock = clock
+        self.prober = prober
         self._direct_timeout = direct_timeout
         self._waiting = 0
         self._health = health or HealthPolicy()
@@ -550,6 +597,8 @@ class ProviderPool:
         #: left its queue (for metrics), or C{None}.
         self.on_wait_end: Callable[[Ticket, str, float, str], None] | None = None
         self._positions_call: IDelayedCall | None = None
+        #: group name -> {fallback group name: times it took the group's work}
+        self._fallbacks_taken: dict[str, dict[str, int]] = {}
 
     # -- questions
 
@@ -604,47 +653,101 @@ class ProviderPool:
                 providers[-1]["last_error"] = resource.last_error
             if resource.ejected is not None:
                 providers[-1]["ejected_for_sec"] = round(max(resource.ejected.getTime() - self._clock.seconds(), 0), 1)
-        groups = [{"name": name, "queued": len(self._queues[name].waiters)} for name in self._groups]
+            for name, counts in (
+                ("failures", resource.failures_total),
+                ("deadline_hits", resource.deadlines_total),
+                ("probes", resource.probes_total),
+            ):
+                if counts:
+                    providers[-1][name] = dict(counts)
+        groups = []
+        for name, group in self._groups.items():
+            entry = {"name": name, "queued": len(self._queues[name].waiters)}
+            if group.fallbacks:
+                entry["fallbacks"] = list(group.fallbacks)
+            if group.context_fallbacks:
+                entry["context_fallbacks"] = list(group.context_fallbacks)
+            if name in self._fallbacks_taken:
+                entry["fallbacks_taken"] = dict(self._fallbacks_taken[name])
+            if self._in_panic(group):
+                entry["panic"] = True
+            groups.append(entry)
         return {"providers": providers, "model_groups": groups}
+
+    def _in_panic(self, group: ModelGroupSpec) -> bool:
+        """
+        Whether every live provider of C{group} is ejected (so work goes to
+        the one that failed longest ago).
+        """
+        resources = [self._resources[m.key] for m in group.members]
+        live = [r for r in resources if r.live and not r.draining]
+        return bool(live) and all(r.ejected is not None for r in live)
 
     def _health_of(self, resource: _Resource) -> str:
         if not resource.live:
             return "offline"
         return "ejected" if resource.ejected is not None else "ok"
 
-    def health_counters(self) -> list[tuple[str, str, dict[str, int], int]]:
+    def health_counters(self) -> list[tuple[str, str, dict[str, int], int, dict[str, int]]]:
         """
-        Per provider C{(node, provider, {failure code: count},
-        ejections)} since start, for metrics.
+        Per provider C{(node, provider, {failure code: count}, ejections,
+        {probe outcome: count})} since start, for metrics.
         """
         return [
-            (r.spec.node_id, r.spec.provider_id, dict(r.failures_total), r.ejections_total)
+            (r.spec.node_id, r.spec.provider_id, dict(r.failures_total), r.ejections_total, dict(r.probes_total))
             for r in self._resources.values()
         ]
 
     # -- health
 
-    def _report(self, lease: Lease, code: str | None, message: str) -> None:
+    def fallback_taken(self, group: str, fallback: str) -> None:
+        """
+        Work of the model group C{group} went to its fallback group
+        C{fallback} (counted for the status).
+        """
+        taken = self._fallbacks_taken.setdefault(group, {})
+        taken[fallback] = taken.get(fallback, 0) + 1
+
+    def _report(self, lease: Lease, code: str | None, message: str, deadline: str) -> None:
         resource = self._resources[(lease.node_id, lease.provider_id)]
         if code is None:
-            if resource.failures or resource.last_error is not None:
-                self.log.info(
-                    "provider {node}/{provider} is healthy again", node=lease.node_id, provider=lease.provider_id
-                )
-            resource.failures = 0
-            resource.last_error = None
-            resource.cooldown = self._health.cooldown_sec
+            self._healthy(resource, "answered")
             return
+        if deadline:
+            resource.deadlines_total[deadline] = resource.deadlines_total.get(deadline, 0) + 1
         resource.failures += 1
+        resource.failed_at = self._clock.seconds()
         resource.failures_total[code] = resource.failures_total.get(code, 0) + 1
         resource.last_error = f"{code}: {message}"
         if resource.failures >= self._health.failures_to_eject and resource.ejected is None:
             self._eject(resource)
 
+    def _healthy(self, resource: _Resource, why: str) -> None:
+        """
+        The provider answered (or passed a probe): its failures are
+        forgotten, its cooldown is reset, and an ejected one returns at
+        once.
+        """
+        if resource.failures or resource.last_error is not None:
+            self.log.info(
+                "provider {node}/{provider} is healthy again ({why})",
+                node=resource.spec.node_id,
+                provider=resource.spec.provider_id,
+                why=why,
+            )
+        resource.failures = 0
+        resource.last_error = None
+        resource.cooldown = self._health.cooldown_sec
+        if resource.ejected is not None:
+            if resource.ejected.active():
+                resource.ejected.cancel()
+            self._cooled(resource)
+
     def _eject(self, resource: _Resource) -> None:
         """
         Take a failing provider out of placement for its cooldown; the next
-        cooldown doubles (up to the cap) unless it answers first.
+        cooldown doubles (up to the cap) unless it answers first. It is
+        probed meanwhile (L{HealthPolicy.probe_interval_sec}).
         """
         cooldown = resource.cooldown
         resource.cooldown = min(cooldown * 2, self._health.max_cooldown_sec)
@@ -659,17 +762,52 @@ class ProviderPool:
             failures=resource.failures,
             error=resource.last_error,
         )
+        self._probe_later(resource)
         self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+
+    def _probe_later(self, resource: _Resource) -> None:
+        interval = self._health.probe_interval_sec
+        if self.prober is not None and interval > 0 and resource.ejected is not None:
+            resource.probe = self._clock.callLater(interval, self._probe, resource)
+
+    def _probe(self, resource: _Resource) -> None:
+        """
+        Ask an ejected provider's back end whether it answers again.
+        """
+        resource.probe = None
+        prober = self.prober
+        if resource.ejected is None or prober is None:
+            return
+        d = defer.maybeDeferred(prober, resource.spec)
+        d.addErrback(lambda failure: False)
+        d.addCallback(self._probed, resource)
+
+    def _probed(self, passed: bool | None, resource: _Resource) -> None:
+        if passed is None:
+            # It cannot be probed: it waits for its cooldown.
+            return
+        outcome = "passed" if passed else "failed"
+        resource.probes_total[outcome] = resource.probes_total.get(outcome, 0) + 1
+        if resource.ejected is None:
+            return
+        if passed:
+            self._healthy(resource, "a probe passed")
+        else:
+            self._probe_later(resource)
 
     def _cooled(self, resource: _Resource) -> None:
         """
-        The cooldown passed: the provider is tried again (one more failure
-        ejects it again at once; an answer makes it healthy).
+        The cooldown passed (or the provider answered): it is tried again
+        (one more failure ejects it again at once; an answer makes it
+        healthy).
         """
         resource.ejected = None
+        if resource.probe is not None and resource.probe.active():
+            resource.probe.cancel()
+        resource.probe = None
         resource.changed()
         self.log.info(
-            "provider {node}/{provider} back on trial after its cooldown",
+            "provider {node}/{provider} back on trial",
             node=resource.spec.node_id,
             provider=resource.spec.provider_id,
         )
@@ -722,30 +860,33 @@ class ProviderPool:
         klass: str,
         node_id: str | None = None,
         accept: Callable[[ProviderSpec], bool] | None = None,
+        panic: bool = True,
     ) -> bool:
         """
         Whether a live provider of C{group_name} (filtered as for
         L{acquire}) could serve a request of class C{klass}, now or after
-        a wait.
+        a wait (an ejected one too, in panic mode, unless C{panic} is
+        false).
         """
         queue = self._queues[self._group(group_name).name]
         try:
-            return self._has_candidate(self._members(queue, node_id, accept), klass)
+            return self._has_candidate(self._members(queue, node_id, accept), klass, panic)
         except KeyError:
             return False
 
     def has_room(self, group_name: str, klass: str, accept: Callable[[ProviderSpec], bool] | None = None) -> bool:
         """
-        Whether a live provider of C{group_name} (only those C{accept}
-        accepts, when given) has room for a request of class C{klass} now
-        (an Edge of a cluster forwards what finds none here).
+        Whether a healthy live provider of C{group_name} (only those
+        C{accept} accepts, when given) has room for a request of class
+        C{klass} now (an Edge of a cluster forwards what finds none here;
+        panic mode does not count as room).
         """
         queue = self._queues[self._group(group_name).name]
         try:
             members = self._members(queue, None, accept)
         except KeyError:
             return False
-        return self._best(queue, members, klass) is not None
+        return self._best(queue, members, klass, panic=False) is not None
 
     def _members(
         self, queue: _Queue, node_id: str | None, accept: Callable[[ProviderSpec], bool] | None
@@ -821,29 +962,54 @@ class ProviderPool:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _has_candidate(self, members: Iterable[GroupMember], klass: str) -> bool:
-        return any(self._resources[m.key].candidate(klass) for m in members)
+    def _has_candidate(self, members: Iterable[GroupMember], klass: str, panic: bool = True) -> bool:
+        """
+        Whether a live member could serve C{klass}, now or after a wait (an
+        ejected one too, with C{panic}: panic mode).
+        """
+        resources = [self._resources[m.key] for m in members]
+        return any(r.candidate(klass) or (panic and r.panic_candidate(klass)) for r in resources)
 
     def _unavailable(self, queue: _Queue, klass: str) -> NoLiveProvider:
         return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
 
     def _best(
-        self, queue: _Queue, members: tuple[GroupMember, ...], klass: str
+        self, queue: _Queue, members: tuple[GroupMember, ...], klass: str, panic: bool = True
     ) -> tuple[_Resource, GroupMember] | None:
         """
-        The least loaded member with room, as C{(resource, member)}, or
+        The least loaded member with room of the best priority, as
+        C{(resource, member)}; in panic mode (unless C{panic} is false)
+        the ejected member with room that failed longest ago; else
         C{None}.
         """
+        best: tuple[_Resource, GroupMember] | None = None
         if members is queue.members:
-            return queue.index(klass, self._resources).best()
-        # A filtered choice (a named node, a type or a failed provider
-        # left out): few members, scanned.
+            best = queue.index(klass, self._resources).best()
+        else:
+            # A filtered choice (a named node, a type or a failed provider
+            # left out): few members, scanned.
+            for member in members:
+                resource = self._resources[member.key]
+                if resource.room(klass) > 0:
+                    rank = (member.priority, resource.load(klass))
+                    if best is None or rank < (best[1].priority, best[0].load(klass)):
+                        best = (resource, member)
+        if best is None and panic and not self._has_candidate(members, klass, panic=False):
+            return self._panic_choice(members, klass)
+        return best
+
+    def _panic_choice(self, members: tuple[GroupMember, ...], klass: str) -> tuple[_Resource, GroupMember] | None:
+        """
+        Every live member is ejected: the one with room that failed
+        longest ago, or C{None}.
+        """
         best: tuple[_Resource, GroupMember] | None = None
         for member in members:
             resource = self._resources[member.key]
-            if resource.room(klass) > 0:
-                if best is None or resource.load(klass) < best[0].load(klass):
-                    best = (resource, member)
+            if resource.panic_room(klass) > 0 and (
+                best is None or (resource.failed_at or 0) < (best[0].failed_at or 0)
+            ):
+                best = (resource, member)
         return best
 
     def _grant(self, queue: _Queue, best: tuple[_Resource, GroupMember], klass: str, ticket: Ticket) -> Lease:

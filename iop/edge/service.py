@@ -34,6 +34,7 @@ from iop.edge.listeners import add_listeners
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
+from iop.edge.probes import probe_provider
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunBook
 from iop.edge.status import model_names, snapshot
@@ -72,7 +73,12 @@ class EdgeService(MultiService):
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
         self.pool = ProviderPool(
-            reactor, config.providers(), config.model_groups, config.direct_queue_timeout_sec, config.health
+            reactor,
+            config.providers(),
+            config.model_groups,
+            config.direct_queue_timeout_sec,
+            config.health,
+            prober=lambda spec: probe_provider(self.command, self.bus, spec),
         )
         log = config.run_log
         self.runs = RunBook(reactor, self.bus, self._fetch_run, log.max_bytes, log.max_age_sec, log.max_runs)
@@ -146,4 +152,6 @@ class EdgeService(MultiService):
     def stopService(self) -> "Deferred[list[Any]]":
         """Drain, then stop (L{Drain.start}; a second signal L{hurry}s it)."""
         Service.stopService(self)
-        return self.drain.start(self._listeners, self.site)
+        stopped = self.drain.start(self._listeners, self.site)
+        self.intake.starter.stop_resting()
+        return stopped

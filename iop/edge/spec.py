@@ -89,6 +89,10 @@ class RunSpec:
         placed, sent and answered (a fresh one when nobody reads it).
     @ivar traceparent: the trace context a normalized run sends to the
         provider (L{iop.edge.tracing.outgoing_traceparent}); empty: none.
+    @ivar continues: the run goes on with an answer cut mid-way (its
+        C{options} carry the part the caller has as C{assistant_prefix}):
+        only a provider whose adapter has C{continuation: true} may take
+        it.
     """
 
     messages: list
@@ -108,6 +112,7 @@ class RunSpec:
     run_id: str = ""
     timing: Timing = field(default_factory=Timing)
     traceparent: str = ""
+    continues: bool = False
 
     def serves(self, adapter_type: str) -> bool:
         """

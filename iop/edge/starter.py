@@ -7,15 +7,19 @@ decides from that provider whether it travels as a normalized run or a
 raw tunnel, asks the surface for the matching listener, and starts it in
 one guarded step that returns the lease on any failure. An attempt that
 fails before its caller saw a byte may be placed again (on another
-provider for a provider failure): see L{Starter._failed_early}.
+provider, the same one after a delay, or a fallback group: see
+L{iop.edge.failover.Failover.plan}), and a run's answer cut after its
+caller saw part of it may be continued on another provider
+(L{iop.edge.failover.Failover.continuation}).
 """
 
 import json
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -23,7 +27,7 @@ from iop.edge.bus import EventBus
 from iop.edge.dispatch import Placement, RunDispatch, TunnelDispatch
 from iop.edge.drain import Drain, shutting_down
 from iop.edge.errors import ServiceError
-from iop.edge.failover import Work
+from iop.edge.failover import Failover, Work
 from iop.edge.inflight import Inflight
 from iop.edge.placement import Placer
 from iop.edge.pool import ProviderPool
@@ -31,7 +35,7 @@ from iop.edge.runs import RUN, TUNNEL, RunBook, RunRecord
 from iop.edge.spec import RunSpec, TunnelSpec, new_id
 from iop.protocols import messages
 from iop.protocols.wire import FrameTooLarge
-from iop.run import CANCELLED, CAPACITY_EXCEEDED, RunFailure
+from iop.run import CANCELLED, INCOMPLETE, RunFailure
 
 
 def labels(pool: ProviderPool, spec: RunSpec) -> dict[str, Any]:
@@ -45,16 +49,30 @@ def labels(pool: ProviderPool, spec: RunSpec) -> dict[str, Any]:
 class Starter:
     """
     @param drain: a draining Edge starts nothing more.
+    @param clock: when work is placed again after a delay (Retry-After)
+        and the queue deadline that delay must fit in.
 
     @ivar placing_again: C{{work id: Deferred}} of the work being placed
-        again after an early failure (cancelled with L{cancel}).
+        again after a failure (cancelled with L{cancel}).
+    @ivar resting: the ids of those waiting out a provider's Retry-After
+        first (L{stop_resting} ends their wait).
+    @ivar failover: the L{Failover} that says where.
     """
 
     log = Logger()
 
     def __init__(
-        self, placer: Placer, pool: ProviderPool, runs: RunBook, inflight: Inflight, bus: EventBus, drain: Drain
+        self,
+        placer: Placer,
+        pool: ProviderPool,
+        runs: RunBook,
+        inflight: Inflight,
+        bus: EventBus,
+        drain: Drain,
+        clock: IReactorTime,
     ) -> None:
+        self.clock = clock
+        self.failover = Failover(pool, placer, clock, bus)
         self.placer = placer
         self.pool = pool
         self.runs = runs
@@ -62,6 +80,7 @@ class Starter:
         self.bus = bus
         self.drain = drain
         self.placing_again: dict[str, Deferred[str]] = {}
+        self.resting: set[str] = set()
 
     def place(self, work: Work) -> "Deferred[str]":
         """
@@ -125,9 +144,18 @@ class Starter:
                 dispatch = TunnelDispatch(self.inflight, wire_id, placement, listener, work_id, record)
             else:
                 message = _run_request(wire_id, placement, spec)
-                listener = work.listener_for(RUN, work_id)
-                dispatch = RunDispatch(self.inflight, wire_id, placement, listener, work_id, record)
+                # An attempt that continues a cut answer goes on with the
+                # listener the caller's answer is being rendered by.
+                listener = work.listener if spec.continues else work.listener_for(RUN, work_id)
+                run = RunDispatch(self.inflight, wire_id, placement, listener, work_id, record)
+                run.on_late_failure = lambda failed, failure, text: self._failed_late(failed, failure, text, work)
+                if spec.continues:
+                    run.continuing = True
+                    run.seq_base = record.last_seq
+                dispatch = run
+            work.listener = listener
             dispatch.on_early_failure = lambda failed, failure: self._failed_early(failed, failure, work)
+            dispatch.on_failure = self._provider_failed
         except ServiceError as e:
             placement.release()
             self._abandon(record, work, e)
@@ -171,59 +199,88 @@ class Starter:
         self, failed: RunDispatch | TunnelDispatch, failure: RunFailure, work: Work
     ) -> Callable[[], None] | None:
         """
-        An attempt failed before its caller saw a byte. If the failure
-        qualifies and the work has retries left, @return: what places it
-        again (on another provider for a provider failure; anywhere for a
-        Node that refused admitted work); else C{None}.
+        An attempt failed before its caller saw a byte. @return: what
+        places it again when L{Failover.plan} says where (another provider
+        of its group, the same one after a delay, a fallback group; or
+        anywhere for a Node that refused admitted work); else C{None}.
         """
         if self.drain.draining:
             return None
-        if failure.code != CAPACITY_EXCEEDED and not self.placer.elsewhere(
-            work.spec, work.avoid | {failed.placement.key}
-        ):
-            # No other provider could take it: the caller gets the
-            # provider's own answer, unchanged.
+        delay = self.failover.plan(failed, failure, work)
+        if delay is None:
             return None
-        if not work.may_retry(failure):
-            return None
-        if failure.code == CAPACITY_EXCEEDED:
-            self.log.warn(
-                "node {node} refused {id} with capacity_exceeded although the Edge admitted it;"
-                " placing it again (check the node's max_concurrency against its providers' capacity)",
-                node=failed.link.node_id,
-                id=work.id,
-            )
-        else:
-            work.avoid.add(failed.placement.key)
-            self.log.info(
-                "{id}: provider {node}/{provider} failed before answering ({code}); placing it elsewhere",
-                id=work.id,
-                node=failed.link.node_id,
-                provider=failed.placement.provider_id,
-                code=failure.code,
-            )
-            self.bus.publish(
-                "provider", {"event": "retry", "node": failed.link.node_id, "provider": failed.placement.provider_id}
-            )
-        return lambda: self._place_again(failed, failure, work)
+        return lambda: self._place_again(failed, failure, work, delay)
 
-    def _place_again(self, failed: RunDispatch | TunnelDispatch, failure: RunFailure, work: Work) -> None:
+    def _failed_late(
+        self, failed: RunDispatch, failure: RunFailure, text: str, work: Work
+    ) -> Callable[[], None] | None:
+        """
+        A run's answer was cut after its caller got C{text} of it.
+        @return: what places the rest when L{Failover.continuation} says
+            where; else C{None} (the caller gets the explicit error).
+        """
+        if self.drain.draining:
+            return None
+        delay = self.failover.continuation(failed, failure, work, text)
+        if delay is None:
+            return None
+        self.log.info(
+            "{id}: the answer was cut on {node}/{provider} ({reason}); continuing it on model group {group}",
+            id=work.id,
+            node=failed.link.node_id,
+            provider=failed.placement.provider_id,
+            reason=failure.message,
+            group=work.spec.model,
+        )
+        return lambda: self._place_again(failed, failure, work, delay)
+
+    def _provider_failed(self, failed: RunDispatch | TunnelDispatch, failure: RunFailure) -> None:
+        """
+        A provider failed a piece of work (before or after its first
+        byte): deadline hits and cut answers are published (for metrics).
+        """
+        where = {"node": failed.link.node_id, "provider": failed.placement.provider_id}
+        if failure.deadline:
+            self.bus.publish("provider", dict(where, event="deadline", kind=failure.deadline))
+        if failure.code == INCOMPLETE:
+            self.bus.publish("provider", dict(where, event="incomplete", continued=failed.continued))
+
+    def _place_again(
+        self, failed: RunDispatch | TunnelDispatch, failure: RunFailure, work: Work, delay: float = 0.0
+    ) -> None:
         work_id = failed.caller_id  # (the work's id, which its caller knows)
-        d = self.place(work)
+        if delay > 0:
+            # (After the provider's Retry-After, on the Edge's clock.)
+            d = task.deferLater(self.clock, delay, lambda: None).addCallback(lambda _: self.place(work))
+            self.resting.add(work_id)
+        else:
+            d = self.place(work)
         self.placing_again[work_id] = d
 
         def not_placed(outcome: Failure) -> None:
-            # Nowhere else to go (or the caller left): the caller gets the
-            # provider's own failure.
-            if not outcome.check(CancelledError):
-                if not outcome.check(ServiceError):
+            # Nowhere else to go (or the caller left, or a drain ended its
+            # wait): the caller gets the provider's own failure.
+            if not outcome.check(CancelledError) or self.drain.draining:
+                if not outcome.check(ServiceError, CancelledError):
                     self.log.failure("placing {id} again failed", outcome, id=work_id)
                 failed.tell_failure(failure)
             elif failed.record is not None:
                 self.runs.not_started(failed.record, CANCELLED, "cancelled while placed again", CANCELLED)
 
+        def done(_: object) -> None:
+            self.placing_again.pop(work_id, None)
+            self.resting.discard(work_id)
+
         d.addErrback(not_placed)
-        d.addBoth(lambda _: self.placing_again.pop(work_id, None))
+        d.addBoth(done)
+
+    def stop_resting(self) -> None:
+        """
+        The Edge is draining: work waiting out a provider's Retry-After is
+        not placed again; its caller gets that provider's failure now.
+        """
+        for work_id in list(self.resting):
+            self.cancel(work_id)
 
 
 def _run_request(run_id: str, placement: Placement, spec: RunSpec) -> messages.RunRequest:

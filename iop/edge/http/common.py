@@ -602,7 +602,12 @@ class Call:
         takes nothing for its stall timeout is cut off (which cancels the
         work).
         """
-        if not self.gone and not self.request.finished and self.request.producer is None:
+        if self.gone or self.request.finished:
+            return
+        if getattr(self.request.producer, "closed", False):
+            # The window of an attempt whose answer another one continues.
+            self.request.unregisterProducer()
+        if self.request.producer is None:
             self.request.registerProducer(producer, True)
             producer.on_stall = self._stalled
 
@@ -671,13 +676,19 @@ class EventStream:
         """
         self.send_raw("[DONE]")
 
-    def fail(self, failure: RunFailure | ServiceError) -> None:
+    def fail(self, failure: RunFailure | ServiceError, usage: dict[str, Any] | None = None) -> None:
         """
         End a stream that already began with an error event for the
-        L{iop.run.RunFailure} C{failure}, then the end-of-stream marker, so
-        an SDK ends its iteration cleanly.
+        L{iop.run.RunFailure} C{failure} (with C{usage}, the usage so far
+        as the caller's dialect shows it, when known: an answer cut
+        mid-way, code C{incomplete}), then the end-of-stream marker, so an
+        SDK ends its iteration cleanly and never takes it for a whole
+        answer.
         """
-        self.send({"error": {"message": failure.message, "type": "api_error", "code": failure.code}})
+        event: dict[str, Any] = {"error": {"message": failure.message, "type": "api_error", "code": failure.code}}
+        if usage is not None:
+            event["usage"] = usage
+        self.send(event)
         self.done()
 
     def send_bytes(self, event: bytes) -> None:

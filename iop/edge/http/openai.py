@@ -203,6 +203,8 @@ _KIND_BY_FAILURE = {
     "shutting_down": "unavailable",
     "cancelled": "unavailable",
     "unknown_adapter": "not_found",
+    # A provider deadline passed before anything reached the caller.
+    "provider_timeout": "timeout",
     # A second placement that failed (see EdgeService._place_again).
     "queue_timeout": "busy",
     "queue_full": "busy",
@@ -263,6 +265,7 @@ class ChatCompletions(JSONResource):
         call = Call(self.service, request, background=background)
         on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
         created = int(self.clock.seconds())
+        runs = self.service.runs
 
         def listener_for(kind: str, work_id: str) -> IRunListener | ITunnelListener:
             if kind == TUNNEL:
@@ -273,7 +276,10 @@ class ChatCompletions(JSONResource):
             if choices not in (None, 1):
                 # A normalized run produces one answer: never silently one of n.
                 raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
-            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, model, created, include_usage)
+            # The model group that serves it (a fallback's, once one took it).
+            record = runs.get(work_id)
+            served = record.model if record is not None and record.model else model
+            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, served, created, include_usage)
 
         return call.submit(spec, listener_for, on_queued)
 
@@ -398,8 +404,9 @@ class ChunkRenderer(_Renderer):
             self.stream.done()
             self.call.finish()
         elif event.type in (ERROR, CANCELLED):
-            # The stream began: it ends with an error event.
-            self.stream.fail(_reason(event))
+            # The stream began: it ends with an error event (with the
+            # usage so far of an answer cut mid-way).
+            self.stream.fail(_reason(event), openai_usage(event.usage) if event.usage is not None else None)
             self.call.finish()
 
 
@@ -450,13 +457,19 @@ class TunnelPassthrough:
     """
     The provider's own response, relayed to the caller as it comes:
     status, headers (minus hop-by-hop) and raw body bytes.
+
+    @param path: the endpoint relayed (C{/chat/completions}, ...): a
+        stream cut mid-way ends with an error event in its dialect.
     """
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, path: str = "/chat/completions") -> None:
         self.call = call
+        self.path = path
         self.request = call.request
         self.event_stream = False
         self.tail = b""
+        #: The usage the relayed stream reported so far.
+        self.usage_so_far: Usage | None = None
         #: A provider's error answer to a caller already told it was
         #: queued: C{(status, body parts)}, ended as an SSE error event.
         self.refused: tuple[int, list[bytes]] | None = None
@@ -496,6 +509,7 @@ class TunnelPassthrough:
             self.tail = (self.tail + data)[-2:]
 
     def usage(self, usage: Usage) -> None:
+        self.usage_so_far = usage
         note_usage(self.request, usage)
 
     def metadata(self, info: dict[str, Any]) -> None:
@@ -520,7 +534,7 @@ class TunnelPassthrough:
                     self.request.write(b"\n\n")
                 stream = EventStream(self.request)
                 stream.open = True
-                stream.fail(failure)
+                _end_stream(stream, self.path, failure, self.usage_so_far)
                 self.call.finish()
             else:
                 # Mid-body of one JSON document: the only honest signal
@@ -528,6 +542,25 @@ class TunnelPassthrough:
                 cut_off(self.request.channel.transport)
             return
         write_error(self.request, run_failure_error(failure))
+
+
+def _end_stream(stream: EventStream, path: str, failure: RunFailure, usage: Usage | None) -> None:
+    """
+    End a relayed event stream cut mid-way with an error event in the
+    endpoint's dialect (with the usage so far, when known): the Responses
+    API's C{error} event, else OpenAI's error chunk and C{[DONE]}.
+    """
+    if path == "/responses":
+        event: dict[str, Any] = {"type": "error", "code": failure.code, "message": failure.message, "param": None}
+        if usage is not None:
+            event["usage"] = {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            }
+        stream.send_event(event, name="error")
+        return
+    stream.fail(failure, openai_usage(usage) if usage is not None else None)
 
 
 def _error_message(body: bytes, status: int) -> str:

@@ -54,4 +54,4 @@ class TunnelledEndpoint(JSONResource):
         )
         claim(spec, request)
         call = Call(self.service, request)
-        return call.submit(spec, lambda kind, work_id: TunnelPassthrough(call))
+        return call.submit(spec, lambda kind, work_id: TunnelPassthrough(call, self.path))

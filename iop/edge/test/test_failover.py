@@ -106,6 +106,8 @@ class FailoverTests(SynchronousTestCase):
         first_node, first = self.last_request("provider_tunnel_request")
         node, pump = self.nodes[first_node]
         node.connection.send(messages.tunnel_frame(first.tunnel_id, 1, status=503))
+        # (A failure status is decided on at the frame after its headers.)
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"down"))
         self.edge.flush()
         self.assertEqual([c.run_id for c in node.of("cancel_request")], [first.tunnel_id])
         other, second = self.last_request("provider_tunnel_request")
@@ -116,7 +118,7 @@ class FailoverTests(SynchronousTestCase):
         other_pump.flush()
         self.assertEqual(listener.calls, [("status", 200), ("body", b"ok"), ("end",)])
         # A late frame of the abandoned attempt reaches nobody.
-        node.connection.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"stale"))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 3, body=b"stale"))
         pump.flush()
         self.assertEqual(len(listener.calls), 3)
 
