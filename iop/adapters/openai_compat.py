@@ -164,7 +164,8 @@ class ChatResponse:
         try:
             chunk = json.loads(payload)
         except ValueError:
-            raise broken_answer(f"provider sent data that is not JSON: {payload[:200]!r}") from None
+            # Its text is not repeated: what is malformed never reaches the caller.
+            raise broken_answer(f"provider sent data that is not JSON ({len(payload)} characters)") from None
         if isinstance(chunk, dict):
             self.on_chunk(chunk)
 

@@ -199,12 +199,19 @@ class TunnelRelay(Work):
 def _wire_error(error: BaseException | None) -> messages.RunError:
     """
     The C{RunError} of a tunnel that failed with C{error}: a
-    L{ProviderError}'s code, status, missed deadline and Retry-After, or
-    C{adapter_error} for anything else.
+    L{ProviderError}'s code, status, missed deadline and Retry-After;
+    another error's C{code} and C{status} when it has them, else
+    C{adapter_error}.
     """
     if isinstance(error, ProviderError):
         return failure_to_wire(error.failure())
-    return messages.run_error(ADAPTER_ERROR, str(error) or type(error).__name__)
+    code = getattr(error, "code", None)
+    status = getattr(error, "status", 0)
+    return messages.run_error(
+        code if isinstance(code, str) and code else ADAPTER_ERROR,
+        str(error) or type(error).__name__,
+        status if isinstance(status, int) else 0,
+    )
 
 
 class TunnelManager:
