@@ -5,10 +5,11 @@ watches it.
 Three deadlines, each an adapter option (seconds; 0 disables it):
 
   - C{first_byte_timeout_sec}: from the request to the first byte of the
-    answer's body (headers alone do not count: a server that sends them at
-    once and then thinks for minutes has not answered). Only for answers
-    that stream; a non-streamed answer's first byte is its last.
-  - C{stall_timeout_sec}: silence between body bytes once the body began.
+    answer (headers alone do not count, nor keep-alive comments or a role
+    chunk: a server that sends them at once and then thinks for minutes
+    has not answered). Only for answers that stream; a non-streamed
+    answer's first byte is its last.
+  - C{stall_timeout_sec}: silence between body bytes once the answer began.
   - C{idle_timeout_sec}: silence at any point (the bound that was there
     first, and still the only one of a non-streamed answer before its body).
 
@@ -88,19 +89,26 @@ class Watch:
         self._timer: IDelayedCall | None = None
         self._arm()
 
-    def touch(self, body: bool = False) -> None:
+    def touch(self) -> None:
         """
-        The provider said something: headers, or (C{body}) body bytes.
+        The provider said something: headers or body bytes.
         """
         if self.done or self.paused:
             return
         self.heard = self.clock.seconds()
-        if body and not self.body_began:
-            # From the first-byte deadline to the stall one, which may be
-            # due sooner: set the timer again.
-            self.body_began = True
-            self._cancel()
         if self._timer is None:
+            self._arm()
+
+    def began(self) -> None:
+        """
+        The answer began: from the first-byte deadline to the stall one,
+        which may be due sooner (the timer is set again).
+        """
+        if self.body_began or self.done:
+            return
+        self.body_began = True
+        self._cancel()
+        if not self.paused:
             self._arm()
 
     def pause(self) -> None:

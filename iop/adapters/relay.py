@@ -11,7 +11,9 @@ an answer either whole or an explicit error:
     (nor C{[DONE]}) is never passed on, and ends the tunnel. Status and
     headers wait for the first event, so that a provider that fails before
     it (silence, a cut, a malformed first event) fails the tunnel before
-    anything reached the caller, and the Edge may place it elsewhere;
+    anything reached the caller, and the Edge may place it elsewhere.
+    Comment-only events (keep-alives) before the first event with data are
+    held with them: they are not the answer;
   - any other body (a JSON answer, an error answer) is held whole, up to
     L{HOLD_LIMIT}, with its status and headers: it reaches the caller
     complete or not at all (a 2xx JSON answer that does not parse was cut,
@@ -32,7 +34,14 @@ from typing import Any, Protocol
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IResponse
 
-from iop.adapters.streams import JSON_BODY_LIMIT, ProviderError, broken_answer, response_headers, status_error
+from iop.adapters.streams import (
+    JSON_BODY_LIMIT,
+    ProviderError,
+    Reading,
+    broken_answer,
+    response_headers,
+    status_error,
+)
 from iop.run import CONTEXT_LENGTH_EXCEEDED, ITunnelSink, Usage
 
 #: How much of a body that is not an event stream is held before it is
@@ -116,6 +125,10 @@ class TunnelBody:
         self.clock = clock
         self.relayed = False
         self.finished = False
+        #: An event with data came (comments alone are not the answer).
+        self.answered = False
+        #: Comment-only events before the answer, held with the status.
+        self.early = bytearray()
         self.head_sent = False
         self.buffer = bytearray()
         #: How much of the buffer is known to hold no event's end (less
@@ -126,17 +139,20 @@ class TunnelBody:
         else:
             self.mode = HOLD
 
-    def feed(self, data: bytes) -> bool:
+    def feed(self, data: bytes) -> Reading | None:
         """
-        Body bytes from the provider. @return: whether the stream said it
-        is finished. @raise ProviderError: for a malformed event.
+        Body bytes from the provider. @return: for an event stream, how
+        far the answer is (L{Reading}); else C{None} (any byte is the
+        answer). @raise ProviderError: for a malformed event.
         """
         if self.mode == EVENTS:
             self.buffer.extend(data)
-            self._relay(self._whole_events())
+            self._events(self._whole_events())
             if len(self.buffer) > JSON_BODY_LIMIT:
                 raise broken_answer(f"the provider sent an event larger than {JSON_BODY_LIMIT} bytes")
-            return self.finished
+            if self.finished:
+                return Reading.FINISHED
+            return Reading.ANSWERING if self.answered else Reading.WAITING
         if self.observer is not None:
             self.observer.feed(data)
         if self.mode == HOLD:
@@ -145,9 +161,20 @@ class TunnelBody:
                 self.mode = PASS
                 held, self.buffer = bytes(self.buffer), bytearray()
                 self._relay(held)
-            return False
+            return None
         self._relay(data)
-        return False
+        return None
+
+    def _events(self, events: bytes) -> None:
+        """
+        Relay whole, checked events: once the answer began, with the
+        comments held before it.
+        """
+        if not self.answered:
+            self.early.extend(events)
+            return
+        early, self.early = bytes(self.early), bytearray()
+        self._relay(early + events)
 
     def finish(self) -> None:
         """
@@ -158,9 +185,8 @@ class TunnelBody:
         """
         if self.mode == EVENTS:
             rest, self.buffer = bytes(self.buffer), bytearray()
-            if rest.strip():
-                # Some servers omit the blank line after the last event.
-                self._relay(self._checked(rest))
+            # Some servers omit the blank line after the last event.
+            self._events(self._checked(rest) if rest.strip() else b"")
             if not self.finished:
                 raise broken_answer("the stream ended before the answer said it was finished")
         elif self.mode == HOLD:
@@ -233,6 +259,7 @@ class TunnelBody:
         data = [line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")]
         if not data:
             return event
+        self.answered = True
         text = b"\n".join(data)
         if text.strip() == b"[DONE]":
             self.finished = True

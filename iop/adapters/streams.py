@@ -15,6 +15,7 @@ covers both phases behind one C{Deferred(canceller)}.
 import json
 import re
 from collections.abc import Callable, Iterable
+from enum import Enum
 from http.cookiejar import DefaultCookiePolicy
 from io import BytesIO
 from typing import Any, TypeVar, cast
@@ -266,8 +267,23 @@ def error_message(body: bytes) -> str:
 
 # -- a cancellable body reader -------------------------------------------------
 
-#: What receives a response body's chunks; what it returns is ignored.
-ChunkReceiver = Callable[[bytes], object]
+
+class Reading(Enum):
+    """
+    What a body's chunk receiver may say of the answer after a chunk (a
+    receiver that says nothing, C{None}, takes any body byte as the answer).
+    """
+
+    #: Body bytes, but not the answer yet (keep-alive comments, a role chunk).
+    WAITING = "waiting"
+    #: The answer began: the first-byte deadline is met.
+    ANSWERING = "answering"
+    #: The answer said it is finished (its end marker or finish reason).
+    FINISHED = "finished"
+
+
+#: What receives a response body's chunks, and may say how far the answer is.
+ChunkReceiver = Callable[[bytes], Reading | None]
 
 _T = TypeVar("_T")
 
@@ -375,10 +391,11 @@ def read_body(
         C{unbuffered=True}.
     @param on_response: called once with the response; returns the callable
         that receives each body chunk. It or that callable may raise to
-        close the connection and fail the result. The chunk callable
-        returns true once the answer said it is finished: if the body then
-        does not end within L{FINISH_GRACE_SEC} of its last byte, the
-        connection is closed and the result fires as if it had ended.
+        close the connection and fail the result. The chunk callable may
+        say how far the answer is (L{Reading}): until it began, only the
+        first-byte and idle deadlines run; once it said it is finished, if
+        the body does not end within L{FINISH_GRACE_SEC} of its last byte,
+        the connection is closed and the result fires as if it had ended.
     @param deadlines: the L{Deadlines} of the request: when one passes the
         connection is closed and the result fails with L{ProviderStalled}
         (its C{deadline} saying which); C{None} waits forever.
@@ -450,8 +467,11 @@ def read_body(
             # Without a chunk callable the reader fails and reads nothing.
             assert on_chunk is not None
             if watch is not None and data:
-                watch.touch(body=True)
-            if on_chunk(data) and clock is not None:
+                watch.touch()
+            said = on_chunk(data)
+            if watch is not None and data and said is not Reading.WAITING:
+                watch.began()
+            if said is Reading.FINISHED and clock is not None:
                 # The answer is whole: only the grace bounds what follows.
                 if watch is not None:
                     watch.stop()
@@ -779,9 +799,11 @@ class HTTPAdapter(AdapterBase):
             decoder = make_decoder(response, output)
             reading = decoder
 
-            def feed(data: bytes) -> bool:
+            def feed(data: bytes) -> Reading:
                 reading.feed(data)
-                return reading.finished
+                if reading.finished:
+                    return Reading.FINISHED
+                return Reading.ANSWERING if output.started else Reading.WAITING
 
             return feed
 

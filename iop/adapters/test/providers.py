@@ -15,6 +15,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import ServerFactory, connectionDone
+from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import IResource, Resource
@@ -192,6 +193,15 @@ def closed_port(testcase):
     number = _port_number(port)
     port.stopListening()
     return f"http://127.0.0.1:{number}"
+
+
+def moment() -> "defer.Deferred[None]":
+    """
+    A short real wait: for bytes on their way over the loopback socket, or
+    for the chunk that fired a test's waiter to be handled to its end
+    before the test moves a clock.
+    """
+    return deferLater(reactor, 0.05, lambda: None)
 
 
 def sse(*chunks, done=True):

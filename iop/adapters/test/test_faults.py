@@ -12,14 +12,14 @@ never like a success; a malformed event is never passed on.
 import json
 
 from twisted.internet import defer, reactor
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
 from iop.adapters.deadlines import FINISH_GRACE_SEC
 from iop.adapters.interface import AdapterConfigError, RunInput, TunnelInput
 from iop.adapters.openai_compat import OpenAICompatAdapter
 from iop.adapters.streams import ProviderError
-from iop.adapters.test.providers import Events, Script, chunk, sse
+from iop.adapters.test.providers import Events, Script, chunk, moment, sse
 from iop.adapters.test.test_openai_compat import SSE_HEADERS, OpenAICompatTestCase
 from iop.run import CONTEXT_LENGTH_EXCEEDED, FIRST_BYTE, IDLE, INCOMPLETE, STALL, RunFailure, Usage
 from iop.testing.tunnels import TunnelRecorder
@@ -49,13 +49,6 @@ def completion(text="whole answer"):
             "usage": {"prompt_tokens": 1, "completion_tokens": 2},
         }
     ).encode()
-
-
-def moment():
-    """
-    A short real wait, for bytes on their way over the loopback socket.
-    """
-    return deferLater(reactor, 0.05, lambda: None)
 
 
 def role_chunk():
@@ -140,15 +133,45 @@ class RunFaultTests(FaultTestCase):
         self.assertEqual(events.events[0].error.deadline, FIRST_BYTE)
 
     @defer.inlineCallbacks
-    def test_role_chunk_then_stall(self):
+    def test_role_chunk_then_silence(self):
         """
-        A first chunk that says nothing (the role) is not the answer: a
-        stall after it fails before start, as provider_timeout (stall).
+        A first chunk that says nothing (the role) is not the answer: the
+        stall deadline does not start, and the first-byte one fails the
+        run before start (provider_timeout, first_byte).
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(role_chunk(), done=False), hold=True)
-        events = yield self.run_on(script, script.arrived, STALL_SEC)
+        adapter = self.faulty(script)
+        events = Events()
+        d = adapter.execute(run_input(), events)
+        yield script.arrived
+        yield moment()
+        adapter.clock.advance(STALL_SEC)
+        self.assertNoResult(d)
+        adapter.clock.advance(FIRST - STALL_SEC)
+        yield d
         self.assertEqual(events.types(), ["error"])
-        self.assertEqual((events.events[0].error.code, events.events[0].error.deadline), ("provider_timeout", STALL))
+        error = events.events[0].error
+        assert error is not None
+        self.assertEqual((error.code, error.deadline), ("provider_timeout", FIRST_BYTE))
+
+    @defer.inlineCallbacks
+    def test_keepalives_are_not_the_answer(self):
+        """
+        Keep-alive comments reset the idle deadline but do not meet the
+        first-byte one; a tunnel holds them (and its status) until the
+        answer's first event, so a provider that only pings fails before
+        anything reached the caller.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=[b": ping\n\n"], hold=True)
+        adapter = self.faulty(script)
+        sink = TunnelRecorder()
+        d = adapter.tunnel(streamed(), sink)
+        yield script.arrived
+        yield moment()
+        adapter.clock.advance(FIRST)
+        error = yield self.assertFailure(d, ProviderError)
+        self.assertEqual((error.code, error.deadline), ("provider_timeout", FIRST_BYTE))
+        self.assertEqual(sink.calls, [])
 
     @defer.inlineCallbacks
     def test_stall_mid_stream(self):
@@ -163,6 +186,7 @@ class RunFaultTests(FaultTestCase):
         delta = events.first("delta")
         d = adapter.execute(run_input(), events)
         yield delta
+        yield moment()
         adapter.clock.advance(STALL_SEC)
         yield d
         self.assertEqual(events.types(), ["start", "delta", "error"])
@@ -358,6 +382,7 @@ class StreamedTunnelFaultTests(FaultTestCase):
         sink = TunnelRecorder()
         d = adapter.tunnel(streamed(), sink)
         yield sink.first_body
+        yield moment()
         adapter.clock.advance(STALL_SEC)
         error = yield self.assertFailure(d, ProviderError)
         self.assertEqual((error.code, error.deadline), (INCOMPLETE, STALL))

@@ -9,7 +9,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from iop.adapters.interface import TunnelInput
-from iop.adapters.test.providers import Events, Script, chunk, sse
+from iop.adapters.test.providers import Events, Script, chunk, moment, sse
 from iop.adapters.test.test_openai_compat import SSE_HEADERS, OpenAICompatTestCase, run_input
 from iop.testing.tunnels import TunnelRecorder
 
@@ -48,6 +48,7 @@ class PauseTests(OpenAICompatTestCase):
         first = events.first("delta")
         d = adapter.execute(run_input(), events)
         yield first
+        yield moment()
         (producer,) = events.producers
         producer.pauseProducing()
         adapter.clock.advance(300)
