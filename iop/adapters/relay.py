@@ -29,6 +29,7 @@ Responses API end event. One that ends without saying so was cut.
 """
 
 import json
+import re
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
@@ -53,6 +54,30 @@ HOLD_LIMIT = JSON_BODY_LIMIT
 RESPONSE_END_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+#: An event's data line, and an event with more than one (LF line ends).
+_DATA_LINE = re.compile(rb"^data: ?([^\n]*)", re.MULTILINE)
+_MULTI_DATA = re.compile(rb"^data:[^\n]*\ndata:", re.MULTILINE)
+#: What in an event can tell more than text (see L{TunnelBody._telling}).
+_TELLING = (b'"usage"', b'"type"', b'"error"')
+_FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+def _split(block: bytes) -> list[bytes]:
+    """
+    A run of whole events, one by one (each with its blank line).
+    """
+    events = []
+    start = 0
+    while start < len(block):
+        ends = [(i, len(sep)) for sep in _SEPARATORS if (i := block.find(sep, start)) >= 0]
+        if not ends:
+            events.append(block[start:])
+            break
+        index, size = min(ends)
+        events.append(block[start : index + size])
+        start = index + size
+    return events
+
 
 #: The modes of a body (see the module docstring).
 EVENTS = "events"
@@ -68,6 +93,7 @@ class Observer(Protocol):
     """
 
     usage: Usage | None
+    parsed_any: bool
 
     def feed(self, data: bytes) -> None: ...
 
@@ -237,19 +263,55 @@ class TunnelBody:
         it. The part of the buffer already searched is not searched again
         (an event may come in many pieces).
         """
-        out = []
-        start = 0
-        search = self.searched
-        while True:
-            ends = [(i, len(sep)) for sep in _SEPARATORS if (i := self.buffer.find(sep, search)) >= 0]
-            if not ends:
-                break
-            index, size = min(ends)
-            out.append(self._checked(bytes(self.buffer[start : index + size])))
-            start = search = index + size
-        del self.buffer[:start]
+        ends = [i + len(sep) for sep in _SEPARATORS if (i := self.buffer.rfind(sep, self.searched)) >= 0]
+        if not ends:
+            self.searched = max(0, len(self.buffer) - 3)
+            return b""
+        cut = max(ends)
+        block = bytes(self.buffer[:cut])
+        del self.buffer[:cut]
         self.searched = max(0, len(self.buffer) - 3)
-        return b"".join(out)
+        return self._block(block)
+
+    def _block(self, block: bytes) -> bytes:
+        """
+        A run of whole events, checked, as it is relayed. The common case
+        (LF line ends, one data line per event, nothing to take out) is
+        checked in one JSON parse of all its events, without splitting it;
+        any other goes event by event.
+        """
+        if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block):
+            return b"".join(self._checked(event) for event in _split(block))
+        payloads = _DATA_LINE.findall(block)
+        if not payloads:
+            return block
+        self.answered = True
+        texts = [p for p in payloads if p.strip() != b"[DONE]"]
+        if len(texts) < len(payloads):
+            self.finished = True
+        try:
+            chunks = json.loads(b"[" + b",".join(texts) + b"]")
+        except ValueError:
+            chunks = None
+        if not isinstance(chunks, list) or len(chunks) != len(texts):
+            # One of them is malformed: find which (it raises).
+            return b"".join(self._checked(event) for event in _split(block))
+        if self._telling(block):
+            for chunk in chunks:
+                if isinstance(chunk, dict):
+                    self._chunk(chunk)
+        return block
+
+    def _telling(self, block: bytes) -> bool:
+        """
+        Whether a run of events may tell the observer or the end of the
+        stream anything: the first event (the model), usage, a finish
+        reason, a type (Responses API) or an error. Text deltas, the bulk
+        of a stream, say none of these.
+        """
+        if self.observer is not None and not self.observer.parsed_any:
+            return True
+        return any(word in block for word in _TELLING) or _FINISH_SET.search(block) is not None
 
     def _checked(self, event: bytes) -> bytes:
         """
@@ -270,13 +332,19 @@ class TunnelBody:
             raise broken_answer(f"the provider sent an event that is not JSON ({len(text)} bytes)") from None
         if not isinstance(chunk, dict):
             return event
+        self._chunk(chunk)
+        if self.strip_usage and chunk.get("choices") == [] and chunk.get("usage"):
+            return b""
+        return event
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        """
+        One parsed event: to the observer, and whether it says finished.
+        """
         if self.observer is not None:
             self.observer.chunk(chunk)
         if _says_finished(chunk):
             self.finished = True
-        if self.strip_usage and chunk.get("choices") == [] and chunk.get("usage"):
-            return b""
-        return event
 
     def _relay(self, data: bytes) -> None:
         if not data:
