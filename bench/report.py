@@ -35,7 +35,20 @@ import tenants
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RELAY_FLAGS = {
-    "tiny": ["--requests", "2", "--concurrency", "2", "--wide", "4", "--long-chunks", "500", "--repeats", "1"],
+    "tiny": [
+        "--requests",
+        "2",
+        "--concurrency",
+        "2",
+        "--wide",
+        "4",
+        "--paced-wide",
+        "4",
+        "--long-chunks",
+        "500",
+        "--repeats",
+        "1",
+    ],
     "short": [],
     "full": ["--full"],
 }
@@ -98,7 +111,7 @@ def main(argv=None):
         + placement.summary(placement_figures)
         + tenants.summary(tenant_figures)
     )
-    relay.print_table(rows, "issue 11")
+    relay.print_table(rows, "figures and targets")
     if fleet_figures["problems"]:
         print(f"fleet stream problems: {fleet_figures['problems']}")
     print(

@@ -166,6 +166,15 @@ ENDPOINT_TYPES = {
 }
 
 
+#: The run option (in C{RunRequest.options_json}) carrying a partial answer
+#: to continue: an adapter whose back end supports it (C{continuation: true})
+#: sends it as a final assistant message, and the model goes on from there.
+ASSISTANT_PREFIX_OPTION = "assistant_prefix"
+
+#: The node command an HTTP adapter answers to say whether its provider is
+#: up (a cheap request): C{{"ok": true}}, or C{{"ok": false, "reason": ...}}.
+PROBE_COMMAND = "probe"
+
 #: Node commands every Node answers from its own state.
 COMMON_COMMANDS = ("capabilities", "transport_status", "usage_status", "session_list", "run_get", "run_list")
 

@@ -33,6 +33,7 @@ def test_bench_report_runs():
         "burst chunks/s vs direct",
         "normalized path (native runs)",
         "paced provider",
+        "streams stalled",
         "concurrent streams: failed",
         "Nodes: registration; heartbeat CPU at rest",
         "GET /v1/status",

@@ -165,7 +165,7 @@ def test_failover_ejection_and_return(launch, fake_provider):
     request succeeds (placed again on the second), the first is ejected and
     shown so with its last error, and once it is up again it is tried after
     its cooldown and healthy on its first answer. A failure after the first
-    byte is not retried: the caller gets it.
+    byte is not retried: the caller gets it, as an incomplete answer.
     """
     down_port = free_port()
     healthy = fake_provider("openai", delay_ms=5)
@@ -211,7 +211,7 @@ def test_failover_ejection_and_return(launch, fake_provider):
     finally:
         conn.close()
     assert payloads[-1] == "[DONE]"
-    assert json.loads(payloads[-2])["error"]["code"] == "provider_error"
+    assert json.loads(payloads[-2])["error"]["code"] == "incomplete"
     assert healthy.stats()["requests"] == before + 1
 
 

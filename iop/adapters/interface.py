@@ -86,12 +86,15 @@ class Capabilities:
     @ivar sessions: whether it keeps logical sessions and can terminate one.
     @ivar tunnel: whether it can relay raw provider HTTP (OpenAI-compatible).
     @ivar commands: the node commands it answers besides the common ones.
+    @ivar continuation: whether its back end continues a partial answer
+        given as a final assistant message (the C{continuation} option).
     """
 
     max_concurrency: int
     sessions: bool = False
     tunnel: bool = False
     commands: tuple[str, ...] = ()
+    continuation: bool = False
 
 
 class NotSupported(Exception):

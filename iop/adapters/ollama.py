@@ -10,6 +10,7 @@ Ollama is not an OpenAI tunnel target: its runs are always normalized.
 import json
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from twisted.internet import defer
@@ -25,6 +26,7 @@ from iop.adapters.streams import (
     NDJSONParser,
     ProviderError,
     as_provider_error,
+    broken_answer,
     capped_appender,
     error_message,
 )
@@ -91,7 +93,7 @@ class Lines:
         try:
             lines = parse(*args)
         except ValueError as e:
-            raise ProviderError(f"provider sent a line that is not JSON: {e}") from None
+            raise broken_answer(f"provider sent a line that is not JSON: {e}") from None
         for line in lines:
             if isinstance(line, dict):
                 self.line(line)
@@ -115,6 +117,8 @@ class ChatLines(Lines):
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.tool_calls = 0
+        #: The C{done} line came.
+        self.finished = False
 
     def finish(self) -> Usage | None:
         self.flush()
@@ -138,6 +142,7 @@ class ChatLines(Lines):
                     RunEventData(TOOL_CALL, tool_call=ToolCall(f"call_{secrets.token_hex(8)}", function["name"], text))
                 )
         if line.get("done"):
+            self.finished = True
             reason: Any = line.get("done_reason")  # any JSON value
             self.finish_reason = "tool_calls" if self.tool_calls else _FINISH.get(reason, "stop" if reason else None)
             # Ollama reports no breakdown: reasoning and cached stay None.
@@ -203,17 +208,22 @@ class OllamaAdapter(HTTPAdapter):
         "ollama_delete": ("DELETE", "/api/delete", True),
     }
 
+    #: What the C{probe} command GETs: Ollama's model list.
+    probe_path = "/api/tags"
+
     def capabilities(self) -> Capabilities:
-        return Capabilities(max_concurrency=self.max_concurrency, commands=tuple(self.COMMANDS))
+        caps = super().capabilities()
+        return replace(caps, commands=(*self.COMMANDS, *caps.commands))
 
     def chat_payload(self, run: RunInput) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "model": run.target,
-            "messages": [_ollama_message(m) for m in run.messages],
-            "stream": True,
-        }
+        prefix, run_options = self.assistant_prefix(run)
+        messages = [_ollama_message(m) for m in run.messages]
+        if prefix is not None:
+            # Ollama continues a final assistant message.
+            messages.append({"role": "assistant", "content": prefix})
+        payload: dict[str, Any] = {"model": run.target, "messages": messages, "stream": True}
         options: dict[str, Any] = {}
-        for key, value in run.options.items():
+        for key, value in run_options.items():
             if key in _TOP_LEVEL:
                 payload[key] = value
             elif key != "stream":
@@ -223,7 +233,9 @@ class OllamaAdapter(HTTPAdapter):
         return payload
 
     def execute(self, run: RunInput, emit: Emit) -> "defer.Deferred[None]":
-        return self.stream_run("/api/chat", self.chat_payload(run), lambda response: ChatLines(emit), emit, run)
+        return self.stream_run(
+            "/api/chat", self.chat_payload(run), lambda response, output: ChatLines(output), emit, run
+        )
 
     def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "defer.Deferred[None]":
         """
@@ -310,5 +322,8 @@ class OllamaAdapter(HTTPAdapter):
                 raise ProviderError(error_message(bytes(error_body)) or f"HTTP {response.code}", response.code)
             return lines.finish()
 
-        d = self.read(self.request("POST", "/api/pull", json={"model": model, "stream": True}), on_response)
+        # A pull is no answer: only the idle deadline bounds it (a big
+        # layer may be verified for minutes without a word).
+        request = self.request("POST", "/api/pull", json={"model": model, "stream": True})
+        d = self.read(request, on_response, deadlines=self.deadlines.idle_only())
         return d.addCallback(ended).addErrback(as_provider_error)

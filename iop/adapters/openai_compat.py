@@ -15,14 +15,17 @@ import json
 import re
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Self
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, IAdapter, RunInput, TunnelInput
+from iop.adapters.relay import TunnelBody, asks_stream
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
     ChunkReceiver,
@@ -30,7 +33,7 @@ from iop.adapters.streams import (
     ProviderError,
     SSEParser,
     as_provider_error,
-    response_headers,
+    broken_answer,
 )
 from iop.httpheaders import provider_request_headers
 from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
@@ -119,6 +122,7 @@ class ChatResponse:
         self.wanted = wanted
         self.sse: SSEParser | None = SSEParser() if "event-stream" in content_type else None
         self.body = bytearray()
+        #: C{[DONE]} came, or the one JSON document was read whole.
         self.done = False
 
     @classmethod
@@ -146,6 +150,7 @@ class ChatResponse:
         if self.sse is None:
             if self.body.strip():
                 self._payload(bytes(self.body).decode("utf-8", "replace"))
+                self.done = True
             return
         for payload in self.sse.finish():
             self._payload(payload)
@@ -159,7 +164,8 @@ class ChatResponse:
         try:
             chunk = json.loads(payload)
         except ValueError:
-            raise ProviderError(f"provider sent data that is not JSON: {payload[:200]!r}") from None
+            # Its text is not repeated: what is malformed never reaches the caller.
+            raise broken_answer(f"provider sent data that is not JSON ({len(payload)} characters)") from None
         if isinstance(chunk, dict):
             self.on_chunk(chunk)
 
@@ -176,6 +182,21 @@ class ChatEvents:
         self.finish_reason: str | None = None
         self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
+
+    @property
+    def finished(self) -> bool:
+        """
+        Whether the answer said it is finished: C{[DONE]}, a finish
+        reason, or a whole JSON answer.
+        """
+        return self.framing.done or self.finish_reason is not None
+
+    @classmethod
+    def for_run(cls, response: IResponse, emit: Emit) -> Self:
+        """
+        The decoder of L{HTTPAdapter.stream_run}.
+        """
+        return cls(emit, response)
 
     def feed(self, data: bytes) -> None:
         self.framing.feed(data)
@@ -335,10 +356,6 @@ class TunnelObserver:
 USAGE_ALWAYS = "always"
 USAGE_AS_ASKED = "as_asked"
 
-#: An SSE event larger than this is not looked at by L{UsageChunkFilter}:
-#: from then on the body is relayed as it comes.
-FILTER_EVENT_LIMIT = 1024 * 1024
-
 
 def with_usage(body: bytes) -> bytes | None:
     """
@@ -360,65 +377,6 @@ def with_usage(body: bytes) -> bytes | None:
         return None
     payload["stream_options"] = dict(options or {}, include_usage=True)
     return json.dumps(payload).encode("utf-8")
-
-
-class UsageChunkFilter:
-    """
-    Relays an SSE body event by event, leaving out the usage-only chunk
-    (C{"choices": []} with C{usage}) that the caller did not ask for: the
-    one case where a tunnel edits the provider's bytes (the C{usage:
-    always} option). Everything else passes unchanged, cut at event
-    boundaries.
-    """
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.passing = False
-
-    def feed(self, data: bytes) -> bytes:
-        if self.passing:
-            return data
-        self.buffer += data
-        out: list[bytes] = []
-        while True:
-            ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := self.buffer.find(sep)) >= 0]
-            if not ends:
-                break
-            index, size = min(ends)
-            event, self.buffer = self.buffer[: index + size], self.buffer[index + size :]
-            if not _usage_only(event):
-                out.append(event)
-        if len(self.buffer) > FILTER_EVENT_LIMIT:
-            self.passing = True
-            out.append(self.buffer)
-            self.buffer = b""
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        rest, self.buffer = self.buffer, b""
-        return b"" if _usage_only(rest) else rest
-
-
-def _usage_only(event: bytes) -> bool:
-    data = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-    if not data:
-        return False
-    try:
-        chunk = json.loads(b"\n".join(data))
-    except ValueError:
-        return False
-    return isinstance(chunk, dict) and chunk.get("choices") == [] and bool(chunk.get("usage"))
-
-
-def _plain_event_stream(response: IResponse) -> bool:
-    """
-    Whether a response body is an uncompressed event stream of unknown
-    length (the only kind a usage chunk is taken out of).
-    """
-    headers = response.headers
-    content_type = b",".join(headers.getRawHeaders(b"content-type", [])).lower()
-    coding = b",".join(headers.getRawHeaders(b"content-encoding", [])).strip().lower()
-    return b"event-stream" in content_type and coding in (b"", b"identity") and not headers.hasHeader(b"content-length")
 
 
 @implementer(IAdapter)
@@ -443,7 +401,7 @@ class OpenAICompatAdapter(HTTPAdapter):
             )
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(max_concurrency=self.max_concurrency, tunnel=True)
+        return replace(super().capabilities(), tunnel=True)
 
     def chat_payload(self, run: RunInput) -> dict[str, Any]:
         """
@@ -451,32 +409,39 @@ class OpenAICompatAdapter(HTTPAdapter):
         pass through, but never replace the model, the messages or
         streaming; usage reporting is always asked for.
         """
-        payload = dict(run.options)
+        prefix, payload = self.assistant_prefix(run)
         messages = [openai_message(m) for m in run.messages]
+        if prefix is not None:
+            messages.append({"role": "assistant", "content": prefix})
+            payload.update(self.continue_options())
         stream_options = payload.get("stream_options")
         stream_options = dict(stream_options) if isinstance(stream_options, dict) else {}
         stream_options["include_usage"] = True
         payload.update(model=run.target, messages=messages, stream=True, stream_options=stream_options)
         return payload
 
+    def continue_options(self) -> dict[str, Any]:
+        """
+        Request keys that make the server continue a final assistant
+        message rather than answer after it: none for a generic server.
+        """
+        return {}
+
     def execute(self, run: RunInput, emit: Emit) -> "Deferred[None]":
-        return self.stream_run(
-            "/chat/completions",
-            self.chat_payload(run),
-            lambda response: ChatEvents(emit, response),
-            emit,
-            run,
-        )
+        return self.stream_run("/chat/completions", self.chat_payload(run), ChatEvents.for_run, emit, run)
 
     def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> "Deferred[None]":
         """
         Relay C{request} to the provider and its response into C{sink}:
-        C{status}, C{headers}, then every body chunk exactly as received.
-        Usage and metadata are reported when the body ends.
+        C{status}, C{headers}, then the body chunks exactly as received,
+        held and checked as L{iop.adapters.relay} says. Usage and metadata
+        are reported when the body ends.
 
         @return: a Deferred firing when the body ended; it fails with
-            L{ProviderUnreachable} when there was no response, and
-            cancelling it closes the provider connection.
+            L{ProviderUnreachable} when there was no response, with a
+            L{ProviderError} when the answer broke (C{incomplete} once part
+            of it was relayed), and cancelling it closes the provider
+            connection.
         """
         headers = provider_request_headers(request.headers, self.default_headers(), self.drop_headers)
         body = request.body
@@ -484,32 +449,28 @@ class OpenAICompatAdapter(HTTPAdapter):
         if self.usage_mode == USAGE_ALWAYS and request.path.rstrip("/").endswith("/chat/completions"):
             added = with_usage(body)
             body = added or body
-        observer: TunnelObserver | None = None
-        strip: UsageChunkFilter | None = None
+        relay: TunnelBody | None = None
 
         def on_response(response: IResponse) -> ChunkReceiver:
-            nonlocal observer, strip
-            sink.status(response.code)
-            sink.headers(response_headers(response))
-            if 200 <= response.code < 300:
-                observer = TunnelObserver(sink, response)
-                if added is not None and _plain_event_stream(response):
-                    strip = UsageChunkFilter()
-
-            def on_chunk(data: bytes) -> None:
-                sink.body(data if strip is None else strip.feed(data))
-                if observer is not None:
-                    observer.feed(data)
-
-            return on_chunk
+            nonlocal relay
+            observer = TunnelObserver(sink, response) if 200 <= response.code < 300 else None
+            # A usage chunk is taken out only where the length is not fixed.
+            strip = added is not None and not response.headers.hasHeader(b"content-length")
+            relay = TunnelBody(sink, response, observer, strip, self.clock)
+            return relay.feed
 
         def ended(response: IResponse) -> None:
-            if strip is not None:
-                sink.body(strip.finish())
-            if observer is not None:
-                observer.finish()
+            if relay is not None:
+                relay.finish()
+
+        def failed(failure: Failure) -> Failure:
+            failure.trap(ProviderError)
+            if relay is None or not isinstance(failure.value, ProviderError):
+                return failure
+            raise relay.failed(failure.value)
 
         # A sink that does flow control pauses the provider read with it.
         raw = self.raw_request(request.method, request.path, headers, body)
-        d = self.read(raw, on_response, getattr(sink, "register_producer", None))
-        return d.addCallback(ended).addErrback(as_provider_error)
+        deadlines = self.deadlines if asks_stream(body) else self.deadlines.not_streamed()
+        d = self.read(raw, on_response, getattr(sink, "register_producer", None), deadlines)
+        return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)

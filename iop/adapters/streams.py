@@ -15,6 +15,7 @@ covers both phases behind one C{Deferred(canceller)}.
 import json
 import re
 from collections.abc import Callable, Iterable
+from enum import Enum
 from http.cookiejar import DefaultCookiePolicy
 from io import BytesIO
 from typing import Any, TypeVar, cast
@@ -43,12 +44,18 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from iop.adapters.base import AdapterBase
-from iop.adapters.interface import AdapterConfigError, Emit, RunInput
+from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Deadlines, Watch, deadline_options
+from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, RunInput
+from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
 from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
+    ASSISTANT_PREFIX_OPTION,
     COMPLETE,
+    CONTEXT_LENGTH_EXCEEDED,
     ERROR,
+    INCOMPLETE,
+    PROBE_COMMAND,
     PROVIDER_ERROR,
     PROVIDER_TIMEOUT,
     PROVIDER_UNREACHABLE,
@@ -68,24 +75,53 @@ class ProviderError(Exception):
     """
     The provider answered with an error (an HTTP status or an error object
     inside the stream). C{code} becomes L{RunFailure.code}.
+
+    @ivar deadline: for a missed deadline, its kind (L{iop.run.DEADLINES}).
+    @ivar retry_after_sec: the delay the provider asked for (Retry-After).
     """
 
     code: str = PROVIDER_ERROR
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 0,
+        code: str | None = None,
+        deadline: str = "",
+        retry_after_sec: float = 0.0,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.deadline = deadline
+        self.retry_after_sec = retry_after_sec
+        if code is not None:
+            self.code = code
 
     def failure(self) -> RunFailure:
-        return RunFailure(code=self.code, message=self.message, status=self.status)
+        return RunFailure(
+            code=self.code,
+            message=self.message,
+            status=self.status,
+            deadline=self.deadline,
+            retry_after_sec=self.retry_after_sec,
+        )
+
+    def incomplete(self) -> "ProviderError":
+        """
+        This failure once part of the answer reached the caller: the answer
+        is C{incomplete} (a missed deadline keeps its kind).
+        """
+        return ProviderError(
+            f"the answer is incomplete: {self.message}", self.status, INCOMPLETE, self.deadline, self.retry_after_sec
+        )
 
 
 class ProviderStalled(ProviderError):
     """
-    The provider sent nothing (no headers, no body bytes) for longer than
-    the adapter's C{idle_timeout_sec}; its connection was closed so that a
-    hung back end cannot hold capacity forever.
+    The provider missed one of the adapter's deadlines (L{iop.adapters.deadlines});
+    its connection was closed so that a hung back end cannot hold capacity
+    forever.
     """
 
     code = PROVIDER_TIMEOUT
@@ -98,6 +134,30 @@ class ProviderUnreachable(ProviderError):
     """
 
     code = PROVIDER_UNREACHABLE
+
+
+#: The status of an answer that broke (cut, malformed) before any of it
+#: reached the caller: what a gateway says of such an upstream.
+BROKEN_ANSWER_STATUS = 502
+
+
+def broken_answer(message: str) -> ProviderError:
+    """
+    A L{ProviderError} for an answer that broke before its end: cut short,
+    malformed, or ended without saying it was finished.
+    """
+    return ProviderError(message, BROKEN_ANSWER_STATUS)
+
+
+def status_error(response: IResponse, body: bytes, clock: IReactorTime) -> ProviderError:
+    """
+    The L{ProviderError} of a non-2xx answer: the provider's message and
+    status, the delay its C{Retry-After} asks for, and
+    C{context_length_exceeded} for a 400 that says the prompt is too long.
+    """
+    message = error_message(body) or f"HTTP {response.code}"
+    code = CONTEXT_LENGTH_EXCEEDED if response.code == 400 and says_context_length(body) else None
+    return ProviderError(message, response.code, code, retry_after_sec=retry_after(response.headers, clock.seconds()))
 
 
 # -- incremental parsers ------------------------------------------------------
@@ -135,7 +195,7 @@ class SSEParser:
             pos = match.end()
         self._buffer = buf[pos:]
         if len(self._buffer) > JSON_BODY_LIMIT:
-            raise ProviderError(f"stream line longer than {JSON_BODY_LIMIT} bytes")
+            raise broken_answer(f"stream line longer than {JSON_BODY_LIMIT} bytes")
         return events
 
     def finish(self) -> list[str]:
@@ -207,8 +267,23 @@ def error_message(body: bytes) -> str:
 
 # -- a cancellable body reader -------------------------------------------------
 
-#: What receives a response body's chunks; what it returns is ignored.
-ChunkReceiver = Callable[[bytes], object]
+
+class Reading(Enum):
+    """
+    What a body's chunk receiver may say of the answer after a chunk (a
+    receiver that says nothing, C{None}, takes any body byte as the answer).
+    """
+
+    #: Body bytes, but not the answer yet (keep-alive comments, a role chunk).
+    WAITING = "waiting"
+    #: The answer began: the first-byte deadline is met.
+    ANSWERING = "answering"
+    #: The answer said it is finished (its end marker or finish reason).
+    FINISHED = "finished"
+
+
+#: What receives a response body's chunks, and may say how far the answer is.
+ChunkReceiver = Callable[[bytes], Reading | None]
 
 _T = TypeVar("_T")
 
@@ -295,10 +370,17 @@ class _BodyProducer:
         self._stop()
 
 
+class _Finished(Exception):
+    """
+    The answer said it was finished and its body did not end within
+    L{FINISH_GRACE_SEC}: it is ended here, as complete.
+    """
+
+
 def read_body(
     request: "defer.Deferred[IResponse]",
     on_response: Callable[[IResponse], ChunkReceiver],
-    idle_timeout: float | None = None,
+    deadlines: Deadlines | None = None,
     clock: IReactorTime | None = None,
     on_producer: Callable[[IPushProducer], object] | None = None,
 ) -> "defer.Deferred[IResponse]":
@@ -309,11 +391,15 @@ def read_body(
         C{unbuffered=True}.
     @param on_response: called once with the response; returns the callable
         that receives each body chunk. It or that callable may raise to
-        close the connection and fail the result.
-    @param idle_timeout: seconds the provider may stay silent (before its
-        headers, or between body chunks) before the connection is closed
-        and the result fails with L{ProviderStalled}; C{None} waits forever.
-    @param clock: the C{IReactorTime} for C{idle_timeout}.
+        close the connection and fail the result. The chunk callable may
+        say how far the answer is (L{Reading}): until it began, only the
+        first-byte and idle deadlines run; once it said it is finished, if
+        the body does not end within L{FINISH_GRACE_SEC} of its last byte,
+        the connection is closed and the result fires as if it had ended.
+    @param deadlines: the L{Deadlines} of the request: when one passes the
+        connection is closed and the result fails with L{ProviderStalled}
+        (its C{deadline} saying which); C{None} waits forever.
+    @param clock: the C{IReactorTime} for the deadlines.
     @param on_producer: called with an C{IPushProducer} of the body once
         it starts: pausing it stops reading the provider (flow control).
     @return: a Deferred firing with the response once the body ended.
@@ -324,9 +410,8 @@ def read_body(
     reader: _BodyReader | None = None
     cancelled = False
     stalled: Failure | None = None
-    timer: IDelayedCall | None = None
-    heard: float | None = None
     paused = False
+    grace: IDelayedCall | None = None
 
     def cancel(result: "defer.Deferred[IResponse]") -> None:
         nonlocal cancelled
@@ -338,41 +423,38 @@ def read_body(
 
     result: defer.Deferred[IResponse] = defer.Deferred(cancel)
 
-    def expire() -> None:
-        nonlocal timer, stalled
-        # Only touch sets the timer, and only with a timeout and a clock.
-        assert clock is not None and idle_timeout is not None and heard is not None
-        timer = None
-        quiet = clock.seconds() - heard
-        if quiet < idle_timeout:
-            # Data came since the timer was set: look again when the
-            # provider would have been silent for the whole timeout.
-            timer = clock.callLater(idle_timeout - quiet, expire)
-            return
-        stalled = Failure(ProviderStalled(f"provider sent nothing for {idle_timeout:g}s; connection closed"))
+    def expired(kind: str, seconds: float) -> None:
+        nonlocal stalled
+        option = OPTION_NAMES[kind]
+        stalled = Failure(ProviderStalled(f"provider missed {option} ({seconds:g}s); connection closed", deadline=kind))
         if reader is None:
             request.cancel()
         else:
             reader.abort(stalled)
 
-    def touch() -> None:
-        # A clock read per chunk; the timer is not moved on every chunk.
-        nonlocal timer, heard
-        if idle_timeout is None or result.called or paused:
-            return
-        assert clock is not None, "an idle timeout needs a clock"
-        heard = clock.seconds()
-        if timer is None:
-            timer = clock.callLater(idle_timeout, expire)
+    if deadlines is not None:
+        assert clock is not None, "deadlines need a clock"
+    watch = Watch(deadlines, clock, expired) if deadlines is not None and clock is not None else None
 
-    def settled(outcome: _T) -> _T:
-        if timer is not None and timer.active():
-            timer.cancel()
+    def finished() -> None:
+        nonlocal grace
+        grace = None
+        if reader is not None and not result.called:
+            reader.abort(Failure(_Finished()))
+
+    def settled(outcome: object) -> object:
+        if watch is not None:
+            watch.stop()
+        if grace is not None and grace.active():
+            grace.cancel()
+        if isinstance(outcome, Failure) and outcome.check(_Finished) and reader is not None:
+            return reader.response
         return outcome
 
     def got_response(response: IResponse) -> None:
         nonlocal reader
-        touch()
+        if watch is not None:
+            watch.touch()
         failure = None
         on_chunk: ChunkReceiver | None
         try:
@@ -381,10 +463,21 @@ def read_body(
             on_chunk, failure = None, Failure()
 
         def on_data(data: bytes) -> None:
+            nonlocal grace
             # Without a chunk callable the reader fails and reads nothing.
             assert on_chunk is not None
-            touch()
-            on_chunk(data)
+            if watch is not None and data:
+                watch.touch()
+            said = on_chunk(data)
+            if watch is not None and data and said is not Reading.WAITING:
+                watch.began()
+            if said is Reading.FINISHED and clock is not None:
+                # The answer is whole: only the grace bounds what follows.
+                if watch is not None:
+                    watch.stop()
+                if grace is not None and grace.active():
+                    grace.cancel()
+                grace = clock.callLater(FINISH_GRACE_SEC, finished)
 
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
@@ -398,14 +491,13 @@ def read_body(
     # pause and resume are only handed out (as a _BodyProducer) once the
     # reader exists.
     def pause() -> None:
-        nonlocal paused, timer
+        nonlocal paused
         assert reader is not None
         if paused or result.called:
             return
         paused = True
-        if timer is not None and timer.active():
-            timer.cancel()
-        timer = None
+        if watch is not None:
+            watch.pause()
         if reader.body_transport is not None:
             reader.body_transport.pauseProducing()
 
@@ -415,7 +507,8 @@ def read_body(
         if not paused or result.called:
             return
         paused = False
-        touch()
+        if watch is not None:
+            watch.resume()
         if reader.body_transport is not None:
             reader.body_transport.resumeProducing()
 
@@ -429,7 +522,6 @@ def read_body(
         elif not cancelled:
             result.errback(failure)
 
-    touch()
     result.addBoth(settled)
     request.addCallbacks(got_response, request_failed)
     return result
@@ -444,7 +536,7 @@ def as_provider_error(failure: Failure) -> Failure:
     if failure.check(ConnectError, DNSLookupError, ResponseNeverReceived, RequestTransmissionFailed):
         raise ProviderUnreachable(f"provider unreachable: {_reason(failure)}")
     if failure.check(ResponseFailed):
-        raise ProviderError(f"provider connection lost mid-response: {_reason(failure)}")
+        raise broken_answer(f"provider connection lost mid-response: {_reason(failure)}")
     return failure
 
 
@@ -487,7 +579,16 @@ class StreamDecoder(Shape):
     """
     What L{HTTPAdapter.stream_run} asks of a decoder (it may also have a
     C{finish_reason}, read when present).
+
+    @ivar usage: the last usage the stream reported so far, or C{None}.
+    @ivar finished: whether the answer said it is finished (its end
+        marker, a finish reason, a whole JSON answer).
     """
+
+    usage: Usage | None
+
+    @property
+    def finished(self) -> bool: ...
 
     def feed(self, data: bytes) -> None:
         """
@@ -508,9 +609,12 @@ class HTTPAdapter(AdapterBase):
     Options: C{base_url} (required), C{api_key} (sent as a bearer token),
     C{headers} (a mapping sent with every request), C{drop_headers} (a
     list of caller header names a tunnel does not forward), C{connect_timeout_sec}
-    (default 10), C{idle_timeout_sec} (default 300; 0 disables: how long
-    the provider may send nothing before the request fails as
-    C{provider_timeout} and its capacity is freed).
+    (default 10), the deadlines C{first_byte_timeout_sec} (default 120),
+    C{stall_timeout_sec} (default 60) and C{idle_timeout_sec} (default 300;
+    0 disables each: see L{iop.adapters.deadlines}), and C{continuation}
+    (default false: whether the back end takes a partial answer as a final
+    assistant message and continues it, which the Edge reads to continue a
+    cut run on another provider).
 
     Connections are kept alive for a short while (2 s, below the 5 s idle
     timeout of uvicorn-based servers such as vLLM, so that we never send a
@@ -537,10 +641,8 @@ class HTTPAdapter(AdapterBase):
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
             raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
-        idle = self.option("idle_timeout_sec", 300, (int, float))
-        if idle < 0:
-            raise AdapterConfigError(f"adapters[{name}].idle_timeout_sec must not be negative")
-        self.idle_timeout: float | None = idle or None
+        self.deadlines = deadline_options(self.option, name)
+        self.continuation: bool = self.option("continuation", False, bool)
         self.clock: IReactorTime = reactor
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
@@ -551,9 +653,34 @@ class HTTPAdapter(AdapterBase):
         self.agent = Agent(reactor, connectTimeout=timeout, pool=self.pool)
         self.http = HTTPClient(self.agent, cookiejar=jar)
 
+    #: What the C{probe} command GETs (under C{base_url}).
+    probe_path = "/models"
+
     def stop(self) -> "defer.Deferred[None]":
         closed: defer.Deferred[None] = self.pool.closeCachedConnections()
         return closed
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            max_concurrency=self.max_concurrency, commands=(PROBE_COMMAND,), continuation=self.continuation
+        )
+
+    def command(
+        self, name: str, args: dict[str, Any], progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> "defer.Deferred[Any]":
+        if name == PROBE_COMMAND:
+            return self.probe()
+        return super().command(name, args, progress)
+
+    def assistant_prefix(self, run: RunInput) -> tuple[str | None, dict[str, Any]]:
+        """
+        The partial answer a run asks to continue (L{ASSISTANT_PREFIX_OPTION}),
+        or C{None}, and the run's other options (the prefix is never sent
+        as a provider parameter).
+        """
+        options = dict(run.options)
+        prefix = options.pop(ASSISTANT_PREFIX_OPTION, None)
+        return (prefix if isinstance(prefix, str) and prefix else None), options
 
     def url(self, path: str) -> str:
         """
@@ -601,11 +728,13 @@ class HTTPAdapter(AdapterBase):
         request: "defer.Deferred[IResponse]",
         on_response: Callable[[IResponse], ChunkReceiver],
         on_producer: Callable[[IPushProducer], object] | None = None,
+        deadlines: Deadlines | None = None,
     ) -> "defer.Deferred[IResponse]":
         """
-        L{read_body} with this adapter's idle timeout.
+        L{read_body} with this adapter's deadlines, or C{deadlines}.
         """
-        return read_body(request, on_response, self.idle_timeout, self.clock, on_producer)
+        deadlines = self.deadlines if deadlines is None else deadlines
+        return read_body(request, on_response, deadlines, self.clock, on_producer)
 
     def fetch_json(self, method: str, path: str, payload: Any = None) -> "defer.Deferred[Any]":
         """
@@ -617,11 +746,15 @@ class HTTPAdapter(AdapterBase):
         """
         body = bytearray()
         kwargs: dict[str, Any] = {} if payload is None else {"json": payload}
-        d = self.read(self.request(method, path, **kwargs), lambda response: capped_appender(body, JSON_BODY_LIMIT))
+        d = self.read(
+            self.request(method, path, **kwargs),
+            lambda response: capped_appender(body, JSON_BODY_LIMIT),
+            deadlines=self.deadlines.not_streamed(),
+        )
 
         def parse(response: IResponse) -> Any:
             if not 200 <= response.code < 300:
-                raise ProviderError(error_message(bytes(body)) or f"HTTP {response.code}", response.code)
+                raise status_error(response, bytes(body), self.clock)
             return json.loads(bytes(body)) if body.strip() else None
 
         return d.addCallback(parse).addErrback(as_provider_error)
@@ -630,20 +763,26 @@ class HTTPAdapter(AdapterBase):
         self,
         path: str,
         payload: dict[str, Any],
-        make_decoder: Callable[[IResponse], StreamDecoder],
+        make_decoder: Callable[[IResponse, Emit], StreamDecoder],
         emit: Emit,
         run: RunInput | None = None,
     ) -> "defer.Deferred[None]":
         """
         POST C{payload} and turn the streamed answer into run events:
-        C{start} once the provider accepted (2xx), whatever the decoder
-        emits, then exactly one terminal, C{complete} with the decoder's
-        usage or C{error}.
+        C{start} with the first event of the answer (so that nothing
+        reaches the caller before the answer does), whatever the decoder
+        emits, then exactly one terminal: C{complete} with the decoder's
+        usage, or C{error}. A failure before C{start} keeps its own code
+        (the Edge may place the run again); after it, the run ends
+        C{incomplete} with the usage so far, never like a success.
 
-        @param make_decoder: called with the 2xx response; returns an
-            object with C{feed(bytes)} and C{finish() -> Usage | None},
-            both of which may raise L{ProviderError}, and optionally a
-            C{finish_reason} for the C{complete} terminal.
+        @param make_decoder: called with the 2xx response and the C{emit}
+            to use; returns an object with C{feed(bytes)} and C{finish()
+            -> Usage | None}, both of which may raise L{ProviderError},
+            C{usage} (the last usage reported, or C{None}), C{finished}
+            (whether the answer said it is finished: its end marker or
+            finish reason) and optionally a C{finish_reason} for the
+            C{complete} terminal.
         @param run: the run, whose trace context (if any) goes to the
             provider as its C{traceparent} header.
         @return: a Deferred that fires when the run is over; cancelling it
@@ -651,33 +790,43 @@ class HTTPAdapter(AdapterBase):
         """
         decoder: StreamDecoder | None = None
         error_body = bytearray()
+        output = RunOutput(emit)
 
         def on_response(response: IResponse) -> ChunkReceiver:
             nonlocal decoder
             if not 200 <= response.code < 300:
                 return capped_appender(error_body, ERROR_BODY_LIMIT)
-            emit(RunEventData(START))
-            decoder = make_decoder(response)
-            return decoder.feed
+            decoder = make_decoder(response, output)
+            reading = decoder
+
+            def feed(data: bytes) -> Reading:
+                reading.feed(data)
+                if reading.finished:
+                    return Reading.FINISHED
+                return Reading.ANSWERING if output.started else Reading.WAITING
+
+            return feed
 
         def ended(response: IResponse) -> None:
             if decoder is None:
-                message = error_message(bytes(error_body)) or f"HTTP {response.code}"
-                raise ProviderError(message, response.code)
+                raise status_error(response, bytes(error_body), self.clock)
             usage = decoder.finish()
-            emit(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
+            if not decoder.finished:
+                raise broken_answer("the stream ended before the answer said it was finished")
+            output(RunEventData(COMPLETE, usage=usage, finish_reason=getattr(decoder, "finish_reason", None)))
 
         def failed(failure: Failure) -> None:
             failure.trap(ProviderError)
-            error = failure.value
-            assert isinstance(error, ProviderError)
+            assert isinstance(failure.value, ProviderError)
+            error = failure.value.incomplete() if output.started else failure.value
             self.log.info(
                 "adapter {adapter} run failed: {code} {message}",
                 adapter=self.name,
                 code=error.code,
                 message=error.message,
             )
-            emit(RunEventData(ERROR, error=error.failure()))
+            usage = decoder.usage if output.started and decoder is not None else None
+            emit(RunEventData(ERROR, usage=usage, error=error.failure()))
 
         # An emit that does flow control pauses the provider read with it.
         headers = None
@@ -689,6 +838,58 @@ class HTTPAdapter(AdapterBase):
             getattr(emit, "register_producer", None),
         )
         return d.addCallback(ended).addErrback(as_provider_error).addErrback(failed)
+
+    def probe(self) -> "defer.Deferred[dict[str, Any]]":
+        """
+        The C{probe} node command: a cheap GET of L{probe_path} within
+        L{PROBE_TIMEOUT_SEC}, answering C{{"ok": true}} when the provider
+        answers 2xx, else C{{"ok": false, "reason": ...}}. The Edge sends
+        it to learn whether an ejected provider is back.
+        """
+        d = self.fetch_json("GET", self.probe_path)
+        timer = self.clock.callLater(PROBE_TIMEOUT_SEC, d.cancel)
+
+        def answered(result: object) -> dict[str, Any]:
+            return {"ok": True}
+
+        def failed(failure: Failure) -> dict[str, Any] | Failure:
+            error = failure.value
+            if failure.check(defer.CancelledError):
+                return {"ok": False, "reason": f"no answer within {PROBE_TIMEOUT_SEC:g}s"}
+            if isinstance(error, ProviderError):
+                return {"ok": False, "reason": f"{error.code}: {error.message}", "status": error.status}
+            if failure.check(ValueError):
+                return {"ok": False, "reason": "the answer is not JSON"}
+            return failure
+
+        def settled(result: _T) -> _T:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addCallbacks(answered, failed).addBoth(settled)
+
+
+#: How long a C{probe} waits for its answer.
+PROBE_TIMEOUT_SEC = 5.0
+
+
+class RunOutput:
+    """
+    The C{emit} a run's decoder is given: it sends C{start} just before the
+    first event of the answer (the first byte the caller gets), and says
+    whether it did.
+    """
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.started = False
+
+    def __call__(self, event: RunEventData) -> None:
+        if not self.started and event.type != ERROR:
+            self.started = True
+            self.emit(RunEventData(START))
+        self.emit(event)
 
 
 def _raw_headers(pairs: Iterable[tuple[str | bytes, str | bytes]]) -> Headers:

@@ -11,6 +11,7 @@ class exists so that operators can say C{type: vllm} and so that vLLM's
 model list is one node command away.
 """
 
+from dataclasses import replace
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -30,7 +31,14 @@ class VLLMAdapter(OpenAICompatAdapter):
     type = "vllm"
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(max_concurrency=self.max_concurrency, tunnel=True, commands=("models",))
+        caps = super().capabilities()
+        return replace(caps, commands=("models", *caps.commands))
+
+    def continue_options(self) -> dict[str, Any]:
+        """
+        vLLM continues the last assistant message with these.
+        """
+        return {"continue_final_message": True, "add_generation_prompt": False}
 
     def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "Deferred[Any]":
         if name == "models":

@@ -43,6 +43,7 @@ from twisted.logger import Logger
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
 from iop.run import (
+    ASSISTANT_PREFIX_OPTION,
     CAPACITY_EXCEEDED,
     CONTEXT_LENGTH_EXCEEDED,
     INCOMPLETE,
@@ -59,11 +60,6 @@ if TYPE_CHECKING:
 #: Why work moved to another model group, by the group field that sent it.
 FALLBACKS = "fallbacks"
 CONTEXT_FALLBACKS = "context_fallbacks"
-
-#: The run option (C{RunRequest.options_json}) carrying the part of a cut
-#: answer the caller has: an adapter with C{continuation: true} sends it
-#: as a final assistant message, and its model goes on from there.
-ASSISTANT_PREFIX = "assistant_prefix"
 
 
 def provider_failed(failure: RunFailure) -> bool:
@@ -255,9 +251,11 @@ class Failover:
         group = self.pool.group(spec.model) if spec.model else None
         if group is None:
             return None
-        prefix = spec.options.get(ASSISTANT_PREFIX, "") + text
+        prefix = spec.options.get(ASSISTANT_PREFIX_OPTION, "") + text
         # (Always a normalized run: the caller's answer is being rendered.)
-        rest = replace(spec, tunnel=None, options=dict(spec.options, **{ASSISTANT_PREFIX: prefix}), continues=True)
+        rest = replace(
+            spec, tunnel=None, options=dict(spec.options, **{ASSISTANT_PREFIX_OPTION: prefix}), continues=True
+        )
         avoid = work.avoid | {failed.placement.key}
         if self.placer.elsewhere(rest, avoid):
             work.spec, work.avoid = rest, avoid

@@ -19,10 +19,7 @@ from twisted.python.failure import Failure
 from iop.edge.bus import EventBus
 from iop.edge.errors import ServiceError
 from iop.edge.pool import ProviderSpec
-from iop.run import NOT_SUPPORTED, UNKNOWN_COMMAND
-
-#: The Node command that probes an adapter's back end.
-PROBE_COMMAND = "probe"
+from iop.run import NOT_SUPPORTED, PROBE_COMMAND, UNKNOWN_COMMAND
 
 #: How the Edge runs a node command: C{command(node_id, command, adapter)}
 #: (L{iop.edge.commands.NodeCommands.command}).

@@ -179,6 +179,7 @@ class CommandHandler:
                     "sessions": caps.sessions,
                     "tunnel": caps.tunnel,
                     "commands": list(caps.commands),
+                    "continuation": caps.continuation,
                     "in_use": hosted.gate.in_use,
                 }
             )

@@ -15,6 +15,13 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from iop.metricspage import MetricsPage
+from iop.run import CONTEXT_LENGTH_EXCEEDED, INCOMPLETE, PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE
+
+#: The failure codes that are the provider's (counted by
+#: C{iop_node_provider_failures_total}).
+PROVIDER_FAILURES = frozenset(
+    {PROVIDER_ERROR, PROVIDER_TIMEOUT, PROVIDER_UNREACHABLE, CONTEXT_LENGTH_EXCEEDED, INCOMPLETE}
+)
 
 
 class NodeMetrics:
@@ -36,6 +43,13 @@ class NodeMetrics:
             ["adapter"],
             registry=self.registry,
         )
+        self.provider_failures = Counter(
+            "iop_node_provider_failures_total",
+            "Runs and tunnels ended by their provider's failure, by adapter, failure code and missed deadline"
+            " (first_byte, stall, idle; empty for none).",
+            ["adapter", "code", "deadline"],
+            registry=self.registry,
+        )
         self.tunnel_bytes = Counter(
             "iop_node_tunnel_bytes_total",
             "Provider response body bytes relayed through raw tunnels.",
@@ -55,6 +69,14 @@ class NodeMetrics:
 
     def run_ended(self, adapter: str, status: str) -> None:
         self.runs.labels(adapter=adapter, status=status).inc()
+
+    def provider_failed(self, adapter: str, code: str, deadline: str) -> None:
+        """
+        A run or tunnel ended with one of L{PROVIDER_FAILURES} (others,
+        such as a cancel or a refusal, are not the provider's).
+        """
+        if code in PROVIDER_FAILURES:
+            self.provider_failures.labels(adapter=adapter, code=code, deadline=deadline).inc()
 
     def in_flight(self, adapter: str, count: int) -> None:
         self.in_flight_gauge.labels(adapter=adapter).set(count)

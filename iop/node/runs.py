@@ -250,6 +250,8 @@ class RunRelay(Work):
         if event.type == CANCELLED and self.cancel_reason:
             error = self.cancel_reason
             code = code or CANCELLED
+        if event.error is not None:
+            self.manager.metrics.provider_failed(self.hosted.name, event.error.code, event.error.deadline)
         self.manager.ended(self.hosted.name, self.run_id, event.type, error, event.usage or self.usage, code)
         if self.on_end is not None:
             self.on_end(self)

@@ -30,7 +30,7 @@ from iop.node.stats import UsageBook
 from iop.node.store import NullStore, Store
 from iop.node.work import Inflight, Refused, Work, admit, record_safely
 from iop.protocols import messages
-from iop.protocols.convert import usage_to_wire
+from iop.protocols.convert import failure_to_wire, usage_to_wire
 from iop.protocols.wire import chunks
 from iop.run import ADAPTER_ERROR, CANCELLED, COMPLETE, ERROR, TUNNEL_NOT_SUPPORTED, ITunnelSink, Usage
 
@@ -178,15 +178,7 @@ class TunnelRelay(Work):
                 self.log.failure(
                     "tunnel {id}: adapter {adapter} failed", failure, id=self.tunnel_id, adapter=self.hosted.name
                 )
-            code = getattr(failure.value, "code", None)
-            status = getattr(failure.value, "status", 0)
-            self._finish(
-                error=messages.run_error(
-                    code if isinstance(code, str) and code else ADAPTER_ERROR,
-                    str(failure.value) or type(failure.value).__name__,
-                    status if isinstance(status, int) else 0,
-                )
-            )
+            self._finish(error=_wire_error(failure.value))
 
     def _finish(self, **terminal: Any) -> None:
         self.end(self._send_terminal, terminal)
@@ -200,7 +192,26 @@ class TunnelRelay(Work):
         else:
             status = CANCELLED if error.code == CANCELLED else ERROR
             message, code = error.message, error.code
+            self.manager.metrics.provider_failed(self.hosted.name, error.code, error.deadline)
         self.manager.record("record_tunnel_end", self.tunnel_id, status, message, code, self.usage, self.size)
+
+
+def _wire_error(error: BaseException | None) -> messages.RunError:
+    """
+    The C{RunError} of a tunnel that failed with C{error}: a
+    L{ProviderError}'s code, status, missed deadline and Retry-After;
+    another error's C{code} and C{status} when it has them, else
+    C{adapter_error}.
+    """
+    if isinstance(error, ProviderError):
+        return failure_to_wire(error.failure())
+    code = getattr(error, "code", None)
+    status = getattr(error, "status", 0)
+    return messages.run_error(
+        code if isinstance(code, str) and code else ADAPTER_ERROR,
+        str(error) or type(error).__name__,
+        status if isinstance(status, int) else 0,
+    )
 
 
 class TunnelManager:

@@ -28,6 +28,23 @@ Special models:
     64 KiB (SSE comment lines), written only as fast as the client reads
     (a pull producer), for backpressure tests.
 
+Faults (OpenAI chat completions), one model each:
+
+  - C{cut-model}: streamed, the role chunk and then the connection drops;
+    not streamed, half of a body of announced length, then it drops.
+  - C{stall-model}: streamed, the role chunk and one word, then silence
+    (the connection stays open); not streamed, half a body, then silence.
+  - C{silent-model}: nothing at all, not even headers.
+  - C{malformed-model}: streamed, one word, then (50 ms later) an event
+    that is not JSON, then the rest of a normal stream.
+  - C{nodone-model}: streamed, a whole answer with its finish reason but
+    no C{[DONE]}, and the connection stays open.
+  - C{context-model}: HTTP 400 C{context_length_exceeded}.
+  - C{busy-model}: HTTP 429 with C{Retry-After: 1}.
+
+C{POST /_faults} with C{{"down": true}} makes every request (but those to
+C{/_...}) answer 503 until C{{"down": false}}: an outage that recovers.
+
 C{GET /_stats} answers C{{"active", "max_active", "closed_early",
 "requests", "big_bytes"}}: requests in flight now, the most seen at once,
 how many clients went away before their response finished, the total
@@ -214,6 +231,8 @@ class Provider(Resource):
         self.stats = Stats()
         #: The last requests (method, path, headers), for tests: /_requests.
         self.seen = []
+        #: Every request answers 503 (POST /_faults).
+        self.down = False
 
     def render(self, request):
         path = request.path.decode()
@@ -222,6 +241,11 @@ class Provider(Resource):
             return self.json(request, 200, self.stats.json())
         if path == "/_requests":
             return self.json(request, 200, self.seen)
+        if path == "/_faults":
+            self.down = bool(json.loads(request.content.read() or b"{}").get("down"))
+            return self.json(request, 200, {"down": self.down})
+        if self.down:
+            return self.json(request, 503, {"error": {"message": "the fake is down", "type": "unavailable"}})
         headers = [[k.decode(), v.decode()] for k, vs in request.requestHeaders.getAllRawHeaders() for v in vs]
         seen = {"method": method, "path": path, "headers": headers}
         self.seen = (self.seen + [seen])[-20:]
@@ -349,14 +373,9 @@ class OpenAI(Provider):
         if model == "error-model":
             error = {"message": "rate limited by fake", "type": "rate_limit_error", "param": None, "code": None}
             return self.json(request, 429, {"error": error})
-        if model == "cut-model" and body.get("stream"):
-            # The first chunk, then the connection drops: a failure after
-            # the first byte.
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"text/event-stream")
-            request.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n')
-            reactor.callLater(0.05, request.channel.transport.abortConnection)
-            return NOT_DONE_YET
+        fault = FAULTS.get(model)
+        if fault is not None:
+            return fault(request, body)
         if model == "big-model" and body.get("stream"):
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"text/event-stream")
@@ -398,6 +417,104 @@ class OpenAI(Provider):
             parts.append(chunk(None, choices=False, usage=usage))
         parts.append(b"data: [DONE]\n\n")
         return self.stream(request, b"text/event-stream; charset=utf-8", parts, model, number)
+
+
+ROLE_EVENT = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
+WORD_EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": null}]}\n\n'
+FINISH_EVENT = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+WHOLE_BODY = dumps(
+    {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "fault",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "a whole answer"}, "finish_reason": "stop"}
+        ],
+    }
+).encode()
+
+
+def _event_stream(request):
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"text/event-stream")
+
+
+def _half_body(request):
+    """
+    Half of a JSON answer whose whole length is announced.
+    """
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"content-length", str(len(WHOLE_BODY)).encode())
+    request.write(WHOLE_BODY[: len(WHOLE_BODY) // 2])
+
+
+def cut(request, body):
+    if body.get("stream"):
+        _event_stream(request)
+        request.write(ROLE_EVENT)
+    else:
+        _half_body(request)
+    # What was written goes out first, then the connection drops.
+    reactor.callLater(0.05, request.channel.transport.loseConnection)
+    return NOT_DONE_YET
+
+
+def stall(request, body):
+    if body.get("stream"):
+        _event_stream(request)
+        request.write(ROLE_EVENT + WORD_EVENT)
+    else:
+        _half_body(request)
+    return NOT_DONE_YET
+
+
+def silent(request, body):
+    return NOT_DONE_YET
+
+
+def malformed(request, body):
+    _event_stream(request)
+    request.write(ROLE_EVENT + WORD_EVENT)
+
+    def rest():
+        request.write(b"data: {this is not json\n\n" + FINISH_EVENT + b"data: [DONE]\n\n")
+        request.finish()
+
+    reactor.callLater(0.05, rest)
+    return NOT_DONE_YET
+
+
+def nodone(request, body):
+    _event_stream(request)
+    request.write(ROLE_EVENT + WORD_EVENT + FINISH_EVENT)
+    return NOT_DONE_YET
+
+
+def context(request, body):
+    request.setResponseCode(400)
+    request.setHeader(b"content-type", b"application/json")
+    error = {"message": "This model's maximum context length is 8 tokens.", "type": "invalid_request_error"}
+    return dumps({"error": dict(error, param="messages", code="context_length_exceeded")}).encode()
+
+
+def busy(request, body):
+    request.setResponseCode(429)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"retry-after", b"1")
+    return dumps({"error": {"message": "busy, retry after 1 s", "type": "rate_limit_error"}}).encode()
+
+
+FAULTS = {
+    "cut-model": cut,
+    "stall-model": stall,
+    "silent-model": silent,
+    "malformed-model": malformed,
+    "nodone-model": nodone,
+    "context-model": context,
+    "busy-model": busy,
+}
 
 
 class Ollama(Provider):

@@ -15,6 +15,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import ServerFactory, connectionDone
+from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import IResource, Resource
@@ -59,8 +60,11 @@ class Script(Resource):
     """
     Answers every request with C{status}, C{headers} and the byte strings
     in C{chunks}, each written separately. With C{hold}, the response is
-    left open after the chunks (to test cancellation); C{headers_only}
-    holds before writing anything, so not even the headers are sent.
+    left open after the chunks (to test cancellation and deadlines);
+    C{headers_only} holds before writing anything, so not even the headers
+    are sent; with C{cut}, the connection is closed after the chunks
+    without ending the response (a body cut short). A held response can
+    be written on with L{write}.
 
     @ivar requests: C{(method, path, headers, body)} of each request.
     @ivar arrived: fires with the request when one arrives.
@@ -70,13 +74,15 @@ class Script(Resource):
 
     isLeaf = True
 
-    def __init__(self, status=200, headers=(), chunks=(), hold=False, headers_only=False):
+    def __init__(self, status=200, headers=(), chunks=(), hold=False, headers_only=False, cut=False):
         super().__init__()
         self.status = status
         self.headers = list(headers)
         self.chunks = list(chunks)
         self.hold = hold or headers_only
         self.headers_only = headers_only
+        self.cut = cut
+        self.held: Request | None = None
         self.requests: list[tuple[str, str, dict[str, list[str]], bytes]] = []
         self.arrived: defer.Deferred[Request] = defer.Deferred()
         self.closed_early: defer.Deferred[Request] = defer.Deferred()
@@ -99,14 +105,48 @@ class Script(Resource):
                 request.write(chunk)
         if not self.arrived.called:
             self.arrived.callback(request)
-        if self.hold:
+        if self.hold or self.cut:
             request.notifyFinish().addErrback(lambda _: self.closed_early.callback(request))
+        if self.cut:
+            # Unlike abortConnection, what was written goes out first.
+            request.channel.transport.loseConnection()
+            return NOT_DONE_YET
+        if self.hold:
+            self.held = request
             return NOT_DONE_YET
         request.finish()
         return NOT_DONE_YET
 
+    def write(self, *chunks: bytes) -> None:
+        """
+        Write more of the held response (its headers first, if they were
+        held too).
+        """
+        assert self.held is not None, "the response is held"
+        for chunk in chunks:
+            self.held.write(chunk)
+
     def json_body(self, index=-1):
         return json.loads(self.requests[index][3])
+
+
+class Sequence(Resource):
+    """
+    The n-th request gets the n-th resource (the last one for all later
+    requests): a provider that fails, then recovers.
+    """
+
+    isLeaf = True
+
+    def __init__(self, *resources):
+        super().__init__()
+        self.resources = resources
+        self.count = 0
+
+    def render(self, request):
+        resource = self.resources[min(self.count, len(self.resources) - 1)]
+        self.count += 1
+        return resource.render(request)
 
 
 class Routes(Resource):
@@ -153,6 +193,15 @@ def closed_port(testcase):
     number = _port_number(port)
     port.stopListening()
     return f"http://127.0.0.1:{number}"
+
+
+def moment() -> "defer.Deferred[None]":
+    """
+    A short real wait: for bytes on their way over the loopback socket, or
+    for the chunk that fired a test's waiter to be handled to its end
+    before the test moves a clock.
+    """
+    return deferLater(reactor, 0.05, lambda: None)
 
 
 def sse(*chunks, done=True):

@@ -106,14 +106,16 @@ class OllamaTests(TestCase):
     @defer.inlineCallbacks
     def test_error_line(self):
         """
-        An error line inside the stream ends the run with an error terminal.
+        An error line inside the stream ends the run with an error terminal,
+        C{incomplete} after what was streamed.
         """
         script = Script(chunks=[line("a"), b'{"error": "runner crashed"}\n'])
         events = Events()
         yield self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
         assert events.events[-1].error is not None
-        self.assertEqual(events.events[-1].error.message, "runner crashed")
+        self.assertEqual(events.events[-1].error.code, "incomplete")
+        self.assertIn("runner crashed", events.events[-1].error.message)
 
     @defer.inlineCallbacks
     def test_cancel(self):

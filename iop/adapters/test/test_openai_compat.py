@@ -13,8 +13,8 @@ from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
 from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
-from iop.adapters.openai_compat import OpenAICompatAdapter, UsageChunkFilter
-from iop.adapters.streams import ProviderUnreachable
+from iop.adapters.openai_compat import OpenAICompatAdapter
+from iop.adapters.streams import ProviderError, ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, chunk, closed_port, serve, sse
 from iop.run import RunFailure, Usage
 from iop.testing.tunnels import TunnelRecorder
@@ -227,8 +227,8 @@ class ExecuteTests(OpenAICompatTestCase):
     @defer.inlineCallbacks
     def test_error_in_stream(self):
         """
-        An error object inside a 2xx stream ends the run with an error
-        terminal after what was already streamed.
+        An error object inside a 2xx stream ends the run after what was
+        already streamed, as C{incomplete}: never like a success.
         """
         script = Script(
             headers=SSE_HEADERS,
@@ -237,7 +237,9 @@ class ExecuteTests(OpenAICompatTestCase):
         events = Events()
         yield self.adapter(script).execute(run_input(), events)
         self.assertEqual(events.types(), ["start", "delta", "error"])
-        self.assertEqual(events.events[-1].error, RunFailure("provider_error", "out of memory", 500))
+        self.assertEqual(
+            events.events[-1].error, RunFailure("incomplete", "the answer is incomplete: out of memory", 500)
+        )
 
     @defer.inlineCallbacks
     def test_unreachable(self):
@@ -334,7 +336,7 @@ class IdleTimeoutTests(OpenAICompatTestCase):
     def test_stalls_mid_stream(self):
         """
         Each chunk restarts the idle timer; a stream that then stalls is
-        closed and ends with provider_timeout after its deltas.
+        closed and ends C{incomplete} (deadline C{idle}) after its deltas.
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
         adapter = self.stalled_adapter(script)
@@ -349,14 +351,14 @@ class IdleTimeoutTests(OpenAICompatTestCase):
         yield script.closed_early
         self.assertEqual(events.types(), ["start", "delta", "error"])
         assert events.events[-1].error is not None
-        self.assertEqual(events.events[-1].error.code, "provider_timeout")
+        self.assertEqual((events.events[-1].error.code, events.events[-1].error.deadline), ("incomplete", "idle"))
 
     def test_disabled_and_invalid(self):
         """
         idle_timeout_sec 0 disables the timer; a negative one is refused,
         naming the key.
         """
-        self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).idle_timeout)
+        self.assertIsNone(self.adapter(base_url="http://127.0.0.1:1/v1", idle_timeout_sec=0).deadlines.idle)
         error = self.assertRaises(
             AdapterConfigError,
             OpenAICompatAdapter,
@@ -469,16 +471,19 @@ class TunnelTests(OpenAICompatTestCase):
         self.assertEqual(sink.of("usage"), [])
 
     @defer.inlineCallbacks
-    def test_unparseable_body_still_relayed(self):
+    def test_malformed_event_not_relayed(self):
         """
-        A 2xx body we cannot parse is relayed in full; only observation
-        stops.
+        A streamed event that is not JSON is never passed on: as the first
+        event it fails the tunnel before anything reached the sink (not
+        even the status), as a broken answer (502) the Edge may place
+        elsewhere.
         """
         script = Script(headers=SSE_HEADERS, chunks=[b"data: {not json\n\n", b"data: [DONE]\n\n"])
         sink = TunnelRecorder()
-        yield self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
-        self.assertEqual(b"".join(sink.bodies), b"data: {not json\n\ndata: [DONE]\n\n")
-        self.assertEqual(sink.of("usage"), [])
+        d = self.adapter(script).tunnel(TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink)
+        error = yield self.assertFailure(d, ProviderError)
+        self.assertEqual((error.code, error.status), ("provider_error", 502))
+        self.assertEqual(sink.calls, [])
 
     @defer.inlineCallbacks
     def test_unreachable(self):
@@ -585,17 +590,19 @@ class UsageAlwaysTests(OpenAICompatTestCase):
         error = self.assertRaises(AdapterConfigError, self.adapter, base_url="http://x/v1", usage="sometimes")
         self.assertIn("usage", str(error))
 
-    def test_filter_boundaries(self):
+    @defer.inlineCallbacks
+    def test_strip_whatever_the_split(self):
         """
-        The filter cuts at event boundaries whatever the pieces it is fed,
-        with either line ending, and passes events that are not usage-only.
+        The usage-only event is taken out whatever the pieces the body
+        comes in, with either line ending; other events pass unchanged.
         """
         usage = b'data: {"choices": [], "usage": {"prompt_tokens": 1}}\r\n\r\n'
         body = b'data: {"choices": [{"delta": {}}]}\n\n' + usage + b"data: [DONE]\n\n"
         for size in (1, 3, 7, len(body)):
-            strip = UsageChunkFilter()
-            out = b"".join(strip.feed(body[i : i + size]) for i in range(0, len(body), size)) + strip.finish()
-            self.assertEqual(out, body.replace(usage, b""))
+            script = Script(headers=SSE_HEADERS, chunks=[body[i : i + size] for i in range(0, len(body), size)])
+            sink = TunnelRecorder()
+            yield self.adapter(script, usage="always").tunnel(self.request(b'{"model": "m", "stream": true}'), sink)
+            self.assertEqual(b"".join(sink.bodies), body.replace(usage, b""))
 
 
 class ObserverTests(OpenAICompatTestCase):

@@ -24,13 +24,13 @@ class VLLMTests(TestCase):
 
     def test_capabilities(self):
         """
-        vLLM is a tunnel target and answers the models command.
+        vLLM is a tunnel target and answers the models and probe commands.
         """
         adapter = VLLMAdapter("vllm", 4, {"base_url": "http://127.0.0.1:1/v1"}, reactor)
         self.assertTrue(verifyObject(IAdapter, adapter))
         self.assertEqual(adapter.type, "vllm")
         self.assertTrue(adapter.capabilities().tunnel)
-        self.assertEqual(adapter.capabilities().commands, ("models",))
+        self.assertEqual(adapter.capabilities().commands, ("models", "probe"))
         self.assertRaises(NotSupported, adapter.command, "ollama_list", {})
 
     @defer.inlineCallbacks

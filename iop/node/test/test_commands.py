@@ -48,6 +48,7 @@ class CommandTests(SynchronousTestCase):
                 "sessions": True,
                 "tunnel": True,
                 "commands": ["manual_ping", "manual_wait"],
+                "continuation": False,
                 "in_use": 1,
             },
         )

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
 from iop.protocols import messages
-from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.run import COMPLETE, DELTA, ERROR, INCOMPLETE, STALL, START, RunEventData, RunFailure, Usage
 from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, run_request, session_wire
 
 
@@ -79,6 +79,29 @@ class RunRelayTests(SynchronousTestCase):
         d.callback(None)
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["start", "complete"])
+
+    def test_incomplete_on_the_wire(self):
+        """
+        A run that broke after its start ends with an C{error} coded
+        C{incomplete}, keeping its deadline and the usage so far; it is
+        counted as the provider's failure.
+        """
+        session, edge, pump, context = ready_node()
+        edge.connection.send(run_request("r1"))
+        pump.flush()
+        run, emit, d = manual(context.host, "manual").runs[0]
+        emit(RunEventData(START))
+        emit(RunEventData(DELTA, text="par"))
+        emit(RunEventData(ERROR, usage=Usage(2, 1), error=RunFailure(INCOMPLETE, "cut", deadline=STALL)))
+        d.callback(None)
+        pump.flush()
+        terminal = events(edge)[-1]
+        self.assertEqual(
+            (terminal.type, terminal.error.code, terminal.error.deadline), ("error", "incomplete", "stall")
+        )
+        self.assertEqual(terminal.usage.output_tokens, 1)
+        labels = {"adapter": "manual", "code": "incomplete", "deadline": "stall"}
+        self.assertEqual(context.metrics.value("iop_node_provider_failures_total", labels), 1)
 
     def test_complete_synthesized(self):
         """

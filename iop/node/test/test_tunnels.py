@@ -6,9 +6,10 @@ frame, cancellation, and refusals.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.adapters.interface import NotSupported
+from iop.adapters.streams import ProviderError, ProviderStalled
 from iop.protocols import messages
 from iop.protocols.wire import TUNNEL_CHUNK_BYTES
-from iop.run import Usage
+from iop.run import FIRST_BYTE, INCOMPLETE, STALL, Usage
 from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, session_wire, tunnel_request
 
 
@@ -87,6 +88,50 @@ class TunnelTests(SynchronousTestCase):
         self.assertEqual(error.code, "adapter_error")
         self.assertIn("provider went away", error.message)
         self.flushLoggedErrors(ConnectionError)
+
+    def test_failure_before_the_body(self):
+        """
+        An adapter's failure before any body (here a missed first-byte
+        deadline) is the tunnel's only frame: an error with the failure's
+        code and deadline, which the Edge may place elsewhere.
+        """
+        request, sink, d = self.open()
+        d.errback(ProviderStalled("no first byte", deadline=FIRST_BYTE))
+        self.pump.flush()
+        self.assertEqual(kinds(self.edge), ["error"])
+        error = frames(self.edge)[-1].error
+        self.assertEqual((error.code, error.deadline), ("provider_timeout", "first_byte"))
+        labels = {"adapter": "manual", "code": "provider_timeout", "deadline": "first_byte"}
+        self.assertEqual(self.context.metrics.value("iop_node_provider_failures_total", labels), 1)
+
+    def test_incomplete_after_the_body(self):
+        """
+        An answer that broke after body frames ends with the usage seen so
+        far, then an error frame coded C{incomplete} (keeping the stall
+        deadline and the provider's status); the store records it.
+        """
+        request, sink, d = self.open()
+        sink.status(200)
+        sink.headers([("Content-Type", "text/event-stream")])
+        sink.body(b"data: {}\n\n")
+        sink.usage(Usage(3, 1))
+        d.errback(ProviderError("stalled", 200, INCOMPLETE, STALL))
+        self.pump.flush()
+        self.assertEqual(kinds(self.edge), ["status", "headers", "body", "usage", "error"])
+        error = frames(self.edge)[-1].error
+        self.assertEqual((error.code, error.deadline, error.status), ("incomplete", "stall", 200))
+        labels = {"adapter": "manual", "code": "incomplete", "deadline": "stall"}
+        self.assertEqual(self.context.metrics.value("iop_node_provider_failures_total", labels), 1)
+
+    def test_retry_after_carried(self):
+        """
+        A provider error's Retry-After reaches the Edge as retry_after_sec.
+        """
+        request, sink, d = self.open()
+        d.errback(ProviderError("busy", 503, retry_after_sec=2.5))
+        self.pump.flush()
+        error = frames(self.edge)[-1].error
+        self.assertEqual((error.code, error.status, error.retry_after_sec), ("provider_error", 503, 2.5))
 
     def test_cancel(self):
         """

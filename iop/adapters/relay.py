@@ -1,0 +1,393 @@
+"""
+The body of a provider tunnel, between the provider's response and the
+tunnel's sink: what is held, what is relayed when, and how a broken answer
+ends.
+
+The provider's bytes are relayed as they are, with three rules that make
+an answer either whole or an explicit error:
+
+  - an event stream (a 2xx C{text/event-stream}, not content-encoded) is
+    relayed event by event, each checked: an event whose data is not JSON
+    (nor C{[DONE]}) is never passed on, and ends the tunnel. Status and
+    headers wait for the first event, so that a provider that fails before
+    it (silence, a cut, a malformed first event) fails the tunnel before
+    anything reached the caller, and the Edge may place it elsewhere.
+    Comment-only events (keep-alives) before the first event with data are
+    held with them: they are not the answer;
+  - any other body (a JSON answer, an error answer) is held whole, up to
+    L{HOLD_LIMIT}, with its status and headers: it reaches the caller
+    complete or not at all (a 2xx JSON answer that does not parse was cut,
+    even if its connection seemed to end cleanly). A body larger than that
+    is relayed as it comes once the limit is passed;
+  - a failure once part of the body was relayed is C{incomplete} (the
+    usage seen so far goes to the sink first); the Node ends the tunnel
+    with an error frame after the body, and the Edge ends the caller's
+    answer explicitly.
+
+A stream is finished when it says so: C{[DONE]}, a finish reason, or a
+Responses API end event. One that ends without saying so was cut.
+"""
+
+import json
+import re
+from typing import Any, Protocol
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IResponse
+
+from iop.adapters.streams import (
+    JSON_BODY_LIMIT,
+    ProviderError,
+    Reading,
+    broken_answer,
+    response_headers,
+    status_error,
+)
+from iop.run import CONTEXT_LENGTH_EXCEEDED, ITunnelSink, Usage
+
+#: How much of a body that is not an event stream is held before it is
+#: relayed (its status and headers with it): beyond this, it is relayed as
+#: it comes and a cut can no longer be hidden from the caller.
+HOLD_LIMIT = JSON_BODY_LIMIT
+
+#: The Responses API events that end a stream.
+RESPONSE_END_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+#: An event's data line, and an event with more than one (LF line ends).
+_DATA_LINE = re.compile(rb"^data: ?([^\n]*)", re.MULTILINE)
+_MULTI_DATA = re.compile(rb"^data:[^\n]*\ndata:", re.MULTILINE)
+#: What in an event can tell more than text (see L{TunnelBody._telling}).
+_TELLING = (b'"usage"', b'"type"', b'"error"')
+_FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+def _split(block: bytes) -> list[bytes]:
+    """
+    A run of whole events, one by one (each with its blank line).
+    """
+    events = []
+    start = 0
+    while start < len(block):
+        ends = [(i, len(sep)) for sep in _SEPARATORS if (i := block.find(sep, start)) >= 0]
+        if not ends:
+            events.append(block[start:])
+            break
+        index, size = min(ends)
+        events.append(block[start : index + size])
+        start = index + size
+    return events
+
+
+#: The modes of a body (see the module docstring).
+EVENTS = "events"
+HOLD = "hold"
+PASS = "pass"
+
+
+class Observer(Protocol):
+    """
+    What watches a 2xx body for usage and metadata (the OpenAI adapter's
+    C{TunnelObserver}): fed raw bytes, or the parsed chunks of an event
+    stream, and told when the body ended.
+    """
+
+    usage: Usage | None
+    parsed_any: bool
+
+    def feed(self, data: bytes) -> None: ...
+
+    def chunk(self, chunk: dict[str, Any]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def asks_stream(body: bytes) -> bool:
+    """
+    Whether a tunnelled request body asks for a streamed answer (its
+    C{stream} is true): only such an answer has a first-byte deadline.
+    """
+    if b'"stream"' not in body or len(body) > JSON_BODY_LIMIT:
+        return False
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(payload, dict) and payload.get("stream") is True
+
+
+def failure_statuses(status: int) -> bool:
+    """
+    Whether an answer's status is the provider's failure to serve (5xx, 429).
+    """
+    return status >= 500 or status == 429
+
+
+class TunnelBody:
+    """
+    One tunnel's body on its way to C{sink}; see the module docstring.
+
+    @param observer: the L{iop.adapters.openai_compat.TunnelObserver} of a
+        2xx answer (usage and metadata), or C{None}.
+    @param strip_usage: leave out the usage-only event the caller did not
+        ask for (the C{usage: always} option).
+    @param clock: the C{IReactorTime} for an HTTP date in Retry-After.
+    @ivar relayed: whether any body byte reached the sink.
+    @ivar finished: whether the stream said it is finished.
+    """
+
+    def __init__(
+        self,
+        sink: ITunnelSink,
+        response: IResponse,
+        observer: Observer | None,
+        strip_usage: bool,
+        clock: IReactorTime,
+    ) -> None:
+        self.sink = sink
+        self.response = response
+        self.observer = observer
+        self.strip_usage = strip_usage
+        self.clock = clock
+        self.relayed = False
+        self.finished = False
+        #: An event with data came (comments alone are not the answer).
+        self.answered = False
+        #: Comment-only events before the answer, held with the status.
+        self.early = bytearray()
+        self.head_sent = False
+        self.buffer = bytearray()
+        #: How much of the buffer is known to hold no event's end (less
+        #: the length of a separator, which may be split).
+        self.searched = 0
+        if 200 <= response.code < 300 and _event_stream(response):
+            self.mode = EVENTS if _plain(response) else PASS
+        else:
+            self.mode = HOLD
+
+    def feed(self, data: bytes) -> Reading | None:
+        """
+        Body bytes from the provider. @return: for an event stream, how
+        far the answer is (L{Reading}); else C{None} (any byte is the
+        answer). @raise ProviderError: for a malformed event.
+        """
+        if self.mode == EVENTS:
+            self.buffer.extend(data)
+            self._events(self._whole_events())
+            if len(self.buffer) > JSON_BODY_LIMIT:
+                raise broken_answer(f"the provider sent an event larger than {JSON_BODY_LIMIT} bytes")
+            if self.finished:
+                return Reading.FINISHED
+            return Reading.ANSWERING if self.answered else Reading.WAITING
+        if self.observer is not None:
+            self.observer.feed(data)
+        if self.mode == HOLD:
+            self.buffer.extend(data)
+            if len(self.buffer) > HOLD_LIMIT:
+                self.mode = PASS
+                held, self.buffer = bytes(self.buffer), bytearray()
+                self._relay(held)
+            return None
+        self._relay(data)
+        return None
+
+    def _events(self, events: bytes) -> None:
+        """
+        Relay whole, checked events: once the answer began, with the
+        comments held before it.
+        """
+        if not self.answered:
+            self.early.extend(events)
+            return
+        early, self.early = bytes(self.early), bytearray()
+        self._relay(early + events)
+
+    def finish(self) -> None:
+        """
+        The body ended: relay what was held; report usage and metadata.
+
+        @raise ProviderError: for an event stream that ended without
+            saying it was finished (cut), or a malformed last event.
+        """
+        if self.mode == EVENTS:
+            rest, self.buffer = bytes(self.buffer), bytearray()
+            # Some servers omit the blank line after the last event.
+            self._events(self._checked(rest) if rest.strip() else b"")
+            if not self.finished:
+                raise broken_answer("the stream ended before the answer said it was finished")
+        elif self.mode == HOLD:
+            held, self.buffer = bytes(self.buffer), bytearray()
+            if self._json_cut(held):
+                raise broken_answer("the answer is not whole JSON (its end was lost)")
+            self._release_head(held)
+            self._relay(held)
+        self._release_head(b"")
+        if self.observer is not None:
+            self.observer.finish()
+
+    def _json_cut(self, held: bytes) -> bool:
+        """
+        Whether a held 2xx JSON answer is not whole: a body delimited by
+        the connection's end (no length, not chunked) cut short looks like
+        one that ended.
+        """
+        if not 200 <= self.response.code < 300 or not held.strip() or not _plain(self.response):
+            return False
+        content_type = b",".join(self.response.headers.getRawHeaders(b"content-type", [])).lower()
+        if b"json" not in content_type:
+            return False
+        try:
+            json.loads(held)
+        except ValueError:
+            return True
+        return False
+
+    def failed(self, error: ProviderError) -> ProviderError:
+        """
+        The answer broke (cut, stalled, malformed) with C{error}.
+
+        @return: the failure to end the tunnel with: C{error} itself when
+            nothing was relayed yet (nothing reached the caller, and the
+            status and headers were never sent), else C{incomplete}, after
+            the usage seen so far went to the sink.
+        """
+        if not self.relayed:
+            return error
+        if self.observer is not None and self.observer.usage is not None:
+            self.sink.usage(self.observer.usage)
+        return error.incomplete()
+
+    def _whole_events(self) -> bytes:
+        """
+        The whole events at the head of the buffer, checked, taken out of
+        it. The part of the buffer already searched is not searched again
+        (an event may come in many pieces).
+        """
+        ends = [i + len(sep) for sep in _SEPARATORS if (i := self.buffer.rfind(sep, self.searched)) >= 0]
+        if not ends:
+            self.searched = max(0, len(self.buffer) - 3)
+            return b""
+        cut = max(ends)
+        block = bytes(self.buffer[:cut])
+        del self.buffer[:cut]
+        self.searched = max(0, len(self.buffer) - 3)
+        return self._block(block)
+
+    def _block(self, block: bytes) -> bytes:
+        """
+        A run of whole events, checked, as it is relayed. The common case
+        (LF line ends, one data line per event, nothing to take out) is
+        checked in one JSON parse of all its events, without splitting it;
+        any other goes event by event.
+        """
+        if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block):
+            return b"".join(self._checked(event) for event in _split(block))
+        payloads = _DATA_LINE.findall(block)
+        if not payloads:
+            return block
+        self.answered = True
+        texts = [p for p in payloads if p.strip() != b"[DONE]"]
+        if len(texts) < len(payloads):
+            self.finished = True
+        try:
+            chunks = json.loads(b"[" + b",".join(texts) + b"]")
+        except ValueError:
+            chunks = None
+        if not isinstance(chunks, list) or len(chunks) != len(texts):
+            # One of them is malformed: find which (it raises).
+            return b"".join(self._checked(event) for event in _split(block))
+        if self._telling(block):
+            for chunk in chunks:
+                if isinstance(chunk, dict):
+                    self._chunk(chunk)
+        return block
+
+    def _telling(self, block: bytes) -> bool:
+        """
+        Whether a run of events may tell the observer or the end of the
+        stream anything: the first event (the model), usage, a finish
+        reason, a type (Responses API) or an error. Text deltas, the bulk
+        of a stream, say none of these.
+        """
+        if self.observer is not None and not self.observer.parsed_any:
+            return True
+        return any(word in block for word in _TELLING) or _FINISH_SET.search(block) is not None
+
+    def _checked(self, event: bytes) -> bytes:
+        """
+        One whole event as it is relayed (C{b""} for a usage-only event the
+        caller did not ask for). @raise ProviderError: if malformed.
+        """
+        data = [line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+        if not data:
+            return event
+        self.answered = True
+        text = b"\n".join(data)
+        if text.strip() == b"[DONE]":
+            self.finished = True
+            return event
+        try:
+            chunk = json.loads(text)
+        except ValueError:
+            raise broken_answer(f"the provider sent an event that is not JSON ({len(text)} bytes)") from None
+        if not isinstance(chunk, dict):
+            return event
+        self._chunk(chunk)
+        if self.strip_usage and chunk.get("choices") == [] and chunk.get("usage"):
+            return b""
+        return event
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        """
+        One parsed event: to the observer, and whether it says finished.
+        """
+        if self.observer is not None:
+            self.observer.chunk(chunk)
+        if _says_finished(chunk):
+            self.finished = True
+
+    def _relay(self, data: bytes) -> None:
+        if not data:
+            return
+        self._release_head(data)
+        self.relayed = True
+        self.sink.body(data)
+
+    def _release_head(self, body: bytes) -> None:
+        """
+        Status and headers, once: with the first body bytes, or at the end.
+        A held failure answer (5xx, 429, a context-length 400) also says
+        what failure it is, as a C{failure} metadata observation.
+        """
+        if self.head_sent:
+            return
+        self.head_sent = True
+        self.sink.status(self.response.code)
+        self.sink.headers(response_headers(self.response))
+        if self.mode == HOLD and not 200 <= self.response.code < 300:
+            error = status_error(self.response, body, self.clock)
+            if failure_statuses(error.status) or error.code == CONTEXT_LENGTH_EXCEEDED:
+                self.sink.metadata({"failure": _failure_json(error)})
+
+
+def _failure_json(error: ProviderError) -> dict[str, Any]:
+    failure: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message[:500]}
+    if error.retry_after_sec:
+        failure["retry_after_sec"] = error.retry_after_sec
+    return failure
+
+
+def _says_finished(chunk: dict[str, Any]) -> bool:
+    if chunk.get("error") or chunk.get("type") in RESPONSE_END_TYPES:
+        return True
+    return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in chunk.get("choices") or ())
+
+
+def _event_stream(response: IResponse) -> bool:
+    content_type = b",".join(response.headers.getRawHeaders(b"content-type", [])).lower()
+    return b"event-stream" in content_type
+
+
+def _plain(response: IResponse) -> bool:
+    coding = b",".join(response.headers.getRawHeaders(b"content-encoding", [])).strip().lower()
+    return coding in (b"", b"identity")

@@ -1,0 +1,63 @@
+"""
+Tests for L{iop.adapters.relay.TunnelBody}'s checks of an event stream,
+fed directly: the bulk path and the event-by-event one agree.
+"""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+
+from iop.adapters.relay import TunnelBody
+from iop.adapters.streams import ProviderError, Reading
+from iop.testing.tunnels import TunnelRecorder
+
+
+class Response:
+    code = 200
+    length = UNKNOWN_LENGTH
+
+    def __init__(self) -> None:
+        self.headers = Headers({b"content-type": [b"text/event-stream"]})
+
+
+def body() -> tuple[TunnelBody, TunnelRecorder]:
+    sink = TunnelRecorder()
+    return TunnelBody(sink, Response(), None, False, Clock()), sink  # type: ignore[arg-type]
+
+
+class EventCheckTests(SynchronousTestCase):
+    def test_not_one_json_value(self) -> None:
+        """
+        Data that parses only as part of a list (two values, a bracket) is
+        malformed, in bulk as one by one.
+        """
+        for data in (b"1, 2", b"]", b"{}, {}", b""):
+            relay, sink = body()
+            self.assertRaises(ProviderError, relay.feed, b"data: " + data + b"\n\n")
+            self.assertEqual(sink.calls, [], data)
+
+    def test_multi_line_data_and_crlf(self) -> None:
+        """
+        An event whose data spans lines, and CRLF line ends, are checked
+        event by event and relayed unchanged.
+        """
+        for stream in (
+            b'data: {"choices":\ndata: []}\n\ndata: [DONE]\n\n',
+            b'data: {"choices": []}\r\n\r\ndata: [DONE]\r\n\r\n',
+        ):
+            relay, sink = body()
+            self.assertEqual(relay.feed(stream), Reading.FINISHED)
+            relay.finish()
+            self.assertEqual(b"".join(sink.bodies), stream)
+
+    def test_comments_wait_for_the_answer(self) -> None:
+        """
+        Comments alone are held (not the answer); they go out, in order,
+        with the first event with data.
+        """
+        relay, sink = body()
+        self.assertEqual(relay.feed(b": ping\n\n: ping\n\n"), Reading.WAITING)
+        self.assertEqual(sink.calls, [])
+        self.assertEqual(relay.feed(b'data: {"choices": []}\n\n'), Reading.ANSWERING)
+        self.assertEqual(b"".join(sink.bodies), b': ping\n\n: ping\n\ndata: {"choices": []}\n\n')
