@@ -13,7 +13,11 @@ an answer either whole or an explicit error:
     it (silence, a cut, a malformed first event) fails the tunnel before
     anything reached the caller, and the Edge may place it elsewhere.
     Comment-only events (keep-alives) before the first event with data are
-    held with them: they are not the answer;
+    held with them: they are not the answer; but at most
+    L{EARLY_COMMENTS_LIMIT} of them: beyond that the head and the comments
+    go out (the tunnel can no longer fail over), so that a provider that
+    sends only keep-alives cannot make the Node hold them all, and flow
+    control pauses it like any other body;
   - any other body (a JSON answer, an error answer) is held whole, up to
     L{HOLD_LIMIT}, with its status and headers: it reaches the caller
     complete or not at all (a 2xx JSON answer that does not parse was cut,
@@ -49,6 +53,10 @@ from iop.run import CONTEXT_LENGTH_EXCEEDED, ITunnelSink, Usage
 #: relayed (its status and headers with it): beyond this, it is relayed as
 #: it comes and a cut can no longer be hidden from the caller.
 HOLD_LIMIT = JSON_BODY_LIMIT
+
+#: How many bytes of comment-only events an event stream may send before
+#: its first event with data, held with its status and headers.
+EARLY_COMMENTS_LIMIT = 64 * 1024
 
 #: The Responses API events that end a stream.
 RESPONSE_END_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -196,9 +204,11 @@ class TunnelBody:
         Relay whole, checked events: once the answer began, with the
         comments held before it.
         """
-        if not self.answered:
+        if not self.answered and not self.head_sent:
             self.early.extend(events)
-            return
+            if len(self.early) <= EARLY_COMMENTS_LIMIT:
+                return
+            events = b""
         early, self.early = bytes(self.early), bytearray()
         self._relay(early + events)
 

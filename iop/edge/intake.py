@@ -78,7 +78,6 @@ class Intake:
         self.runs = runs
         self.inflight = inflight
         self.bus = bus
-        self._clock = clock
         self.starter = Starter(placer, pool, runs, inflight, bus, drain, clock)
         self.admission = Admission(clock, self.starter.place)
         self.budgets = TokenBudgets(clock.seconds)
@@ -161,7 +160,7 @@ class Intake:
             retries=self.placer.retries(spec),
             id=spec.run_id or None,
             ticket=ticket,
-            since=self._clock.seconds(),
+            since=self.clock.seconds(),
         )
         arriving = self._arriving(spec, may_forward)
         if arriving is None:

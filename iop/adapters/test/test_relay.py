@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from iop.adapters.relay import TunnelBody
+from iop.adapters.relay import EARLY_COMMENTS_LIMIT, TunnelBody
 from iop.adapters.streams import ProviderError, Reading
 from iop.testing.tunnels import TunnelRecorder
 
@@ -61,3 +61,21 @@ class EventCheckTests(SynchronousTestCase):
         self.assertEqual(sink.calls, [])
         self.assertEqual(relay.feed(b'data: {"choices": []}\n\n'), Reading.ANSWERING)
         self.assertEqual(b"".join(sink.bodies), b': ping\n\n: ping\n\ndata: {"choices": []}\n\n')
+
+    def test_comments_held_up_to_a_bound(self) -> None:
+        """
+        A provider that sends only comments makes the Node hold at most
+        C{EARLY_COMMENTS_LIMIT} of them: beyond it the head and the
+        comments go out (and flow control then paces the provider), still
+        waiting for the answer; bytes and their order are kept.
+        """
+        relay, sink = body()
+        keepalive = b": " + b"x" * 1020 + b"\n\n"
+        fed = b""
+        while len(fed) <= EARLY_COMMENTS_LIMIT:
+            self.assertEqual(sink.bodies, [])
+            self.assertEqual(relay.feed(keepalive), Reading.WAITING)
+            fed += keepalive
+        self.assertEqual(b"".join(sink.bodies), fed)
+        self.assertEqual(relay.feed(keepalive), Reading.WAITING)
+        self.assertEqual(b"".join(sink.bodies), fed + keepalive)
