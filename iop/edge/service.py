@@ -1,15 +1,9 @@
 """
-The Edge as one service tree, and the one caller API every surface uses.
-
-L{EdgeService} is a C{MultiService} whose children are the Node port, the
-HTTP site and the optional console (L{iop.edge.listeners}); it starts the
-cluster it belongs to with them (L{iop.edge.seam}). It builds the Edge's state (the
-registry, the pool, the run book, the in-flight table) and the pieces
-that act on it: L{iop.edge.intake} (SubmitRun, cancel), L{iop.edge.starter}
-(placed work started), L{iop.edge.commands} (node commands),
-L{iop.edge.history} (past runs), L{iop.edge.drain} (stopping) and
-L{iop.edge.links} (the Nodes' side); it keeps the entry points the
-surfaces call. It knows nothing of HTTP.
+The Edge as one service tree (its children: the listeners of
+L{iop.edge.listeners}; its cluster: L{iop.edge.seam}), and the one caller
+API every surface uses. It builds the state (registry, pool, run book,
+in-flight table) and the pieces that act on it (intake, starter, commands,
+history, drain, links: docs/architecture.md). It knows nothing of HTTP.
 """
 
 from typing import Any
@@ -33,7 +27,7 @@ from iop.edge.links import NodeLinks
 from iop.edge.listeners import add_listeners
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.placement import Placer
-from iop.edge.pool import ProviderPool
+from iop.edge.pool import ProviderPool, ProviderSpec
 from iop.edge.probes import probe_provider
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunBook
@@ -43,18 +37,15 @@ from iop.edge.status import model_names, snapshot
 class EdgeService(MultiService):
     """
     @param config: a validated L{iop.edge.config.EdgeConfig}.
-    @param reactor: the reactor (listeners, timers); a C{task.Clock} or
-        C{MemoryReactorClock} in tests, where the tree is never started.
-    @param listen: build the listening children (C{False} for a bare
-        service in unit tests).
-    @param etcd: with C{cluster} configured, the L{IEtcd} to use (an
-        in-memory one in tests; by default a client of C{cluster.etcd}).
+    @param reactor: the reactor (listeners, timers); a C{task.Clock} in
+        tests, where the tree is never started.
+    @param listen: build the listening children (not in bare unit tests).
+    @param etcd: with C{cluster}, the L{IEtcd} to use (tests: in memory).
 
     @ivar cluster: the L{iop.edge.seam.ICluster} this Edge belongs to.
     @ivar submit: like the other entry points bound with it, a piece's own
         (L{Intake.submit}, L{NodeCommands.command}, L{RunHistory.get_run}...).
-    @ivar site: the HTTP L{iop.edge.http.site.EdgeSite} (with C{listen}).
-    @ivar node_port: the L{iop.edge.nodeport.NodePortFactory} (with C{listen}).
+    @ivar site: the HTTP L{EdgeSite}; C{node_port}, the L{NodePortFactory}.
     """
 
     log = Logger()
@@ -72,14 +63,8 @@ class EdgeService(MultiService):
         self.clock = reactor
         self.bus = bus if bus is not None else EventBus(reactor)
         self.registry = NodeRegistry(config.nodes, reactor)
-        self.pool = ProviderPool(
-            reactor,
-            config.providers(),
-            config.model_groups,
-            config.direct_queue_timeout_sec,
-            config.health,
-            prober=lambda spec: probe_provider(self.command, self.bus, spec),
-        )
+        groups, direct_timeout = config.model_groups, config.direct_queue_timeout_sec
+        self.pool = ProviderPool(reactor, config.providers(), groups, direct_timeout, config.health, prober=self._probe)
         log = config.run_log
         self.runs = RunBook(reactor, self.bus, self._fetch_run, log.max_bytes, log.max_age_sec, log.max_runs)
         self.inflight = Inflight(reactor, self.runs)
@@ -112,6 +97,9 @@ class EdgeService(MultiService):
     def _running(self) -> EdgeConfig:
         return self.config
 
+    def _probe(self, spec: ProviderSpec) -> "Deferred[bool | None]":
+        return probe_provider(self.command, self.bus, spec)
+
     def _fetch_run(self, run_id: str, node_id: str | None, after: int) -> "Deferred[tuple[str, dict[str, Any]]]":
         # (The run book asks the history, which is built after it.)
         return self.history.fetch_run(run_id, node_id, after)
@@ -121,8 +109,7 @@ class EdgeService(MultiService):
         self.links.close_all(reason)
 
     def _moved(self, node_id: str) -> None:
-        # Another Edge has the node now, and the runs it kept (those this
-        # Edge waits for, if any: a claim elsewhere is mostly not news).
+        # Another Edge has the node and the runs it kept (this Edge waits for some?).
         if self.inflight.detached_on(node_id):
             self.history.node_moved(node_id)
 

@@ -195,6 +195,15 @@ class LayerTests(SynchronousTestCase):
         """
         self.assertIsNone(find_cycle(import_graph()))
 
+    def test_edge_service_stays_small(self):
+        """
+        The Edge's top only wires its pieces, as the Node's does: a job
+        that grows there belongs in a module of its own (intake, starter,
+        commands, history, drain, links).
+        """
+        lines = (ROOT / "edge" / "service.py").read_text().count("\n")
+        self.assertLessEqual(lines, 150)
+
 
 class CycleFinderTests(SynchronousTestCase):
     def test_finds_a_loop(self):
