@@ -80,7 +80,13 @@ def edge_config(nodes, capacity, queue_timeout_sec=120, **extra):
                 "queue_timeout_sec": queue_timeout_sec,
             }
         ],
-        "limits": {"max_unregistered_connections": max(256, nodes + 16), "max_waiting": 100000},
+        # The callers are one process on 127.0.0.1 (as behind a load
+        # balancer): no HTTP doors per source address.
+        "limits": {
+            "max_unregistered_connections": max(256, nodes + 16),
+            "max_waiting": 100000,
+            "max_http_connections_per_address": 0,
+        },
     }
     config.update(extra)
     return config

@@ -255,7 +255,12 @@ def start(workdir, edge_config_extra=None):
             group("bench-ollama", "ollama", "fake-model"),
             group("bench-ollama-slow", "ollama", "slow-model"),
         ]
-        edge = launcher.edge({"nodes": [node_conf], "model_groups": groups, **(edge_config_extra or {})})
+        # Every caller is this one process on 127.0.0.1, as behind a load
+        # balancer: the doors per source address are off, as there.
+        limits = {"max_http_connections_per_address": 0}
+        edge = launcher.edge(
+            {"nodes": [node_conf], "model_groups": groups, "limits": limits, **(edge_config_extra or {})}
+        )
         node = launcher.node(edge.node_port, "bench-token")
         edge.wait_connected("bench-node")
     except BaseException:
