@@ -291,7 +291,7 @@ class TunnelBody:
         any other goes event by event.
         """
         if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block):
-            return b"".join(self._checked(event) for event in _split(block))
+            return self._each(block)
         payloads = _DATA_LINE.findall(block)
         if not payloads:
             return block
@@ -305,7 +305,7 @@ class TunnelBody:
             chunks = None
         if not isinstance(chunks, list) or len(chunks) != len(texts):
             # One of them is malformed: find which (it raises).
-            return b"".join(self._checked(event) for event in _split(block))
+            return self._each(block)
         if self._telling(block):
             for chunk in chunks:
                 if isinstance(chunk, dict):
@@ -322,6 +322,21 @@ class TunnelBody:
         if self.observer is not None and not self.observer.parsed_any:
             return True
         return any(word in block for word in _TELLING) or _FINISH_SET.search(block) is not None
+
+    def _each(self, block: bytes) -> bytes:
+        """
+        A run of whole events checked one by one. The events before a
+        malformed one are relayed before it raises: what reaches the caller
+        does not depend on how the provider's bytes were split into reads.
+        """
+        relayed = []
+        for event in _split(block):
+            try:
+                relayed.append(self._checked(event))
+            except ProviderError:
+                self._events(b"".join(relayed))
+                raise
+        return b"".join(relayed)
 
     def _checked(self, event: bytes) -> bytes:
         """

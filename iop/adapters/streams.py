@@ -290,10 +290,17 @@ _T = TypeVar("_T")
 
 class _BodyReader(Protocol):
     """
-    Hands each body chunk to C{on_chunk}; fires C{result} with the response
-    when the body ends. An exception from C{on_chunk} closes the connection
-    and fails C{result} once the connection is really done with, so that
+    Hands the body to C{on_chunk}; fires C{result} with the response when
+    the body ends. An exception from C{on_chunk} closes the connection and
+    fails C{result} once the connection is really done with, so that
     whoever waits on C{result} and then closes the pool finds it settled.
+
+    With C{turns} (the reactor the connection is read on), what arrives in
+    one reactor turn is handed over at once, early in the next: a provider that writes a burst of events as
+    many chunks (one chunked-encoding piece per event is the rule) is read
+    as one piece, so the adapter parses, checks and relays it in one go
+    instead of once per event. The end of the body (whole or cut) hands
+    over what is pending first; an aborted one drops it.
     """
 
     def __init__(
@@ -302,11 +309,16 @@ class _BodyReader(Protocol):
         result: "defer.Deferred[IResponse]",
         response: IResponse,
         failure: Failure | None = None,
+        turns: IReactorTime | None = None,
     ) -> None:
         self.on_chunk = on_chunk
         self.result = result
         self.response = response
         self.failure = failure
+        self.turns = turns
+        #: What arrived in this reactor turn, not yet handed over.
+        self.pending = bytearray()
+        self.delivery: IDelayedCall | None = None
 
     @property
     def body_transport(self) -> IPushProducer | None:
@@ -321,6 +333,21 @@ class _BodyReader(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.failure is not None or self.result.called:
             return
+        if self.turns is None:
+            self._hand_over(data)
+            return
+        self.pending += data
+        if self.delivery is None:
+            self.delivery = self.turns.callLater(0, self._deliver)
+
+    def _deliver(self) -> None:
+        self.delivery = None
+        data = bytes(self.pending)
+        self.pending.clear()
+        if data and self.failure is None and not self.result.called:
+            self._hand_over(data)
+
+    def _hand_over(self, data: bytes) -> None:
         try:
             self.on_chunk(data)
         except Exception:
@@ -336,6 +363,9 @@ class _BodyReader(Protocol):
             self.body_transport.stopProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self.delivery is not None:
+            self.delivery.cancel()
+            self._deliver()
         if self.result.called:
             return
         if self.failure is not None:
@@ -383,6 +413,7 @@ def read_body(
     deadlines: Deadlines | None = None,
     clock: IReactorTime | None = None,
     on_producer: Callable[[IPushProducer], object] | None = None,
+    turns: IReactorTime | None = None,
 ) -> "defer.Deferred[IResponse]":
     """
     Drive one unbuffered treq request to the end of its body.
@@ -402,6 +433,9 @@ def read_body(
     @param clock: the C{IReactorTime} for the deadlines.
     @param on_producer: called with an C{IPushProducer} of the body once
         it starts: pausing it stops reading the provider (flow control).
+    @param turns: the reactor the provider connection is read on: body
+        bytes that arrive in one of its turns reach C{on_response}'s
+        callable as one piece, in the next (C{None}: each as it comes).
     @return: a Deferred firing with the response once the body ended.
         Cancelling it at any point closes the provider connection: before
         the headers by cancelling C{request}, after them by stopping the
@@ -481,7 +515,7 @@ def read_body(
 
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
-        reader = _BodyReader(on_data, result, response, failure)
+        reader = _BodyReader(on_data, result, response, failure, turns)
         response.deliverBody(reader)
         if failure is not None:
             reader.abort()
@@ -734,7 +768,7 @@ class HTTPAdapter(AdapterBase):
         L{read_body} with this adapter's deadlines, or C{deadlines}.
         """
         deadlines = self.deadlines if deadlines is None else deadlines
-        return read_body(request, on_response, deadlines, self.clock, on_producer)
+        return read_body(request, on_response, deadlines, self.clock, on_producer, self.reactor)
 
     def fetch_json(self, method: str, path: str, payload: Any = None) -> "defer.Deferred[Any]":
         """

@@ -26,7 +26,7 @@ class FaultyTests(SynchronousTestCase):
     def run_on(self, model: str, advance: float = 0) -> list[RunEventData]:
         events: list[RunEventData] = []
         d = self.adapter.execute(RunInput("r1", model, [{"role": "user", "content": "hi"}]), events.append)
-        self.clock.advance(advance)
+        self.turn_then(advance)
         self.successResultOf(d)
         return events
 
@@ -34,8 +34,17 @@ class FaultyTests(SynchronousTestCase):
         sink = TunnelRecorder()
         body = json.dumps({"model": model, "stream": stream}).encode()
         d = self.adapter.tunnel(TunnelInput("t1", "POST", "/chat/completions", [], body), sink)
-        self.clock.advance(advance)
+        self.turn_then(advance)
         return sink, d
+
+    def turn_then(self, seconds: float) -> None:
+        """
+        One reactor turn (the clock is the adapter's reactor: what the
+        provider wrote reaches the adapter in the next turn), then
+        C{seconds} later.
+        """
+        self.clock.advance(0)
+        self.clock.advance(seconds)
 
     def test_whole_answers(self) -> None:
         """

@@ -3,10 +3,21 @@ Tests for L{iop.adapters.streams}: the incremental parsers, fed one byte at
 a time as framing tests should be, and error-body reading.
 """
 
+from typing import cast
+
+from twisted.internet import defer
+from twisted.internet.error import ConnectionLost
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
 
 from iop.adapters.interface import AdapterConfigError
-from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message
+from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message, read_body
 from iop.httpheaders import relay_headers
 
 
@@ -119,3 +130,81 @@ class HTTPAdapterConfigTests(SynchronousTestCase):
         self.assertEqual(adapter.url("/chat/completions"), "http://h/v1/chat/completions")
         adapter = HTTPAdapter("p", 1, {"base_url": "http://h", "api_key": "k", "headers": {"authorization": "x"}}, None)
         self.assertEqual(adapter.default_headers(), [("authorization", "x")])
+
+
+class _Response:
+    """
+    Just enough of an C{IResponse} for L{read_body}: the body's protocol is
+    connected to a L{StringTransport} (the body's producer).
+    """
+
+    code = 200
+
+    def __init__(self) -> None:
+        self.headers = Headers()
+        self.transport = StringTransport()
+        self.body: Protocol | None = None
+
+    def deliverBody(self, protocol: Protocol) -> None:
+        self.body = protocol
+        protocol.makeConnection(self.transport)
+
+
+class ReadBodyTurnTests(SynchronousTestCase):
+    """
+    L{read_body} with C{turns}: what arrives in one reactor turn reaches
+    the chunk callable as one piece.
+    """
+
+    def setUp(self) -> None:
+        self.turns = Clock()
+        self.response = _Response()
+        self.pieces: list[bytes] = []
+        self.result = read_body(
+            defer.succeed(cast(IResponse, self.response)), lambda r: self.pieces.append, turns=self.turns
+        )
+        assert self.response.body is not None
+        self.body = self.response.body
+
+    def test_one_piece_per_turn(self) -> None:
+        self.body.dataReceived(b"data: 1\n\n")
+        self.body.dataReceived(b"data: 2\n\n")
+        self.assertEqual(self.pieces, [])
+        self.turns.advance(0)
+        self.assertEqual(self.pieces, [b"data: 1\n\ndata: 2\n\n"])
+        self.body.dataReceived(b"data: 3\n\n")
+        self.turns.advance(0)
+        self.assertEqual(self.pieces[1:], [b"data: 3\n\n"])
+
+    def test_end_hands_over_what_is_pending(self) -> None:
+        self.body.dataReceived(b"last")
+        self.body.connectionLost(Failure(ResponseDone()))
+        self.assertEqual(self.pieces, [b"last"])
+        self.assertIs(self.successResultOf(self.result), self.response)
+        self.turns.advance(0)
+        self.assertEqual(self.pieces, [b"last"])
+
+    def test_cut_body_hands_over_what_came_first(self) -> None:
+        self.body.dataReceived(b"partial")
+        self.body.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+        self.assertEqual(self.pieces, [b"partial"])
+        self.failureResultOf(self.result, ResponseFailed)
+
+    def test_aborted_body_drops_what_is_pending(self) -> None:
+        self.body.dataReceived(b"first")
+        self.result.cancel()
+        self.assertEqual(self.response.transport.producerState, "stopped")
+        self.body.dataReceived(b"late")
+        self.body.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+        self.turns.advance(0)
+        self.assertEqual(self.pieces, [])
+        self.failureResultOf(self.result, defer.CancelledError)
+
+    def test_without_turns_each_piece_as_it_comes(self) -> None:
+        response = _Response()
+        pieces: list[bytes] = []
+        read_body(defer.succeed(cast(IResponse, response)), lambda r: pieces.append)
+        assert response.body is not None
+        response.body.dataReceived(b"a")
+        response.body.dataReceived(b"b")
+        self.assertEqual(pieces, [b"a", b"b"])

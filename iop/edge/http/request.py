@@ -30,11 +30,10 @@ class _OnSite(Protocol):
 
 class EdgeRequest(Request):
     """
-    twisted.web's request, for an API whose bodies are JSON: a POST body is
-    never parsed as an HTML form (that check parses the Content-Type as an
-    email header on every POST), and the request notes when it arrived and
-    what it did (C{notes}: model, node, provider, tokens) for the access
-    log.
+    twisted.web's request, for an API whose bodies are JSON (its site,
+    L{iop.edge.http.site.EdgeSite}, never parses a POST body as an HTML
+    form), that notes when it arrived and what it did (C{notes}: model,
+    node, provider, tokens) for the access log.
 
     @ivar path_params: the route's parameters (L{iop.edge.http.root.Router}).
     @ivar caller_key: the key the request was admitted with, or C{None}
@@ -55,8 +54,6 @@ class EdgeRequest(Request):
     @ivar traceparent: the trace context of its span, when tracing is on
         (L{iop.edge.tracing}).
     """
-
-    _parsePOSTFormSubmission = False
 
     path_params: dict[str, str]
     caller_key: KeySpec | None

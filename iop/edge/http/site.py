@@ -101,7 +101,9 @@ class EdgeSite(Site):
             applies (not on the port other Edges of a cluster forward to:
             all of an Edge's forwarded requests come from one address).
         """
-        super().__init__(resource, **kwargs)
+        # A POST body is the API's JSON: twisted.web's HTML form parsing
+        # would read its Content-Type as an email header every time.
+        super().__init__(resource, parsePOSTFormSubmission=False, **kwargs)
         self.access_log = access_log
         self.displayTracebacks = False
         self.limits = limits if limits is not None else Limits()

@@ -30,6 +30,7 @@ class Recording(Resource):
 
     def render_POST(self, request):
         self.bodies.append(request.content.read())
+        self.args = request.args
         return b"ok"
 
     def render_GET(self, request):
@@ -52,6 +53,17 @@ class HTTPLimitsTests(SynchronousTestCase):
 
     def post(self, body, extra=b""):
         return b"POST /x HTTP/1.1\r\nHost: e\r\nContent-Length: %d\r\n%s\r\n" % (len(body), extra) + body
+
+    def test_body_never_parsed_as_a_form(self):
+        """
+        A POST body is the API's JSON, never an HTML form: twisted.web's
+        form parsing (which reads the Content-Type as an email header on
+        every POST) is off.
+        """
+        protocol, transport = self.connect()
+        protocol.dataReceived(self.post(b"a=1", b"Content-Type: application/x-www-form-urlencoded\r\n"))
+        self.assertEqual(self.resource.bodies, [b"a=1"])
+        self.assertEqual(self.resource.args, {})
 
     def test_slowloris(self):
         """
