@@ -3,7 +3,8 @@ The built-in C{echo} back end: streams the last user message back.
 
 It makes a fresh install work with no model at all, and gives tests a back
 end whose output is known exactly: the concatenated deltas equal the input,
-one delta per word with its trailing whitespace.
+one delta per word with its trailing whitespace (emitted in one turn
+without C{delay_ms}, they reach the wire as one: L{iop.node.joined}).
 """
 
 import re

@@ -21,6 +21,7 @@ from iop.adapters.interface import RunInput
 from iop.node.flow import Message, SendWindow
 from iop.node.gate import Slot
 from iop.node.host import AdapterHost, Hosted
+from iop.node.joined import JoinedDeltas
 from iop.node.metrics import NodeMetrics
 from iop.node.stats import UsageBook
 from iop.node.store import Store
@@ -141,6 +142,7 @@ class RunRelay(Work):
         self.usage: Usage | None = None
         self.terminal: str | None = None
         self.on_end: Callable[[RunRelay], object] | None = None
+        self._joined = JoinedDeltas(self._send, manager.host.reactor)
 
     @property
     def background(self) -> bool:
@@ -220,7 +222,7 @@ class RunRelay(Work):
         if event.type in TERMINAL_TYPES:
             self._finish(event)
         else:
-            self._send(event)
+            self._joined(event)
 
     def _ended(self, result: object) -> None:
         if not self.finished:
@@ -240,6 +242,8 @@ class RunRelay(Work):
         self._finish(RunEventData(ERROR, usage=self.usage, error=RunFailure(ADAPTER_ERROR, _failure_text(failure))))
 
     def _finish(self, event: RunEventData) -> None:
+        # The text of this turn goes out before the terminal.
+        self._joined.flush()
         self.end(self._send_terminal, event)
 
     def _send_terminal(self, event: RunEventData) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
@@ -18,9 +18,9 @@ from twisted.test import iosim
 from twisted.test.iosim import connectedServerAndClient
 from zope.interface import implementer
 
-from iop.adapters.base import AdapterBase
+from iop.adapters.base import AdapterBase, register_output
 from iop.adapters.echo import EchoAdapter
-from iop.adapters.interface import Capabilities, IAdapter, NotSupported, Progress, RunInput, TunnelInput
+from iop.adapters.interface import Capabilities, Emit, IAdapter, NotSupported, Progress, RunInput, TunnelInput
 from iop.node.context import NodeContext
 from iop.node.flow import Message
 from iop.node.host import AdapterHost, Hosted
@@ -31,6 +31,27 @@ from iop.protocols.wire import WIRE_VERSION, IWireReceiver, WireProtocol
 from iop.run import ITunnelSink, RunEventData, Usage
 
 TOKEN = "secret-node-token"
+
+
+class TurnByTurn:
+    """
+    A run's C{emit} as a test fires it by hand: each event is one the
+    provider sent in its own reactor turn, so on a L{Clock} a turn passes
+    after it (the Node joins the text deltas of one turn,
+    L{iop.node.joined}).
+    """
+
+    def __init__(self, emit: Emit, reactor: IReactorTime) -> None:
+        self._emit = emit
+        self._advance = getattr(reactor, "advance", None)
+
+    def __call__(self, event: RunEventData) -> None:
+        self._emit(event)
+        if self._advance is not None:
+            self._advance(0)
+
+    def register_producer(self, producer: IPushProducer) -> None:
+        register_output(self._emit, producer)
 
 
 @implementer(IAdapter)
@@ -74,9 +95,9 @@ class ManualAdapter(AdapterBase):
     def _deferred(self, ident: str) -> Deferred[Any]:
         return defer.Deferred(lambda d: self.cancelled.append(ident))
 
-    def execute(self, run: RunInput, emit: Callable[[RunEventData], None]) -> Deferred[None]:
+    def execute(self, run: RunInput, emit: Emit) -> Deferred[None]:
         d = self._deferred(run.run_id)
-        self.runs.append((run, emit, d))
+        self.runs.append((run, TurnByTurn(emit, self.reactor), d))
         return d
 
     def tunnel(self, request: TunnelInput, sink: ITunnelSink) -> Deferred[None]:

@@ -1,0 +1,83 @@
+"""
+Text deltas joined per reactor turn, on their way from an adapter to the
+wire.
+
+A provider that writes a burst of events (a model server catching up, a
+fast back end, a long answer read 64 KiB at a time) gets them read in one
+piece (L{iop.adapters.streams.read_body}), and its adapter emits one
+C{delta} per event, all in the same turn. Sent as they are, each costs a
+frame, a store row and a pass through the Edge's dispatch, to end up in
+the caller's socket in the same write. L{JoinedDeltas} sends the text of
+consecutive deltas of one kind emitted in one turn as one delta, early in
+the next turn: the text, its order and everything else are the same, no
+delta waits for more than the rest of its turn, and a stream whose events
+come one per turn (a paced model) is sent event by event as before.
+"""
+
+from collections.abc import Callable
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from iop.run import DELTA, REASONING_DELTA, RunEventData
+
+
+def joinable(event: RunEventData) -> bool:
+    """
+    Whether C{event} is text alone (a C{delta} or C{reasoning_delta} with
+    nothing else on it), which may be joined with its neighbours.
+    """
+    return (
+        event.type in (DELTA, REASONING_DELTA)
+        and bool(event.text)
+        and event.usage is None
+        and event.error is None
+        and event.finish_reason is None
+        and event.tool_call is None
+    )
+
+
+class JoinedDeltas:
+    """
+    Holds the text deltas of this turn for C{send}, in order.
+
+    @param send: sends one event on.
+    @param turns: the reactor whose turns bound a join.
+    """
+
+    def __init__(self, send: Callable[[RunEventData], None], turns: IReactorTime) -> None:
+        self._send = send
+        self._turns = turns
+        self._kind: str | None = None
+        self._texts: list[str] = []
+        self._flush: IDelayedCall | None = None
+
+    def __call__(self, event: RunEventData) -> None:
+        """
+        Send C{event}: a text delta is held until the end of the turn (or
+        the next event that is not of its kind); anything else goes out at
+        once, after what was held.
+        """
+        if not joinable(event):
+            self.flush()
+            self._send(event)
+            return
+        if self._kind != event.type:
+            self.flush()
+            self._kind = event.type
+        self._texts.append(event.text)
+        if self._flush is None:
+            self._flush = self._turns.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """
+        Send what is held now, as one delta.
+        """
+        if self._flush is not None:
+            if self._flush.active():
+                self._flush.cancel()
+            self._flush = None
+        if self._kind is None:
+            return
+        kind, texts = self._kind, self._texts
+        self._kind, self._texts = None, []
+        self._send(RunEventData(kind, text="".join(texts)))
