@@ -1,8 +1,9 @@
 """
 The Node's local record of its work in SQLite: every run and tunnel (what
 ran, where, when, how it ended, what it cost) and every event of every
-run, so that the Edge can read a run back after it left the Edge's memory
-(the C{run_get} and C{run_list} node commands, docs/node.md "Run store").
+run (those of a run written in one batch as one row), so that the Edge
+can read a run back after it left the Edge's memory (the C{run_get} and
+C{run_list} node commands, docs/node.md "Run store").
 
 SQLite wants one connection on one thread, so the store owns a
 one-connection C{adbapi} pool, started and closed with the service. The
@@ -32,7 +33,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -56,9 +57,29 @@ Record = dict[str, Any]
 #: One queued statement: C{(sql, params, what)}.
 _Statement = tuple[str, tuple[Any, ...], str]
 
+
+@dataclass(slots=True)
+class _Events:
+    """
+    The events of one run queued in one batch, as C{(seq, event)} in the
+    order they were recorded: written as one row of C{event_batches}, at
+    the place in the batch where the first of them was queued. The events
+    are kept as they are (an event is a value, never changed once
+    emitted), so that recording one is an append and the pool's thread
+    does the encoding.
+    """
+
+    run_id: str
+    events: list[tuple[int, RunEventData]] = field(default_factory=list)
+
+
+#: What a batch holds, in the order it was queued.
+_Queued = _Statement | _Events
+
 #: How long a write may wait in memory before its batch goes to the database.
 FLUSH_INTERVAL_SEC = 0.2
-#: A batch this large is written at once.
+#: A batch this large is written at once (statements and events, counted
+#: one each).
 BATCH_MAX = 1000
 #: How often old rows are pruned (and once at start).
 PRUNE_INTERVAL_SEC = 600.0
@@ -95,6 +116,17 @@ _SCHEMA = (
         PRIMARY KEY (run_id, seq)
     ) WITHOUT ROWID
     """,
+    # Each row: the events of one run written in one batch, as a JSON
+    # array (L{_encoded}). Its rowid is the order of writing, by which a
+    # seq written again reads as its latest write.
+    """
+    CREATE TABLE IF NOT EXISTS event_batches (
+        run_id TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL,
+        events TEXT NOT NULL
+    )
+    """,
 )
 
 #: Columns added after the first release, with their definitions: an older
@@ -111,6 +143,7 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS runs_started ON runs (started_at)",
     "CREATE INDEX IF NOT EXISTS runs_status ON runs (status)",
     "CREATE INDEX IF NOT EXISTS runs_caller ON runs (caller, started_at)",
+    "CREATE INDEX IF NOT EXISTS event_batches_run ON event_batches (run_id)",
 )
 
 _COLUMNS = (
@@ -222,7 +255,11 @@ class RunStore(Service):
         self.pool: adbapi.ConnectionPool | None = None
         self.restarted: int | None = None
         self._ready: Deferred[None] | None = None
-        self._pending: list[_Statement] = []
+        self._pending: list[_Queued] = []
+        #: The runs with events in the pending batch, by id.
+        self._events: dict[str, _Events] = {}
+        #: How many statements and events are pending.
+        self._count = 0
         self._waiters: list[Deferred[None]] = []
         self._timer: IDelayedCall | None = None
         self._pruner: LoopingCall | None = None
@@ -330,22 +367,19 @@ class RunStore(Service):
     def record_event(self, run_id: str, seq: int, event: RunEventData) -> None:
         """
         Record one event of a run (a L{iop.run.RunEventData}) under its
-        wire C{seq}. Called for every event, so it allocates nothing to
-        wait on.
+        wire C{seq}. Called for every event, so it only appends the event
+        to its run's part of the batch: the events of a run queued in one
+        batch are encoded and written as one row, in the pool's thread.
         """
-        error = tool_call = None
-        if event.error is not None:
-            error = _json({"code": event.error.code, "message": event.error.message, "status": event.error.status})
-        if event.tool_call is not None:
-            call = event.tool_call
-            tool_call = _json({"id": call.id, "name": call.name, "arguments": call.arguments})
-        self._queue(
-            "INSERT OR REPLACE INTO events (run_id, seq, type, text, usage, error, finish_reason, tool_call)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, seq, event.type, event.text or "", _usage(event.usage), error, event.finish_reason, tool_call),
-            "recording an event of run " + run_id,
-            None,
-        )
+        if self.pool is None:
+            self.log.warn("run store not running; not recording an event of run {run_id}", run_id=run_id)
+            return
+        queued = self._events.get(run_id)
+        if queued is None:
+            queued = self._events[run_id] = _Events(run_id)
+            self._pending.append(queued)
+        queued.events.append((seq, event))
+        self._added()
 
     def record_end(
         self,
@@ -432,11 +466,19 @@ class RunStore(Service):
         self._pending.append((sql, params, what))
         if waiter is not None:
             self._waiters.append(waiter)
-        if len(self._pending) >= self.batch_max:
+        self._added()
+        return True
+
+    def _added(self) -> None:
+        """
+        One more statement or event is pending: write the batch once it
+        holds L{batch_max}, else within the interval.
+        """
+        self._count += 1
+        if self._count >= self.batch_max:
             self.flush()
         elif self._timer is None:
             self._timer = self.reactor.callLater(self.flush_interval, self.flush)
-        return True
 
     def flush(self) -> Deferred[None]:
         """
@@ -451,13 +493,15 @@ class RunStore(Service):
         if self.pool is None:
             return defer.succeed(None)
         batch, self._pending = self._pending, []
+        count, self._count = self._count, 0
+        self._events = {}
         waiters, self._waiters = self._waiters, []
         d: Deferred[Any]
         if not batch:
             d = self.pool.runInteraction(lambda txn: None)
         else:
             d = self.pool.runInteraction(self._write_batch, batch)
-            d.addCallbacks(self._written, self._failed, errbackArgs=(f"writing {len(batch)} record(s)", len(batch)))
+            d.addCallbacks(self._written, self._failed, errbackArgs=(f"writing {count} record(s)", count))
 
         def settle(result: object) -> object:
             for waiter in waiters:
@@ -466,13 +510,15 @@ class RunStore(Service):
 
         return d.addBoth(settle)
 
-    def _write_batch(self, txn: adbapi.Transaction, batch: list[_Statement]) -> tuple[int, list[tuple[Failure, str]]]:
+    def _write_batch(self, txn: adbapi.Transaction, batch: list[_Queued]) -> tuple[int, list[tuple[Failure, str, int]]]:
         """
         In the pool's thread: check that the path still names the file
-        opened at start, then every statement of the batch; one that fails
-        is reported, the others still commit.
+        opened at start, then every statement of the batch, in order, and
+        each run's events as one row; one that fails is reported, the
+        others still commit.
 
-        @return: C{(written, [(failure, what)])}.
+        @return: C{(written, [(failure, what, count)])}, counting
+            statements and events.
         """
         if self._identity is not None and self._file is not None:
             try:
@@ -481,18 +527,27 @@ class RunStore(Service):
                 raise StoreGone(f"the database file {self._file} was deleted") from None
             if (st.st_dev, st.st_ino) != self._identity:
                 raise StoreGone(f"the database file {self._file} was replaced")
-        failures: list[tuple[Failure, str]] = []
-        for sql, params, what in batch:
+        written = 0
+        failures: list[tuple[Failure, str, int]] = []
+        for queued in batch:
+            count = 1
             try:
-                txn.execute(sql, params)
+                if isinstance(queued, _Events):
+                    count = len(queued.events)
+                    what = f"recording {count} event(s) of run {queued.run_id}"
+                    txn.execute(_EVENT_BATCH, _event_batch(queued))
+                else:
+                    sql, params, what = queued
+                    txn.execute(sql, params)
+                written += count
             except Exception:
-                failures.append((Failure(), what))
-        return len(batch) - len(failures), failures
+                failures.append((Failure(), what, count))
+        return written, failures
 
-    def _written(self, outcome: tuple[int, list[tuple[Failure, str]]]) -> None:
+    def _written(self, outcome: tuple[int, list[tuple[Failure, str, int]]]) -> None:
         written, failures = outcome
-        for failure, what in failures:
-            self._failed(failure, what)
+        for failure, what, count in failures:
+            self._failed(failure, what, count)
         if written:
             self._succeeded(None)
 
@@ -597,6 +652,10 @@ def _row(row: tuple[Any, ...]) -> Record:
 
 
 def _event(row: tuple[Any, ...]) -> dict[str, Any]:
+    """
+    A row of the C{events} table (written by older versions, one per
+    event) as L{RunStore.get} gives it.
+    """
     seq, kind, text, usage, error, finish_reason, tool_call = row
     event: dict[str, Any] = {"seq": seq, "type": kind}
     if text:
@@ -613,6 +672,60 @@ def _event(row: tuple[Any, ...]) -> dict[str, Any]:
             error.pop("status", None)
         event["error"] = error
     return event
+
+
+_EVENT_BATCH = "INSERT INTO event_batches (run_id, first_seq, last_seq, events) VALUES (?, ?, ?, ?)"
+
+
+def _encoded(seq: int, event: RunEventData) -> list[Any]:
+    """
+    One event in an C{event_batches} row: C{[seq, type]}, then its text,
+    then an object of whatever else is set (C{tool_call},
+    C{finish_reason}, C{usage}, C{error}, an error's C{status} only when
+    it has one). Positional, so that a delta costs little more than its
+    text: the keys of every event would make the rows larger than the
+    old per-event rows.
+    """
+    rest: dict[str, Any] = {}
+    if event.tool_call is not None:
+        call = event.tool_call
+        rest["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if event.finish_reason:
+        rest["finish_reason"] = event.finish_reason
+    if event.usage is not None:
+        rest["usage"] = usage_to_json(event.usage)
+    if event.error is not None:
+        error = event.error
+        rest["error"] = {"code": error.code, "message": error.message}
+        if error.status:
+            rest["error"]["status"] = error.status
+    if rest:
+        return [seq, event.type, event.text, rest]
+    return [seq, event.type, event.text] if event.text else [seq, event.type]
+
+
+def _decoded(encoded: list[Any]) -> dict[str, Any]:
+    """
+    An event of an C{event_batches} row (L{_encoded}) as L{RunStore.get}
+    gives it, like L{_event} an old row.
+    """
+    event: dict[str, Any] = {"seq": encoded[0], "type": encoded[1]}
+    if len(encoded) > 2 and encoded[2]:
+        event["text"] = encoded[2]
+    if len(encoded) > 3:
+        event.update(encoded[3])
+    return event
+
+
+def _event_batch(queued: _Events) -> tuple[str, int, int, str]:
+    """
+    The C{event_batches} row of one run's events in one batch.
+    """
+    seqs = [seq for seq, _ in queued.events]
+    # ASCII (the default): a stray surrogate in a text is escaped, where
+    # as UTF-8 it would fail the whole row.
+    encoded = json.dumps([_encoded(seq, event) for seq, event in queued.events], separators=(",", ":"))
+    return queued.run_id, min(seqs), max(seqs), encoded
 
 
 def stored_event(payload: dict[str, Any]) -> RunEventData:
@@ -639,14 +752,21 @@ def _get(txn: adbapi.Transaction, run_id: str, after: int) -> dict[str, Any] | N
     if row is None:
         return None
     run = _row(row)
-    txn.execute("SELECT text FROM events WHERE run_id = ? AND type = 'delta' ORDER BY seq", (run_id,))
-    run["output"] = "".join(text for (text,) in txn.fetchall())
+    # By seq, the latest write winning: the rows of older versions first,
+    # then the batches in the order they were written.
+    by_seq: dict[int, dict[str, Any]] = {}
     txn.execute(
-        "SELECT seq, type, text, usage, error, finish_reason, tool_call FROM events WHERE run_id = ? AND seq > ?"
-        " ORDER BY seq",
-        (run_id, after),
+        "SELECT seq, type, text, usage, error, finish_reason, tool_call FROM events WHERE run_id = ?", (run_id,)
     )
-    return {"run": run, "events": [_event(r) for r in txn.fetchall()]}
+    for old in txn.fetchall():
+        by_seq[old[0]] = _event(old)
+    txn.execute("SELECT events FROM event_batches WHERE run_id = ? ORDER BY rowid", (run_id,))
+    for (batch,) in txn.fetchall():
+        for encoded in json.loads(batch):
+            by_seq[encoded[0]] = _decoded(encoded)
+    events = [by_seq[seq] for seq in sorted(by_seq)]
+    run["output"] = "".join(event.get("text", "") for event in events if event["type"] == "delta")
+    return {"run": run, "events": [event for event in events if event["seq"] > after]}
 
 
 def _list(
@@ -688,6 +808,7 @@ def _prune(txn: adbapi.Transaction, cutoff: float | None, max_rows: int | None) 
         chunk = doomed[i : i + PRUNE_CHUNK]
         marks = ", ".join("?" * len(chunk))
         txn.execute(f"DELETE FROM events WHERE run_id IN ({marks})", chunk)
+        txn.execute(f"DELETE FROM event_batches WHERE run_id IN ({marks})", chunk)
         txn.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", chunk)
     return len(doomed)
 

@@ -448,7 +448,8 @@ class RecordingStore(Service):
         row = self.rows.get(run_id)
         if row is None:
             return defer.succeed(None)
-        events = sorted(self.events.get(run_id, []), key=lambda pair: pair[0])
+        # By seq, a seq recorded again reading as its latest (as the RunStore).
+        events = sorted(dict(self.events.get(run_id, [])).items(), key=lambda pair: pair[0])
         run = dict(row, output="".join(e.text for _, e in events if e.type == "delta"))
         return defer.succeed({"run": run, "events": [_event_json(seq, e) for seq, e in events if seq > after]})
 

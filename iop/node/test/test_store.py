@@ -3,14 +3,27 @@ The SQLite run store, on a real database file. The adbapi pool runs its
 one connection in a thread, so these tests wait on the reactor.
 """
 
+import os
 import sqlite3
 
 from twisted.internet import defer, reactor
+from twisted.logger import capturedLogs
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import TestCase
 
-from iop.node.store import Retention, RunStore
-from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.node.store import Retention, RunStore, stored_event
+from iop.run import (
+    COMPLETE,
+    DELTA,
+    ERROR,
+    REASONING_DELTA,
+    START,
+    TOOL_CALL,
+    RunEventData,
+    RunFailure,
+    ToolCall,
+    Usage,
+)
 
 
 class Ticks:
@@ -183,6 +196,120 @@ class RunStoreTests(TestCase):
         self.assertEqual(len(interactions), 2)  # the batch, then the read
 
     @defer.inlineCallbacks
+    def test_one_row_per_run_per_batch(self):
+        """
+        The events of one run queued in one batch are one row of
+        event_batches, whatever else the batch holds; the next batch adds
+        one more. Every kind of event reads back as it was recorded.
+        """
+        store = self.make_store(self.path(), flush_interval=60)
+        for run_id in ("r1", "r2"):
+            store.record_start(run_id, "echo")
+        for seq in range(1, 4):
+            for run_id in ("r1", "r2"):
+                store.record_event(run_id, seq, RunEventData(DELTA, text=f"{run_id}.{seq} "))
+        store.record_end("r2", COMPLETE)
+        yield store.flush()
+        call = ToolCall("call-1", "lookup", '{"q": "ß"}')
+        store.record_event("r1", 4, RunEventData(TOOL_CALL, tool_call=call))
+        store.record_event("r1", 5, RunEventData(REASONING_DELTA, text="hmm"))
+        failure = RunFailure("provider_error", "slow down", 429)
+        store.record_event("r1", 6, RunEventData(ERROR, usage=Usage(1, 2), error=failure, finish_reason="stop"))
+        yield store.flush()
+        rows = yield store.pool.runQuery("SELECT run_id, first_seq, last_seq FROM event_batches ORDER BY rowid")
+        self.assertEqual(rows, [("r1", 1, 3), ("r2", 1, 3), ("r1", 4, 6)])
+        got = yield store.get("r1", after=2)
+        self.assertEqual(got["run"]["output"], "r1.1 r1.2 r1.3 ")
+        self.assertEqual(
+            got["events"],
+            [
+                {"seq": 3, "type": "delta", "text": "r1.3 "},
+                {
+                    "seq": 4,
+                    "type": "tool_call",
+                    "tool_call": {"id": "call-1", "name": "lookup", "arguments": '{"q": "ß"}'},
+                },
+                {"seq": 5, "type": "reasoning_delta", "text": "hmm"},
+                {
+                    "seq": 6,
+                    "type": "error",
+                    "finish_reason": "stop",
+                    "usage": {"input_tokens": 1, "output_tokens": 2},
+                    "error": {"code": "provider_error", "message": "slow down", "status": 429},
+                },
+            ],
+        )
+        self.assertEqual(stored_event(got["events"][1]), RunEventData(TOOL_CALL, tool_call=call))
+        self.assertEqual((yield store.get("r2"))["run"]["status"], COMPLETE)
+
+    @defer.inlineCallbacks
+    def test_older_event_rows(self):
+        """
+        Events an older Node wrote one row each (table events) read back
+        with those written since, in seq order, in the output too; a seq
+        written more than once reads as its latest write.
+        """
+        path = self.path()
+        first = self.make_store(path)
+        yield first.record_start("r1", "echo")
+        yield first.stopService()
+        with sqlite3.connect(path) as db:
+            db.executemany(
+                "INSERT INTO events (run_id, seq, type, text, usage, error, finish_reason, tool_call)"
+                " VALUES ('r1', ?, ?, ?, NULL, NULL, NULL, NULL)",
+                [(1, "start", ""), (2, "delta", "old-2 "), (3, "delta", "old-3 "), (5, "delta", "old-5 ")],
+            )
+        store = self.make_store(path)
+        store.record_event("r1", 4, RunEventData(DELTA, text="new-4 "))
+        store.record_event("r1", 3, RunEventData(DELTA, text="new-3 "))
+        yield store.flush()
+        store.record_event("r1", 6, RunEventData(DELTA, text="new-6 "))
+        store.record_event("r1", 4, RunEventData(DELTA, text="newer-4 "))
+        got = yield store.get("r1")
+        self.assertEqual(got["run"]["output"], "old-2 new-3 newer-4 old-5 new-6 ")
+        self.assertEqual([e["seq"] for e in got["events"]], [1, 2, 3, 4, 5, 6])
+        self.assertEqual(got["events"][0], {"seq": 1, "type": "start"})
+        rest = yield store.get("r1", after=4)
+        self.assertEqual([e["text"] for e in rest["events"]], ["old-5 ", "new-6 "])
+
+    @defer.inlineCallbacks
+    def test_prune_both_tables(self):
+        """
+        A pruned run's events go from both tables: the rows of an older
+        Node and the batches.
+        """
+        path = self.path()
+        store = self.make_store(path, retention=Retention(max_age_days=None, max_rows=1))
+        for run_id in ("a", "b"):
+            store.record_start(run_id, "echo")
+            store.record_event(run_id, 2, RunEventData(DELTA, text="x"))
+            store.record_end(run_id, "complete")
+        yield store.flush()
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "INSERT INTO events (run_id, seq, type, text) VALUES ('a', 1, 'start', ''), ('b', 1, 'start', '')"
+            )
+        self.assertEqual((yield store.prune()), 1)
+        for table in ("events", "event_batches"):
+            rows = yield store.pool.runQuery(f"SELECT DISTINCT run_id FROM {table}")
+            self.assertEqual(rows, [("b",)])
+
+    @defer.inlineCallbacks
+    def test_batch_size_counts_events(self):
+        """
+        Events count toward the batch's size limit one each, though a
+        run's are one row.
+        """
+        store = self.make_store(self.path(), flush_interval=60, batch_max=10)
+        yield store._ready
+        for seq in range(1, 11):
+            store.record_event("r1", seq, RunEventData(DELTA, text="x"))
+        self.assertEqual(store._pending, [])
+        yield store.flush()
+        rows = yield store.pool.runQuery("SELECT COUNT(*) FROM event_batches")
+        self.assertEqual(rows, [(1,)])
+
+    @defer.inlineCallbacks
     def test_batch_size_flushes(self):
         """
         A batch that reaches its size limit is written without waiting for
@@ -266,7 +393,7 @@ class RunStoreTests(TestCase):
         self.assertEqual(sorted(r["run_id"] for r in (yield store.recent())), ["c", "running"])
         self.assertEqual((yield store.get("a")), None)
         yield store.pool.runQuery("SELECT 1")
-        rows = yield store.pool.runQuery("SELECT DISTINCT run_id FROM events")
+        rows = yield store.pool.runQuery("SELECT DISTINCT run_id FROM event_batches")
         self.assertEqual(rows, [("c",)])
 
     @defer.inlineCallbacks
@@ -298,3 +425,43 @@ class RunStoreTests(TestCase):
         yield store.record_start("r2", "echo")
         self.assertEqual(len(self.flushLoggedErrors(sqlite3.IntegrityError)), 1)
         self.assertEqual(sorted(r["run_id"] for r in (yield store.recent())), ["r1", "r2"])
+
+    @defer.inlineCallbacks
+    def test_event_write_failure_logged(self):
+        """
+        A run's events that cannot be written are reported like a failing
+        statement, counted one failed write each; the other runs' events
+        and the rest of the batch are written.
+        """
+        store = self.make_store(self.path())
+        store.record_start("r1", "echo")
+        store.record_event("r1", 1, RunEventData(START))
+        store.record_event(None, 1, RunEventData(START))  # NOT NULL violation
+        store.record_event(None, 2, RunEventData(DELTA, text="x"))
+        store.record_event("r1", 2, RunEventData(DELTA, text="y"))
+        with capturedLogs() as logged:
+            yield store.record_end("r1", COMPLETE)
+        self.assertEqual(len(self.flushLoggedErrors(sqlite3.IntegrityError)), 1)
+        [failed] = [e for e in logged if "RUN STORE FAILED" in e["log_format"]]
+        self.assertEqual(failed["what"], "recording 2 event(s) of run None")
+        self.assertEqual(store.health()["failed_writes"], 2)
+        got = yield store.get("r1")
+        self.assertEqual((got["run"]["status"], got["run"]["output"]), (COMPLETE, "y"))
+
+    @defer.inlineCallbacks
+    def test_failing_batch_counts_events(self):
+        """
+        A batch that cannot be written at all (its file was deleted) is
+        reported as one failure of all its records, each event one.
+        """
+        path = self.path()
+        store = self.make_store(path)
+        yield store.record_start("r1", "echo")
+        os.unlink(path)
+        for seq in range(1, 4):
+            store.record_event("r1", seq, RunEventData(DELTA, text="x"))
+        yield store.record_end("r1", COMPLETE)
+        self.flushLoggedErrors()
+        health = store.health()
+        self.assertEqual(health["failed_writes"], 4)
+        self.assertIn("writing 4 record(s): the database file", health["error"])
