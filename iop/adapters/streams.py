@@ -64,6 +64,7 @@ from iop.run import (
     RunFailure,
     Usage,
 )
+from iop.turns import EndOfTurn
 
 #: How much of an error response body is kept for the error message.
 ERROR_BODY_LIMIT = 64 * 1024
@@ -295,8 +296,8 @@ class _BodyReader(Protocol):
     fails C{result} once the connection is really done with, so that
     whoever waits on C{result} and then closes the pool finds it settled.
 
-    With C{turns} (the reactor the connection is read on), what arrives in
-    one reactor turn is handed over at once, early in the next: a provider that writes a burst of events as
+    With C{turns} (of the reactor the connection is read on), what arrives
+    in one reactor turn is handed over at once, early in the next: a provider that writes a burst of events as
     many chunks (one chunked-encoding piece per event is the rule) is read
     as one piece, so the adapter parses, checks and relays it in one go
     instead of once per event. The end of the body (whole or cut) hands
@@ -309,7 +310,7 @@ class _BodyReader(Protocol):
         result: "defer.Deferred[IResponse]",
         response: IResponse,
         failure: Failure | None = None,
-        turns: IReactorTime | None = None,
+        turns: EndOfTurn | None = None,
     ) -> None:
         self.on_chunk = on_chunk
         self.result = result
@@ -318,7 +319,6 @@ class _BodyReader(Protocol):
         self.turns = turns
         #: What arrived in this reactor turn, not yet handed over.
         self.pending = bytearray()
-        self.delivery: IDelayedCall | None = None
 
     @property
     def body_transport(self) -> IPushProducer | None:
@@ -336,12 +336,13 @@ class _BodyReader(Protocol):
         if self.turns is None:
             self._hand_over(data)
             return
+        if not self.pending:
+            self.turns.at_end(self._deliver)
         self.pending += data
-        if self.delivery is None:
-            self.delivery = self.turns.callLater(0, self._deliver)
 
     def _deliver(self) -> None:
-        self.delivery = None
+        # (Once at the end of the turn, and at the end of the body: the
+        # second finds nothing pending.)
         data = bytes(self.pending)
         self.pending.clear()
         if data and self.failure is None and not self.result.called:
@@ -363,9 +364,7 @@ class _BodyReader(Protocol):
             self.body_transport.stopProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self.delivery is not None:
-            self.delivery.cancel()
-            self._deliver()
+        self._deliver()
         if self.result.called:
             return
         if self.failure is not None:
@@ -413,7 +412,7 @@ def read_body(
     deadlines: Deadlines | None = None,
     clock: IReactorTime | None = None,
     on_producer: Callable[[IPushProducer], object] | None = None,
-    turns: IReactorTime | None = None,
+    turns: EndOfTurn | None = None,
 ) -> "defer.Deferred[IResponse]":
     """
     Drive one unbuffered treq request to the end of its body.
@@ -433,9 +432,10 @@ def read_body(
     @param clock: the C{IReactorTime} for the deadlines.
     @param on_producer: called with an C{IPushProducer} of the body once
         it starts: pausing it stops reading the provider (flow control).
-    @param turns: the reactor the provider connection is read on: body
-        bytes that arrive in one of its turns reach C{on_response}'s
-        callable as one piece, in the next (C{None}: each as it comes).
+    @param turns: the L{EndOfTurn} of the reactor the provider connection
+        is read on: body bytes that arrive in one of its turns reach
+        C{on_response}'s callable as one piece, in the next (C{None}: each
+        as it comes).
     @return: a Deferred firing with the response once the body ended.
         Cancelling it at any point closes the provider connection: before
         the headers by cancelling C{request}, after them by stopping the
@@ -678,6 +678,9 @@ class HTTPAdapter(AdapterBase):
         self.deadlines = deadline_options(self.option, name)
         self.continuation: bool = self.option("continuation", False, bool)
         self.clock: IReactorTime = reactor
+        #: The end of the turns of the reactor this adapter reads on (a
+        #: body's bytes of one turn are read as one piece).
+        self.turns = EndOfTurn(reactor)
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
@@ -768,7 +771,7 @@ class HTTPAdapter(AdapterBase):
         L{read_body} with this adapter's deadlines, or C{deadlines}.
         """
         deadlines = self.deadlines if deadlines is None else deadlines
-        return read_body(request, on_response, deadlines, self.clock, on_producer, self.reactor)
+        return read_body(request, on_response, deadlines, self.clock, on_producer, self.turns)
 
     def fetch_json(self, method: str, path: str, payload: Any = None) -> "defer.Deferred[Any]":
         """

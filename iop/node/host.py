@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from iop.adapters.interface import IAdapter
 from iop.adapters.registry import build_adapter
 from iop.node.gate import CapacityGate
+from iop.turns import EndOfTurn
 
 if TYPE_CHECKING:
     from iop.node.metrics import NodeMetrics
@@ -78,6 +79,9 @@ class AdapterHost:
         self, reactor: IReactorTime, build: BuildAdapter = build_adapter, metrics: "NodeMetrics | None" = None
     ) -> None:
         self.reactor = reactor
+        #: The end of the reactor's turns, for work gathered per turn
+        #: (L{iop.node.joined}).
+        self.turns = EndOfTurn(reactor)
         self.build = build
         self.metrics = metrics
         self._hosted: dict[str, Hosted] = {}

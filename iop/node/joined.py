@@ -16,9 +16,8 @@ come one per turn (a paced model) is sent event by event as before.
 
 from collections.abc import Callable
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
-
 from iop.run import DELTA, REASONING_DELTA, RunEventData
+from iop.turns import EndOfTurn
 
 
 def joinable(event: RunEventData) -> bool:
@@ -41,15 +40,14 @@ class JoinedDeltas:
     Holds the text deltas of this turn for C{send}, in order.
 
     @param send: sends one event on.
-    @param turns: the reactor whose turns bound a join.
+    @param turns: the L{EndOfTurn} of the reactor whose turns bound a join.
     """
 
-    def __init__(self, send: Callable[[RunEventData], None], turns: IReactorTime) -> None:
+    def __init__(self, send: Callable[[RunEventData], None], turns: EndOfTurn) -> None:
         self._send = send
         self._turns = turns
         self._kind: str | None = None
         self._texts: list[str] = []
-        self._flush: IDelayedCall | None = None
 
     def __call__(self, event: RunEventData) -> None:
         """
@@ -64,18 +62,15 @@ class JoinedDeltas:
         if self._kind != event.type:
             self.flush()
             self._kind = event.type
+            # (What a flush before the end of the turn left finds
+            # nothing held.)
+            self._turns.at_end(self.flush)
         self._texts.append(event.text)
-        if self._flush is None:
-            self._flush = self._turns.callLater(0, self.flush)
 
     def flush(self) -> None:
         """
         Send what is held now, as one delta.
         """
-        if self._flush is not None:
-            if self._flush.active():
-                self._flush.cancel()
-            self._flush = None
         if self._kind is None:
             return
         kind, texts = self._kind, self._texts

@@ -142,7 +142,7 @@ class RunRelay(Work):
         self.usage: Usage | None = None
         self.terminal: str | None = None
         self.on_end: Callable[[RunRelay], object] | None = None
-        self._joined = JoinedDeltas(self._send, manager.host.reactor)
+        self._joined = JoinedDeltas(self._send, manager.host.turns)
 
     @property
     def background(self) -> bool:

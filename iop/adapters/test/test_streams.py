@@ -19,6 +19,7 @@ from twisted.web.iweb import IResponse
 from iop.adapters.interface import AdapterConfigError
 from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message, read_body
 from iop.httpheaders import relay_headers
+from iop.turns import EndOfTurn
 
 
 def feed_bytewise(parser, data):
@@ -161,7 +162,7 @@ class ReadBodyTurnTests(SynchronousTestCase):
         self.response = _Response()
         self.pieces: list[bytes] = []
         self.result = read_body(
-            defer.succeed(cast(IResponse, self.response)), lambda r: self.pieces.append, turns=self.turns
+            defer.succeed(cast(IResponse, self.response)), lambda r: self.pieces.append, turns=EndOfTurn(self.turns)
         )
         assert self.response.body is not None
         self.body = self.response.body

@@ -8,13 +8,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.joined import JoinedDeltas
 from iop.run import DELTA, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall, Usage
+from iop.turns import EndOfTurn
 
 
 class JoinedDeltasTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.sent: list[RunEventData] = []
-        self.join = JoinedDeltas(self.sent.append, self.clock)
+        self.join = JoinedDeltas(self.sent.append, EndOfTurn(self.clock))
 
     def test_one_turn_one_delta(self) -> None:
         for word in ("hello ", "brave ", "world"):
