@@ -64,10 +64,45 @@ RESPONSE_END_TYPES = frozenset({"response.completed", "response.incomplete", "re
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 #: An event's data line, and an event with more than one (LF line ends).
 _DATA_LINE = re.compile(rb"^data: ?([^\n]*)", re.MULTILINE)
-_MULTI_DATA = re.compile(rb"^data:[^\n]*\ndata:", re.MULTILINE)
-#: What in an event can tell more than text (see L{TunnelBody._telling}).
-_TELLING = (b'"usage"', b'"type"', b'"error"')
+#: (Two patterns rather than one with C{^} and MULTILINE, which tries
+#: every line start and costs about 2 us per event.)
+_MULTI_DATA = re.compile(rb"\ndata:[^\n]*\ndata:")
+_FIRST_MULTI_DATA = re.compile(rb"data:[^\n]*\ndata:")
 _FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
+#: Parses a run of events (a JSON array of their data) as text.
+_JSON = json.JSONDecoder()
+
+
+def _telling_offsets(block: bytes) -> list[int]:
+    """
+    Where in a run of events there is what can tell more than text: usage,
+    a type (Responses API), an error, a finish reason that is set. (Byte
+    searches: one regular expression with alternatives is many times
+    slower.)
+    """
+    offsets = [match.start() for match in _FINISH_SET.finditer(block)]
+    for word in (b'"usage"', b'"type"', b'"error"'):
+        at = block.find(word)
+        while at >= 0:
+            offsets.append(at)
+            at = block.find(word, at + 1)
+    return offsets
+
+
+def _last_end(data: bytes | bytearray, start: int) -> int:
+    """
+    Where the last whole event in C{data} (from C{start}) ends, just after
+    its blank line; -1 for none. CR line ends are looked for only when
+    there is a CR.
+    """
+    end = data.rfind(b"\n\n", start)
+    cut = end + 2 if end >= 0 else -1
+    if data.find(b"\r", start) >= 0:
+        for separator in (b"\r\n\r\n", b"\r\r"):
+            end = data.rfind(separator, start)
+            if end >= 0:
+                cut = max(cut, end + len(separator))
+    return cut
 
 
 def _split(block: bytes) -> list[bytes]:
@@ -180,8 +215,7 @@ class TunnelBody:
         answer). @raise ProviderError: for a malformed event.
         """
         if self.mode == EVENTS:
-            self.buffer.extend(data)
-            self._events(self._whole_events())
+            self._events(self._whole_events(data))
             if len(self.buffer) > JSON_BODY_LIMIT:
                 raise broken_answer(f"the provider sent an event larger than {JSON_BODY_LIMIT} bytes")
             if self.finished:
@@ -267,17 +301,24 @@ class TunnelBody:
             self.sink.usage(self.observer.usage)
         return error.incomplete()
 
-    def _whole_events(self) -> bytes:
+    def _whole_events(self, data: bytes) -> bytes:
         """
-        The whole events at the head of the buffer, checked, taken out of
-        it. The part of the buffer already searched is not searched again
-        (an event may come in many pieces).
+        The whole events at the head of what was held and C{data},
+        checked; the rest is held. The common case (nothing held, C{data}
+        ends with an event) takes no copy; the part of the buffer already
+        searched is not searched again (an event may come in many pieces).
         """
-        ends = [i + len(sep) for sep in _SEPARATORS if (i := self.buffer.rfind(sep, self.searched)) >= 0]
-        if not ends:
+        if not self.buffer:
+            cut = _last_end(data, 0)
+            if cut == len(data):
+                return self._block(data)
+            self.buffer.extend(data)
+        else:
+            self.buffer.extend(data)
+            cut = _last_end(self.buffer, self.searched)
+        if cut < 0:
             self.searched = max(0, len(self.buffer) - 3)
             return b""
-        cut = max(ends)
         block = bytes(self.buffer[:cut])
         del self.buffer[:cut]
         self.searched = max(0, len(self.buffer) - 3)
@@ -290,38 +331,41 @@ class TunnelBody:
         checked in one JSON parse of all its events, without splitting it;
         any other goes event by event.
         """
-        if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block):
+        if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block) or _FIRST_MULTI_DATA.match(block):
             return self._each(block)
         payloads = _DATA_LINE.findall(block)
         if not payloads:
             return block
         self.answered = True
-        texts = [p for p in payloads if p.strip() != b"[DONE]"]
-        if len(texts) < len(payloads):
-            self.finished = True
+        if b"[DONE]" in block:
+            # (null in its place keeps the parsed events in line with them.)
+            done = [p.strip() == b"[DONE]" for p in payloads]
+            payloads = [b"null" if end else p for p, end in zip(payloads, done, strict=True)]
+            if any(done):
+                self.finished = True
         try:
-            chunks = json.loads(b"[" + b",".join(texts) + b"]")
+            chunks = _JSON.decode("[" + b",".join(payloads).decode("utf-8") + "]")
         except ValueError:
             chunks = None
-        if not isinstance(chunks, list) or len(chunks) != len(texts):
+        if not isinstance(chunks, list) or len(chunks) != len(payloads):
             # One of them is malformed: find which (it raises).
             return self._each(block)
-        if self._telling(block):
-            for chunk in chunks:
+        # Only the first event (the model) and those that can tell
+        # anything are looked at: text deltas, the bulk of a stream, say
+        # none of it.
+        telling = _telling_offsets(block)
+        first = self.observer is not None and not self.observer.parsed_any
+        if telling or first:
+            # The event an offset is in: the data lines that begin before it.
+            lead = 1 if block.startswith(b"data:") else 0
+            wanted = {lead + block.count(b"\ndata:", 0, offset) - 1 for offset in telling}
+            if first:
+                wanted.add(0)
+            for index in sorted(wanted):
+                chunk = chunks[index] if index >= 0 else None
                 if isinstance(chunk, dict):
                     self._chunk(chunk)
         return block
-
-    def _telling(self, block: bytes) -> bool:
-        """
-        Whether a run of events may tell the observer or the end of the
-        stream anything: the first event (the model), usage, a finish
-        reason, a type (Responses API) or an error. Text deltas, the bulk
-        of a stream, say none of these.
-        """
-        if self.observer is not None and not self.observer.parsed_any:
-            return True
-        return any(word in block for word in _TELLING) or _FINISH_SET.search(block) is not None
 
     def _each(self, block: bytes) -> bytes:
         """

@@ -79,3 +79,68 @@ class EventCheckTests(SynchronousTestCase):
         self.assertEqual(b"".join(sink.bodies), fed)
         self.assertEqual(relay.feed(keepalive), Reading.WAITING)
         self.assertEqual(b"".join(sink.bodies), fed + keepalive)
+
+
+class ObserverRecorder:
+    """
+    An L{iop.adapters.relay.Observer} that notes the parsed events it is
+    shown.
+    """
+
+    usage = None
+
+    def __init__(self) -> None:
+        self.parsed_any = False
+        self.chunks: list[dict[str, object]] = []
+
+    def feed(self, data: bytes) -> None:
+        pass
+
+    def chunk(self, chunk: dict[str, object]) -> None:
+        self.parsed_any = True
+        self.chunks.append(chunk)
+
+    def finish(self) -> None:
+        pass
+
+
+class TellingEventsTests(SynchronousTestCase):
+    """
+    A run of events read in one piece: the observer is shown the first
+    event (the model) and those that can tell more than text, wherever
+    they are in the run, and nothing else.
+    """
+
+    def feed(self, *pieces: bytes) -> ObserverRecorder:
+        observer = ObserverRecorder()
+        sink = TunnelRecorder()
+        relay = TunnelBody(sink, Response(), observer, False, Clock())  # type: ignore[arg-type]
+        for piece in pieces:
+            relay.feed(piece)
+        relay.finish()
+        self.assertEqual(b"".join(sink.bodies), b"".join(pieces))
+        return observer
+
+    def test_telling_events_anywhere_in_the_run(self) -> None:
+        def delta(n: int, finish: str = "null") -> bytes:
+            return b'data: {"n": %d, "choices": [{"delta": {"content": "w"}, "finish_reason": %s}]}\n\n' % (
+                n,
+                finish.encode(),
+            )
+
+        run = (
+            delta(0)
+            + delta(1)
+            + b'data: {"n": 2, "usage": {"prompt_tokens": 1}, "choices": [{"delta": {}}]}\n\n'
+            + delta(3)
+            + delta(4, '"stop"')
+            + b"data: [DONE]\n\n"
+        )
+        observer = self.feed(run)
+        self.assertEqual([c["n"] for c in observer.chunks], [0, 2, 4])
+        later = self.feed(delta(0), delta(1) + b'data: {"n": 2, "error": {"message": "x"}}\n\n')
+        self.assertEqual([c["n"] for c in later.chunks], [0, 2])
+
+    def test_comment_before_the_first_event(self) -> None:
+        observer = self.feed(b': hello "type"\n\ndata: {"n": 0, "choices": [{"finish_reason": "stop"}]}\n\n')
+        self.assertEqual([c["n"] for c in observer.chunks], [0])
