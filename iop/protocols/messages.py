@@ -431,6 +431,21 @@ def tunnel_request(
     )
 
 
+def tunnel_body(tunnel_id: str, seq: int, body: bytes) -> Envelope:
+    """
+    Frame C{seq} of a tunnel's response carrying a piece of its body, built
+    in its C{Envelope} (what L{iop.protocols.wire.WireProtocol.send} sends
+    as it is): the one frame of a stream's bulk, spared being built and
+    then copied into an envelope.
+    """
+    env = iop_pb2.Envelope()
+    frame = env.provider_tunnel_frame
+    frame.tunnel_id = tunnel_id
+    frame.seq = seq
+    frame.body = body
+    return env
+
+
 def tunnel_frame(
     tunnel_id: str,
     seq: int,

@@ -313,12 +313,14 @@ class WireProtocol(LinearInt32StringReceiver):
 
     def send(self, message: Message) -> None:
         """
-        Send one wire message.
+        Send one wire message (or an C{Envelope} already holding it, as
+        L{messages.tunnel_body} builds one).
 
         @raise FrameTooLarge: if it does not fit in one frame (Twisted's
             C{sendString} does not check this).
         """
-        data = envelope(message).SerializeToString()
+        wrapped = message if isinstance(message, iop_pb2.Envelope) else envelope(message)
+        data = wrapped.SerializeToString()
         if len(data) > MAX_FRAME_BYTES:
             raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
         self.sendString(data)

@@ -6,6 +6,7 @@ absent, and the one-of parts and enum codes come out as the wire says.
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.protocols import iop_pb2, messages
+from iop.protocols.wire import envelope
 
 
 class BuilderTests(SynchronousTestCase):
@@ -65,3 +66,15 @@ class BuilderTests(SynchronousTestCase):
         self.assertEqual(messages.INCOMPATIBLE_VERSION, iop_pb2.INCOMPATIBLE_VERSION)
         self.assertEqual(messages.reject_code_name(messages.UNKNOWN_TOKEN), "UNKNOWN_TOKEN")
         self.assertEqual(messages.reject_code_name(99), "99")
+
+
+class TunnelBodyTests(SynchronousTestCase):
+    def test_same_bytes_as_the_frame_in_an_envelope(self) -> None:
+        """
+        L{messages.tunnel_body} (built in its envelope) is on the wire what
+        a body C{ProviderTunnelFrame} wrapped in an envelope is.
+        """
+        built = messages.tunnel_body("t1", 7, b"data: {}\n\n")
+        wrapped = envelope(messages.tunnel_frame("t1", 7, body=b"data: {}\n\n"))
+        self.assertEqual(built.SerializeToString(), wrapped.SerializeToString())
+        self.assertEqual(built.WhichOneof("body"), "provider_tunnel_frame")
