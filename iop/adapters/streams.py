@@ -225,6 +225,10 @@ class SSEParser:
             self._data.append(value[1:] if value.startswith(" ") else value)
 
 
+#: Parses a run of NDJSON lines (as one JSON array) from text.
+_JSON = json.JSONDecoder()
+
+
 class NDJSONParser:
     """
     Newline-delimited JSON, fed in arbitrary pieces; yields parsed values.
@@ -238,7 +242,17 @@ class NDJSONParser:
     def feed(self, data: bytes) -> list[Any]:
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
-        return [json.loads(line) for line in lines if line.strip()]
+        lines = [line for line in lines if line.strip()]
+        if len(lines) > 1:
+            # A burst read in one piece: parsed as one array, unless a line
+            # is not one JSON value (then line by line, which raises).
+            try:
+                values = _JSON.decode("[" + b",".join(lines).decode("utf-8") + "]")
+            except ValueError:
+                values = None
+            if isinstance(values, list) and len(values) == len(lines):
+                return values
+        return [json.loads(line) for line in lines]
 
     def finish(self) -> list[Any]:
         rest, self._buffer = self._buffer, b""

@@ -78,6 +78,17 @@ class NDJSONParserTests(SynchronousTestCase):
         """
         self.assertRaises(ValueError, NDJSONParser().feed, b"nope\n")
 
+    def test_many_lines_in_one_piece(self):
+        """
+        A burst of lines parses as the same values as line by line; a line
+        that is not one JSON value (two, or a bracket that only parses in
+        a list) still raises.
+        """
+        body = b'{"a": 1}\n\n[2]\n"three"\n{"b": "\xc3\xa9"}\n'
+        self.assertEqual(NDJSONParser().feed(body), [{"a": 1}, [2], "three", {"b": "\u00e9"}])
+        for bad in (b'{"a": 1}\n1, 2\n', b'{"a": 1}\n]\n', b'{"a": 1}\n{nope\n'):
+            self.assertRaises(ValueError, NDJSONParser().feed, bad)
+
 
 class ErrorMessageTests(SynchronousTestCase):
     def test_shapes(self):
