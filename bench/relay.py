@@ -367,6 +367,29 @@ def ratio(figures, scenario, path):
     return f["chunks_per_s"] / base["chunks_per_s"] if base["chunks_per_s"] else float("nan")
 
 
+#: The direct provider's CPU per request (ms) in the reference run
+#: (bench/README.md, 2026-11-29) at c=1 and c=50, where the targets of
+#: 0.6 ms (Edge) and 0.8 ms (Node) per request were set: the targets as
+#: multiples of the provider's own CPU, for a machine of another speed.
+REFERENCE_PROVIDER_MS = (0.54, 0.44)
+CPU_TARGETS_MS = (0.6, 0.8)
+
+
+def per_provider(path, direct):
+    """
+    A path's Edge and Node CPU per request over the direct provider's.
+    """
+    provider = direct["cpu_provider_per_request"]
+    if not provider:
+        return "-"
+    return f"{path['cpu_edge_per_request'] / provider:.2f} / {path['cpu_node_per_request'] / provider:.2f}x"
+
+
+def cpu_ratio_targets():
+    edge, node = CPU_TARGETS_MS
+    return " ; ".join(f"<= {edge / ref:.2f} / <= {node / ref:.2f}x" for ref in REFERENCE_PROVIDER_MS)
+
+
 def summary(result):
     """
     The relay rows of the table: C{(figure, measured, target)}; the
@@ -387,6 +410,11 @@ def summary(result):
             f"{ms(t['cpu_edge_per_request'])} / {ms(t['cpu_node_per_request'])} ms ; "
             f"{ms(s[c50]['tunnel']['cpu_edge_per_request'])} / {ms(s[c50]['tunnel']['cpu_node_per_request'])} ms",
             "<= 0.6 / <= 0.8 ms",
+        ),
+        (
+            f"the same over the direct provider's CPU per request (same run), {c1} ; {c50}",
+            f"{per_provider(t, d)} ; {per_provider(s[c50]['tunnel'], s[c50]['direct'])}",
+            cpu_ratio_targets(),
         ),
         (
             f"burst chunks/s vs direct, {c1} / {c50.split()[-1]} / one long stream",
