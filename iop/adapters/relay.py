@@ -73,6 +73,13 @@ _FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
 _JSON = json.JSONDecoder()
 
 
+def _tells(data: bytes) -> bool:
+    """
+    Whether an event can tell more than text (see L{_telling_offsets}).
+    """
+    return b'"usage"' in data or b'"type"' in data or b'"error"' in data or _FINISH_SET.search(data) is not None
+
+
 def _telling_offsets(block: bytes) -> list[int]:
     """
     Where in a run of events there is what can tell more than text: usage,
@@ -331,6 +338,8 @@ class TunnelBody:
         checked in one JSON parse of all its events, without splitting it;
         any other goes event by event.
         """
+        if not self.strip_usage and block.startswith(b"data:") and block.find(b"\n") == len(block) - 2:
+            return self._one(block)
         if self.strip_usage or b"\r" in block or _MULTI_DATA.search(block) or _FIRST_MULTI_DATA.match(block):
             return self._each(block)
         payloads = _DATA_LINE.findall(block)
@@ -366,6 +375,26 @@ class TunnelBody:
                 if isinstance(chunk, dict):
                     self._chunk(chunk)
         return block
+
+    def _one(self, event: bytes) -> bytes:
+        """
+        One event of one data line (LF line ends): what a paced provider
+        sends in each read, checked without the patterns a run needs.
+        """
+        payload = event[5:-2].removeprefix(b" ")
+        self.answered = True
+        if payload.strip() == b"[DONE]":
+            self.finished = True
+            return event
+        try:
+            chunk = _JSON.decode(payload.decode("utf-8"))
+        except ValueError:
+            return self._each(event)  # (it raises, as the slow path says)
+        if isinstance(chunk, dict) and (
+            (self.observer is not None and not self.observer.parsed_any) or _tells(payload)
+        ):
+            self._chunk(chunk)
+        return event
 
     def _each(self, block: bytes) -> bytes:
         """

@@ -138,6 +138,8 @@ class TellingEventsTests(SynchronousTestCase):
         )
         observer = self.feed(run)
         self.assertEqual([c["n"] for c in observer.chunks], [0, 2, 4])
+        one_by_one = self.feed(*(event + b"\n\n" for event in run.split(b"\n\n")[:-1]))
+        self.assertEqual(one_by_one.chunks, observer.chunks)
         later = self.feed(delta(0), delta(1) + b'data: {"n": 2, "error": {"message": "x"}}\n\n')
         self.assertEqual([c["n"] for c in later.chunks], [0, 2])
 
