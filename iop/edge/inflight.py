@@ -34,6 +34,8 @@ class Inflight:
         self.clock = clock
         self.runs = runs
         self._detached: dict[str, dict[str, tuple[Dispatch, IDelayedCall]]] = {}  # node id -> {wire id: ...}
+        #: The waiting runs by the id their callers know: (node id, wire id).
+        self._detached_by_caller: dict[str, tuple[str, str]] = {}
         self._work: dict[str, Dispatch] = {}
         self._by_caller: dict[str, Dispatch] = {}
         self._by_link: dict[NodeLink, dict[str, Dispatch]] = {}
@@ -115,6 +117,7 @@ class Inflight:
         node_id = dispatch.link.node_id
         timer = self.clock.callLater(timeout, self._expired, node_id, dispatch, expired)
         self._detached.setdefault(node_id, {})[dispatch.id] = (dispatch, timer)
+        self._detached_by_caller[dispatch.caller_id] = (node_id, dispatch.id)
 
     def _expired(self, node_id: str, dispatch: Dispatch, expired: Callable[[Dispatch], None]) -> None:
         if self.take_detached(node_id, dispatch.id) is dispatch:
@@ -138,6 +141,8 @@ class Inflight:
         if found is None:
             return None
         dispatch, timer = found
+        if self._detached_by_caller.get(dispatch.caller_id) == (node_id, wire_id):
+            del self._detached_by_caller[dispatch.caller_id]
         if timer.active():
             timer.cancel()
         return dispatch
@@ -147,11 +152,7 @@ class Inflight:
         The waiting run its caller knows as C{work_id}, if any (as
         C{(node_id, wire_id)}).
         """
-        for node_id, waiting in self._detached.items():
-            for wire_id, (dispatch, _) in waiting.items():
-                if dispatch.caller_id == work_id:
-                    return node_id, wire_id
-        return None
+        return self._detached_by_caller.get(work_id)
 
     # -- node commands waiting for an answer
 
