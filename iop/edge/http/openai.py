@@ -267,7 +267,8 @@ class ChatCompletions(JSONResource):
         created = int(self.clock.seconds())
         runs = self.service.runs
 
-        def listener_for(kind: str, work_id: str) -> IRunListener | ITunnelListener:
+        # (The return type quoted: a union of interfaces is built at each def.)
+        def listener_for(kind: str, work_id: str) -> "IRunListener | ITunnelListener":
             if kind == TUNNEL:
                 # A tunnel answers with exactly the provider's headers.
                 return TunnelPassthrough(call)
