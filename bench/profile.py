@@ -4,9 +4,10 @@ path of L{relay} serves one scenario over and over.
 
     .venv/bin/python bench/profile.py --path tunnel --concurrency 50 --requests 400 --seconds 20 --out /tmp/prof
 
-Writes C{edge.txt} and C{node.txt} (py-spy's collapsed stacks, one line
-per stack with its sample count) and prints each daemon's hottest
-functions, by own samples and by samples below them. Needs C{py-spy}
+Writes C{edge.txt} and C{node.txt} (py-spy's raw stacks, one line per
+stack with its sample count) and prints each daemon's hottest functions,
+by own samples and by samples below them (the reactor's frames, below
+nearly every sample, left out). Needs C{py-spy}
 (C{pip install py-spy}) and the right to trace a child process.
 """
 
@@ -38,11 +39,17 @@ def hottest(collapsed_path, top):
             stack, _, count = line.rstrip().rpartition(" ")
             samples = int(count)
             total += samples
-            frames = stack.split(";")
+            # Per function, not per line: "name (file:line)" -> "name (file)".
+            frames = [frame.rsplit(":", 1)[0] + ")" if frame.endswith(")") else frame for frame in stack.split(";")]
             own[frames[-1]] += samples
             for frame in set(frames):
                 inclusive[frame] += samples
-    return total, own.most_common(top), inclusive.most_common(top)
+    # The frames of the process's top (twistd, the reactor's loop) are
+    # below nearly every sample: left out.
+    ranked = inclusive.most_common()
+    most = ranked[0][1] if ranked else 0
+    below = [(frame, samples) for frame, samples in ranked if samples < 0.9 * most]
+    return total, own.most_common(top), below[:top]
 
 
 def main():
@@ -87,9 +94,13 @@ def main():
         launcher.stop_all()
         for provider in providers.values():
             provider.stop()
+        procstat.keep_on_failure(workdir)
     print(f"{rounds} rounds of {args.requests} requests; stacks in {out}")
     for name in ("edge", "node"):
         total, own, inclusive = hottest(os.path.join(out, f"{name}.txt"), args.top)
+        if not total:
+            print(f"\n{name}: no samples (is py-spy allowed to trace it?)")
+            continue
         print(f"\n{name}: {total} samples\n  own:")
         for frame, samples in own:
             print(f"  {100 * samples / total:5.1f}%  {frame}")
