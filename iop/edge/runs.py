@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 
 from iop.edge.bus import EventBus
 from iop.edge.errors import ServiceError
-from iop.protocols.convert import usage_to_json
+from iop.protocols.convert import event_details_json
 from iop.run import (
     CANCELLED,
     COMPLETE,
@@ -109,17 +109,7 @@ def event_json(run_id: str, seq: int | None, event: RunEventData) -> Payload:
     payload: Payload = {"run_id": run_id, "seq": seq, "type": event.type}
     if event.text:
         payload["text"] = event.text
-    if event.tool_call is not None:
-        call = event.tool_call
-        payload["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
-    if event.finish_reason:
-        payload["finish_reason"] = event.finish_reason
-    if event.usage is not None:
-        payload["usage"] = usage_to_json(event.usage)
-    if event.error is not None:
-        payload["error"] = {"code": event.error.code, "message": event.error.message}
-        if event.error.status:
-            payload["error"]["status"] = event.error.status
+    payload.update(event_details_json(event))
     return payload
 
 

@@ -46,7 +46,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-from iop.protocols.convert import usage_to_json
+from iop.protocols.convert import event_details_json, usage_to_json
 from iop.run import NODE_RESTARTED, RunEventData, RunFailure, ToolCall, Usage
 
 if TYPE_CHECKING:
@@ -686,19 +686,7 @@ def _encoded(seq: int, event: RunEventData) -> list[Any]:
     text: the keys of every event would make the rows larger than the
     old per-event rows.
     """
-    rest: dict[str, Any] = {}
-    if event.tool_call is not None:
-        call = event.tool_call
-        rest["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
-    if event.finish_reason:
-        rest["finish_reason"] = event.finish_reason
-    if event.usage is not None:
-        rest["usage"] = usage_to_json(event.usage)
-    if event.error is not None:
-        error = event.error
-        rest["error"] = {"code": error.code, "message": error.message}
-        if error.status:
-            rest["error"]["status"] = error.status
+    rest = event_details_json(event)
     if rest:
         return [seq, event.type, event.text, rest]
     return [seq, event.type, event.text] if event.text else [seq, event.type]

@@ -4,6 +4,8 @@ rest of the code uses (L{iop.run}), kept in one place so
 that "absent is not zero" for the usage breakdown holds everywhere.
 """
 
+from typing import Any
+
 from iop.protocols import messages
 from iop.run import RunEventData, RunFailure, ToolCall, Usage
 
@@ -32,6 +34,30 @@ def usage_to_json(usage: Usage) -> dict[str, int]:
         if value is not None:
             result[name] = value
     return result
+
+
+def event_details_json(event: RunEventData) -> dict[str, Any]:
+    """
+    What an event carries besides its type and text, as JSON, each only
+    when set: C{tool_call} (C{id}, C{name}, C{arguments}),
+    C{finish_reason}, C{usage} (L{usage_to_json}), C{error} (C{code},
+    C{message}, and C{status} when it has one). The shape of the native
+    API's events and of the Node store's rows.
+    """
+    details: dict[str, Any] = {}
+    if event.tool_call is not None:
+        call = event.tool_call
+        details["tool_call"] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if event.finish_reason:
+        details["finish_reason"] = event.finish_reason
+    if event.usage is not None:
+        details["usage"] = usage_to_json(event.usage)
+    if event.error is not None:
+        error: dict[str, Any] = {"code": event.error.code, "message": event.error.message}
+        if event.error.status:
+            error["status"] = event.error.status
+        details["error"] = error
+    return details
 
 
 def failure_to_wire(failure: RunFailure) -> messages.RunError:
