@@ -71,13 +71,16 @@ class FaultTestCase(OpenAICompatTestCase):
         return adapter
 
     @defer.inlineCallbacks
-    def run_on(self, script, before=None, advance=0):
+    def run_on(self, script, before=None, advance=0, until=None):
         """
-        Run on C{script}; once C{before} (a Deferred) fires, advance the
-        clock by C{advance}. @return: the L{Events}.
+        Run on C{script}; once C{before} (a Deferred) fires, or the first
+        event of type C{until} came, advance the clock by C{advance}.
+        @return: the L{Events}.
         """
         adapter = self.faulty(script)
         events = Events()
+        if until is not None:
+            before = events.first(until)
         d = adapter.execute(run_input(), events)
         if before is not None:
             yield before
@@ -87,13 +90,16 @@ class FaultTestCase(OpenAICompatTestCase):
         return events
 
     @defer.inlineCallbacks
-    def tunnel_on(self, script, request, before=None, advance=0):
+    def tunnel_on(self, script, request, before=None, advance=0, after_body=False):
         """
-        Tunnel C{request} to C{script} as L{run_on} does. @return: the
+        Tunnel C{request} to C{script} as L{run_on} does (C{after_body}:
+        advance once the first body bytes were relayed). @return: the
         recorder and the tunnel's failure (C{None} if it succeeded).
         """
         adapter = self.faulty(script)
         sink = TunnelRecorder()
+        if after_body:
+            before = sink.first_body
         d = adapter.tunnel(request, sink)
         if before is not None:
             yield before
@@ -163,13 +169,7 @@ class RunFaultTests(FaultTestCase):
         anything reached the caller.
         """
         script = Script(headers=SSE_HEADERS, chunks=[b": ping\n\n"], hold=True)
-        adapter = self.faulty(script)
-        sink = TunnelRecorder()
-        d = adapter.tunnel(streamed(), sink)
-        yield script.arrived
-        yield moment()
-        adapter.clock.advance(FIRST)
-        error = yield self.assertFailure(d, ProviderError)
+        sink, error = yield self.tunnel_on(script, streamed(), before=script.arrived, advance=FIRST)
         self.assertEqual((error.code, error.deadline), ("provider_timeout", FIRST_BYTE))
         self.assertEqual(sink.calls, [])
 
@@ -181,14 +181,7 @@ class RunFaultTests(FaultTestCase):
         """
         first = chunk(content="par", usage={"prompt_tokens": 3, "completion_tokens": 1})
         script = Script(headers=SSE_HEADERS, chunks=sse(first, done=False), hold=True)
-        adapter = self.faulty(script)
-        events = Events()
-        delta = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield delta
-        yield moment()
-        adapter.clock.advance(STALL_SEC)
-        yield d
+        events = yield self.run_on(script, until="delta", advance=STALL_SEC)
         self.assertEqual(events.types(), ["start", "delta", "error"])
         error = events.events[-1].error
         assert error is not None
@@ -239,14 +232,7 @@ class RunFaultTests(FaultTestCase):
         script = Script(
             headers=SSE_HEADERS, chunks=sse(chunk(content="all"), chunk(finish="stop"), usage, done=False), hold=True
         )
-        adapter = self.faulty(script)
-        events = Events()
-        delta = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield delta
-        yield moment()
-        adapter.clock.advance(FINISH_GRACE_SEC)
-        yield d
+        events = yield self.run_on(script, until="delta", advance=FINISH_GRACE_SEC)
         self.assertEqual(events.types(), ["start", "delta", "complete"])
         self.assertEqual((events.events[-1].finish_reason, events.events[-1].usage), ("stop", Usage(1, 1)))
         yield script.closed_early
@@ -378,13 +364,7 @@ class StreamedTunnelFaultTests(FaultTestCase):
         A stream that stalls after an event fails incomplete (stall).
         """
         script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="a"), done=False), hold=True)
-        adapter = self.faulty(script)
-        sink = TunnelRecorder()
-        d = adapter.tunnel(streamed(), sink)
-        yield sink.first_body
-        yield moment()
-        adapter.clock.advance(STALL_SEC)
-        error = yield self.assertFailure(d, ProviderError)
+        _, error = yield self.tunnel_on(script, streamed(), advance=STALL_SEC, after_body=True)
         self.assertEqual((error.code, error.deadline), (INCOMPLETE, STALL))
         yield script.closed_early
 
@@ -418,13 +398,8 @@ class StreamedTunnelFaultTests(FaultTestCase):
         """
         chunks = sse(chunk(content="a"), chunk(finish="stop"), done=False)
         script = Script(headers=SSE_HEADERS, chunks=chunks, hold=True)
-        adapter = self.faulty(script)
-        sink = TunnelRecorder()
-        d = adapter.tunnel(streamed(), sink)
-        yield sink.first_body
-        yield moment()
-        adapter.clock.advance(FINISH_GRACE_SEC)
-        yield d
+        sink, error = yield self.tunnel_on(script, streamed(), advance=FINISH_GRACE_SEC, after_body=True)
+        self.assertIsNone(error)
         self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
         self.assertEqual(sink.of("metadata"), [{"model": "m", "finish_reason": "stop"}])
         yield script.closed_early
@@ -487,13 +462,7 @@ class WholeTunnelFaultTests(FaultTestCase):
         """
         body = completion()
         script = Script(headers=JSON_HEADERS, chunks=[body[:20]], hold=True)
-        adapter = self.faulty(script)
-        sink = TunnelRecorder()
-        d = adapter.tunnel(streamed(False), sink)
-        yield script.arrived
-        yield moment()
-        adapter.clock.advance(STALL_SEC)
-        error = yield self.assertFailure(d, ProviderError)
+        sink, error = yield self.tunnel_on(script, streamed(False), before=script.arrived, advance=STALL_SEC)
         self.assertEqual((error.code, error.deadline), ("provider_timeout", STALL))
         self.assertEqual(sink.calls, [])
 
