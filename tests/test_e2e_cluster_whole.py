@@ -81,27 +81,39 @@ def background(edge, text, model="one"):
     return run["id"]
 
 
+TERMINALS = ("complete", "error", "cancelled")
+
+
+def next_event(response):
+    """
+    The next event of an SSE response as C{(seq, payload)}, or C{None} at
+    its end.
+    """
+    seq, data = None, None
+    while True:
+        line = response.readline()
+        if not line:
+            return None
+        line = line.rstrip(b"\r\n")
+        if line.startswith(b"id: "):
+            seq = int(line[4:])
+        elif line.startswith(b"data: "):
+            data = json.loads(line[6:])
+        elif line == b"" and data is not None:
+            return seq, data
+
+
 def read_events(response, into):
     """
     Append C{(seq, payload)} for each event of an SSE response to C{into}
     until it ends or is cut off. @return: whether it ended with a terminal.
     """
-    seq, data = None, None
     try:
-        while True:
-            line = response.readline()
-            if not line:
-                return bool(into) and into[-1][1]["type"] in ("complete", "error", "cancelled")
-            line = line.rstrip(b"\r\n")
-            if line.startswith(b"id: "):
-                seq = int(line[4:])
-            elif line.startswith(b"data: "):
-                data = json.loads(line[6:])
-            elif line == b"" and data is not None:
-                into.append((seq, data))
-                seq, data = None, None
+        while (event := next_event(response)) is not None:
+            into.append(event)
     except (OSError, http.client.HTTPException):
         return False
+    return bool(into) and into[-1][1]["type"] in TERMINALS
 
 
 def resume(edges, run_id, into, timeout=30.0):
@@ -306,18 +318,10 @@ def read_events_one(response, into):
     Read C{response} until one more event is in C{into}. @return: whether
     it was the terminal.
     """
-    seq, data = None, None
-    while True:
-        line = response.readline()
-        assert line, into[-3:]
-        line = line.rstrip(b"\r\n")
-        if line.startswith(b"id: "):
-            seq = int(line[4:])
-        elif line.startswith(b"data: "):
-            data = json.loads(line[6:])
-        elif line == b"" and data is not None:
-            into.append((seq, data))
-            return data["type"] in ("complete", "error", "cancelled")
+    event = next_event(response)
+    assert event is not None, into[-3:]
+    into.append(event)
+    return event[1]["type"] in TERMINALS
 
 
 def test_chaos_every_run_read_back_whole(launch, etcd):
