@@ -311,11 +311,12 @@ class _BodyReader(Protocol):
     whoever waits on C{result} and then closes the pool finds it settled.
 
     With C{turns} (of the reactor the connection is read on), what arrives
-    in one reactor turn is handed over at once, early in the next: a provider that writes a burst of events as
-    many chunks (one chunked-encoding piece per event is the rule) is read
-    as one piece, so the adapter parses, checks and relays it in one go
-    instead of once per event. The end of the body (whole or cut) hands
-    over what is pending first; an aborted one drops it.
+    in one reactor turn is handed over at once, early in the next: a
+    provider that writes a burst of events as many chunks (one
+    chunked-encoding piece per event is the rule) is read as one piece,
+    so the adapter parses, checks and relays it in one go instead of once
+    per event. The end of the body (whole or cut) hands over what is
+    pending first; an aborted one drops it.
     """
 
     def __init__(
