@@ -73,16 +73,6 @@ def _socket(protocol: Protocol) -> _Socket:
     return cast(_Socket, protocol.transport)
 
 
-class _Refused(Protocol):
-    """
-    A connection refused at the doors: aborted as soon as it exists
-    (before any TLS handshake or read).
-    """
-
-    def connectionMade(self) -> None:
-        _socket(self).abortConnection()
-
-
 class _DoorWire(WireProtocol):
     """
     A Node connection with its place at the doors: one that waits (in its
@@ -161,7 +151,7 @@ class NodePortFactory(Factory):
             " (limits.max_unregistered_connections, limits.max_unregistered_per_address, register_timeout_sec)",
         )
 
-    def buildProtocol(self, addr: IAddress | None) -> Protocol:
+    def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         config = self.config()
         limits = config.limits
         total = limits.max_unregistered_connections
@@ -176,7 +166,9 @@ class NodePortFactory(Factory):
         wire = _DoorWire(self, connection, heartbeat)
         ticket = self.doors.arrive(getattr(addr, "host", None), wire.go_in, wire.put_out)
         if ticket is None:
-            return _Refused()
+            # No protocol: the port closes the socket at once, before any
+            # TLS handshake or read, and holds no descriptor for it.
+            return None
         wire.ticket = ticket
         self.unregistered[connection] = ticket
         return wire

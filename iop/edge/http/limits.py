@@ -26,7 +26,7 @@ from functools import partial
 from typing import Protocol as Structure
 
 from twisted.internet.interfaces import IDelayedCall
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, Request
 
@@ -43,15 +43,6 @@ class LimitedSite(Structure):
 
     limits: Limits
     slow_peers: LogThrottle
-
-
-class Refused(Protocol):
-    """
-    A connection over the cap: aborted as soon as it exists.
-    """
-
-    def connectionMade(self) -> None:
-        cut_off(self.transport)
 
 
 class LimitedChannel(HTTPChannel):

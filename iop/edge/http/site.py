@@ -24,7 +24,7 @@ from twisted.web.server import Site
 
 from iop.edge.doors import FULL, WAITED_OUT, Doors, Ticket
 from iop.edge.http.common import cut_off
-from iop.edge.http.limits import LimitedChannel, Refused
+from iop.edge.http.limits import LimitedChannel
 from iop.edge.http.request import EdgeRequest
 from iop.edge.limits import Limits
 from iop.edge.throttle import LogThrottle
@@ -165,11 +165,16 @@ class EdgeSite(Site):
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:  # type: ignore[override]
         # (twisted types a site's protocols as its HTTP/2-negotiating
-        # wrapper; the Edge's are its own channels, or a refusal.)
+        # wrapper; the Edge's are its own channels.) A connection refused
+        # at the doors gets no protocol: the listening port closes its
+        # socket at once, inside its accept loop, so that a flood of them
+        # never holds file descriptors until the next turn (an aborted
+        # transport closes only then, and one accept loop may take
+        # hundreds).
         channel = cast(_TrackedChannel, super().buildProtocol(addr))
         channel.ticket = self.doors.arrive(getattr(addr, "host", None), channel.go_in, channel.put_out)
         if channel.ticket is None:
-            return Refused()
+            return None
         return channel
 
     def close_connections(self, clock: IReactorTime, timeout: float) -> Deferred[None]:

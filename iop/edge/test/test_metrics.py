@@ -127,11 +127,13 @@ class EdgeMetricsTests(SynchronousTestCase):
         site = self.gateway.edge.site
         cap = site.limits.max_http_connections_per_address
         transports = []
-        for _ in range(2 * cap + 1):
+        for _ in range(2 * cap):
             protocol = site.buildProtocol(IPv4Address("TCP", "192.0.2.66", 40000))
             assert protocol is not None
             transports.append(StringTransport())
             protocol.makeConnection(transports[-1])
+        # One more: refused at once (no protocol: the port closes it).
+        self.assertIsNone(site.buildProtocol(IPv4Address("TCP", "192.0.2.66", 40000)))
         self.assertEqual(self.value("iop_edge_http_waiting_connections"), cap)
         self.assertEqual(self.value("iop_edge_http_address_waits_total"), cap)
         self.assertEqual(self.value("iop_edge_refusals_total", reason="max_http_connections_per_address"), 1)
