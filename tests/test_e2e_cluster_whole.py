@@ -29,7 +29,7 @@ import sys
 import time
 
 import pytest
-from support.daemons import echo_node, wait_for
+from support.daemons import echo_node, sse_with_ids, wait_for
 from support.etcd import cluster_edge, cluster_node, etcd_binary, node_endpoints, owner_seen, running_etcd
 from support.proxy import FreezableProxy
 
@@ -84,33 +84,13 @@ def background(edge, text, model="one"):
 TERMINALS = ("complete", "error", "cancelled")
 
 
-def next_event(response):
-    """
-    The next event of an SSE response as C{(seq, payload)}, or C{None} at
-    its end.
-    """
-    seq, data = None, None
-    while True:
-        line = response.readline()
-        if not line:
-            return None
-        line = line.rstrip(b"\r\n")
-        if line.startswith(b"id: "):
-            seq = int(line[4:])
-        elif line.startswith(b"data: "):
-            data = json.loads(line[6:])
-        elif line == b"" and data is not None:
-            return seq, data
-
-
 def read_events(response, into):
     """
     Append C{(seq, payload)} for each event of an SSE response to C{into}
     until it ends or is cut off. @return: whether it ended with a terminal.
     """
     try:
-        while (event := next_event(response)) is not None:
-            into.append(event)
+        into.extend(sse_with_ids(response))
     except (OSError, http.client.HTTPException):
         return False
     return bool(into) and into[-1][1]["type"] in TERMINALS
@@ -318,7 +298,7 @@ def read_events_one(response, into):
     Read C{response} until one more event is in C{into}. @return: whether
     it was the terminal.
     """
-    event = next_event(response)
+    event = next(sse_with_ids(response), None)
     assert event is not None, into[-3:]
     into.append(event)
     return event[1]["type"] in TERMINALS

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 
 from prometheus_client.parser import text_string_to_metric_families
-from support.daemons import echo_node, sse_events, wait_for
+from support.daemons import echo_node, sse_events, sse_with_ids, wait_for
 from support.proxy import FreezableProxy
 
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -48,25 +48,6 @@ def test_killed_node_marks_running_rows(launch):
     [row] = wait_for(lambda: [r for r in store_rows(node) if r["status"] != "running"], what="the row ended")
     assert (row["status"], row["error_code"]) == ("error", "node_restarted")
     assert row["ended_at"] is not None
-
-
-def sse_with_ids(response):
-    """
-    Yield C{(id, payload)} for each event of an SSE response as it comes.
-    """
-    event_id, data = None, None
-    while True:
-        line = response.readline()
-        if not line:
-            return
-        line = line.rstrip(b"\r\n")
-        if line.startswith(b"id: "):
-            event_id = int(line[4:])
-        elif line.startswith(b"data: "):
-            data = json.loads(line[6:])
-        elif line == b"" and data is not None:
-            yield event_id, data
-            event_id, data = None, None
 
 
 def run_state(edge, run_id):

@@ -314,6 +314,31 @@ def sse_events(response, max_lines=100_000):
     raise AssertionError(f"event stream still going after {max_lines} lines")
 
 
+def sse_with_ids(response, max_lines=100_000):
+    """
+    Yield C{(id, payload)} for each event of a server-sent event stream
+    as it comes (C{id} an int, or C{None} without one; the payload parsed
+    as JSON), until the stream ends. Reads nothing past the event it
+    yields, so a new one may read on the same response. Each read is
+    bounded by the connection's timeout, the whole stream by
+    C{max_lines}.
+    """
+    event_id, data = None, None
+    for _ in range(max_lines):
+        line = response.readline()
+        if not line:
+            return
+        line = line.rstrip(b"\r\n")
+        if line.startswith(b"id: "):
+            event_id = int(line[4:])
+        elif line.startswith(b"data: "):
+            data = json.loads(line[6:])
+        elif line == b"" and data is not None:
+            yield event_id, data
+            event_id, data = None, None
+    raise AssertionError(f"event stream still going after {max_lines} lines")
+
+
 def echo_node(node_id, token, delay_ms=0, max_concurrency=4, providers=None):
     """
     An edge.yaml node entry with one echo adapter.
