@@ -130,7 +130,9 @@ class TunnelRelay(Work):
 
     def frame(self, **field: Any) -> None:
         """
-        Send one frame of the provider's response; nothing after the end.
+        Send one frame of the provider's response other than a body piece
+        (those are L{body_frame}s, the only frames that spend credit);
+        nothing after the end.
         """
         if not self.finished:
             self._frame(**field)
@@ -146,8 +148,7 @@ class TunnelRelay(Work):
 
     def _frame(self, **field: Any) -> None:
         self.seq += 1
-        size = len(field.get("body", b""))
-        self.flow.send(messages.tunnel_frame(self.tunnel_id, self.seq, **field), size)
+        self.flow.send(messages.tunnel_frame(self.tunnel_id, self.seq, **field))
 
     def body_relayed(self, size: int) -> None:
         if not self.finished:
