@@ -44,6 +44,7 @@ from iop.adapters.streams import (
     ProviderError,
     Reading,
     broken_answer,
+    json_values,
     response_headers,
     status_error,
 )
@@ -69,8 +70,6 @@ _DATA_LINE = re.compile(rb"^data: ?([^\n]*)", re.MULTILINE)
 _MULTI_DATA = re.compile(rb"\ndata:[^\n]*\ndata:")
 _FIRST_MULTI_DATA = re.compile(rb"data:[^\n]*\ndata:")
 _FINISH_SET = re.compile(rb'"finish_reason"\s*:\s*"')
-#: Parses a run of events (a JSON array of their data) as text.
-_JSON = json.JSONDecoder()
 
 
 def _tells(data: bytes) -> bool:
@@ -352,11 +351,8 @@ class TunnelBody:
             payloads = [b"null" if end else p for p, end in zip(payloads, done, strict=True)]
             if any(done):
                 self.finished = True
-        try:
-            chunks = _JSON.decode("[" + b",".join(payloads).decode("utf-8") + "]")
-        except ValueError:
-            chunks = None
-        if not isinstance(chunks, list) or len(chunks) != len(payloads):
+        chunks = json_values(payloads)
+        if chunks is None:
             # One of them is malformed: find which (it raises).
             return self._each(block)
         # Only the first event (the model) and those that can tell
@@ -386,10 +382,10 @@ class TunnelBody:
         if payload.strip() == b"[DONE]":
             self.finished = True
             return event
-        try:
-            chunk = _JSON.decode(payload.decode("utf-8"))
-        except ValueError:
+        chunks = json_values([payload])
+        if chunks is None:
             return self._each(event)  # (it raises, as the slow path says)
+        chunk = chunks[0]
         if isinstance(chunk, dict) and (
             (self.observer is not None and not self.observer.parsed_any) or _tells(payload)
         ):

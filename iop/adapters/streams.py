@@ -225,8 +225,21 @@ class SSEParser:
             self._data.append(value[1:] if value.startswith(" ") else value)
 
 
-#: Parses a run of NDJSON lines (as one JSON array) from text.
 _JSON = json.JSONDecoder()
+
+
+def json_values(texts: list[bytes]) -> list[Any] | None:
+    """
+    C{texts}, each one JSON value, parsed in one go (as one JSON array):
+    a burst of events or lines read in one piece costs one parse. C{None}
+    when one of them is not one value (or not UTF-8): then each must be
+    parsed alone to find which.
+    """
+    try:
+        values = _JSON.decode("[" + b",".join(texts).decode("utf-8") + "]")
+    except ValueError:
+        return None
+    return values if isinstance(values, list) and len(values) == len(texts) else None
 
 
 class NDJSONParser:
@@ -243,15 +256,9 @@ class NDJSONParser:
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
         lines = [line for line in lines if line.strip()]
-        if len(lines) > 1:
-            # A burst read in one piece: parsed as one array, unless a line
-            # is not one JSON value (then line by line, which raises).
-            try:
-                values = _JSON.decode("[" + b",".join(lines).decode("utf-8") + "]")
-            except ValueError:
-                values = None
-            if isinstance(values, list) and len(values) == len(lines):
-                return values
+        if len(lines) > 1 and (values := json_values(lines)) is not None:
+            return values
+        # One line, or one that is not JSON (this raises for it).
         return [json.loads(line) for line in lines]
 
     def finish(self) -> list[Any]:
