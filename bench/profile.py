@@ -9,11 +9,20 @@ stack with its sample count) and prints each daemon's hottest functions,
 by own samples and by samples below them (the reactor's frames, below
 nearly every sample, left out). Needs C{py-spy}
 (C{pip install py-spy}) and the right to trace a child process.
+
+With C{--cprofile} the daemons run under twistd's cProfile instead
+(C{--profile ... --profiler cprofile}): exact call counts and CPU per
+function for the whole run, at the cost of slowing every call down (so
+read it for where the calls go, and py-spy for how long they take). The
+statistics are written to C{iop-edge-0.prof} and C{iop-node-0.prof} in
+C{--out} when the daemons stop, and their top functions printed.
 """
 
 import argparse
 import collections
 import os
+import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +33,9 @@ sys.path.insert(0, HERE)
 import loadgen  # noqa: E402
 import procstat  # noqa: E402
 import relay  # noqa: E402
+
+#: py-spy as installed beside this Python (a virtualenv's bin), else on PATH.
+PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
 
 
 def hottest(collapsed_path, top):
@@ -63,9 +75,12 @@ def main():
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None, help="directory for the collapsed stacks")
+    parser.add_argument("--cprofile", action="store_true", help="twistd's cProfile instead of py-spy")
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="iop-profile-")
     os.makedirs(out, exist_ok=True)
+    if args.cprofile:
+        os.environ["IOP_TWISTD_PROFILE_DIR"] = out
     procstat.raise_open_files()
     workdir = tempfile.mkdtemp(prefix="iop-bench-profile-")
     launcher, providers, ports, pids = relay.start(workdir)
@@ -75,8 +90,8 @@ def main():
         scenario = relay.Scenario("profile", args.concurrency, args.requests, words=args.words, paced=args.paced)
         port, request = path.target(ports, scenario)
         loadgen.run_load(port, [request] * 16, 4, path.separator)  # warm up
-        for name in ("edge", "node"):
-            command = ["py-spy", "record", "--pid", str(pids[name]), "--rate", str(args.rate)]
+        for name in () if args.cprofile else ("edge", "node"):
+            command = [PY_SPY, "record", "--pid", str(pids[name]), "--rate", str(args.rate)]
             command += ["--duration", str(int(args.seconds)), "--format", "raw", "--nonblocking"]
             command += ["--output", os.path.join(out, f"{name}.txt")]
             spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -95,7 +110,12 @@ def main():
         for provider in providers.values():
             provider.stop()
         procstat.keep_on_failure(workdir)
-    print(f"{rounds} rounds of {args.requests} requests; stacks in {out}")
+    print(f"{rounds} rounds of {args.requests} requests; profiles in {out}")
+    if args.cprofile:
+        for name in ("edge", "node"):
+            print(f"\n{name}:")
+            pstats.Stats(os.path.join(out, f"iop-{name}-0.prof")).sort_stats("tottime").print_stats(args.top)
+        return
     for name in ("edge", "node"):
         total, own, inclusive = hottest(os.path.join(out, f"{name}.txt"), args.top)
         if not total:

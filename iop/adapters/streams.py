@@ -30,9 +30,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
-    Agent,
     FileBodyProducer,
-    HTTPConnectionPool,
     PotentialDataLoss,
     RequestTransmissionFailed,
     ResponseDone,
@@ -48,6 +46,7 @@ from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Deadlines, Wa
 from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, RunInput
 from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
+from iop.httpclient import LeanConnectionPool, lean_agent
 from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
     ASSISTANT_PREFIX_OPTION,
@@ -319,10 +318,11 @@ class _BodyReader(Protocol):
 
     With C{turns} (of the reactor the connection is read on), what arrives
     in one reactor turn is handed over at once, early in the next: a
-    provider that writes a burst of events as many chunks (one
-    chunked-encoding piece per event is the rule) is read as one piece,
-    so the adapter parses, checks and relays it in one go instead of once
-    per event. The end of the body (whole or cut) hands over what is
+    provider that writes a burst of events as many pieces is read as one
+    piece, so the adapter parses, checks and relays it in one go instead
+    of once per event. (The pool's L{iop.httpclient.ChunkedDecoder}
+    already hands over a read's chunks together; over TLS a read still
+    arrives one record, often one event, at a time.) The end of the body (whole or cut) hands over what is
     pending first; an aborted one drops it.
     """
 
@@ -703,13 +703,13 @@ class HTTPAdapter(AdapterBase):
         #: The end of the turns of the reactor this adapter reads on (a
         #: body's bytes of one turn are read as one piece).
         self.turns = EndOfTurn(reactor)
-        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool = LeanConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 2
         self.pool.maxPersistentPerHost = max_concurrency
         # A relay must never carry one caller's cookies into another's
         # request: a jar that accepts no cookie at all.
         jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-        self.agent = Agent(reactor, connectTimeout=timeout, pool=self.pool)
+        self.agent = lean_agent(reactor, self.pool, timeout)
         self.http = HTTPClient(self.agent, cookiejar=jar)
 
     #: What the C{probe} command GETs (under C{base_url}).

@@ -80,13 +80,26 @@ class Daemon:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [TWISTD, "-n", "--pidfile=", self.tapname, "--config", self.config_path],
+            [TWISTD, "-n", "--pidfile=", *self._profiling(), self.tapname, "--config", self.config_path],
             cwd=self.workdir,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
         )
         return self
+
+    def _profiling(self):
+        """
+        twistd's cProfile options when C{IOP_TWISTD_PROFILE_DIR} names a
+        directory (C{bench/profile.py --cprofile}): the daemon writes its
+        statistics there, as C{<tap>-<n>.prof}, when it stops.
+        """
+        directory = os.environ.get("IOP_TWISTD_PROFILE_DIR")
+        if not directory:
+            return []
+        n = len([name for name in os.listdir(directory) if name.startswith(self.tapname)])
+        path = os.path.join(directory, f"{self.tapname}-{n}.prof")
+        return ["--profile", path, "--profiler", "cprofile", "--savestats"]
 
     @property
     def pid(self):

@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, ResponseDone
+from twisted.web.client import FileBodyProducer, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IResponse
@@ -39,6 +39,7 @@ from iop.edge.errors import ServiceError
 from iop.edge.http.common import cut_off, relay_response_headers, write_error
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError
+from iop.httpclient import LeanConnectionPool, lean_agent
 from iop.httpheaders import header_pairs, relay_headers
 
 #: The header that carries the cluster's secret on a forwarded request.
@@ -96,9 +97,7 @@ class Forwarder:
         self.secret = secret.encode("utf-8")
         self.reactor = reactor
         if agent is None:
-            agent = Agent(
-                reactor, connectTimeout=CONNECT_TIMEOUT_SEC, pool=HTTPConnectionPool(reactor, persistent=True)
-            )
+            agent = lean_agent(reactor, LeanConnectionPool(reactor, persistent=True), CONNECT_TIMEOUT_SEC)
         self.agent = agent
 
     def proxy(self, request: EdgeRequest, forward: Forward) -> Deferred[None]:
