@@ -111,6 +111,22 @@ class RunEventData:
     tool_call: ToolCall | None = None
 
 
+def joinable(event: RunEventData) -> bool:
+    """
+    Whether C{event} is text alone (a C{delta} or C{reasoning_delta} with
+    nothing else on it), which may be joined with its neighbours of the
+    same type: the text, its order and everything else stay the same.
+    """
+    return (
+        event.type in (DELTA, REASONING_DELTA)
+        and bool(event.text)
+        and event.usage is None
+        and event.error is None
+        and event.finish_reason is None
+        and event.tool_call is None
+    )
+
+
 class ITunnelSink(Interface):
     """
     Where a tunnel's provider response goes, in order: C{status}, then

@@ -9,17 +9,20 @@ every run), which only a subscriber that names it receives: with nobody
 asking, deltas are not even published, so the hot path stays lean.
 
 Publishing never waits for a subscriber. Each subscriber has its own
-bounded backlog drained on the next reactor turn, so a slow or failing
-subscriber loses its own oldest events (counted in C{dropped}) and never
-stalls the others or the publisher.
+bounded backlog drained on the next reactor turn (every subscriber on one
+timer, L{iop.turns.EndOfTurn}), so a slow or failing subscriber loses its
+own oldest events (counted in C{dropped}) and never stalls the others or
+the publisher.
 """
 
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+
+from iop.turns import EndOfTurn
 
 #: Node lifecycle event kinds.
 REGISTERED = "registered"
@@ -55,7 +58,8 @@ class Subscription:
         self.opt_in = opt_in
         self.pending: deque[tuple[str, dict[str, Any]]] = deque(maxlen=backlog)
         self.dropped = 0
-        self._scheduled: IDelayedCall | None = None
+        #: Whether a drain is asked for at the end of this turn.
+        self._scheduled = False
 
     def accepts(self, topic: str) -> bool:
         if self.topics is None:
@@ -68,11 +72,12 @@ class Subscription:
         if len(self.pending) == self.pending.maxlen:
             self.dropped += 1
         self.pending.append((topic, event))
-        if self._scheduled is None:
-            self._scheduled = self.bus.clock.callLater(0, self._drain)
+        if not self._scheduled:
+            self._scheduled = True
+            self.bus.turns.at_end(self._drain)
 
     def _drain(self) -> None:
-        self._scheduled = None
+        self._scheduled = False
         while self.pending:
             topic, event = self.pending.popleft()
             try:
@@ -81,9 +86,7 @@ class Subscription:
                 self.bus.log.failure("event bus subscriber failed on {topic}", topic=topic)
 
     def cancel(self) -> None:
-        if self._scheduled is not None and self._scheduled.active():
-            self._scheduled.cancel()
-        self._scheduled = None
+        # (A drain already asked for finds nothing.)
         self.pending.clear()
         self.bus.subscriptions.discard(self)
 
@@ -99,6 +102,7 @@ class EventBus:
 
     def __init__(self, clock: IReactorTime, backlog: int = 1000) -> None:
         self.clock = clock
+        self.turns = EndOfTurn(clock)
         self.backlog = backlog
         self.subscriptions: set[Subscription] = set()
 

@@ -16,23 +16,8 @@ come one per turn (a paced model) is sent event by event as before.
 
 from collections.abc import Callable
 
-from iop.run import DELTA, REASONING_DELTA, RunEventData
+from iop.run import RunEventData, joinable
 from iop.turns import EndOfTurn
-
-
-def joinable(event: RunEventData) -> bool:
-    """
-    Whether C{event} is text alone (a C{delta} or C{reasoning_delta} with
-    nothing else on it), which may be joined with its neighbours.
-    """
-    return (
-        event.type in (DELTA, REASONING_DELTA)
-        and bool(event.text)
-        and event.usage is None
-        and event.error is None
-        and event.finish_reason is None
-        and event.tool_call is None
-    )
 
 
 class JoinedDeltas:

@@ -49,8 +49,8 @@ class OllamaTests(TestCase):
     @defer.inlineCallbacks
     def test_chat_stream(self):
         """
-        Thinking lines become reasoning_delta, content lines delta, and the
-        done line's counts the usage (no breakdown: Ollama reports none);
+        Thinking lines become reasoning_delta, content lines delta (those
+        of one read joined, in order), and the done line's counts the usage (no breakdown: Ollama reports none);
         the request carries the model, messages and model options, with
         OpenAI's max_tokens spelled num_predict and think at the top level.
         """
@@ -69,10 +69,8 @@ class OllamaTests(TestCase):
             [(e.type, e.text) for e in events.events],
             [
                 ("start", ""),
-                ("reasoning_delta", "Let me "),
-                ("reasoning_delta", "see."),
-                ("delta", "Hel"),
-                ("delta", "lo"),
+                ("reasoning_delta", "Let me see."),
+                ("delta", "Hello"),
                 ("complete", ""),
             ],
         )

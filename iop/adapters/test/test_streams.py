@@ -17,8 +17,9 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from iop.adapters.interface import AdapterConfigError
-from iop.adapters.streams import HTTPAdapter, NDJSONParser, SSEParser, error_message, read_body
+from iop.adapters.streams import HTTPAdapter, NDJSONParser, RunOutput, SSEParser, error_message, read_body
 from iop.httpheaders import relay_headers
+from iop.run import COMPLETE, DELTA, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall
 from iop.turns import EndOfTurn
 
 
@@ -88,6 +89,37 @@ class NDJSONParserTests(SynchronousTestCase):
         self.assertEqual(NDJSONParser().feed(body), [{"a": 1}, [2], "three", {"b": "\u00e9"}])
         for bad in (b'{"a": 1}\n1, 2\n', b'{"a": 1}\n]\n', b'{"a": 1}\n{nope\n'):
             self.assertRaises(ValueError, NDJSONParser().feed, bad)
+
+
+class RunOutputTests(SynchronousTestCase):
+    """
+    L{RunOutput}: start before the first event, and the text deltas of a
+    read held until it is done.
+    """
+
+    def setUp(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.output = RunOutput(lambda event: self.sent.append((event.type, event.text)))
+
+    def test_text_of_one_read_is_one_delta(self) -> None:
+        for text in ("a", "b", "c"):
+            self.output(RunEventData(DELTA, text=text))
+        self.assertEqual(self.sent, [(START, "")])
+        self.output.flush()
+        self.output(RunEventData(DELTA, text="d"))
+        self.output.flush()
+        self.assertEqual(self.sent, [(START, ""), (DELTA, "abc"), (DELTA, "d")])
+
+    def test_anything_else_goes_after_what_is_held(self) -> None:
+        self.output(RunEventData(REASONING_DELTA, text="hm"))
+        self.output(RunEventData(DELTA, text="x"))
+        self.output(RunEventData(TOOL_CALL, tool_call=ToolCall("c1", "f", "{}")))
+        self.output(RunEventData(DELTA, text="y"))
+        self.output(RunEventData(COMPLETE))
+        self.assertEqual(
+            self.sent,
+            [(START, ""), (REASONING_DELTA, "hm"), (DELTA, "x"), (TOOL_CALL, ""), (DELTA, "y"), (COMPLETE, "")],
+        )
 
 
 class ErrorMessageTests(SynchronousTestCase):
