@@ -90,11 +90,12 @@ def main():
         scenario = relay.Scenario("profile", args.concurrency, args.requests, words=args.words, paced=args.paced)
         port, request = path.target(ports, scenario)
         loadgen.run_load(port, [request] * 16, 4, path.separator)  # warm up
-        for name in () if args.cprofile else ("edge", "node"):
-            command = [PY_SPY, "record", "--pid", str(pids[name]), "--rate", str(args.rate)]
-            command += ["--duration", str(int(args.seconds)), "--format", "raw", "--nonblocking"]
-            command += ["--output", os.path.join(out, f"{name}.txt")]
-            spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if not args.cprofile:  # (cProfile runs inside the daemons already)
+            for name in ("edge", "node"):
+                command = [PY_SPY, "record", "--pid", str(pids[name]), "--rate", str(args.rate)]
+                command += ["--duration", str(int(args.seconds)), "--format", "raw", "--nonblocking"]
+                command += ["--output", os.path.join(out, f"{name}.txt")]
+                spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + args.seconds
         rounds = 0
         while time.monotonic() < deadline:

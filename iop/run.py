@@ -16,6 +16,7 @@ It holds:
   - every failure code a run or tunnel can end with (L{FAILURE_CODES}).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,43 @@ def joinable(event: RunEventData) -> bool:
         and event.finish_reason is None
         and event.tool_call is None
     )
+
+
+class HeldDeltas:
+    """
+    Consecutive L{joinable} deltas of one type held for C{send}, to go out
+    as one delta (their text joined) when the holder says (L{flush}) or
+    before the next event that is not text of their type; anything else
+    goes out at once, after what was held.
+
+    @param send: sends one event on.
+    """
+
+    def __init__(self, send: Callable[[RunEventData], object]) -> None:
+        self._send = send
+        #: The type of the deltas held, C{None} while nothing is.
+        self.held_type: str | None = None
+        self._texts: list[str] = []
+
+    def __call__(self, event: RunEventData) -> None:
+        if not joinable(event):
+            self.flush()
+            self._send(event)
+            return
+        if self.held_type != event.type:
+            self.flush()
+            self.held_type = event.type
+        self._texts.append(event.text)
+
+    def flush(self) -> None:
+        """
+        Send what is held now, as one delta.
+        """
+        if self.held_type is None:
+            return
+        kind, texts = self.held_type, self._texts
+        self.held_type, self._texts = None, []
+        self._send(RunEventData(kind, text=texts[0] if len(texts) == 1 else "".join(texts)))
 
 
 class ITunnelSink(Interface):

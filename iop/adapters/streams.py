@@ -59,10 +59,10 @@ from iop.run import (
     PROVIDER_TIMEOUT,
     PROVIDER_UNREACHABLE,
     START,
+    HeldDeltas,
     RunEventData,
     RunFailure,
     Usage,
-    joinable,
 )
 from iop.turns import EndOfTurn
 
@@ -323,8 +323,9 @@ class _BodyReader(Protocol):
     piece, so the adapter parses, checks and relays it in one go instead
     of once per event. (The pool's L{iop.httpclient.ChunkedDecoder}
     already hands over a read's chunks together; over TLS a read still
-    arrives one record, often one event, at a time.) The end of the body (whole or cut) hands over what is
-    pending first; an aborted one drops it.
+    arrives one record, often one event, at a time.) The end of the body
+    (whole or cut) hands over what is pending first; an aborted one drops
+    it.
     """
 
     def __init__(
@@ -954,31 +955,19 @@ class RunOutput:
     def __init__(self, emit: Emit) -> None:
         self.emit = emit
         self.started = False
-        self._kind: str | None = None
-        self._texts: list[str] = []
+        self._held = HeldDeltas(emit)
 
     def __call__(self, event: RunEventData) -> None:
         if not self.started and event.type != ERROR:
             self.started = True
             self.emit(RunEventData(START))
-        if joinable(event):
-            if self._kind != event.type:
-                self.flush()
-                self._kind = event.type
-            self._texts.append(event.text)
-            return
-        self.flush()
-        self.emit(event)
+        self._held(event)
 
     def flush(self) -> None:
         """
-        Send the text held, as one delta.
+        Send the text held, as one delta (the read is done).
         """
-        if self._kind is None:
-            return
-        kind, texts = self._kind, self._texts
-        self._kind, self._texts = None, []
-        self.emit(RunEventData(kind, text=texts[0] if len(texts) == 1 else "".join(texts)))
+        self._held.flush()
 
 
 def _raw_headers(pairs: Iterable[tuple[str | bytes, str | bytes]]) -> Headers:

@@ -101,7 +101,6 @@ class EventBus:
     log = Logger()
 
     def __init__(self, clock: IReactorTime, backlog: int = 1000) -> None:
-        self.clock = clock
         self.turns = EndOfTurn(clock)
         self.backlog = backlog
         self.subscriptions: set[Subscription] = set()

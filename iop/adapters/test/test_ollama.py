@@ -50,8 +50,8 @@ class OllamaTests(TestCase):
     def test_chat_stream(self):
         """
         Thinking lines become reasoning_delta, content lines delta (those
-        of one read joined, in order), and the done line's counts the usage (no breakdown: Ollama reports none);
-        the request carries the model, messages and model options, with
+        of one read joined, in order), and the done line's counts the
+        usage (no breakdown: Ollama reports none); the request carries the model, messages and model options, with
         OpenAI's max_tokens spelled num_predict and think at the top level.
         """
         body = line(thinking="Let me ") + line(thinking="see.") + line("Hel") + line("lo") + DONE
