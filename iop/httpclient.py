@@ -11,6 +11,11 @@ body over in one piece, with the same checks (hexadecimal sizes, a
 bounded size line, chunk extensions, the CRLF after each chunk, bounded
 trailers) and the same errors.
 
+L{BytesBody} is a request body of bytes written in the turn the request
+is: Twisted's C{FileBodyProducer} (treq's, too, for bytes and JSON)
+writes through a cooperator, a turn after the headers, so the provider
+got every request in two sends and woke up twice for it.
+
 L{LeanConnectionPool} is an C{HTTPConnectionPool} whose connections decode
 chunked bodies with it; L{lean_agent} is an C{Agent} on such a pool that
 also builds the endpoint of a host once, not on every request (Twisted
@@ -27,11 +32,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.interfaces import IAddress, IReactorTime, IStreamClientEndpoint
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IAddress, IConsumer, IReactorTime, IStreamClientEndpoint
 from twisted.web._newclient import HTTP11ClientProtocol
 from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http import _DataLoss, _MalformedChunkedDataError
-from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 #: The longest chunk-size line (with its extensions) accepted, as Twisted's.
@@ -205,6 +211,46 @@ class ChunkedDecoder:
         """
         if self._state != _DONE:
             raise _DataLoss("Chunked decoder still expecting more data: the body was cut short.")
+
+
+@implementer(IBodyProducer)
+class BytesBody:
+    """
+    A request body held in memory, written whole when the request is
+    (Twisted's C{FileBodyProducer} writes it a turn later, through a
+    cooperator: a second send, and a second wake-up of the provider).
+    """
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: IConsumer) -> "Deferred[None]":
+        consumer.write(self.body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        """
+        Nothing to pause: the body is written at once.
+        """
+
+    def resumeProducing(self) -> None:
+        """
+        Nothing to resume: the body is written at once.
+        """
+
+    def stopProducing(self) -> None:
+        """
+        Nothing to stop: the body is written at once.
+        """
+
+
+def body_producer(data: Any) -> IBodyProducer:
+    """
+    treq's C{data_to_body_producer}: bytes (treq's JSON bodies among them)
+    as a L{BytesBody}, anything else as treq would.
+    """
+    return BytesBody(data) if isinstance(data, bytes) else IBodyProducer(data)
 
 
 #: The transfer decoders of a L{LeanConnectionPool}'s responses.

@@ -17,7 +17,6 @@ import re
 from collections.abc import Callable, Iterable
 from enum import Enum
 from http.cookiejar import DefaultCookiePolicy
-from io import BytesIO
 from typing import Any, TypeVar, cast
 from typing import Protocol as Shape
 
@@ -30,7 +29,6 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
-    FileBodyProducer,
     PotentialDataLoss,
     RequestTransmissionFailed,
     ResponseDone,
@@ -46,7 +44,7 @@ from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Deadlines, Wa
 from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, RunInput
 from iop.adapters.verdicts import retry_after, says_context_length
 from iop.config import http_url_problem
-from iop.httpclient import LeanConnectionPool, lean_agent
+from iop.httpclient import BytesBody, LeanConnectionPool, body_producer, lean_agent
 from iop.httpheaders import HeaderPairs, header_pairs, relay_headers
 from iop.run import (
     ASSISTANT_PREFIX_OPTION,
@@ -712,7 +710,7 @@ class HTTPAdapter(AdapterBase):
         # request: a jar that accepts no cookie at all.
         jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
         self.agent = lean_agent(reactor, self.pool, timeout)
-        self.http = HTTPClient(self.agent, cookiejar=jar)
+        self.http = HTTPClient(self.agent, cookiejar=jar, data_to_body_producer=body_producer)
 
     #: What the C{probe} command GETs (under C{base_url}).
     probe_path = "/models"
@@ -779,7 +777,7 @@ class HTTPAdapter(AdapterBase):
         relay: no cookie handling and no content decoding (which would
         change the headers and body the provider sent), headers as given.
         """
-        producer = FileBodyProducer(BytesIO(body)) if body else None
+        producer = BytesBody(body) if body else None
         return self.agent.request(
             method.encode("ascii"), self.url(path).encode("utf-8"), _raw_headers(headers), producer
         )

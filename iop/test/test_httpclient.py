@@ -4,16 +4,21 @@ the same input cut at random places, its errors, and the pool and agent
 on a real loopback server.
 """
 
+from io import BytesIO
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer, reactor
+from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 from twisted.web import resource, server
-from twisted.web.client import readBody
+from twisted.web._newclient import HTTP11ClientProtocol, Request
+from twisted.web.client import FileBodyProducer, readBody
 from twisted.web.http import _ChunkedTransferDecoder, _DataLoss, _MalformedChunkedDataError
+from twisted.web.http_headers import Headers
 
 from iop import httpclient
-from iop.httpclient import MAX_SIZE_LINE, ChunkedDecoder, LeanConnectionPool, lean_agent
+from iop.httpclient import MAX_SIZE_LINE, BytesBody, ChunkedDecoder, LeanConnectionPool, body_producer, lean_agent
 
 
 def chunked(*pieces: bytes, trailers: bytes = b"", extension: bytes = b"") -> bytes:
@@ -120,6 +125,29 @@ class ChunkedDecoderTests(unittest.TestCase):
         decoder.dataReceived(chunked(b"ab"))
         decoder.noMoreData()
         self.assertRaises(RuntimeError, decoder.dataReceived, b"1\r\n")
+
+
+class BytesBodyTests(unittest.TestCase):
+    def test_written_with_the_headers(self):
+        """
+        The body goes out in the turn the request does, right after its
+        headers (no cooperator between them), and the request's body is
+        done at once.
+        """
+        transport = StringTransport()
+        protocol = HTTP11ClientProtocol()
+        protocol.makeConnection(transport)
+        body = b'{"model": "m"}'
+        protocol.request(Request(b"POST", b"/v1/chat", Headers({b"host": [b"p"]}), BytesBody(body)))
+        sent = transport.value()
+        self.assertIn(b"Content-Length: %d\r\n" % len(body), sent)
+        self.assertTrue(sent.endswith(b"\r\n\r\n" + body), sent)
+
+    def test_body_producer_for_treq(self):
+        self.assertIsInstance(body_producer(b"{}"), BytesBody)
+        self.assertEqual(body_producer(b"{}").length, 2)
+        other = FileBodyProducer(BytesIO(b"{}"))
+        self.assertIs(body_producer(other), other)
 
 
 class Chunks(resource.Resource):

@@ -19,14 +19,13 @@ that a request goes elsewhere.
 """
 
 import hmac
-from io import BytesIO
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import FileBodyProducer, ResponseDone
+from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IResponse
@@ -39,7 +38,7 @@ from iop.edge.errors import ServiceError
 from iop.edge.http.common import cut_off, relay_response_headers, write_error
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError
-from iop.httpclient import LeanConnectionPool, lean_agent
+from iop.httpclient import BytesBody, LeanConnectionPool, lean_agent
 from iop.httpheaders import header_pairs, relay_headers
 
 #: The header that carries the cluster's secret on a forwarded request.
@@ -115,7 +114,7 @@ class Forwarder:
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
         relay = _Relay(request, forward)
-        d = self.agent.request(request.method, url, headers, FileBodyProducer(BytesIO(body)))
+        d = self.agent.request(request.method, url, headers, BytesBody(body))
         relay.pending = d
         request.notifyFinish().addErrback(relay.caller_gone)
         return d.addCallbacks(relay.respond, relay.failed)

@@ -12,7 +12,6 @@ would to the caller itself.
 """
 
 import json
-from io import BytesIO
 from typing import Any
 
 from twisted.internet import defer
@@ -20,7 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import FileBodyProducer, readBody
+from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IResponse
 
@@ -28,6 +27,7 @@ from iop.edge.cluster.forward import PEER_HEADER
 from iop.edge.cluster.load import ClusterView
 from iop.edge.http.request import EdgeRequest
 from iop.edge.seam import Forward, PeerAnswer
+from iop.httpclient import BytesBody
 from iop.httpheaders import header_pairs, relay_headers
 
 #: How long one Edge may take to answer a read (it may ask its Nodes'
@@ -90,7 +90,7 @@ class PeerReader:
         return defer.DeferredList(asks, consumeErrors=True).addCallback(answered)
 
     def _ask(self, peer: Forward, headers: Headers, path: bytes) -> "Deferred[PeerAnswer | None]":
-        d = self.agent.request(b"GET", peer.url.encode("utf-8") + path, headers, FileBodyProducer(BytesIO(b"")))
+        d = self.agent.request(b"GET", peer.url.encode("utf-8") + path, headers, BytesBody(b""))
         d.addTimeout(ASK_TIMEOUT_SEC, self.reactor)
 
         def respond(response: IResponse) -> "Deferred[PeerAnswer]":
