@@ -18,6 +18,8 @@ setup(
         "prometheus-client>=0.26",
         # Tables, live views and progress bars of the `iop` command line.
         "rich>=14",
+        # A burst's events checked in one parse (iop.adapters.streams.json_values).
+        "orjson>=3.10",
     ],
     entry_points={"console_scripts": ["iop = iop.cli.main:main"]},
     extras_require={

@@ -20,6 +20,7 @@ from http.cookiejar import DefaultCookiePolicy
 from typing import Any, TypeVar, cast
 from typing import Protocol as Shape
 
+import orjson
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet import defer
@@ -232,11 +233,20 @@ def json_values(texts: list[bytes]) -> list[Any] | None:
     a burst of events or lines read in one piece costs one parse. C{None}
     when one of them is not one value (or not UTF-8): then each must be
     parsed alone to find which.
+
+    orjson parses the bytes as they are, in well under half the time of
+    C{json} (the largest single cost of a Node relaying a burst); what it
+    refuses and C{json} accepts (NaN, integers past 64 bits, lone
+    surrogates) is parsed again by C{json}, so both accept the same.
     """
+    joined = b"[" + b",".join(texts) + b"]"
     try:
-        values = _JSON.decode("[" + b",".join(texts).decode("utf-8") + "]")
-    except ValueError:
-        return None
+        values = orjson.loads(joined)
+    except orjson.JSONDecodeError:
+        try:
+            values = _JSON.decode(joined.decode("utf-8"))
+        except ValueError:
+            return None
     return values if isinstance(values, list) and len(values) == len(texts) else None
 
 
