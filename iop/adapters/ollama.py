@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from iop import jsontext
 from iop.adapters.interface import Capabilities, Emit, IAdapter, NotSupported, Progress, RunInput, TunnelInput
 from iop.adapters.streams import (
     ERROR_BODY_LIMIT,
@@ -59,7 +60,7 @@ def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
         function = (call or {}).get("function") or {}
         arguments = function.get("arguments")
         try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+            arguments = jsontext.loads(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             pass
         calls.append({"function": {"name": function.get("name", ""), "arguments": arguments or {}}})
@@ -248,7 +249,7 @@ class OllamaAdapter(HTTPAdapter):
         if request.method != "POST" or request.path.rstrip("/") != "/embeddings":
             raise NotSupported(f"adapter {self.name} (ollama) tunnels only POST /embeddings")
         try:
-            body = json.loads(request.body or b"{}")
+            body = jsontext.loads(request.body or b"{}")
             model, inputs = body["model"], body["input"]
         except (ValueError, KeyError, TypeError):
             _answer(sink, 400, _openai_error("the body needs model and input", "invalid_request_error"))

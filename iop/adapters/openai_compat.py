@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from iop import jsontext
 from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, IAdapter, RunInput, TunnelInput
 from iop.adapters.relay import TunnelBody, asks_stream
 from iop.adapters.streams import (
@@ -162,7 +163,7 @@ class ChatResponse:
             self.done = True
             return
         try:
-            chunk = json.loads(payload)
+            chunk = jsontext.loads(payload)
         except ValueError:
             # Its text is not repeated: what is malformed never reaches the caller.
             raise broken_answer(f"provider sent data that is not JSON ({len(payload)} characters)") from None
@@ -365,7 +366,7 @@ def with_usage(body: bytes) -> bytes | None:
     asked for, not a JSON object).
     """
     try:
-        payload = json.loads(body)
+        payload = jsontext.loads(body)
     except ValueError:
         return None
     if not isinstance(payload, dict) or payload.get("stream") is not True:

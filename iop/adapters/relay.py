@@ -32,19 +32,18 @@ A stream is finished when it says so: C{[DONE]}, a finish reason, or a
 Responses API end event. One that ends without saying so was cut.
 """
 
-import json
 import re
 from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IResponse
 
+from iop import jsontext
 from iop.adapters.streams import (
     JSON_BODY_LIMIT,
     ProviderError,
     Reading,
     broken_answer,
-    json_values,
     response_headers,
     status_error,
 )
@@ -159,7 +158,7 @@ def asks_stream(body: bytes) -> bool:
     if b'"stream"' not in body or len(body) > JSON_BODY_LIMIT:
         return False
     try:
-        payload = json.loads(body)
+        payload = jsontext.loads(body)
     except ValueError:
         return False
     return isinstance(payload, dict) and payload.get("stream") is True
@@ -287,7 +286,7 @@ class TunnelBody:
         if b"json" not in content_type:
             return False
         try:
-            json.loads(held)
+            jsontext.loads(held)
         except ValueError:
             return True
         return False
@@ -351,7 +350,7 @@ class TunnelBody:
             payloads = [b"null" if end else p for p, end in zip(payloads, done, strict=True)]
             if any(done):
                 self.finished = True
-        chunks = json_values(payloads)
+        chunks = jsontext.loads_each(payloads)
         if chunks is None:
             # One of them is malformed: find which (it raises).
             return self._each(block)
@@ -382,7 +381,7 @@ class TunnelBody:
         if payload.strip() == b"[DONE]":
             self.finished = True
             return event
-        chunks = json_values([payload])
+        chunks = jsontext.loads_each([payload])
         if chunks is None:
             return self._each(event)  # (it raises, as the slow path says)
         chunk = chunks[0]
@@ -421,7 +420,7 @@ class TunnelBody:
             self.finished = True
             return event
         try:
-            chunk = json.loads(text)
+            chunk = jsontext.loads(text)
         except ValueError:
             raise broken_answer(f"the provider sent an event that is not JSON ({len(text)} bytes)") from None
         if not isinstance(chunk, dict):

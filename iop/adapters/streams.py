@@ -20,7 +20,6 @@ from http.cookiejar import DefaultCookiePolicy
 from typing import Any, TypeVar, cast
 from typing import Protocol as Shape
 
-import orjson
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet import defer
@@ -40,6 +39,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
+from iop import jsontext
 from iop.adapters.base import AdapterBase
 from iop.adapters.deadlines import FINISH_GRACE_SEC, OPTION_NAMES, Deadlines, Watch, deadline_options
 from iop.adapters.interface import AdapterConfigError, Capabilities, Emit, RunInput
@@ -224,32 +224,6 @@ class SSEParser:
             self._data.append(value[1:] if value.startswith(" ") else value)
 
 
-_JSON = json.JSONDecoder()
-
-
-def json_values(texts: list[bytes]) -> list[Any] | None:
-    """
-    C{texts}, each one JSON value, parsed in one go (as one JSON array):
-    a burst of events or lines read in one piece costs one parse. C{None}
-    when one of them is not one value (or not UTF-8): then each must be
-    parsed alone to find which.
-
-    orjson parses the bytes as they are, in well under half the time of
-    C{json} (the largest single cost of a Node relaying a burst); what it
-    refuses and C{json} accepts (NaN, integers past 64 bits, lone
-    surrogates) is parsed again by C{json}, so both accept the same.
-    """
-    joined = b"[" + b",".join(texts) + b"]"
-    try:
-        values = orjson.loads(joined)
-    except orjson.JSONDecodeError:
-        try:
-            values = _JSON.decode(joined.decode("utf-8"))
-        except ValueError:
-            return None
-    return values if isinstance(values, list) and len(values) == len(texts) else None
-
-
 class NDJSONParser:
     """
     Newline-delimited JSON, fed in arbitrary pieces; yields parsed values.
@@ -264,14 +238,14 @@ class NDJSONParser:
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
         lines = [line for line in lines if line.strip()]
-        if len(lines) > 1 and (values := json_values(lines)) is not None:
+        if len(lines) > 1 and (values := jsontext.loads_each(lines)) is not None:
             return values
         # One line, or one that is not JSON (this raises for it).
-        return [json.loads(line) for line in lines]
+        return [jsontext.loads(line) for line in lines]
 
     def finish(self) -> list[Any]:
         rest, self._buffer = self._buffer, b""
-        return [json.loads(rest)] if rest.strip() else []
+        return [jsontext.loads(rest)] if rest.strip() else []
 
 
 def error_message(body: bytes) -> str:
@@ -282,7 +256,7 @@ def error_message(body: bytes) -> str:
     """
     text = body.decode("utf-8", "replace").strip()
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except ValueError:
         return text
     if isinstance(data, dict):
@@ -824,7 +798,7 @@ class HTTPAdapter(AdapterBase):
         def parse(response: IResponse) -> Any:
             if not 200 <= response.code < 300:
                 raise status_error(response, bytes(body), self.clock)
-            return json.loads(bytes(body)) if body.strip() else None
+            return jsontext.loads(bytes(body)) if body.strip() else None
 
         return d.addCallback(parse).addErrback(as_provider_error)
 

@@ -7,11 +7,12 @@ Plain functions of headers and bytes, so that runs and tunnels, OpenAI and
 Ollama back ends read these the same way.
 """
 
-import json
 import re
 from email.utils import parsedate_to_datetime
 
 from twisted.web.http_headers import Headers
+
+from iop import jsontext
 
 #: How a provider says a prompt is longer than its context: OpenAI's
 #: error code, and the messages of vLLM ("maximum context length"),
@@ -73,7 +74,7 @@ def says_context_length(body: bytes) -> bool:
     """
     text = body.decode("utf-8", "replace")
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except ValueError:
         return _CONTEXT_MESSAGE.search(text) is not None
     error = data.get("error") if isinstance(data, dict) else None

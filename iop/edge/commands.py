@@ -18,6 +18,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
+from iop import jsontext
 from iop.edge.config import EdgeConfig
 from iop.edge.drain import Drain, shutting_down
 from iop.edge.errors import ServiceError
@@ -93,7 +94,7 @@ class NodeCommands:
         message = messages.command_request(
             request_id, command, adapter, json.dumps(args or {}), stream=progress is not None
         )
-        on_progress = None if progress is None else (lambda update: progress(json.loads(update.result_json)))
+        on_progress = None if progress is None else (lambda update: progress(jsontext.loads(update.result_json)))
         abort = messages.cancel_command(request_id)
 
         def answered(response: messages.NodeCommandResponse) -> Any:
@@ -103,7 +104,7 @@ class NodeCommands:
                     kind, response.error or f"command {command} failed", code=response.code or "command_failed"
                 )
             try:
-                return json.loads(response.result_json) if response.result_json else None
+                return jsontext.loads(response.result_json) if response.result_json else None
             except ValueError:
                 raise ServiceError(
                     "failed", f"node {node_id} answered {command} with a result that is not JSON", code="protocol_error"

@@ -16,7 +16,6 @@ connection and every other piece of work on it go on. A listener that
 raises (a bug) ends only its own work too.
 """
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger, LogLevel
 from zope.interface import Interface, implementer
 
+from iop import jsontext
 from iop.edge.failover import provider_failed
 from iop.edge.flow import ReceiveWindow
 from iop.edge.pool import Lease
@@ -726,7 +726,7 @@ def _metadata(frame: messages.ProviderTunnelFrame) -> dict[str, Any] | None:
     A tunnel metadata frame's JSON object, or C{None} when it is not one.
     """
     try:
-        info = json.loads(frame.metadata_json)
+        info = jsontext.loads(frame.metadata_json)
     except ValueError:
         return None
     return info if isinstance(info, dict) else None

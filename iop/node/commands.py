@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from iop import jsontext
 from iop.adapters.interface import NotSupported
 from iop.node.context import NodeContext
 from iop.node.flow import Message
@@ -133,7 +134,7 @@ class CommandHandler:
 
     def _run(self, request: Message, progress: Callable[[object], None] | None) -> Any:
         try:
-            args = json.loads(request.args_json) if request.args_json else {}
+            args = jsontext.loads(request.args_json) if request.args_json else {}
         except ValueError as e:
             raise CommandError(INVALID_ARGS, f"args_json is not valid JSON: {e}") from None
         if not isinstance(args, dict):

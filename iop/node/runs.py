@@ -8,7 +8,6 @@ slot before the terminal goes out, so the Edge never sees a terminal for
 work whose capacity is still held.
 """
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,6 +16,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from iop import jsontext
 from iop.adapters.interface import RunInput
 from iop.node.flow import Message, SendWindow
 from iop.node.gate import Slot
@@ -96,7 +96,7 @@ def _json_field(text: str, name: str, kind: type, described: str) -> Any:
         (C{described}, for the message).
     """
     try:
-        value = json.loads(text)
+        value = jsontext.loads(text)
     except ValueError as e:
         raise BadRequest(f"{name} is not valid JSON: {e}") from None
     if not isinstance(value, kind):

@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from iop import jsontext
 from iop.adapters.interface import NotSupported, TunnelInput
 from iop.adapters.streams import ProviderError
 from iop.node.flow import Message
@@ -96,7 +97,7 @@ def requested_model(body: bytes) -> str:
     if not body or len(body) > MODEL_SNIFF_BYTES:
         return ""
     try:
-        model = json.loads(body).get("model")
+        model = jsontext.loads(body).get("model")
     except (ValueError, AttributeError):
         return ""
     return model if isinstance(model, str) else ""

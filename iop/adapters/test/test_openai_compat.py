@@ -485,6 +485,27 @@ class TunnelTests(OpenAICompatTestCase):
         self.assertEqual(sink.calls, [])
 
     @defer.inlineCallbacks
+    def test_deeply_nested_event_is_a_broken_answer(self):
+        """
+        An event nested deeper than Python can parse is as malformed as one
+        that is not JSON, alone in its read or after a good event in a
+        burst (which is relayed first): a broken answer, not an internal
+        error from the parser's recursion.
+        """
+        nested = b"data: " + b"[" * 5000 + b"]" * 5000 + b"\n\n"
+        for chunks, code, relayed in (
+            ([nested], "provider_error", b""),
+            ([b"data: {}\n\n" + nested + b"data: [DONE]\n\n"], "incomplete", b"data: {}\n\n"),
+        ):
+            sink = TunnelRecorder()
+            d = self.adapter(Script(headers=SSE_HEADERS, chunks=chunks)).tunnel(
+                TunnelInput("t1", "POST", "/chat/completions", body=b"{}"), sink
+            )
+            error = yield self.assertFailure(d, ProviderError)
+            self.assertEqual((error.code, error.status), (code, 502))
+            self.assertEqual(b"".join(sink.bodies), relayed)
+
+    @defer.inlineCallbacks
     def test_unreachable(self):
         """
         A refused connection fails the tunnel with ProviderUnreachable and
