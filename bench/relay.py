@@ -5,16 +5,18 @@ connection to the same provider in the same run.
 Starts two loopback fake providers (OpenAI-compatible and Ollama, from
 C{tests/support/fake_providers.py}, 5 ms per event for the C{slow-model}),
 a real C{iop-edge} and a real C{iop-node} (the process harness of the
-multi-process tests, C{tests/support/}), then streams the same chat five
-ways:
+multi-process tests, C{tests/support/}) and the floor relay (L{floor}),
+then streams the same chat six ways:
 
   direct         caller -> fake OpenAI provider
   tunnel         caller -> Edge -> Node -> fake OpenAI provider  (raw bytes relayed)
+  floor          caller -> floor Edge -> floor Node -> fake OpenAI provider  (the stack alone)
   direct-ollama  caller -> fake Ollama provider (NDJSON)
   run            caller -> Edge native /v1/runs -> Node -> fake Ollama  (normalized)
   run-openai     caller -> Edge /v1/chat/completions -> Node -> fake Ollama  (normalized, OpenAI chunks)
 
-Tunnels are compared with C{direct}, normalized runs with C{direct-ollama}.
+Tunnels and the floor are compared with C{direct}, normalized runs with
+C{direct-ollama}.
 
 Scenarios: burst (the provider writes every event at once) at c=1, c=50
 and c=1000 concurrent callers; paced (5 ms between events) at c=50 and
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the process harness: tests/support/
+import floor  # noqa: E402
 import loadgen  # noqa: E402
 import procstat  # noqa: E402
 from loadgen import NDJSON, SSE  # noqa: E402
@@ -83,8 +86,8 @@ class Path:
         prompt = " ".join(f"w{i}" for i in range(scenario.words))
         messages = [{"role": "user", "content": prompt}]
         slow = scenario.paced
-        if self.name == "direct":
-            port, path = ports["openai"], "/v1/chat/completions"
+        if self.name in ("direct", "floor"):
+            port, path = ports["openai" if self.name == "direct" else "floor"], "/v1/chat/completions"
             body = {"model": "slow-model" if slow else "fake-model", "stream": True, "messages": messages}
         elif self.name == "tunnel":
             port, path = ports["edge"], "/v1/chat/completions"
@@ -104,6 +107,9 @@ class Path:
 PATHS = [
     Path("direct", "direct", False, SSE),
     Path("tunnel", "direct", True, SSE),
+    # The tunnel's processes and libraries without the product (floor.py):
+    # the best any relay on this stack reaches on this machine.
+    Path("floor", "direct", True, SSE),
     Path("direct-ollama", "direct-ollama", False, NDJSON),
     Path("run", "direct-ollama", True, SSE),
     Path("run-openai", "direct-ollama", True, SSE),
@@ -281,17 +287,23 @@ def run(args):
     procstat.raise_open_files()
     workdir = tempfile.mkdtemp(prefix="iop-bench-relay-")
     gc_dir = os.path.join(workdir, "gc")
+    floor_processes = []
     with procstat.gc_watched(gc_dir):
         launcher, providers, ports, pids = start(workdir)
     try:
-        # The provider that serves a path is the one whose CPU counts.
-        pids_for = {
+        with procstat.gc_watched(gc_dir):
+            floor_processes, ports["floor"] = floor.start(workdir, providers["openai"].url("/v1/chat/completions"))
+        # The provider that serves a path is the one whose CPU counts, and
+        # the floor's path has its own Edge and Node.
+        daemons = {
             "openai": {"edge": pids["edge"], "node": pids["node"], "provider": providers["openai"].process.pid},
             "ollama": {"edge": pids["edge"], "node": pids["node"], "provider": providers["ollama"].process.pid},
         }
+        pids_for = {path.name: daemons["ollama" if "ollama" in path.base else "openai"] for path in PATHS}
+        pids_for["floor"] = {**daemons["openai"], "edge": floor_processes[0].pid, "node": floor_processes[1].pid}
         warm = Scenario("warm-up", 4, 16)
         for path in PATHS:  # warm up connections and code paths
-            measure(path, warm, ports, pids_for["openai"], gc_dir)
+            measure(path, warm, ports, pids_for[path.name], gc_dir)
         memory = {"rest": {name: procstat.memory(pids[name])[0] for name in ("edge", "node")}}
         results = {}
         for scenario in scenarios(args):
@@ -299,8 +311,7 @@ def run(args):
             runs = {path.name: [] for path in PATHS}
             for _ in range(scenario.repeats):
                 for path in PATHS:
-                    kind = "ollama" if "ollama" in path.base else "openai"
-                    runs[path.name].append(measure(path, scenario, ports, pids_for[kind], gc_dir))
+                    runs[path.name].append(measure(path, scenario, ports, pids_for[path.name], gc_dir))
             for path in PATHS:
                 results[scenario.name][path.name] = median_of(runs[path.name])
             print_scenario(scenario, results[scenario.name])
@@ -308,6 +319,7 @@ def run(args):
         memory["peak"] = {name: procstat.memory(pids[name])[1] for name in ("edge", "node")}
         result = {"scenarios": results, "memory": memory, "order": [s.name for s in scenarios(args)]}
     finally:
+        floor.stop(floor_processes)
         launcher.stop_all()
         for provider in providers.values():
             provider.stop()
@@ -398,11 +410,12 @@ def summary(result):
     """
     s = result["scenarios"]
     c1, c50, wide, paced, paced_wide, long = result["order"]
-    t, d = s[c1]["tunnel"], s[c1]["direct"]
+    t, d, f = s[c1]["tunnel"], s[c1]["direct"], s[c1]["floor"]
     rows = [
         (
             "added first-byte latency at c=1 (tunnel), p50 / p99",
-            f"{added_ms(t['ttfb_p50'] - d['ttfb_p50'])} / {added_ms(t['ttfb_p99'] - d['ttfb_p99'])} ms",
+            f"{added_ms(t['ttfb_p50'] - d['ttfb_p50'])} / {added_ms(t['ttfb_p99'] - d['ttfb_p99'])} ms "
+            f"(floor {added_ms(f['ttfb_p50'] - d['ttfb_p50'])} / {added_ms(f['ttfb_p99'] - d['ttfb_p99'])} ms)",
             "<= +2 / <= +5 ms",
         ),
         (
@@ -417,8 +430,15 @@ def summary(result):
             cpu_ratio_targets(),
         ),
         (
+            f"the floor's Edge / Node CPU per request (floor.py: the same stack, no product), {c1} ; {c50}",
+            f"{ms(s[c1]['floor']['cpu_edge_per_request'])} / {ms(s[c1]['floor']['cpu_node_per_request'])} ms ; "
+            f"{ms(s[c50]['floor']['cpu_edge_per_request'])} / {ms(s[c50]['floor']['cpu_node_per_request'])} ms",
+            "(reported)",
+        ),
+        (
             f"burst chunks/s vs direct, {c1} / {c50.split()[-1]} / one long stream",
-            f"{ratio(s, c1, 'tunnel'):.2f} / {ratio(s, c50, 'tunnel'):.2f} / {ratio(s, long, 'tunnel'):.2f}",
+            f"{ratio(s, c1, 'tunnel'):.2f} / {ratio(s, c50, 'tunnel'):.2f} / {ratio(s, long, 'tunnel'):.2f} "
+            f"(floor {ratio(s, c1, 'floor'):.2f} / {ratio(s, c50, 'floor'):.2f} / {ratio(s, long, 'floor'):.2f})",
             ">= 0.5 each",
         ),
     ]
@@ -453,16 +473,18 @@ def summary(result):
     rows.append(
         (
             f"paced provider (5 ms/event), {paced.split()[-1]}: ratio; longest gap",
-            f"{ratio(s, paced, 'tunnel'):.2f}; {ms(p['max_gap'])} ms (direct {ms(pd['max_gap'])} ms); "
+            f"{ratio(s, paced, 'tunnel'):.2f} (floor {ratio(s, paced, 'floor'):.2f}); "
+            f"{ms(p['max_gap'])} ms (direct {ms(pd['max_gap'])} ms); "
             f"p99 of per-stream longest gaps {ms(p['gap_p99'])} ms (direct {ms(pd['gap_p99'])} ms)",
             ">= 0.95; <= 2x direct's",
         )
     )
-    stalls = {name: s[paced_wide][name]["stalls"] for name in ("direct", "tunnel", "direct-ollama", "run")}
+    stalls = {name: s[paced_wide][name]["stalls"] for name in ("direct", "tunnel", "floor", "direct-ollama", "run")}
     rows.append(
         (
-            f"streams stalled (a gap over {STALL_SEC * 1000:.0f} ms), {paced_wide}: tunnel (direct) / run (direct)",
-            f"{stalls['tunnel']} ({stalls['direct']}) / {stalls['run']} ({stalls['direct-ollama']}) "
+            f"streams stalled (a gap over {STALL_SEC * 1000:.0f} ms), {paced_wide}: "
+            "tunnel (direct; floor) / run (direct)",
+            f"{stalls['tunnel']} ({stalls['direct']}; {stalls['floor']}) / {stalls['run']} ({stalls['direct-ollama']}) "
             f"of {s[paced_wide]['tunnel']['requests']:,}",
             "<= 1.25x direct's",
         )

@@ -3,6 +3,7 @@ The operator-facing smoke scripts keep working.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -38,5 +39,9 @@ def test_relay_benchmark_runs():
         timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    for path in ("direct", "tunnel", "run"):
+    for path in ("direct", "tunnel", "floor", "run"):
         assert path in result.stdout
+    # The floor relay (bench/floor.py) answers every request of every
+    # scenario, or its ratios would mean nothing.
+    floor_rows = re.findall(r"^floor +(\d+)/(\d+) ", result.stdout, re.M)
+    assert floor_rows and all(ok == total for ok, total in floor_rows), floor_rows
