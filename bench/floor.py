@@ -15,6 +15,7 @@ Its two roles, one process each, started by L{start}:
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def serve_node(edge_port, provider):
     """
     from twisted.internet import reactor
     from twisted.internet.defer import succeed
+    from twisted.internet.error import ReactorNotRunning
     from twisted.internet.protocol import ClientFactory, Protocol
     from twisted.protocols.basic import Int32StringReceiver
     from twisted.web.client import Agent, HTTPConnectionPool
@@ -151,8 +153,13 @@ def serve_node(edge_port, provider):
 
             answer.addCallbacks(head, lambda _: self.sendString(_frame(END, number)))
 
+    def lost(*_):
+        # The Edge went away: so does this Node (unless it is stopping already).
+        with contextlib.suppress(ReactorNotRunning):
+            reactor.stop()
+
     factory = ClientFactory.forProtocol(EdgeLink)
-    factory.clientConnectionLost = factory.clientConnectionFailed = lambda *_: reactor.stop()
+    factory.clientConnectionLost = factory.clientConnectionFailed = lost
     reactor.connectTCP("127.0.0.1", edge_port, factory)
     reactor.run()
 
