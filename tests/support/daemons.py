@@ -25,10 +25,25 @@ FAKE_PROVIDERS = os.path.join(HERE, "fake_providers.py")
 FAKE_CLI = os.path.join(HERE, "fake_cli.py")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Every port L{free_port} handed out in this process.
+_handed_out = set()
+
+
+def free_port(tries=100):
+    """
+    A loopback port that is free now and was not handed out before in
+    this process. The OS may give a port it gave a moment ago again once
+    its socket is closed, so two calls in a row (an Edge's node and HTTP
+    ports) could otherwise get one port, and the second listener fail.
+    """
+    for _ in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise AssertionError(f"no loopback port not handed out before in {tries} tries")
 
 
 def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
