@@ -1022,13 +1022,15 @@ class ProviderPool:
         # A resource with room is live.
         assert resource.generation is not None
         lease = Lease(self, member, resource.spec, klass, resource.generation, queue, self._clock.seconds())
-        resource.take(lease)
+        # The charge comes first: should the bookkeeping ever raise, no slot
+        # has been taken that nothing would return.
         if not ticket.charged:
-            ticket.charged = True
             tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.cost
             queue.waiters.grant(tenant, weight, cost)
+            ticket.charged = True
             if not ticket.settled:
                 ticket.on_settle(lambda tokens: queue.waiters.adjust(tenant, weight, tokens - cost))
+        resource.take(lease)
         return lease
 
     def _dequeue(self, waiter: _Waiter, outcome: str) -> None:

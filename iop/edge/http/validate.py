@@ -5,7 +5,9 @@ A request body is parsed as JSON and the whole tree is checked once
 (L{parse_body}): nesting at most L{MAX_DEPTH} levels, every string and key
 encodable as UTF-8 (no lone surrogates such as C{"\\ud800"}: the wire's
 protobuf strings refuse them, and so do most providers), no C{NaN} or
-C{Infinity}. Then each surface reads the fields it uses through the typed
+C{Infinity} (neither spelled out nor as a number too large for a float,
+C{1e400}), no integer outside 64 bits (C{json} reads any length, and the
+Edge's accounting turns a token cap into a float). Then each surface reads the fields it uses through the typed
 getters below, which refuse a wrong type or an oversize name with an
 L{HTTPError} naming the field (400 C{invalid_request_error}, with
 C{param}).
@@ -16,6 +18,7 @@ docs/edge.md, "Surfaces".
 """
 
 import json
+import math
 import re
 from typing import Any, NoReturn
 
@@ -30,6 +33,10 @@ MAX_DEPTH = 64
 MAX_NAME_CHARS = 512
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: The widest integer a request body may hold: signed or unsigned 64 bits
+#: (a C{seed} may be a uint64), what providers' JSON readers take.
+INTEGER_RANGE = range(-(2**63), 2**64)
 
 #: A place in a request body: C{(parent place, key or index)}, C{None} at
 #: the top.
@@ -97,7 +104,8 @@ def _path(node: Place) -> str:
 def check_tree(value: object, max_depth: int = MAX_DEPTH) -> None:
     """
     Walk a parsed JSON value without recursion: refuse nesting deeper than
-    C{max_depth} and any string or key that is not encodable as UTF-8.
+    C{max_depth}, any string or key that is not encodable as UTF-8, any
+    float that is not finite and any integer outside L{INTEGER_RANGE}.
 
     @raise HTTPError: naming the first offending place.
     """
@@ -109,6 +117,12 @@ def check_tree(value: object, max_depth: int = MAX_DEPTH) -> None:
         if isinstance(item, str):
             if _SURROGATE.search(item):
                 raise invalid(_path(path), "contains a lone surrogate (not encodable as UTF-8)", "invalid_string")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise invalid(_path(path), "is too large for a JSON number", "invalid_number")
+        elif isinstance(item, int):
+            if item not in INTEGER_RANGE:
+                raise invalid(_path(path), "is an integer outside 64 bits", "invalid_number")
         elif isinstance(item, dict | list):
             if depth > max_depth:
                 raise HTTPError(

@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.http import openai
 from iop.edge.http.validate import MAX_DEPTH, HTTPError, check_tree, parse_body
+from iop.protocols import messages
 from iop.testing.edge import EdgeHarness
 
 BASE = "http://edge.invalid"
@@ -59,6 +60,24 @@ class TreeTests(SynchronousTestCase):
         """
         for raw in (b'{"a": NaN}', b'{"a": -Infinity}'):
             self.assertEqual(self.assertRaises(HTTPError, parse_body, raw).code, "invalid_json")
+
+    def test_numbers_out_of_range_refused(self):
+        """
+        A number too large for a float (read by C{json} as infinity) and an
+        integer outside 64 bits are refused, naming where; both ends of the
+        64-bit range are accepted.
+        """
+        for raw, param in [
+            (b'{"temperature": 1e400}', "temperature"),
+            (b'{"a": [-1e999]}', "a[0]"),
+            (b'{"max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
+            (b'{"seed": 18446744073709551616}', "seed"),
+            (b'{"seed": -9223372036854775809}', "seed"),
+        ]:
+            e = self.assertRaises(HTTPError, parse_body, raw)
+            self.assertEqual((e.code, e.param), ("invalid_number", param), raw)
+        body = parse_body(b'{"a": 18446744073709551615, "b": -9223372036854775808, "c": 1.5e300}')
+        self.assertEqual(body, {"a": 2**64 - 1, "b": -(2**63), "c": 1.5e300})
 
     def test_check_tree_is_iterative(self):
         """
@@ -133,6 +152,38 @@ class SurfaceValidationTests(SynchronousTestCase):
         ]
         for path, body in cases:
             self.assert_refused(path, body, "invalid_string")
+
+    def test_huge_token_caps(self):
+        """
+        A C{max_tokens} of 400 digits (which overflowed the fair share's
+        float after the slot was taken: a 500 and a slot never returned) is
+        a 400 on every surface; the largest accepted cap is placed and its
+        lease returned.
+        """
+        huge = b"1" + b"0" * 400
+        cases = [
+            (
+                "/v1/chat/completions",
+                b'{"model": "grp", "max_tokens": %s, "messages": [{"role": "user", "content": "hi"}]}',
+                "max_tokens",
+            ),
+            ("/v1/runs", b'{"model": "grp", "input": "hi", "options": {"max_tokens": %s}}', "options.max_tokens"),
+            ("/v1/completions", b'{"model": "grp", "prompt": "hi", "max_tokens": %s}', "max_tokens"),
+        ]
+        for path, template, param in cases:
+            self.assert_refused(path, raw=template % huge, code="invalid_number", param=param)
+        body = {"model": "grp", "max_tokens": 2**64 - 1, "messages": HI}
+        d = self.http.post(BASE + "/v1/chat/completions", data=json.dumps(body).encode())
+        self.http.flush()
+        self.pump.flush()
+        (request,) = self.node.of("run_request")
+        self.assertEqual(len(self.edge.service.pool.active_leases()), 1)
+        for seq, kind in enumerate(("start", "complete"), 1):
+            self.node.connection.send(messages.run_event(run_id=request.run_id, seq=seq, type=kind))
+        self.pump.flush()
+        self.http.flush()
+        self.assertEqual(self.successResultOf(d).code, 200)
+        self.assertEqual(self.edge.service.pool.active_leases(), [])
 
     def test_node_command_fields(self):
         """
