@@ -513,10 +513,13 @@ class Call:
         self.gone = True
         if self.background:
             return
-        if self.submitting is not None and not self.submitting.called:
-            self.submitting.cancel()
-        elif self.work_id is not None:
+        if self.work_id is not None:
             self.service.cancel(self.work_id)
+        elif self.submitting is not None:
+            # Not started: waiting for room, or for a node still
+            # registering, in which case the submission has fired but is
+            # chained to the pool's waiter, and cancel reaches that.
+            self.submitting.cancel()
 
     def submit(self, spec: RunSpec, listener_for: ListenerFor, on_queued: OnQueued | None = None) -> int:
         """

@@ -10,14 +10,19 @@ import copy
 import json
 from typing import Any
 
+from twisted.internet.defer import CancelledError
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.test.requesthelper import DummyRequest
 
 from iop.config import ConfigError, Section
 from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.membership import LOST, OK
 from iop.edge.config import parse
 from iop.edge.errors import ServiceError
+from iop.edge.http.common import Call
 from iop.edge.runs import RUN
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
@@ -422,6 +427,25 @@ class ArrivalTests(TwoEdges):
         cancelled.cancel()
         self.failureResultOf(cancelled)
         self.assertEqual(len(self.a.service.intake.arrivals), 0)
+
+    def test_caller_leaving_after_the_arrival_leaves_the_queue(self):
+        """
+        Work that waited for its node's ready and then queued for room
+        leaves the queue at once when its caller goes away (the arrival's
+        Deferred has fired by then, chained to the pool's waiter).
+        """
+        node, pump, _ = self.a.register("tok-1", ready=False)
+        self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
+        request = DummyRequest([b""])
+        call = Call(self.a.service, request)
+        call.submitting = self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
+        node.connection.send(messages.ready_request("n1"))
+        pump.flush()
+        self.clock.advance(0)
+        self.assertEqual(self.a.service.pool.waiting(), 1)
+        request.processingFailed(Failure(ConnectionDone()))
+        self.assertEqual(self.a.service.pool.waiting(), 0)
+        self.failureResultOf(call.submitting, CancelledError)
 
 
 class HeldElsewhereTests(TwoEdges):
