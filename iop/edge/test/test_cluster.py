@@ -436,7 +436,7 @@ class ArrivalTests(TwoEdges):
         """
         node, pump, _ = self.a.register("tok-1", ready=False)
         self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
-        request = DummyRequest([b""])
+        request: Any = DummyRequest([b""])
         call = Call(self.a.service, request)
         call.submitting = self.a.service.submit(group_run(), Recorder().for_run, may_forward=False)
         node.connection.send(messages.ready_request("n1"))
