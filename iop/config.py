@@ -6,6 +6,7 @@ anything listens or dials, so a mistake stops the daemon at start with a
 message such as C{edge.yaml: nodes[0].token: required}.
 """
 
+import math
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -123,7 +124,29 @@ def load_yaml(path: str) -> Section:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    place = _non_finite(data)
+    if place is not None:
+        raise ConfigError(f"{path}: {place}: must be a finite number (YAML's .nan and .inf are not)")
     return Section({} if data is None else data, "", path)
+
+
+def _non_finite(data: object) -> str | None:
+    """
+    The dotted key of the first C{.nan} or C{.inf} in a parsed YAML tree
+    (anywhere: adapter options are read long after loading, and a NaN
+    passes every C{<} check and makes a timer's time meaningless), or
+    C{None}.
+    """
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        value, place = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return place or "top level"
+        if isinstance(value, dict):
+            stack.extend((child, f"{place}.{key}" if place else str(key)) for key, child in value.items())
+        elif isinstance(value, list):
+            stack.extend((child, f"{place}[{i}]") for i, child in enumerate(value))
+    return None
 
 
 def http_url_problem(value: object) -> str | None:

@@ -227,6 +227,25 @@ class CapacityTests(SynchronousTestCase):
         (echo,) = config.nodes[0].providers
         self.assertLessEqual(echo.capacity_normal + echo.capacity_long, config.nodes[0].adapters[0].max_concurrency)
 
+    def test_non_finite_numbers_refused(self):
+        """
+        YAML's C{.nan} and C{.inf} pass every C{<} check a key makes, so
+        the file is refused at load wherever one stands, naming the key
+        (an adapter option too, which only the Node reads).
+        """
+        for value, place in [
+            ("queue_timeout_sec: .nan", "limits.queue_timeout_sec"),
+            ("delay_ms: -.inf", "nodes[0].adapters[0].delay_ms"),
+        ]:
+            path = self.mktemp()
+            with open(path, "w") as f:
+                if place.startswith("limits"):
+                    f.write(f"limits:\n  {value}\n")
+                else:
+                    f.write(f"nodes:\n  - adapters:\n      - {value}\n")
+            error = self.assertRaises(ConfigError, load, path)
+            self.assertIn(f"{path}: {place}: must be a finite number", str(error))
+
 
 class TimeoutKeysTests(SynchronousTestCase):
     def test_queue_and_command_timeouts(self):
