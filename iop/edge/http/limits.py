@@ -9,7 +9,8 @@ forever):
 
   - C{header_timeout_sec}: a request's headers must be complete this long
     after the connection opened, or after the previous response ended
-    (so an idle keep-alive connection is closed then too);
+    (so an idle keep-alive connection is closed then too, and so is a
+    closing one whose peer has not read the answer by then);
   - C{body_timeout_sec}: its body must be complete this long after its
     headers;
   - C{max_body_bytes}: a C{Content-Length} above it is answered 413 and the
@@ -103,9 +104,10 @@ class LimitedChannel(HTTPChannel):
 
     def requestDone(self, request: Request) -> None:
         # Armed first: a pipelined request handled within requestDone moves
-        # on to its own deadline or to none.
-        if self.persistent:
-            self._expect("headers", self.site.limits.header_timeout_sec)
+        # on to its own deadline or to none. A closing connection gets it
+        # too: its close waits for the answer to be read, and a peer that
+        # never reads it would hold the connection and its bytes.
+        self._expect("headers", self.site.limits.header_timeout_sec)
         super().requestDone(request)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:

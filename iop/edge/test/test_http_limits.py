@@ -130,6 +130,20 @@ class HTTPLimitsTests(SynchronousTestCase):
         self.clock.advance(10)
         self.assertTrue(transport.disconnected)
 
+    def test_unread_answer_on_a_closing_connection(self):
+        """
+        A C{Connection: close} answer its peer never reads (the close waits
+        for the bytes to leave) is cut off when C{header_timeout_sec} has
+        passed since it ended, as a keep-alive connection's would be.
+        """
+        protocol, transport = self.connect()
+        protocol.dataReceived(self.post(b"{}", b"Connection: close\r\n"))
+        self.assertTrue(transport.disconnecting)
+        self.clock.advance(9.9)
+        self.assertFalse(transport.disconnected)
+        self.clock.advance(0.1)
+        self.assertTrue(transport.disconnected)
+
     def test_body_timeout(self):
         """
         A body that is not complete C{body_timeout_sec} after its headers
