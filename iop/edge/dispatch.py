@@ -60,6 +60,8 @@ from iop.run import (
 #: An HTTP header name (RFC 9110 token) and a value without CR, LF or NUL.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
+#: The HTTP statuses (RFC 9110: 100 to 599).
+_HTTP_STATUSES = range(100, 600)
 
 
 class IRunListener(Interface):
@@ -257,13 +259,20 @@ class Dispatch:
     def _taken_over(self, failure: RunFailure) -> bool:
         """
         A failure before any output: record it against the provider's
-        health and offer it to L{on_early_failure}.
+        health and offer it to L{on_early_failure} — unless a cancel was
+        asked of the Node: the failure crossed it (the Node failed the work
+        before it saw the cancel), and the work ends cancelled as its
+        caller asked instead of being placed again.
 
-        @return: whether the work was taken over (this dispatch has ended).
+        @return: whether this dispatch has ended (taken over, or cancelled).
         """
         if self.output:
             return False
         self._provider_failure(failure)
+        if self.cancelling:
+            self._stop_grace()
+            self.end_cancelled("cancelled")
+            return True
         then = self.on_early_failure(self, failure) if self.on_early_failure is not None else None
         if then is None:
             return False
@@ -274,6 +283,14 @@ class Dispatch:
     @property
     def link(self) -> NodeLink:
         return self.placement.link
+
+    @property
+    def cancelling(self) -> bool:
+        """
+        Whether a cancel was asked of the Node and not yet confirmed (its
+        grace is running).
+        """
+        return self._grace is not None
 
     @property
     def outlives_link(self) -> bool:
@@ -388,6 +405,14 @@ class Dispatch:
                 self.finish()
                 self.tracker.abandoned(self, "internal_error", "the caller's listener failed")
 
+    def _stop_grace(self) -> None:
+        """
+        The cancel's grace is over: its timer, if still to come, is called off.
+        """
+        if self._grace is not None and self._grace.active():
+            self._grace.cancel()
+        self._grace = None
+
     def finish(self) -> bool:
         """
         Bookkeeping at the end: exactly once, returns the lease.
@@ -395,9 +420,7 @@ class Dispatch:
         if self.done:
             return False
         self.done = True
-        if self._grace is not None and self._grace.active():
-            self._grace.cancel()
-        self._grace = None
+        self._stop_grace()
         if self.window is not None:
             self.window.close()
         self.placement.release()
@@ -609,7 +632,7 @@ class TunnelDispatch(Dispatch):
             self._tell(self.listener.end)
 
     def _on_status(self, status: int) -> None:
-        if not 100 <= status <= 599:
+        if status not in _HTTP_STATUSES:
             self.violation(f"tunnel status {status} is not an HTTP status")
             return
         if self.output:
@@ -636,16 +659,9 @@ class TunnelDispatch(Dispatch):
         with its headers' C{Retry-After}.
         """
         said = (_metadata(frame) or {}).get("failure") if which == "metadata_json" else None
-        if isinstance(said, dict) and isinstance(said.get("code"), str) and said["code"]:
-            try:
-                return RunFailure(
-                    said["code"],
-                    str(said.get("message") or refusal.message),
-                    int(said.get("status") or refusal.status),
-                    retry_after_sec=max(float(said.get("retry_after_sec") or 0.0), 0.0),
-                )
-            except (TypeError, ValueError):
-                pass
+        observed = _failure_said(said, refusal) if isinstance(said, dict) else None
+        if observed is not None:
+            return observed
         return replace(refusal, retry_after_sec=retry_after(self._headers or ()))
 
     def _refused(self, failure: RunFailure) -> bool:
@@ -719,6 +735,27 @@ def _incomplete(failure: RunFailure) -> RunFailure:
     if failure.code == INCOMPLETE:
         return failure
     return RunFailure(INCOMPLETE, f"the answer was cut and its continuation failed: {failure.code}: {failure.message}")
+
+
+def _failure_said(said: dict[str, Any], refusal: RunFailure) -> RunFailure | None:
+    """
+    The failure a Node's C{failure} observation says, what it leaves out
+    taken from C{refusal} (its held status); C{None} when it does not hold
+    together — no code, a status that is no HTTP status (the JSON parser
+    reads C{Infinity} as a number), a delay that is no number — and is
+    ignored, like an observation that is not JSON.
+    """
+    code = said.get("code")
+    if not isinstance(code, str) or not code:
+        return None
+    try:
+        status = int(said.get("status") or refusal.status)
+        delay = max(float(said.get("retry_after_sec") or 0.0), 0.0)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if status not in _HTTP_STATUSES:
+        return None
+    return RunFailure(code, str(said.get("message") or refusal.message), status, retry_after_sec=delay)
 
 
 def _metadata(frame: messages.ProviderTunnelFrame) -> dict[str, Any] | None:

@@ -51,8 +51,7 @@ Registration = tuple[NodeLink | None, "Deferred[messages.RegisterResponse | None
 #: The kind of dispatch a result of work is for.
 _Kind = TypeVar("_Kind", bound=Dispatch)
 
-#: How a run is taken back: the reported run, the Edge's waiting dispatch
-#: (or C{None}) and the lease to take for it (or C{None}).
+#: The lease a run taken back needs: C{(provider_id, klass, group, target)}.
 _Adoption = tuple[str, str, str | None, str]
 
 
@@ -182,10 +181,14 @@ class NodeLinks:
         @return: C{(response, first)}; only the current owner's first ready
             is C{first}, and the caller must L{activate} it once the
             response is on the wire (the Node accepts work only after it).
+            Only a first ready can be refused for the node's claim in the
+            cluster: a repeated one of an active link is acknowledged and
+            changes nothing (that link's loss, when the claim is gone,
+            still takes the node out of service).
         """
         try:
             first = self.registry.mark_ready(link, node_id)
-            if not self.cluster.holds(link.node_id, link.generation):
+            if first and not self.cluster.holds(link.node_id, link.generation):
                 link.ready = False
                 raise RegistrationRefused(
                     messages.REJECT_NONE, f"this Edge no longer owns node {link.node_id} in the cluster"
@@ -199,9 +202,9 @@ class NodeLinks:
         """
         Handle a C{RunReconcile} (wire version 4, before the Node's ready):
         the background runs it kept from a lost link, taken back when the
-        node is activated.
+        node is activated. A run named twice is taken back once.
         """
-        link.reconcile = list(message.runs)
+        link.reconcile = list({run.run_id: run for run in message.runs}.values())
 
     def activate(self, link: NodeLink) -> None:
         """
@@ -227,23 +230,30 @@ class NodeLinks:
         self, link: NodeLink
     ) -> list[tuple[messages.ReconciledRun, RunDispatch | None, _Adoption | None]]:
         """
-        What becomes of each run the Node reported: C{(run, dispatch,
-        adopt)} — the Edge's waiting dispatch (or C{None}), and the lease
-        to take for it (C{(provider_id, klass, group, target)}, or C{None}
-        when it needs none: it ended, or the Edge does not want it back).
+        What becomes of each run the Node reported. One the Edge ended
+        meanwhile (a cancel, or it gave up waiting: the run book knows the
+        id it has on the wire, and nothing waits for it) is cancelled on
+        the Node now, and takes no lease. Each other one is C{(run,
+        dispatch, adopt)} — the Edge's waiting dispatch (or C{None}: the
+        Edge never heard of it), and the lease to take for it
+        (C{(provider_id, klass, group, target)}, or C{None} when it needs
+        none: it ended on the Node).
         """
         plan: list[tuple[messages.ReconciledRun, RunDispatch | None, _Adoption | None]] = []
         for run in link.reconcile or ():
             found = self.inflight.take_detached(link.node_id, run.run_id)
             # Only runs outlive their link (Dispatch.outlives_link).
             dispatch = found if isinstance(found, RunDispatch) else None
+            if dispatch is None and self.inflight.runs.for_wire(run.run_id) is not None:
+                link.send_quietly(messages.cancel_run(run.run_id))
+                continue
             adopt: _Adoption | None = None
             if run.status == RUNNING:
                 if dispatch is not None:
                     placement, lease = dispatch.placement, dispatch.placement.lease
                     klass, group = (lease.klass, lease.group) if lease is not None else (NORMAL, None)
                     adopt = (placement.provider_id, klass, group, placement.target)
-                elif self.inflight.runs.get(run.run_id) is None:
+                else:
                     provider_id = self.pool.resource_of(link.node_id, run.adapter)
                     if provider_id is not None:
                         adopt = (provider_id, NORMAL, f"{link.node_id}/{run.adapter}", run.target)
@@ -255,15 +265,10 @@ class NodeLinks:
         """
         Re-attach one reported run: a run the Edge was waiting for goes on
         where it was; one the Edge never heard of (it restarted since) is
-        taken on record; one the Edge ended meanwhile (a cancel, or it
-        gave up waiting) is cancelled on the Node. The Node is asked for
-        the events after the Edge's last one (C{RunResume}).
+        taken on record. The Node is asked for the events after the Edge's
+        last one (C{RunResume}).
         """
         if dispatch is None:
-            record = self.inflight.runs.get(run.run_id)
-            if record is not None:
-                link.send_quietly(messages.cancel_run(run.run_id))
-                return
             dispatch = self._adopted(link, run)
         adapter_type = self._adapter_type(link.node_id, run.adapter)
         placement = Placement(link, run.adapter, adapter_type, run.target, lease)
@@ -338,7 +343,12 @@ class NodeLinks:
         self.pool.node_disconnected(link.node_id, link.generation)
         waiting = 0
         for dispatch in self.inflight.on_link(link):
-            if dispatch.outlives_link:
+            if dispatch.cancelling:
+                # Its cancel is out: it ends now as its grace would have
+                # ended it, and nothing waits for it (a background run the
+                # Node kept is cancelled there when the Node reports it).
+                dispatch.end_cancelled(f"cancelled; node {link.node_id} disconnected before confirming")
+            elif dispatch.outlives_link:
                 # The Node keeps it running and reports it when it is back.
                 self.inflight.detach(dispatch, self._config().reattach_timeout_sec, self._not_back)
                 waiting += 1

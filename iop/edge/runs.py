@@ -334,6 +334,9 @@ class RunBook:
         self._finished: OrderedDict[str, RunRecord] = OrderedDict()
         #: run id -> (node id, wire id) of finished runs.
         self._where: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: wire id -> run id of the records in memory whose latest
+        #: attempt has an id of its own on the wire (C{<id>-<n>}).
+        self._by_wire: dict[str, str] = {}
 
     # -- records
 
@@ -345,14 +348,33 @@ class RunBook:
         if record is None:
             record = RunRecord(run_id, kind, self.clock.seconds(), **fields)
             self._live[run_id] = record
-            return record
-        for name, value in fields.items():
-            setattr(record, name, value)
+        else:
+            self._unindex(record)
+            for name, value in fields.items():
+                setattr(record, name, value)
+        if record.wire_id != run_id:
+            self._by_wire[record.wire_id] = run_id
         return record
+
+    def _unindex(self, record: RunRecord) -> None:
+        """
+        C{record}'s wire id no longer leads to it (it changes, or the
+        record is forgotten).
+        """
+        if self._by_wire.get(record.wire_id) == record.id:
+            del self._by_wire[record.wire_id]
 
     def get(self, run_id: str) -> RunRecord | None:
         self._evict()
         return self._live.get(run_id) or self._finished.get(run_id)
+
+    def for_wire(self, wire_id: str) -> RunRecord | None:
+        """
+        The record of the work with C{wire_id} on the wire: a Node names
+        an attempt by that id, which after a failover is not the id its
+        caller knows (C{<id>-<n>}).
+        """
+        return self.get(self._by_wire.get(wire_id, wire_id))
 
     def records(self) -> list[RunRecord]:
         """
@@ -506,6 +528,7 @@ class RunBook:
             if len(self._finished) <= self.max_runs and ended is not None and ended >= cutoff:
                 break
             self._finished.popitem(last=False)
+            self._unindex(oldest)
 
     def _publish(self, topic: str, record: RunRecord, payload: Payload) -> None:
         self.bus.publish(topic, dict(record.labels(), **payload))

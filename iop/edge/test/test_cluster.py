@@ -166,6 +166,30 @@ class OwnershipTests(TwoEdges):
         self.assertFalse(node.of("node_ready_response")[0].ready)
         self.assertFalse(self.a.service.status()["nodes"][0]["connected"])
 
+    def test_repeated_ready_without_the_claim(self):
+        """
+        Only a first ready is refused for a claim no longer held: a
+        repeated one of an active link (its claim gone, its links about to
+        close) is acknowledged and changes nothing, so that link's loss
+        still ends its work, returns its leases and takes the node out of
+        service.
+        """
+        node, pump, edge_protocol = self.a.register("tok-1")
+        recorder = Recorder()
+        self.successResultOf(self.a.service.submit(group_run(), recorder.for_run))
+        self.a.service.cluster.membership.claims.clear()
+        node.wire.send(messages.ready_request(node_id="n1"))
+        pump.flush()
+        self.assertEqual([r.ready for r in node.of("node_ready_response")], [True, True])
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.assertEqual(recorder.types(), ["error"])
+        error = recorder.events[0].error
+        assert error is not None
+        self.assertEqual(error.code, NODE_DISCONNECTED)
+        self.assertEqual(self.a.service.pool.active_leases(), [])
+        self.assertFalse(self.a.service.status()["nodes"][0]["connected"])
+
     def test_lost_during_claim(self):
         """
         A link lost while its claim is in flight gives the claim back as

@@ -191,3 +191,83 @@ class FailoverTests(SynchronousTestCase):
         node_id, request = self.last_request()
         self.answer("n1", request.run_id, "start", "complete")
         self.assertNotIn("last_error", self.provider("n1"))
+
+    def test_cancel_crossing_an_early_failure(self):
+        """
+        A provider failure before output that crossed the run's cancel
+        (the Node failed it before it saw the cancel) is not placed again:
+        the run ends cancelled, its lease returned once, and the cancel's
+        grace ends nothing more.
+        """
+        self.start()
+        recorder = self.submit_run()
+        node_id, request = self.last_request()
+        dispatch = self.service.inflight.get(request.run_id)
+        assert dispatch is not None and dispatch.placement.lease is not None
+        self.assertTrue(self.service.cancel(recorder.work_id))
+        error = messages.run_error(code="provider_unreachable", message="refused")
+        self.answer(node_id, request.run_id, "error", error=error)
+        self.assertRaises(AssertionError, self.last_request)
+        self.assertEqual(recorder.types(), ["cancelled"])
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assertFalse(dispatch.placement.lease.release())
+        self.edge.clock.advance(self.edge.config.run_grace_sec)
+        self.assertEqual(recorder.types(), ["cancelled"])
+        # (The provider's failure still counts against its health.)
+        self.assertEqual(self.provider(node_id)["last_error"], "provider_unreachable: refused")
+
+    def test_tunnel_cancel_crossing_a_failure_status(self):
+        """
+        A tunnel whose provider answered 503 before the Node saw its cancel
+        ends cancelled, not placed again.
+        """
+        self.start(tunnel=True)
+        listener = TunnelRecorder()
+        spec = RunSpec(
+            messages=[], model="grp", tunnel=TunnelSpec("POST", "/chat/completions", [], {"model": "grp"}), runs=False
+        )
+        work_id = self.successResultOf(self.service.submit(spec, listener.for_work))
+        self.edge.flush()
+        node_id, first = self.last_request("provider_tunnel_request")
+        self.assertTrue(self.service.cancel(work_id))
+        node, pump = self.nodes[node_id]
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 1, status=503))
+        node.connection.send(messages.tunnel_frame(first.tunnel_id, 2, body=b"down"))
+        self.edge.flush()
+        self.assertRaises(AssertionError, self.last_request, "provider_tunnel_request")
+        self.assertEqual([c[0] for c in listener.calls], ["error"])
+        self.assertEqual(listener.calls[0][1].code, "cancelled")
+        self.assertEqual(self.service.pool.active_leases(), [])
+
+    def test_reconciled_retry_the_edge_cancelled(self):
+        """
+        A background run placed again after a failure goes on the wire as
+        C{<id>-2}; cancelled while its Node was away, it is recognised by
+        that id when the Node reports it running: cancelled there, with no
+        lease, no RunResume and no new record.
+        """
+        self.start()
+        recorder = self.submit_run(background=True)
+        first_node, first = self.last_request()
+        error = messages.run_error(code="provider_unreachable", message="refused")
+        self.answer(first_node, first.run_id, "error", error=error)
+        node_id, second = self.last_request()
+        self.assertEqual(second.run_id, f"{recorder.work_id}-2")
+        self.answer(node_id, second.run_id, "start")
+        node, pump = self.nodes[node_id]
+        node.transport.loseConnection()
+        pump.flush()
+        self.assertTrue(self.service.cancel(recorder.work_id))
+        back, back_pump, _ = self.edge.register(token={"n1": "tok-1", "n2": "tok-2"}[node_id], ready=False)
+        back.connection.send(
+            messages.run_reconcile([messages.reconciled_run(second.run_id, "echo", "", "running", 1, "")])
+        )
+        back.connection.send(messages.ready_request(node_id))
+        back_pump.flush()
+        self.assertEqual([m.run_id for m in back.of("cancel_request")], [second.run_id])
+        self.assertEqual(back.of("run_resume"), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assertIsNone(self.service.runs.get(second.run_id))
+        record = self.service.runs.get(recorder.work_id)
+        assert record is not None
+        self.assertEqual(record.status, "cancelled")

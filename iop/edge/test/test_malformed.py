@@ -132,6 +132,30 @@ class MalformedTests(SynchronousTestCase):
         self.assertEqual([c[0] for c in recorder.calls], ["status", "end"])
         self.assert_connection_alive()
 
+    def test_failure_observation_without_an_http_status_ignored(self):
+        """
+        A failure observation after a held 503 whose status is no HTTP
+        status (infinite, below 100, above 599) is ignored like metadata
+        that is not JSON: the 503 stands (the tunnel is placed again) and
+        the connection goes on.
+        """
+        for status in ("Infinity", "-Infinity", "42", "600"):
+            recorder = self.tunnel()
+            failure = '{"failure": {"code": "provider_error", "message": "busy", "status": ' + status + "}}"
+            self.send(
+                messages.tunnel_frame(recorder.work_id, 1, status=503),
+                messages.tunnel_frame(recorder.work_id, 2, metadata_json=failure),
+            )
+            self.assert_connection_alive()
+            again = self.node.of("provider_tunnel_request")[-1].tunnel_id
+            self.assertEqual(again, f"{recorder.work_id}-2", status)
+            self.send(
+                messages.tunnel_frame(again, 1, status=200),
+                messages.tunnel_frame(again, 2, end=True),
+            )
+            self.assertEqual(recorder.calls, [("status", 200), ("end",)], status)
+            self.assertEqual(self.service.pool.active_leases(), [])
+
     def test_listener_failure_ends_only_its_work(self):
         """
         A listener that raises (a bug) is logged as an error; its work ends

@@ -117,6 +117,22 @@ class RunBookTests(SynchronousTestCase):
         self.assertEqual([seq for seq, _ in record.log], [1, 2, 3])
         self.assertEqual(record.error, {"code": "node_disconnected", "message": "gone"})
 
+    def test_for_wire(self):
+        """
+        A record is found by the id its latest attempt has on the wire as
+        well as by its own; an earlier attempt's id no longer leads to it
+        once the next one opens, and nothing does once it is evicted.
+        """
+        record = self.book.open("r1", RUN, wire_id="r1-2")
+        self.assertIs(self.book.for_wire("r1-2"), record)
+        self.assertIs(self.book.for_wire("r1"), record)
+        self.book.open("r1", RUN, wire_id="r1-3")
+        self.assertIsNone(self.book.for_wire("r1-2"))
+        self.assertIs(self.book.for_wire("r1-3"), record)
+        self.book.event(record, RunEventData(COMPLETE))
+        self.clock.advance(61)
+        self.assertIsNone(self.book.for_wire("r1-3"))
+
     def test_log_bound_and_eviction(self):
         """
         The log keeps at most max_bytes (oldest events go); at most
