@@ -282,6 +282,9 @@ EXIT_STATUS = "exit_status"
 TIMEOUT = "timeout"
 SESSION_BUSY = "session_busy"
 SESSION_TERMINATED = "session_terminated"
+#: The run's session belongs to another caller key (docs/edge.md,
+#: "Isolation"): the Node refuses it before its adapter sees it.
+SESSION_OWNED = "session_owned"
 ADAPTER_STOPPED = "adapter_stopped"
 
 #: Every failure code a run or tunnel may end with: code -> (who says it,
@@ -312,5 +315,6 @@ FAILURE_CODES = {
     TIMEOUT: ("cli adapter", "the command ran past timeout_sec and was killed"),
     SESSION_BUSY: ("cli adapter", "the session already has a run in progress"),
     SESSION_TERMINATED: ("cli adapter", "the run's session was terminated"),
+    SESSION_OWNED: ("Node", "the run's session belongs to another caller key (the key whose run first used it)"),
     ADAPTER_STOPPED: ("cli adapter", "the adapter was stopped under the run"),
 }

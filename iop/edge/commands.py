@@ -114,13 +114,19 @@ class NodeCommands:
         return d.addCallback(answered)
 
     def terminate_session(
-        self, node_id: str | None, adapter: str, target: str, session_id: str
+        self, node_id: str | None, adapter: str, target: str, session_id: str, caller: str
     ) -> "Deferred[tuple[bool, str, str]]":
         """
         End a logical session (on the only node running C{adapter} when
-        C{node_id} is not given). @return: a Deferred firing with
-        C{(ok, reason, code)}; C{code} says why not (C{unknown_session},
-        C{not_supported}, C{unknown_adapter}, C{failed}).
+        C{node_id} is not given).
+
+        @param caller: the name of the caller key asking (the owner name
+            its runs carry in C{RunRequest.caller}): the Node ends only that
+            key's sessions, another key's being C{unknown_session}; empty
+            for an admin key, which may end any (docs/edge.md, "Isolation").
+        @return: a Deferred firing with C{(ok, reason, code)}; C{code} says
+            why not (C{unknown_session}, C{not_supported},
+            C{unknown_adapter}, C{failed}).
         """
         if not node_id:
             try:
@@ -128,7 +134,7 @@ class NodeCommands:
             except ServiceError as e:
                 return defer.fail(e)
         request_id = new_id("term")
-        message = messages.terminate_session(request_id, adapter, target, session_id)
+        message = messages.terminate_session(request_id, adapter, target, session_id, caller)
         d = self._ask(node_id, message, request_id, self._config().command_timeout(None))
         return d.addCallback(lambda r: (r.ok, r.reason, "" if r.ok else r.code or FAILED))
 

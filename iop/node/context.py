@@ -17,6 +17,7 @@ from twisted.internet.interfaces import IReactorTime
 from iop.node.detached import DetachedRuns
 from iop.node.host import AdapterHost
 from iop.node.metrics import NodeMetrics
+from iop.node.owners import SessionOwners
 from iop.node.stats import UsageBook
 from iop.node.store import NullStore, Store
 from iop.protocols.wire import Heartbeat
@@ -77,6 +78,9 @@ class NodeContext:
     transport: TransportState = field(default_factory=TransportState)
     register_timeout: float = 10.0
     now: Callable[[], float] = time.time
+    #: Whose each logical session is (L{iop.node.owners}); the run store
+    #: fills it at start.
+    owners: SessionOwners = field(default_factory=SessionOwners)
 
     node_version: str = ""
     #: Background runs kept across a lost link (L{iop.node.detached}).

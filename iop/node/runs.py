@@ -23,6 +23,7 @@ from iop.node.gate import Slot
 from iop.node.host import AdapterHost, Hosted
 from iop.node.joined import JoinedDeltas
 from iop.node.metrics import NodeMetrics
+from iop.node.owners import SessionOwners
 from iop.node.stats import UsageBook
 from iop.node.store import Store
 from iop.node.work import Inflight, Refused, Work, admit, record_safely
@@ -36,6 +37,7 @@ from iop.run import (
     EVENT_TYPES,
     INVALID_REQUEST,
     REASONING_DELTA,
+    SESSION_OWNED,
     TERMINAL_TYPES,
     RunEventData,
     RunFailure,
@@ -309,6 +311,8 @@ class RunManager:
     @param inflight: the connection's L{iop.node.work.Inflight}.
     @param send: sends one wire message on the connection (a no-op once it
         is gone).
+    @param owners: whose each session is; a run on another caller key's
+        session is refused (C{session_owned}).
     """
 
     log = Logger()
@@ -321,6 +325,7 @@ class RunManager:
         store: Store,
         usage: UsageBook,
         metrics: NodeMetrics,
+        owners: SessionOwners,
     ) -> None:
         self.host = host
         self.inflight = inflight
@@ -328,6 +333,7 @@ class RunManager:
         self.store = store
         self.usage = usage
         self.metrics = metrics
+        self.owners = owners
 
     def start(self, request: Message) -> RunRelay | None:
         """
@@ -340,16 +346,39 @@ class RunManager:
                 return None
             hosted, slot = admitted
             try:
-                run = run_input(request)
-            except BadRequest as e:
+                run = self._input(request, hosted)
+            except Refused:
                 slot.release()
-                raise Refused(INVALID_REQUEST, str(e)) from None
+                raise
         except Refused as refusal:
             self._refuse(request, refusal.code, refusal.message)
             return None
         relay = RunRelay(self, request, hosted, slot)
         relay.start(run)
         return relay
+
+    def _input(self, request: Message, hosted: Hosted) -> RunInput:
+        """
+        The L{RunInput} of an admitted C{RunRequest}, its session (if any)
+        claimed for its caller.
+
+        @raise Refused: C{invalid_request} for a request that cannot be
+            read, C{session_owned} for a session of another caller key (so
+            the adapter never resumes another key's conversation).
+        """
+        try:
+            run = run_input(request)
+        except BadRequest as e:
+            raise Refused(INVALID_REQUEST, str(e)) from None
+        if (
+            run.session_id
+            and hosted.adapter.capabilities().sessions
+            and not self.owners.claim(hosted.name, run.session_id, request.caller)
+        ):
+            raise Refused(
+                SESSION_OWNED, f"session {run.session_id!r} of adapter {hosted.name} belongs to another caller key"
+            )
+        return run
 
     def _refuse(self, request: Message, code: str, message: str) -> None:
         """

@@ -21,6 +21,7 @@ from iop.node.edges import EdgeRotation
 from iop.node.exit import Exit
 from iop.node.host import AdapterHost, BuildAdapter
 from iop.node.metrics import NodeMetrics, metrics_service
+from iop.node.owners import SessionOwners
 from iop.node.store import RunStore, StoreService
 from iop.node.supervisor import Supervisor
 
@@ -42,8 +43,8 @@ class NodeService(MultiService):
     @param source: the config file's name, for error messages.
     @param exit: C{exit(status, message)}; see L{iop.node.exit}.
     @param store: the run store service; by default an SQLite
-        L{RunStore} at C{config.store} (tests pass one that needs no
-        threads).
+        L{RunStore} at C{config.store}, which also loads the session
+        owners (tests pass one that needs no threads).
     @raise ConfigError: if an endpoint string does not parse.
 
     @ivar supervisor: the L{Supervisor} (C{when_ready()}, C{session}).
@@ -72,8 +73,9 @@ class NodeService(MultiService):
                 raise ConfigError(f"{source}: {key}: not a valid client endpoint string ({e})") from None
         endpoint = endpoints[0][1] if len(endpoints) == 1 else EdgeRotation(endpoints)
         self.metrics = NodeMetrics()
+        owners = SessionOwners()
         if store is None:
-            store = RunStore(reactor, config.store, retention=config.retention, metrics=self.metrics)
+            store = RunStore(reactor, config.store, retention=config.retention, metrics=self.metrics, owners=owners)
         self.store: StoreService = store
         self.host = AdapterHost(reactor, build, self.metrics)
         self.context = NodeContext(
@@ -84,6 +86,7 @@ class NodeService(MultiService):
             metrics=self.metrics,
             register_timeout=config.register_timeout_sec,
             node_version=_version(),
+            owners=owners,
         )
         self.context.transport.edge = config.edge
         self.context.transport.store = self.store

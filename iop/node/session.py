@@ -133,7 +133,9 @@ class NodeSession:
         self.edge_wire_version: int | None = None
         self.edge_draining: Message | None = None
         self.inflight = Inflight()
-        self.runs = RunManager(context.host, self.inflight, self.send, context.store, context.usage, context.metrics)
+        self.runs = RunManager(
+            context.host, self.inflight, self.send, context.store, context.usage, context.metrics, context.owners
+        )
         self.tunnels = TunnelManager(
             context.host, self.inflight, self.send, context.usage, context.metrics, context.store
         )
@@ -294,6 +296,9 @@ class NodeSession:
         )
         self._adopt_heartbeat(config)
         d = self.context.host.apply(config.adapters)
+        # No run may be checked against the session owners before the run
+        # store's are in: the ready waits for them.
+        d.addCallback(lambda _: self.context.owners.loaded())
         d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
@@ -414,6 +419,10 @@ class NodeSession:
         End a logical session and say truthfully how it went: done, the
         adapter knew no such session (C{unknown_session}), the adapter
         keeps no sessions (C{not_supported}), no such adapter, or failed.
+        A session of another caller key than C{request.caller} (when the
+        Edge names one) is answered exactly as one the adapter does not
+        know, and the adapter is not asked: a caller learns nothing of
+        other keys' sessions.
         """
 
         def answer(ok: bool, reason: str = "", code: str = "") -> None:
@@ -423,11 +432,17 @@ class NodeSession:
         if hosted is None:
             answer(False, f"no adapter named {request.adapter!r} on this node", UNKNOWN_ADAPTER)
             return
+        unknown = f"adapter {hosted.name} has no session {request.session_id!r}"
+        if hosted.adapter.capabilities().sessions and not self.context.owners.owned_by(
+            hosted.name, request.session_id, request.caller
+        ):
+            answer(False, unknown, UNKNOWN_SESSION)
+            return
         d = defer.maybeDeferred(hosted.adapter.terminate_session, request.target, request.session_id)
 
         def done(result: object) -> None:
             if isinstance(result, dict) and result.get("terminated") is False:
-                answer(False, f"adapter {hosted.name} has no session {request.session_id!r}", UNKNOWN_SESSION)
+                answer(False, unknown, UNKNOWN_SESSION)
             else:
                 answer(True)
 

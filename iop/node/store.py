@@ -26,7 +26,11 @@ fails alone does not keep the rest of its batch from committing.
 At start, rows a previous process left C{running} (it was killed, or the
 machine lost power) are ended as C{error} with the code
 C{node_restarted}: nothing is left running forever. Old rows are pruned in
-the background by L{Retention} (C{store.retention} in node.yaml).
+the background by L{Retention} (C{store.retention} in node.yaml). Right
+after that, the store reads whose each logical session is (the caller of
+its first run that reached the adapter) into the Node's
+L{iop.node.owners.SessionOwners}, which the Node waits for before it
+takes work.
 """
 
 import json
@@ -46,6 +50,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
+from iop.node.owners import NEVER_RAN, SessionOwners, Use
 from iop.protocols.convert import event_details_json, usage_to_json
 from iop.run import NODE_RESTARTED, RunEventData, RunFailure, ToolCall, Usage
 
@@ -229,6 +234,8 @@ class RunStore(Service):
     @ivar restarted: how many rows the start marked C{node_restarted}
         (once the start's work is done).
     @param metrics: the L{iop.node.metrics.NodeMetrics} told about failures.
+    @param owners: the Node's L{SessionOwners}, loaded from the stored
+        runs at start (C{None}: not loaded).
     """
 
     log = Logger()
@@ -243,8 +250,10 @@ class RunStore(Service):
         batch_max: int = BATCH_MAX,
         prune_interval: float = PRUNE_INTERVAL_SEC,
         metrics: "NodeMetrics | None" = None,
+        owners: SessionOwners | None = None,
     ) -> None:
         self.reactor = reactor
+        self.owners = owners
         self.path = path
         self.now = now
         self.retention = retention
@@ -285,6 +294,9 @@ class RunStore(Service):
         self.pool.start()
         self._ready = self.pool.runInteraction(self._open, self.now())
         self._ready.addCallbacks(self._opened, self._failed, errbackArgs=("creating the runs table",))
+        if self.owners is not None:
+            # The pool's one thread runs it after the open.
+            self.owners.load(self.pool.runInteraction(_session_uses))
         if self.prune_interval:
             self._pruner = LoopingCall(self.prune)
             self._pruner.clock = self.reactor
@@ -772,6 +784,21 @@ def _list(
         (*params, limit),
     )
     return [_row(r) for r in txn.fetchall()]
+
+
+def _session_uses(txn: adbapi.Transaction) -> list[Use]:
+    """
+    Every stored run that used a session for a caller key, oldest first:
+    the runs with a session id and a caller that the Node did not refuse
+    before their adapter saw them (L{NEVER_RAN}).
+    """
+    marks = ", ".join("?" * len(NEVER_RAN))
+    txn.execute(
+        "SELECT adapter, session_id, caller FROM runs WHERE kind = 'run' AND session_id != '' AND caller != ''"
+        f" AND (error_code IS NULL OR error_code NOT IN ({marks})) ORDER BY started_at, rowid",
+        NEVER_RAN,
+    )
+    return [(adapter, session_id, caller) for adapter, session_id, caller in txn.fetchall()]
 
 
 def _prune(txn: adbapi.Transaction, cutoff: float | None, max_rows: int | None) -> int:

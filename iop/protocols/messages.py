@@ -342,13 +342,21 @@ def cancel_run(run_id: str) -> CancelRequest:
     return iop_pb2.CancelRequest(kind=CANCEL_RUN, run_id=run_id)
 
 
-def terminate_session(request_id: str, adapter: str, target: str, session_id: str) -> CancelRequest:
+def terminate_session(request_id: str, adapter: str, target: str, session_id: str, caller: str) -> CancelRequest:
     """
     End a logical session of an adapter; answered by a L{cancel_response}
     of C{request_id}.
+
+    @param caller: the name of the caller key asking, which may end only
+        its own sessions; empty for an admin key, which may end any.
     """
     return iop_pb2.CancelRequest(
-        kind=TERMINATE_SESSION, adapter=adapter, target=target, session_id=session_id, request_id=request_id
+        kind=TERMINATE_SESSION,
+        adapter=adapter,
+        target=target,
+        session_id=session_id,
+        request_id=request_id,
+        caller=caller,
     )
 
 

@@ -42,6 +42,7 @@ from iop.edge.http.common import (
     EventStream,
     JSONResource,
     answered_or_gone,
+    caller_name,
     claim,
     error_body,
     forwarded,
@@ -435,6 +436,12 @@ _TERMINATE_FAILURES = {
 
 
 class TerminateSession(JSONResource):
+    """
+    End a logical session of the caller's key (any session, for an admin
+    key). Whose a session is, the Node decides (the key whose run first
+    used it): another key's is a 404 like a session that does not exist.
+    """
+
     def handle_POST(self, request: EdgeRequest) -> Deferred[object]:
         body = self.read_json(request)
         adapter = string(body, "adapter", required=True)
@@ -442,8 +449,16 @@ class TerminateSession(JSONResource):
         node, target = string(body, "node") or None, string(body, "target")
         if node is not None and anywhere.proxied_to_owner(self.service, request, node):
             return succeed(NOT_DONE_YET)
-        d = self.service.terminate_session(node, adapter, target, session_id)
+        d = self.service.terminate_session(node, adapter, target, session_id, self._caller(request))
         return d.addCallback(self._answer, session_id)
+
+    def _caller(self, request: EdgeRequest) -> str:
+        """
+        Whose sessions C{request} may end, as the Node is told: its caller
+        key's name, the owner its runs carry (C{anonymous} for an open API:
+        every caller is one owner there), or empty for an admin key (any).
+        """
+        return "" if self.keys.is_admin(getattr(request, "caller_key", None)) else caller_name(request)
 
     def _answer(self, result: tuple[bool, str, str], session_id: str) -> object:
         """

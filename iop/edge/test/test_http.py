@@ -4,6 +4,7 @@ the real Edge service, driven by treq's StubTreq, with a scripted Node on
 an in-memory wire.
 """
 
+import copy
 import json
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.http.common import Call
 from iop.edge.http.openai import ChunkRenderer
 from iop.protocols import messages
-from iop.testing.edge import EdgeHarness
+from iop.testing.edge import EDGE_YAML, EdgeHarness
 
 BASE = "http://edge.invalid"
 
@@ -324,6 +325,59 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(d)
         answer = json.loads(body)
         self.assertEqual((code, answer["terminated"], answer["error"]["code"]), (404, False, "unknown_session"))
+
+
+class TerminateCallerTests(SynchronousTestCase):
+    """
+    C{POST /v1/sessions/terminate} tells the Node whose sessions the
+    caller may end (docs/edge.md, "Isolation"): the Node decides.
+    """
+
+    def terminate_as(self, key, api_keys=None):
+        """
+        Start a run in session C{s1} and then terminate that session, both
+        as C{key}: @return: C{(RunRequest.caller, CancelRequest.caller)}.
+        """
+        data = copy.deepcopy(EDGE_YAML)
+        if api_keys is not None:
+            data["api_keys"] = api_keys
+        edge = EdgeHarness(data)
+        node, pump, _ = edge.register()
+        assert edge.site is not None
+        http: Any = StubTreq(edge.site.resource)
+        headers = {b"content-type": [b"application/json"]}
+        if key is not None:
+            headers[b"authorization"] = [b"Bearer " + key.encode()]
+        for path, body in (
+            ("/v1/runs", {"adapter": "echo", "input": "hi", "session_id": "s1"}),
+            ("/v1/sessions/terminate", {"node": "n1", "adapter": "echo", "session_id": "s1"}),
+        ):
+            http.post(BASE + path, data=json.dumps(body).encode(), headers=headers)
+            pump.flush()
+        [run] = node.of("run_request")
+        [cancel] = node.of("cancel_request")
+        self.assertEqual((cancel.kind, cancel.session_id), (messages.TERMINATE_SESSION, "s1"))
+        return run.caller, cancel.caller
+
+    def test_caller_key(self):
+        """
+        A caller key's terminate names the key, the same owner name as its
+        runs carry.
+        """
+        keys = [{"key": "k1", "name": "alice"}, {"key": "k2", "name": "bob"}]
+        self.assertEqual(self.terminate_as("k1", keys), ("alice", "alice"))
+
+    def test_admin_key(self):
+        """
+        An admin key's terminate names no caller: it may end any session.
+        """
+        self.assertEqual(self.terminate_as("admin", [{"key": "k1", "name": "alice"}])[1], "")
+
+    def test_open_api(self):
+        """
+        On an open caller API everyone is one owner, C{anonymous}.
+        """
+        self.assertEqual(self.terminate_as(None), ("anonymous", "anonymous"))
 
 
 class ChunkTemplateTests(SynchronousTestCase):

@@ -329,17 +329,18 @@ class RunTests(SynchronousTestCase):
         """
         Terminate-session is sent as CancelRequest(TERMINATE_SESSION) and
         the Node's answer (here "not supported", with its code) comes back;
-        an answer without a code (an older Node) counts as C{failed}.
+        an answer without a code (an older Node) counts as C{failed}. The
+        caller it names goes with it.
         """
-        d = self.edge.service.terminate_session("n1", "echo", "", "s1")
+        d = self.edge.service.terminate_session("n1", "echo", "", "s1", "alice")
         self.pump.flush()
         (request,) = self.node.of("cancel_request")
-        self.assertEqual(request.kind, messages.TERMINATE_SESSION)
+        self.assertEqual((request.kind, request.caller), (messages.TERMINATE_SESSION, "alice"))
         answer = messages.cancel_response(request_id=request.request_id, ok=False, reason="no", code="not_supported")
         self.node.connection.send(answer)
         self.pump.flush()
         self.assertEqual(self.successResultOf(d), (False, "no", "not_supported"))
-        d = self.edge.service.terminate_session("n1", "echo", "", "s1")
+        d = self.edge.service.terminate_session("n1", "echo", "", "s1", "")
         self.pump.flush()
         request = self.node.of("cancel_request")[-1]
         self.node.connection.send(messages.cancel_response(request_id=request.request_id, ok=False, reason="?"))
@@ -564,3 +565,68 @@ class ReloadTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.ready.of("config_refresh"), [])
         self.assertEqual(self.edge.service.links.config_payload("n1").adapters[0].max_concurrency, 2)
+
+
+class ReconcileTests(SynchronousTestCase):
+    """
+    Background runs a Node kept across a lost link (wire version 4), and
+    what the Edge takes back when the Node reports them.
+    """
+
+    def setUp(self):
+        self.edge = EdgeHarness()
+        self.service = self.edge.service
+
+    def come_back(self, *runs):
+        """
+        Node n1 registers, reports C{runs} (C{ReconciledRun}s) and is
+        ready. @return: its node and pump.
+        """
+        node, pump, _ = self.edge.register(ready=False)
+        node.connection.send(messages.run_reconcile(runs))
+        node.connection.send(messages.ready_request(node_id="n1"))
+        pump.flush()
+        return node, pump
+
+    def test_cancelled_before_the_loss(self):
+        """
+        A background run whose cancel the Node had not confirmed when its
+        link was lost ends cancelled at once and waits for nothing; when
+        the Node reports it still running it is cancelled there and takes
+        no lease, and the Edge is idle.
+        """
+        node, pump, edge_protocol = self.edge.register()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", background=True)
+        run = self.successResultOf(self.service.submit(spec, Recorder().for_run))
+        node.connection.send(messages.run_event(run_id=run, seq=1, type="start"))
+        pump.flush()
+        self.assertTrue(self.service.cancel(run))
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        record = self.service.runs.get(run)
+        assert record is not None
+        self.assertEqual(record.status, "cancelled")
+        self.assertEqual(self.service.inflight.detached_on("n1"), [])
+        back, back_pump = self.come_back(messages.reconciled_run(run, "echo", "t1", "running", 1, ""))
+        self.assertEqual([m.run_id for m in back.of("cancel_request")], [run])
+        self.assertEqual(back.of("run_resume"), [])
+        back.connection.send(messages.run_event(run_id=run, seq=2, type="cancelled"))
+        back_pump.flush()
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.successResultOf(self.service.inflight.when_idle())
+
+    def test_run_reported_twice(self):
+        """
+        A run named twice in one C{RunReconcile} is taken back once: one
+        lease and one C{RunResume}, no cancel; its terminal returns the
+        lease.
+        """
+        run = messages.reconciled_run("run-x", "echo", "t1", "running", 3, "")
+        node, pump = self.come_back(run, run)
+        sent = [kind for kind, _ in node.received if kind in ("run_resume", "cancel_request")]
+        self.assertEqual(sent, ["run_resume"])
+        self.assertEqual(len(self.service.pool.active_leases()), 1)
+        node.connection.send(messages.run_event(run_id="run-x", seq=4, type="complete"))
+        pump.flush()
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assertEqual(len(self.service.inflight), 0)

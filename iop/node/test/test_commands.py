@@ -198,7 +198,7 @@ class TerminateSessionTests(SynchronousTestCase):
             adapter_config("manual", sessions=True), adapter_config("plain", type="plain")
         )
         edge.connection.send(
-            messages.terminate_session(request_id="q1", adapter=adapter, target="t", session_id=session_id)
+            messages.terminate_session(request_id="q1", adapter=adapter, target="t", session_id=session_id, caller="")
         )
         pump.flush()
         [response] = edge.of("cancel_response")

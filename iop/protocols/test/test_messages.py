@@ -44,18 +44,23 @@ class BuilderTests(SynchronousTestCase):
 
     def test_cancel_kinds(self):
         """
-        The three cancels carry their kind and the id they name.
+        The three cancels carry their kind and the id they name; a
+        session's end also the caller key asking.
         """
         self.assertEqual(
             [
-                (m.kind, m.run_id, m.request_id)
+                (m.kind, m.run_id, m.request_id, m.caller)
                 for m in (
                     messages.cancel_run("r"),
                     messages.cancel_command("c"),
-                    messages.terminate_session("q", "a", "t", "s"),
+                    messages.terminate_session("q", "a", "t", "s", "alice"),
                 )
             ],
-            [(messages.CANCEL_RUN, "r", ""), (messages.CANCEL_COMMAND, "", "c"), (messages.TERMINATE_SESSION, "", "q")],
+            [
+                (messages.CANCEL_RUN, "r", "", ""),
+                (messages.CANCEL_COMMAND, "", "c", ""),
+                (messages.TERMINATE_SESSION, "", "q", "alice"),
+            ],
         )
 
     def test_codes_are_the_generated_ones(self):
