@@ -42,6 +42,7 @@ ERRORS_BY_KIND = {
     "forbidden": (403, "permission_error"),
     "not_found": (404, "not_found_error"),
     "method": (405, "invalid_request_error"),
+    "conflict": (409, "invalid_request_error"),
     "too_large": (413, "invalid_request_error"),
     "busy": (429, "rate_limit_error"),
     "failed": (502, "api_error"),

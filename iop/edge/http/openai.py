@@ -210,6 +210,9 @@ _KIND_BY_FAILURE = {
     "queue_full": "busy",
     "unavailable": "unavailable",
     "model_not_found": "not_found",
+    # The caller's session: another run of it in progress, or another key's.
+    "session_busy": "conflict",
+    "session_owned": "conflict",
 }
 
 

@@ -159,6 +159,19 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual((code, json.loads(body)["error"]["code"]), (429, "capacity_exceeded"))
         self.assertEqual(len(self.node.of("run_request")), 2)
 
+    def test_session_refusals_are409(self):
+        """
+        A run refused for its session (another run of it in progress, or
+        another key's) is the caller's conflict, a 409, not a back end
+        failure, and is not placed again.
+        """
+        for code in ("session_busy", "session_owned"):
+            d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+            self.answer(("error", ""), error=messages.run_error(code=code, message="not this session"))
+            status, _, body = self.result(d)
+            self.assertEqual((status, json.loads(body)["error"]["code"]), (409, code))
+        self.assertEqual(len(self.node.of("run_request")), 2)
+
     def test_capacity_exceeded_placed_again(self):
         """
         The first C{capacity_exceeded} of admitted work is not the caller's
