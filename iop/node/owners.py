@@ -40,7 +40,7 @@ from iop.run import CAPACITY_EXCEEDED, INVALID_REQUEST, NODE_DRAINING, SESSION_O
 #: whose runs on it were refused.)
 NEVER_RAN = (NODE_DRAINING, UNKNOWN_ADAPTER, CAPACITY_EXCEEDED, INVALID_REQUEST, SESSION_OWNED)
 
-#: A stored use of a session: C{(adapter, session_id, caller)}.
+#: A session's first stored use: C{(adapter, session_id, caller)}.
 Use = tuple[str, str, str]
 
 
@@ -77,8 +77,8 @@ class SessionOwners:
 
     def load(self, uses: "Deferred[list[Use]]") -> None:
         """
-        Fill the map from the store's uses of sessions, oldest first (the
-        first use of a session names its owner), once C{uses} fires.
+        Fill the map from the store's first use of each session (it names
+        the session's owner), once C{uses} fires.
         Should the store fail to answer, that is logged and the map holds
         only the sessions used from now on.
         """

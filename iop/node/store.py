@@ -788,17 +788,20 @@ def _list(
 
 def _session_uses(txn: adbapi.Transaction) -> list[Use]:
     """
-    Every stored run that used a session for a caller key, oldest first:
-    the runs with a session id and a caller that the Node did not refuse
-    before their adapter saw them (L{NEVER_RAN}).
+    The first use of each session by a caller key: of the stored runs
+    with a session id and a caller that the Node did not refuse before
+    their adapter saw them (L{NEVER_RAN}), the oldest per C{(adapter,
+    session_id)} (SQLite takes a bare column from the row C{MIN} picks),
+    so a session of many runs is one row.
     """
     marks = ", ".join("?" * len(NEVER_RAN))
     txn.execute(
-        "SELECT adapter, session_id, caller FROM runs WHERE kind = 'run' AND session_id != '' AND caller != ''"
-        f" AND (error_code IS NULL OR error_code NOT IN ({marks})) ORDER BY started_at, rowid",
+        "SELECT adapter, session_id, caller, MIN(started_at) FROM runs"
+        " WHERE kind = 'run' AND session_id != '' AND caller != ''"
+        f" AND (error_code IS NULL OR error_code NOT IN ({marks})) GROUP BY adapter, session_id",
         NEVER_RAN,
     )
-    return [(adapter, session_id, caller) for adapter, session_id, caller in txn.fetchall()]
+    return [(adapter, session_id, caller) for adapter, session_id, caller, _ in txn.fetchall()]
 
 
 def _prune(txn: adbapi.Transaction, cutoff: float | None, max_rows: int | None) -> int:
