@@ -583,6 +583,11 @@ class RunBook:
             if answer.get("run", {}).get("kind") == TUNNEL:
                 raise ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run")
             events = [(e["seq"], dict(e, run_id=run_id)) for e in answer.get("events", [])]
+            if record is not None:
+                # What the Edge still holds goes behind the Node's history:
+                # a terminal the Edge made up itself, or events a Node's
+                # failed store never had (the follower drops repeats).
+                events += list(record.log)
             follower.caught_up(events)
             if record is None or record.done:
                 self._detach(record, follower)

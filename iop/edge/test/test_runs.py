@@ -208,6 +208,29 @@ class RunBookTests(SynchronousTestCase):
         self.book.event(record, event(40, node.last), 40)
         self.assertEqual(reader.seqs[-1], 40)
 
+    def test_store_history_then_what_only_the_edge_holds(self):
+        """
+        After the Node's store answers, the events only the Edge's log
+        holds follow its history: a terminal the Edge made up itself (a
+        cancel the Node never confirmed), and events past what a lagging
+        store has.
+        """
+        node = FakeNode("r1", 50)
+        node.stored = 10
+        self.book.fetch = node.fetch
+        record = self.book.open("r1", RUN, node="n1")
+        for seq in range(1, 21):
+            self.book.event(record, RunEventData(DELTA, text="x" * 100), seq)
+        self.book.event(record, RunEventData(ERROR, error=RunFailure("cancelled", "not confirmed")))
+        self.assertGreater(record.first_seq, 11)
+        reader = Reader(0)
+        self.book.follow("r1", 0, reader.write, reader.end)
+        node.answer()
+        self.assertEqual(reader.seqs[:10], list(range(1, 11)))
+        self.assertEqual(reader.seqs[-1], 21)
+        self.assertEqual(reader.seqs[10:], [seq for seq, _ in record.log])
+        self.assertEqual(reader.ended, 1)
+
 
 class ReplayThenFollowProperties(SynchronousTestCase):
     """
