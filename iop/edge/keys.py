@@ -156,11 +156,27 @@ def parse_keys(section: Section, name: str) -> tuple[KeySpec, ...]:
     values = section.get(name, list, [])
     specs = tuple(_entry(section, f"{name}[{i}]", value) for i, value in enumerate(values))
     seen: set[bytes] = set()
+    owners: dict[str, tuple[int, Tenant]] = {}
     for i, spec in enumerate(specs):
         if spec.digest in seen:
             raise section.error(f"{name}[{i}]", "duplicate key (not shown)")
         seen.add(spec.digest)
+        # Entries of one name are one owner (a key and its replacement):
+        # one share of the queues and one set of budgets, which two
+        # different settings would reset each time the other key is used.
+        first, tenant = owners.setdefault(spec.name, (i, spec.tenant()))
+        if tenant != spec.tenant():
+            field = next(f for f in _OWNER_FIELDS if getattr(tenant, f) != getattr(spec.tenant(), f))
+            raise section.error(
+                f"{name}[{i}].{field}",
+                f"differs from {name}[{first}], which has the same name {spec.name!r}: "
+                "entries with one name are one owner and must agree on " + ", ".join(_OWNER_FIELDS),
+            )
     return specs
+
+
+#: What entries of one name must agree on (what their owner shares).
+_OWNER_FIELDS = ("weight", "priority", "tokens_per_minute", "tokens_per_day")
 
 
 def parse_key(section: Section, name: str) -> KeySpec | None:

@@ -144,10 +144,22 @@ class _Bucket:
 
     def __init__(self, size: int, period: float, now: float) -> None:
         self.size = size
+        self.period = period
         self.rate = size / period
         self.level = float(size)
         self.reserved = 0
         self.at = now
+
+    def resize(self, size: int, now: float) -> None:
+        """
+        A reloaded budget of C{size}: what was spent stays spent (the
+        level is kept, at most the new size) and reservations stay held,
+        so a reload never hands out a full bucket.
+        """
+        self.refill(now)
+        self.size = size
+        self.rate = size / self.period
+        self.level = min(self.level, float(size))
 
     def refill(self, now: float) -> None:
         self.level = min(float(self.size), self.level + (now - self.at) * self.rate)
@@ -188,8 +200,10 @@ class TokenBudgets:
             if size is None:
                 continue
             bucket = self._buckets.get((tenant.name, label))
-            if bucket is None or bucket.size != size:
+            if bucket is None:
                 bucket = self._buckets[(tenant.name, label)] = _Bucket(size, period, now)
+            elif bucket.size != size:
+                bucket.resize(size, now)
             bucket.refill(now)
             amount = min(ticket.cost, size)
             short = bucket.shortfall(amount)

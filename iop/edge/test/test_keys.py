@@ -100,6 +100,38 @@ class KeyConfigTests(SynchronousTestCase):
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "tokens_per_day": 0}]), "api_keys[0].tokens_per_day")
         self.refused(lambda d: d.update(limits={"token_estimate": -1}), "limits.token_estimate")
 
+    def test_one_name_one_owner(self):
+        """
+        Entries of one name (a key and its replacement) may differ in
+        their per-key limits but not in what their owner shares: weight,
+        priority and budgets; a difference is refused naming the field.
+        """
+        config = parsed(
+            lambda d: d.update(
+                api_keys=[
+                    {"key": "old", "name": "team", "tokens_per_minute": 1000, "max_concurrent": 1},
+                    {"key": "new", "name": "team", "tokens_per_minute": 1000, "max_concurrent": 4},
+                ]
+            )
+        )
+        self.assertEqual(config.api_keys[0].tenant(), config.api_keys[1].tenant())
+        self.refused(
+            lambda d: d.update(
+                api_keys=[
+                    {"key": "old", "name": "team", "tokens_per_minute": 1000},
+                    {"key": "b", "name": "other"},
+                    {"key": "new", "name": "team", "tokens_per_minute": 1200},
+                ]
+            ),
+            "api_keys[2].tokens_per_minute",
+            "api_keys[0]",
+            "'team'",
+        )
+        self.refused(
+            lambda d: d.update(api_keys=[{"key": "a", "name": "t"}, {"key": "b", "name": "t", "weight": 2}]),
+            "api_keys[1].weight",
+        )
+
 
 class LimiterTests(SynchronousTestCase):
     def test_concurrent(self):

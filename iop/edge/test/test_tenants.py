@@ -284,6 +284,27 @@ class BudgetTests(SynchronousTestCase):
         for _ in range(3):
             budgets.reserve(Ticket(Tenant("free"), 10**9))
 
+    def test_reload_resizes_without_refilling(self):
+        """
+        A budget changed by a reload keeps what was spent and what is
+        reserved: a smaller budget is at most full, a larger one is not
+        handed out whole.
+        """
+        clock = Clock()
+        budgets = TokenBudgets(clock.seconds)
+        spent = Ticket(Tenant("t", tokens_per_minute=1000), 900)
+        budgets.reserve(spent)
+        spent.settle(900)
+        held = Ticket(Tenant("t", tokens_per_minute=1000), 50)
+        budgets.reserve(held)
+        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        self.assertRaises(BudgetExceeded, budgets.reserve, Ticket(Tenant("t", tokens_per_minute=1200), 100))
+        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        budgets.reserve(Ticket(Tenant("t", tokens_per_minute=60), 10))  # 100 left, at most 60
+        self.assertEqual(budgets.remaining("t"), {"minute": 0})
+        held.settle(0)
+        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+
     def test_settle_once(self):
         """
         A ticket settles once: a second settle (a late duplicate end)
