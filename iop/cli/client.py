@@ -24,11 +24,13 @@ from typing import Any
 from iop.cli import sse
 
 OK = 0
-#: The Edge answered with an error, or the work it ran failed.
+#: The Edge answered with an error or with what is not its JSON (a proxy's
+#: page, a stream line that is not an object), or the work it ran failed.
 FAILED = 1
 #: Bad arguments (argparse's own status).
 USAGE = 2
-#: No connection to the Edge (refused, unknown host, timeout).
+#: No connection to the Edge (refused, unknown host, timeout), or its
+#: answer was cut short.
 UNREACHABLE = 3
 #: A missing or refused key (401/403).
 AUTH = 4
@@ -39,9 +41,9 @@ UNSUPPORTED = 6
 
 EXIT_CODES = {
     OK: "success",
-    FAILED: "the Edge answered with an error, or the run failed",
+    FAILED: "the Edge answered with an error or an unreadable answer, or the run failed",
     USAGE: "bad arguments",
-    UNREACHABLE: "the Edge is unreachable",
+    UNREACHABLE: "the Edge is unreachable, or its answer was cut short",
     AUTH: "a key is missing or was refused (401/403)",
     NOT_FOUND: "unknown node, run or model (404)",
     UNSUPPORTED: "this Edge does not serve that endpoint",
@@ -90,10 +92,24 @@ class Response:
         return self.headers.get("content-type", "").split(";")[0].strip()
 
     def json(self) -> Any:
+        """
+        The body as JSON.
+
+        @raise CLIError: L{UNREACHABLE} when the body is cut short (as when
+            no answer came: C{--watch} retries it); L{FAILED} when it is not
+            JSON, which is what a proxy or a wrong C{--edge} answers with.
+        """
         try:
-            return json.loads(self.raw.read())
+            text = self.raw.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise CLIError(f"the Edge's answer was cut short: {_reason(e)}", UNREACHABLE) from None
         finally:
             self.close()
+        try:
+            return json.loads(text)
+        except ValueError:
+            kind = self.content_type or "no content type"
+            raise CLIError(f"the Edge's answer is not JSON ({kind}): {excerpt(text)}", FAILED) from None
 
     def events(self) -> Iterator[sse.Event]:
         """
@@ -225,6 +241,41 @@ class EdgeClient:
         return self.request("POST", path, body=body, admin=admin).json()
 
 
+def excerpt(text: str | bytes) -> str:
+    """
+    The start of an answer the command line cannot use, on one line
+    (whitespace runs collapsed), so that an HTML page still makes a
+    one-line error.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return " ".join(text.split())[:200]
+
+
+def expect_object(value: Any, what: str) -> dict[str, Any]:
+    """
+    C{value} if it is a JSON object: anything else where the command line
+    reads fields is a bad answer (L{FAILED}), not a traceback.
+
+    @param what: the answer's name for the error line.
+    """
+    if not isinstance(value, dict):
+        raise CLIError(f"{what} is not a JSON object: {excerpt(json.dumps(value))}", FAILED)
+    return value
+
+
+def parse_object(data: str, what: str) -> dict[str, Any]:
+    """
+    One line of a stream (an event's C{data}) as the JSON object it must
+    be; one that is not ends the stream with a L{FAILED} line.
+    """
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise CLIError(f"{what} is not JSON: {excerpt(data)}", FAILED) from None
+    return expect_object(value, what)
+
+
 def _reason(error: Exception) -> str:
     if isinstance(error, ConnectionRefusedError):
         return "connection refused"
@@ -255,11 +306,7 @@ def answer_error(method: str, path: str, status: int, text: bytes) -> CLIError:
         return CLIError(
             f"this Edge does not serve {method} {path.split('?')[0]} (an older Edge?): {message or status}", UNSUPPORTED
         )
-    detail = (
-        message
-        or (text.decode("utf-8", "replace").strip()[:200] if text else "")
-        or http.client.responses.get(status, "")
-    )
+    detail = message or excerpt(text) or http.client.responses.get(status, "")
     if status == 401:
         return CLIError(f"the Edge refused the API key (401): {detail}; pass --key or set IOP_API_KEY", AUTH)
     if status == 403:

@@ -33,7 +33,18 @@ from rich.live import Live
 from rich.text import Text
 
 from iop.cli import render
-from iop.cli.client import DEFAULT_EDGE, EXIT_CODES, OK, UNREACHABLE, USAGE, CLIError, EdgeClient
+from iop.cli.client import (
+    DEFAULT_EDGE,
+    EXIT_CODES,
+    FAILED,
+    OK,
+    UNREACHABLE,
+    USAGE,
+    CLIError,
+    EdgeClient,
+    excerpt,
+    expect_object,
+)
 from iop.cli.context import Context
 from iop.cli.pull import pull
 from iop.cli.streams import chat, follow_run, tail_events
@@ -48,7 +59,7 @@ INTERRUPTED = 130
 def fetch_status(ctx: Context) -> tuple[dict[str, Any], float]:
     response = ctx.client.request("GET", "/v1/status")
     now = response.edge_time() or time.time()
-    return response.json(), now
+    return expect_object(response.json(), "the Edge's status"), now
 
 
 def cmd_status(ctx: Context) -> int:
@@ -109,22 +120,26 @@ def run_list(data: Any) -> list[dict[str, Any]]:
     """
     The runs of a C{GET /v1/runs} answer: a list, or an object holding one
     under C{runs} or C{data}.
+
+    @raise CLIError: anything else, or runs that are not objects (a bad
+        answer, L{FAILED}).
     """
-    if isinstance(data, list):
-        return data
-    for key in ("runs", "data"):
-        if isinstance(data.get(key), list):
-            return data[key]
-    return []
+    runs = data
+    if isinstance(data, dict):
+        runs = next((data[key] for key in ("runs", "data") if isinstance(data.get(key), list)), [])
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        raise CLIError(f"the Edge's run history is not a list of runs: {excerpt(json.dumps(data))}", FAILED)
+    return runs
 
 
 def cmd_runs(ctx: Context) -> int:
     args = ctx.args
     data = ctx.client.get_json("/v1/runs", params={"node": args.node, "status": args.status, "limit": args.limit})
+    runs = run_list(data)
     if ctx.args.json:
         ctx.print_json(data)
     else:
-        ctx.out.print(render.runs_table(run_list(data)))
+        ctx.out.print(render.runs_table(runs))
     return OK
 
 
@@ -135,7 +150,7 @@ def run_path(run_id: str) -> str:
 def cmd_run(ctx: Context) -> int:
     if ctx.args.follow:
         return follow_run(ctx, run_path(ctx.args.run_id))
-    run = ctx.client.get_json(run_path(ctx.args.run_id))
+    run = expect_object(ctx.client.get_json(run_path(ctx.args.run_id)), "the run")
     if ctx.args.json:
         ctx.print_json(run)
         return OK

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from iop.cli import sse
-from iop.cli.client import FAILED, NOT_FOUND, USAGE, CLIError
+from iop.cli.client import FAILED, NOT_FOUND, USAGE, CLIError, expect_object, parse_object
 from iop.cli.context import Context
 
 
@@ -24,7 +24,7 @@ def ollama_adapter(ctx: Context, node_id: str) -> str:
     """
     The node's only C{ollama} adapter, from C{/v1/status}.
     """
-    status = ctx.client.get_json("/v1/status")
+    status = expect_object(ctx.client.get_json("/v1/status"), "the Edge's status")
     nodes = {n["id"]: n for n in status.get("nodes", [])}
     if node_id not in nodes:
         raise CLIError(f"no node {node_id!r} is configured", NOT_FOUND)
@@ -76,7 +76,7 @@ def show_progress(ctx: Context, events: Iterable[sse.Event], node_id: str, model
         for event in events:
             if event.data == "[DONE]":
                 break
-            payload = json.loads(event.data)
+            payload = parse_object(event.data, "a line of the pull's progress stream")
             if ctx.args.json:
                 ctx.stdout.write(json.dumps(payload) + "\n")
                 ctx.stdout.flush()

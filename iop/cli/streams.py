@@ -4,7 +4,10 @@ arrives, a run followed (and resumed with C{Last-Event-ID} when the
 connection is cut), and the events feed tailed.
 
 Answers go to stdout as plain text (so they pipe); reasoning, usage and
-errors go to stderr.
+errors go to stderr. A chunk or run event that is not a JSON object ends
+the command with one L{FAILED} line rather than being skipped: a skipped
+one could silently drop part of the answer. (The events feed, which only
+shows what it reads, prints such a line as it is.)
 """
 
 import http.client
@@ -12,7 +15,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from iop.cli.client import FAILED, UNREACHABLE, CLIError
+from iop.cli.client import FAILED, UNREACHABLE, CLIError, parse_object
 from iop.cli.context import Context
 
 TERMINALS = ("complete", "error", "cancelled")
@@ -66,10 +69,9 @@ def chat(ctx: Context, model: str, messages: list[dict[str, Any]]) -> int:
         for event in response.events():
             if event.data == "[DONE]":
                 break
-            chunk = json.loads(event.data)
+            chunk = parse_object(event.data, "a chunk of the completion stream")
             if "error" in chunk:
-                error = chunk["error"] or {}
-                raise CLIError(f"the completion failed: {error.get('message', error)}", FAILED)
+                raise CLIError(f"the completion failed: {error_text(chunk['error'])}", FAILED)
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
@@ -124,7 +126,7 @@ def follow_run(ctx: Context, path: str) -> int:
                 for event in response.events():
                     if event.id is not None:
                         last_id = event.id
-                    payload = json.loads(event.data)
+                    payload = parse_object(event.data, "an event of the run's stream")
                     attempts = 0
                     terminal = show_run_event(ctx, payload, thinking)
                     if terminal is not None:
@@ -159,10 +161,23 @@ def show_run_event(ctx: Context, payload: dict[str, Any], thinking: Reasoning) -
         write(ctx.stdout, "\n")
     if kind == "complete":
         return 0
-    error = payload.get("error") or {}
-    reason = f"{error.get('code', '')}: {error.get('message', '')}" if error else "no reason given"
+    error = payload.get("error")
+    if isinstance(error, dict) and error:
+        reason = f"{error.get('code', '')}: {error.get('message', '')}"
+    else:
+        reason = error_text(error)
     ctx.err.print(f"run {payload.get('run_id', '')} ended {kind}: {reason}", style="red")
     return FAILED
+
+
+def error_text(error: Any) -> str:
+    """
+    An C{error} field as words: the C{message} of an object, or the field
+    itself when a provider sends a bare string.
+    """
+    if isinstance(error, dict):
+        error = error.get("message") or error
+    return str(error) if error else "no reason given"
 
 
 def describe(payload: dict[str, Any]) -> str:

@@ -7,8 +7,10 @@ Commands against real daemons are in tests/test_cli.py.
 """
 
 import hashlib
+import http.client
 import io
 import json
+from typing import cast
 
 from rich.console import Console
 from twisted.trial.unittest import SynchronousTestCase
@@ -23,11 +25,12 @@ from iop.cli.client import (
     USAGE,
     CLIError,
     EdgeClient,
+    Response,
     answer_error,
 )
 from iop.cli.context import Context
 from iop.cli.main import build_parser, main, run_list
-from iop.cli.pull import show_progress
+from iop.cli.pull import ollama_adapter, show_progress
 
 
 def error(message, code="x"):
@@ -80,6 +83,7 @@ class AnswerErrorTests(SynchronousTestCase):
                 "503: node n is not connected [unavailable]",
             ),
             (502, b"<html>bad gateway</html>", FAILED, "<html>bad gateway</html>"),
+            (502, b"<html>\n  <h1>bad gateway</h1>\n</html>\n", FAILED, "<html> <h1>bad gateway</h1> </html>"),
         ]
         for status, body, code, words in cases:
             e = answer_error("GET", "/v1/events", status, body)
@@ -103,6 +107,108 @@ class AnswerErrorTests(SynchronousTestCase):
         """
         self.assertEqual(self.assertRaises(CLIError, EdgeClient, "ftp://x").exit_code, USAGE)
         self.assertEqual(EdgeClient("edge:8080").base_url, "http://edge:8080")
+
+
+class FakeConnection:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+class FakeRaw:
+    """
+    The C{http.client} response of a 200 answer: its body, or a cut
+    (C{IncompleteRead}) while it is read.
+    """
+
+    def __init__(self, body, content_type="application/json", cut=False):
+        self.status = 200
+        self.body = body
+        self.content_type = content_type
+        self.cut = cut
+
+    def getheaders(self):
+        return [("Content-Type", self.content_type)]
+
+    def read(self):
+        if self.cut:
+            raise http.client.IncompleteRead(self.body, 100)
+        return self.body
+
+
+def answer(raw, connection=None):
+    """
+    The L{Response} of a 200 answer over fakes.
+    """
+    return Response(
+        cast(http.client.HTTPConnection, connection or FakeConnection()), cast(http.client.HTTPResponse, raw)
+    )
+
+
+class BadAnswerTests(SynchronousTestCase):
+    """
+    A 200 answer the command line cannot read (not JSON, cut short, not
+    the shape it reads) is one line on stderr and an exit status, never a
+    traceback.
+    """
+
+    def iop(self, argv, raw):
+        """
+        Run C{iop argv} against an Edge answering C{raw}: its exit status
+        and stderr, and whether the connection was closed.
+        """
+        connection = FakeConnection()
+        self.patch(EdgeClient, "request", lambda self, method, path, **kwargs: answer(raw, connection))
+        err = io.StringIO()
+        code = main(argv, {}, io.StringIO(), err)
+        self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
+        self.assertTrue(connection.closed)
+        return code, err.getvalue()
+
+    def test_status_not_json(self):
+        """
+        A 200 that is not JSON (a proxy's page, a wrong --edge) is a bad
+        answer named with its content type and its start on one line.
+        """
+        code, err = self.iop(["status"], FakeRaw(b"<html>\n<body>hello</body>\n</html>", "text/html"))
+        self.assertEqual(code, FAILED)
+        self.assertIn("iop status: the Edge's answer is not JSON (text/html): <html> <body>hello</body>", err)
+
+    def test_status_not_object(self):
+        """
+        A status that is JSON but not an object is a bad answer.
+        """
+        code, err = self.iop(["status"], FakeRaw(b"[1, 2]"))
+        self.assertEqual(code, FAILED)
+        self.assertIn("the Edge's status is not a JSON object: [1, 2]", err)
+
+    def test_runs_cut(self):
+        """
+        A body cut short is as if no answer came: the Edge is unreachable.
+        """
+        code, err = self.iop(["runs"], FakeRaw(b'{"runs": [', cut=True))
+        self.assertEqual(code, UNREACHABLE)
+        self.assertIn("the Edge's answer was cut short", err)
+
+    def test_runs_null(self):
+        """
+        A run history that is neither a list nor an object is a bad answer,
+        with --json too.
+        """
+        for argv in (["runs"], ["runs", "--json"]):
+            code, err = self.iop(argv, FakeRaw(b"null"))
+            self.assertEqual(code, FAILED)
+            self.assertIn("the Edge's run history is not a list of runs: null", err)
+
+    def test_run_not_object(self):
+        """
+        One run that is not an object is a bad answer.
+        """
+        code, err = self.iop(["run", "run-1"], FakeRaw(b'"run-1"'))
+        self.assertEqual(code, FAILED)
+        self.assertIn('the run is not a JSON object: "run-1"', err)
 
 
 class ArgumentTests(SynchronousTestCase):
@@ -217,6 +323,13 @@ class RenderTests(SynchronousTestCase):
         self.assertIn("run-1", text)
         self.assertIn("3 in / 5 out", text)
 
+    def test_run_list_not_runs(self):
+        """
+        Anything else, or runs that are not objects, is a bad answer.
+        """
+        for data in (None, "runs", [1], {"runs": ["run-1"]}):
+            self.assertEqual(self.assertRaises(CLIError, run_list, data).exit_code, FAILED, data)
+
 
 class PullProgressTests(SynchronousTestCase):
     def context(self, *argv):
@@ -268,6 +381,29 @@ class PullProgressTests(SynchronousTestCase):
         self.assertEqual(
             [json.loads(line) for line in self.out.getvalue().splitlines()], [{"status": "a"}, {"status": "success"}]
         )
+
+    def test_not_json_line(self):
+        """
+        A progress line that is not a JSON object ends the pull with a
+        one-line failure.
+        """
+        ctx = self.context()
+        for data in ("garbage", "[1]"):
+            events = [*self.events({"status": "pulling manifest"}), sse.Event(data)]
+            e = self.assertRaises(CLIError, show_progress, ctx, events, "n1", "x")
+            self.assertEqual(e.exit_code, FAILED)
+            self.assertIn("a line of the pull's progress stream is not", e.message)
+
+    def test_status_not_object(self):
+        """
+        Finding the node's adapter in a status that is not an object is a
+        bad answer.
+        """
+        ctx = self.context()
+        ctx.client = FakeClient(answer(FakeRaw(b"[]")))
+        e = self.assertRaises(CLIError, ollama_adapter, ctx, "n1")
+        self.assertEqual(e.exit_code, FAILED)
+        self.assertIn("the Edge's status is not a JSON object", e.message)
 
 
 class FakeResponse:
@@ -367,6 +503,27 @@ class FollowTests(SynchronousTestCase):
         self.assertEqual(self.err.getvalue(), "thinking\n")
         self.assertEqual(self.out.getvalue(), "answer\n")
 
+    def test_error_string(self):
+        """
+        A terminal whose error is a bare string names it.
+        """
+        client = FakeClient(FakeResponse([run_event(1, "error", error="it broke")]))
+        self.assertEqual(streams.follow_run(self.context(client), "/p"), FAILED)
+        self.assertIn("run run-1 ended error: it broke", self.err.getvalue())
+
+    def test_not_json_event(self):
+        """
+        An event that is not a JSON object ends the command with a
+        one-line failure (not a resumption), after what came before it.
+        """
+        for data in ("not json", "null"):
+            client = FakeClient(FakeResponse([run_event(1, "delta", text="one "), sse.Event(data, id="2")]))
+            e = self.assertRaises(CLIError, streams.follow_run, self.context(client), "/p")
+            self.assertEqual(e.exit_code, FAILED)
+            self.assertIn("an event of the run's stream is not", e.message)
+            self.assertEqual(len(client.requests), 1)
+        self.assertEqual(self.out.getvalue(), "one one ")
+
     def test_first_connection_refused(self):
         """
         An Edge that cannot be reached before any event is not retried.
@@ -400,3 +557,40 @@ class EventsTests(SynchronousTestCase):
         self.assertEqual(
             (method, path, kwargs["admin"], kwargs["params"]["node"]), ("GET", "/v1/events", True, "gpu-1")
         )
+
+
+def chunk(**fields):
+    return sse.Event(json.dumps(fields))
+
+
+class ChatTests(SynchronousTestCase):
+    def setUp(self):
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def chat(self, *events):
+        args = build_parser({}).parse_args(["chat", "m", "hi"])
+        ctx = Context(args, EdgeClient(), self.out, self.err)
+        ctx.client = FakeClient(FakeResponse(list(events)))
+        return streams.chat(ctx, "m", [{"role": "user", "content": "hi"}])
+
+    def test_error_string(self):
+        """
+        A tunnelled error chunk whose error is a bare string (some
+        providers' own) is a one-line failure naming it.
+        """
+        e = self.assertRaises(CLIError, self.chat, chunk(error="model overloaded"))
+        self.assertEqual(e.exit_code, FAILED)
+        self.assertEqual(e.message, "the completion failed: model overloaded")
+
+    def test_not_json_chunk(self):
+        """
+        A chunk that is not a JSON object ends the completion with a
+        one-line failure (rather than dropping it, and perhaps some of the
+        answer, unseen), after the text that came before it.
+        """
+        for data, words in (("keep-alive", "is not JSON: keep-alive"), ("[1]", "is not a JSON object: [1]")):
+            hello = chunk(choices=[{"delta": {"content": "hello"}}])
+            e = self.assertRaises(CLIError, self.chat, hello, sse.Event(data), sse.Event("[DONE]"))
+            self.assertEqual(e.exit_code, FAILED)
+            self.assertEqual(e.message, "a chunk of the completion stream " + words)
+        self.assertEqual(self.out.getvalue(), "hellohello")
