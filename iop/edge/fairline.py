@@ -21,9 +21,14 @@ A tenant that had nothing waiting cannot bank credit while it was away:
 when it starts waiting again its counter is lifted to the lowest counter
 among the tenants already waiting (the "virtual token counter" rule), so a
 newcomer is served next (it was served least recently) but does not then
-monopolise the line: it waits at most for the next free slot. The line is
-work-conserving: it only orders waiters, so a lone tenant still gets every
-free slot.
+monopolise the line: it waits at most for the next free slot. The lift
+counts only tokens settled, not the estimates of work still running: an
+estimate is the caller's word (a C{max_tokens} of 10**18 is one), and a
+newcomer lifted to it would stay behind that tenant's line once the work
+settled for what it really cost. So a newcomer may be served ahead of a
+waiting tenant for as many tokens as that tenant has running, never
+behind an estimate. The line is work-conserving: it only orders waiters,
+so a lone tenant still gets every free slot.
 
 The line knows nothing of leases, clocks or Twisted; the pool
 (L{iop.edge.pool}) decides who I{can} be served, the line who I{should}.
@@ -65,8 +70,12 @@ class FairLine(Generic[W]):
         #: priority -> tenant -> its waiters, oldest first (a dict as an
         #: ordered set: O(1) removal of a waiter that leaves early).
         self._levels: dict[int, dict[str, dict[W, None]]] = {}
-        #: tenant -> tokens served / weight.
+        #: tenant -> tokens settled / weight.
         self._virtual: dict[str, float] = {}
+        #: tenant -> weight -> estimated tokens of its work granted at that
+        #: weight and not yet settled (whole numbers, so that a huge
+        #: estimate leaves no residue behind when it settles).
+        self._pending: dict[str, dict[float, int]] = {}
         #: tenant -> when it was last granted a slot (a grant count).
         self._last_grant: dict[str, int] = {}
         self._grants = 0
@@ -89,9 +98,11 @@ class FairLine(Generic[W]):
 
     def counter(self, tenant: str) -> float:
         """
-        The tenant's virtual token counter (tokens served / weight).
+        The tenant's virtual token counter: tokens served / weight, its
+        running work counted at its estimate.
         """
-        return self._virtual.get(tenant, 0.0)
+        pending = self._pending.get(tenant, {})
+        return self._virtual.get(tenant, 0.0) + sum(tokens / weight for weight, tokens in pending.items())
 
     def add(self, waiter: W) -> None:
         level = self._levels.setdefault(waiter.priority, {})
@@ -113,19 +124,29 @@ class FairLine(Generic[W]):
             if not level:
                 del self._levels[waiter.priority]
 
-    def grant(self, tenant: str, weight: float, tokens: float) -> None:
+    def grant(self, tenant: str, weight: float, estimate: int) -> None:
         """
-        C{tenant} was granted a slot for work expected to cost C{tokens}.
+        C{tenant} was granted a slot for work expected to cost
+        C{estimate} tokens; L{settle} follows once, when it ends.
         """
         self._grants += 1
         self._last_grant[tenant] = self._grants
-        self.adjust(tenant, weight, tokens)
+        pending = self._pending.setdefault(tenant, {})
+        pending[weight] = pending.get(weight, 0) + estimate
 
-    def adjust(self, tenant: str, weight: float, tokens: float) -> None:
+    def settle(self, tenant: str, weight: float, estimate: int, tokens: int) -> None:
         """
-        Count C{tokens} more served to C{tenant} (negative: a refund, when
-        its work cost less than its estimate).
+        Work of C{tenant} granted at C{weight} for C{estimate} tokens
+        ended having cost C{tokens}.
         """
+        pending = self._pending.get(tenant, {})
+        left = pending.get(weight, 0) - estimate
+        if left > 0:
+            pending[weight] = left
+        else:
+            pending.pop(weight, None)
+            if not pending:
+                self._pending.pop(tenant, None)
         self._virtual[tenant] = self._virtual.get(tenant, 0.0) + tokens / weight
 
     def _rank(self, tenant: str, fifo: dict[W, None]) -> tuple[float, int, int]:
@@ -173,6 +194,7 @@ class FairLine(Generic[W]):
         return any(tenant in level for level in self._levels.values())
 
     def _lift(self, tenant: str) -> None:
+        # Settled tokens only (the module's docstring says why).
         waiting = [self._virtual.get(t, 0.0) for level in self._levels.values() for t in level]
         if waiting:
             self._virtual[tenant] = max(self._virtual.get(tenant, 0.0), min(waiting))

@@ -1025,11 +1025,11 @@ class ProviderPool:
         # The charge comes first: should the bookkeeping ever raise, no slot
         # has been taken that nothing would return.
         if not ticket.charged:
-            tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.cost
-            queue.waiters.grant(tenant, weight, cost)
             ticket.charged = True
             if not ticket.settled:
-                ticket.on_settle(lambda tokens: queue.waiters.adjust(tenant, weight, tokens - cost))
+                tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.cost
+                queue.waiters.grant(tenant, weight, cost)
+                ticket.on_settle(lambda tokens: queue.waiters.settle(tenant, weight, cost, tokens))
         resource.take(lease)
         return lease
 

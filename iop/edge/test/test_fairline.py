@@ -24,13 +24,16 @@ class W:
     seq: int = field(default_factory=lambda: next(_seq))
 
 
-def serve(line):
+def serve(line, settle=True):
     """
-    Serve the first waiter of the line's order, charging its cost.
+    Serve the first waiter of the line's order, charging its cost; with
+    C{settle}, its work also ends at once having cost its estimate.
     """
     waiter = next(line.order())
     line.remove(waiter)
     line.grant(waiter.tenant, waiter.weight, waiter.cost)
+    if settle:
+        line.settle(waiter.tenant, waiter.weight, waiter.cost, waiter.cost)
     return waiter
 
 
@@ -119,13 +122,35 @@ class FairLineTests(SynchronousTestCase):
 
     def test_refund(self):
         """
-        A negative charge (work that cost less than its estimate) lowers
-        the counter again.
+        Running work counts at its estimate; once settled, at what it
+        cost (less: a refund), exactly, whatever the estimate's size.
         """
         line: FairLine[W] = FairLine()
         line.grant("a", 2.0, 1000)
-        line.adjust("a", 2.0, -400)
-        self.assertEqual(line.counter("a"), 300.0)
+        line.grant("a", 2.0, 10**18)
+        self.assertEqual(line.counter("a"), 500.0 + 10**18 / 2.0)
+        line.settle("a", 2.0, 10**18, 200)
+        self.assertEqual(line.counter("a"), 600.0)
+        line.settle("a", 2.0, 1000, 600)
+        self.assertEqual(line.counter("a"), 400.0)
+
+    def test_newcomer_not_lifted_to_an_estimate(self):
+        """
+        A newcomer is lifted to what the waiting tenants have settled, not
+        to the estimates of their running work: a caller's huge
+        C{max_tokens}, which costs little once it ends, cannot put another
+        tenant behind its whole backlog.
+        """
+        line: FairLine[W] = FairLine()
+        line.grant("a", 1.0, 10**18)  # running, on the caller's word
+        for _ in range(20):
+            line.add(W("a"))
+        line.add(W("b"))
+        line.settle("a", 1.0, 10**18, 100)
+        self.assertEqual(serve(line).tenant, "b")
+        self.assertEqual([serve(line).tenant for _ in range(3)], ["a", "a", "a"])
+        line.add(W("b"))
+        self.assertIn("b", [serve(line).tenant for _ in range(2)])
 
     def test_remove_anywhere(self):
         """

@@ -81,6 +81,22 @@ class FairQueueTests(SynchronousTestCase):
         clock.advance(0.5)  # the first two heavy requests end: one slot goes to light
         self.assertEqual(work.waits["light"], [0.5])
 
+    def test_huge_estimate_does_not_put_others_behind(self):
+        """
+        A request whose caller asks for 10**18 tokens (and uses 100) does
+        not, once it ends, leave another tenant behind its own backlog.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, queue_timeout_sec=1000)
+        work = Workload(pool, clock)
+        heavy, light = Tenant("heavy"), Tenant("light")
+        work.submit(heavy, 100, estimate=10**18)
+        for _ in range(20):
+            work.submit(heavy, 100)
+        work.submit(light, 100)
+        clock.advance(1)  # the huge one ends, having cost 100
+        self.assertEqual(work.waits.get("light"), [1])
+
     def test_lone_tenant_uses_every_slot(self):
         """
         The line is work-conserving: one tenant alone gets every free slot.
