@@ -15,18 +15,32 @@ from iop.edge.http.openai import TunnelPassthrough
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import string
 from iop.edge.spec import RunSpec, TunnelSpec
+from iop.edge.tenants import CHARS_PER_TOKEN
 
 
 def _size(value: object) -> int:
     """
-    How many characters a prompt or input holds (strings, or lists of
-    them), for the long/normal request class.
+    How many characters a prompt or input holds, for the long/normal
+    request class and the token estimate: its strings wherever they are
+    nested (a Responses input of message objects and content parts counts
+    its text, and the few characters of their keys' values too), and a
+    token id (an integer, as in a prompt given as tokens) as
+    L{CHARS_PER_TOKEN} characters. The body's nesting is bounded by its
+    parser already.
     """
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_size(item) for item in value)
-    return 0
+    size = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            size += CHARS_PER_TOKEN
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return size
 
 
 class TunnelledEndpoint(JSONResource):
