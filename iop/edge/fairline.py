@@ -80,6 +80,8 @@ class FairLine(Generic[W]):
         self._last_grant: dict[str, int] = {}
         self._grants = 0
         self._size = 0
+        #: tenant -> how many of its waiters are in the line.
+        self._counts: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -113,16 +115,41 @@ class FairLine(Generic[W]):
             fifo = level[waiter.tenant] = {}
         fifo[waiter] = None
         self._size += 1
+        self._counts[waiter.tenant] = self._counts.get(waiter.tenant, 0) + 1
 
     def remove(self, waiter: W) -> None:
         level = self._levels[waiter.priority]
         fifo = level[waiter.tenant]
         del fifo[waiter]
         self._size -= 1
+        left = self._counts[waiter.tenant] - 1
+        if left:
+            self._counts[waiter.tenant] = left
+        else:
+            del self._counts[waiter.tenant]
         if not fifo:
             del level[waiter.tenant]
             if not level:
                 del self._levels[waiter.priority]
+
+    def crowding(self, tenant: str) -> W | None:
+        """
+        The waiter to turn away so that C{tenant} may wait in a full line:
+        the newest of the lowest class of the tenant with the most
+        waiters, if that tenant has at least two more than C{tenant} (so
+        the line ends shared, never flipping between two). C{None}: no one
+        is crowding C{tenant} out, and C{tenant} is the one to refuse.
+        """
+        if not self._counts:
+            return None
+        heavy = max(self._counts, key=self._counts.__getitem__)
+        if self._counts[heavy] <= self._counts.get(tenant, 0) + 1:
+            return None
+        for priority in sorted(self._levels):
+            fifo = self._levels[priority].get(heavy)
+            if fifo:
+                return next(reversed(fifo))
+        return None
 
     def grant(self, tenant: str, weight: float, estimate: int) -> None:
         """

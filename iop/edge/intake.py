@@ -123,7 +123,10 @@ class Intake:
             return defer.fail(forward)
         spec.timing.submitted = self.clock.seconds()
         config = self._config()
-        if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting:
+        tenant = spec.tenant or Tenant(spec.caller or ANONYMOUS)
+        if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting and not self.pool.make_room(
+            tenant.name
+        ):
             return defer.fail(
                 ServiceError(
                     "unavailable",
@@ -137,7 +140,7 @@ class Intake:
                 ServiceError("invalid", "only chat completions can run in the background", code="invalid_background")
             )
         ticket = Ticket(
-            spec.tenant or Tenant(spec.caller or ANONYMOUS),
+            tenant,
             spec.token_estimate(config.limits.token_estimate),
             spec.priority,
             on_queued,

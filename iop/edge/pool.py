@@ -559,7 +559,10 @@ class ProviderPool:
         self._clock = clock
         self.prober = prober
         self._direct_timeout = direct_timeout
-        self._waiting = 0
+        #: Every waiter of every queue, by tenant: who crowds whom out of
+        #: the Edge's bound on waiting work (its fair-share counters are
+        #: not used; each queue's own line orders its waiters).
+        self._everyone: FairLine[_Waiter] = FairLine()
         self._health = health or HealthPolicy()
         self._resources: dict[tuple[str, str], _Resource] = {}
         self._by_node: dict[str, list[_Resource]] = {}
@@ -844,7 +847,23 @@ class ProviderPool:
         """
         How many requests wait in all queues together.
         """
-        return self._waiting
+        return len(self._everyone)
+
+    def make_room(self, tenant: str) -> bool:
+        """
+        The Edge holds as much waiting work as it may: turn away the newest
+        waiter of the tenant waiting most, if it has at least two more
+        than C{tenant}, so that one tenant cannot fill the bound and lock
+        the others out.
+
+        @return: whether a place was freed (else C{tenant}'s request is
+            the one to refuse).
+        """
+        waiter = self._everyone.crowding(tenant)
+        if waiter is None:
+            return False
+        self._turn_away(waiter)
+        return True
 
     def retry_after(self, group_name: str | None) -> int:
         """
@@ -945,12 +964,15 @@ class ProviderPool:
         if not self._has_candidate(members, klass):
             return defer.fail(self._unavailable(queue, klass))
         if queue.max_queue is not None and len(queue.waiters) >= queue.max_queue:
-            return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
+            crowding = queue.waiters.crowding(ticket.tenant.name)
+            if crowding is None:
+                return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
+            self._turn_away(crowding)
         waiter = _Waiter(next(self._seq), queue, members, klass, ticket, self._clock.seconds(), self._cancelled)
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters.add(waiter)
+        self._everyone.add(waiter)
         ticket.waiting_since = waiter.since
-        self._waiting += 1
         if ticket.on_queued is not None:
             self._watched[waiter] = None
             self._tell_positions_soon()
@@ -1036,15 +1058,16 @@ class ProviderPool:
     def _dequeue(self, waiter: _Waiter, outcome: str) -> None:
         """
         Take C{waiter} out of its queue; it leaves as C{outcome}
-        (C{served}, C{timeout}, C{cancelled} or C{failed}), which
+        (C{served}, C{timeout}, C{cancelled}, C{failed} or
+        C{turned_away}), which
         L{on_wait_end} hears of with the time it waited.
         """
         if self.on_wait_end is not None:
             self.on_wait_end(waiter.ticket, waiter.queue.name, self._clock.seconds() - waiter.since, outcome)
         waiter.queue.waiters.remove(waiter)
+        self._everyone.remove(waiter)
         self._watched.pop(waiter, None)
         waiter.ticket.waiting_since = None
-        self._waiting -= 1
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
@@ -1060,6 +1083,23 @@ class ProviderPool:
             timeout=queue.timeout,
         )
         waiter.deferred.errback(QueueTimeout(queue, waiter.klass, f"no provider free within {queue.timeout}s"))
+
+    def _turn_away(self, waiter: _Waiter) -> None:
+        """
+        C{waiter}'s tenant is crowding others out of a full queue (or of
+        the Edge's bound): its newest waiter leaves, refused as if it had
+        found the queue full.
+        """
+        self._dequeue(waiter, "turned_away")
+        queue = waiter.queue
+        self.log.info(
+            "{queue}: a waiting request of key {key} turned away for another key's",
+            queue=queue.label,
+            key=waiter.tenant,
+        )
+        waiter.deferred.errback(
+            QueueFull(queue, waiter.klass, "queue is full: its place went to a key with fewer requests waiting")
+        )
 
     def _cancelled(self, waiter: _Waiter) -> None:
         # The Deferred errbacks CancelledError once this returns. A waiter

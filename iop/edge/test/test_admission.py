@@ -82,3 +82,26 @@ class AdmissionTests(SynchronousTestCase):
         for d in waiting:
             d.cancel()
             self.failureResultOf(d)
+
+    def test_overloaded_by_one_key_others_still_wait(self):
+        """
+        A key that holds every place under limits.max_waiting cannot lock
+        another key out: the newcomer takes that key's newest place, which
+        is refused as a full queue.
+        """
+        data = roomy(max_waiting=2)
+        data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
+        edge = EdgeHarness(data)
+        edge.register()
+        self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
+        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        light = spec(3)
+        light.caller = "light"
+        newcomer = edge.service.submit(light, Recorder().for_run)
+        self.assertNoResult(newcomer)
+        self.assertNoResult(waiting[0])
+        failure = self.failureResultOf(waiting[1], ServiceError)
+        self.assertEqual(failure.value.code, "queue_full")
+        for d in (waiting[0], newcomer):
+            d.cancel()
+            self.failureResultOf(d)

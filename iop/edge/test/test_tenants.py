@@ -258,8 +258,47 @@ class PositionTests(SynchronousTestCase):
             work.submit(Tenant("a"), 100)
         clock.advance(2)
         work.submit(Tenant("a"), 100)
-        failure = self.failureResultOf(pool.acquire("m", NORMAL), QueueFull)
+        failure = self.failureResultOf(pool.acquire("m", NORMAL, ticket=Ticket(Tenant("a"), 100)), QueueFull)
         self.assertEqual(failure.value.retry_after, 6)
+
+    def test_full_queue_shared_not_held_by_one_key(self):
+        """
+        A key that filled the queue cannot lock the others out: a newcomer
+        takes the place of that key's newest waiter, until both hold about
+        as many (then a newcomer is refused, whoever it is).
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, max_queue=4, queue_timeout_sec=100)
+        heavy, light = Tenant("heavy"), Tenant("light")
+        pool.acquire("m", NORMAL, ticket=Ticket(heavy, 100))
+        waits = [pool.acquire("m", NORMAL, ticket=Ticket(heavy, 100)) for _ in range(4)]
+        self.failureResultOf(pool.acquire("m", NORMAL, ticket=Ticket(heavy, 100)), QueueFull)
+        light_waits = [pool.acquire("m", NORMAL, ticket=Ticket(light, 100)) for _ in range(2)]
+        for d in light_waits:
+            self.assertNoResult(d)
+        turned_away = [self.failureResultOf(d, QueueFull) for d in waits[2:]]
+        self.assertIn("went to a key with fewer", str(turned_away[0].value))
+        for d in waits[:2]:
+            self.assertNoResult(d)
+        self.failureResultOf(pool.acquire("m", NORMAL, ticket=Ticket(light, 100)), QueueFull)
+        self.assertEqual(pool.waiting(), 4)
+
+    def test_edge_bound_shared_not_held_by_one_key(self):
+        """
+        The same across every queue, for the Edge's bound on waiting work
+        (C{make_room}): the key waiting most gives up its newest place.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, queue_timeout_sec=100)
+        heavy = Tenant("heavy")
+        pool.acquire("m", NORMAL, ticket=Ticket(heavy, 100))
+        waits = [pool.acquire("m", NORMAL, ticket=Ticket(heavy, 100)) for _ in range(3)]
+        self.assertTrue(pool.make_room("light"))
+        self.failureResultOf(waits[2], QueueFull)
+        self.assertEqual(pool.waiting(), 2)
+        self.assertFalse(pool.make_room("heavy"))
+        pool.acquire("m", NORMAL, ticket=Ticket(Tenant("light"), 100))
+        self.assertFalse(pool.make_room("light"))
 
 
 class BudgetTests(SynchronousTestCase):
