@@ -228,10 +228,11 @@ class KeyLimiter:
         self.in_progress: dict[bytes, int] = {}
         self._buckets: dict[bytes, tuple[float, float]] = {}
 
-    def admit(self, spec: KeySpec, concurrent: bool = True) -> Release:
+    def admit(self, spec: KeySpec, concurrent: bool = True, per_minute: bool = True) -> Release:
         """
-        Count one request of C{spec}: against C{requests_per_minute}, and
-        unless C{concurrent} is false (a request that runs no work) against
+        Count one request of C{spec}: against C{requests_per_minute} unless
+        C{per_minute} is false (another Edge counted it so), and unless
+        C{concurrent} is false (a request that runs no work) against
         C{max_concurrent} until it ends.
 
         @return: a callable that ends it (idempotent). It takes any one
@@ -247,7 +248,7 @@ class KeyLimiter:
                 f"API key {spec.name} already has {busy} requests in progress (max_concurrent {spec.max_concurrent})",
                 retry_after=1,
             )
-        if spec.requests_per_minute is not None:
+        if per_minute and spec.requests_per_minute is not None:
             self._take_token(spec)
         if not concurrent:
             return _nothing

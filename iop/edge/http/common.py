@@ -264,17 +264,18 @@ class Keys:
             raise HTTPError("forbidden", "this operation needs an admin API key", code="admin_key_required")
         return spec
 
-    def admit(self, spec: KeySpec, request: EdgeRequest, runs_work: bool = True) -> None:
+    def admit(self, spec: KeySpec, request: EdgeRequest, runs_work: bool = True, per_minute: bool = True) -> None:
         """
-        Hold C{request} to the limits of its key: C{requests_per_minute},
-        and when it C{runs_work}, C{max_concurrent} until it finishes or
-        until the background run it started ends (L{hold_until_ended}).
+        Hold C{request} to the limits of its key: C{requests_per_minute}
+        (unless not C{per_minute}), and when it C{runs_work},
+        C{max_concurrent} until it finishes or until the background run it
+        started ends (L{hold_until_ended}).
 
         @raise RateLimited: if the key is over a limit.
         """
-        if spec.max_concurrent is None and spec.requests_per_minute is None:
+        if spec.max_concurrent is None and (spec.requests_per_minute is None or not per_minute):
             return
-        release: Callable[[], None] = self.limiter.admit(spec, runs_work)
+        release: Callable[[], None] = self.limiter.admit(spec, runs_work, per_minute)
         request.key_hold = release
 
         def finished(_: object) -> None:
@@ -421,10 +422,15 @@ class JSONResource(Resource):
         spec = (self.keys.check_admin if self.admin else self.keys.check_caller)(request)
         request.caller_key = spec
         request.sees_all = spec is None or self.admin or self.keys.is_admin(spec)
+        runs_work = self.runs_work and request.method == b"POST"
         if spec is not None and not forwarded(request):
-            # (A request another Edge of the cluster forwarded was held to
-            # its key's limits there.)
-            self.keys.admit(spec, request, self.runs_work and request.method == b"POST")
+            self.keys.admit(spec, request, runs_work)
+        elif spec is not None and runs_work:
+            # Another Edge of the cluster forwarded it, counted per minute
+            # there; the work runs here, and counts here against
+            # max_concurrent (a background run until it ends: the other
+            # Edge's hold ends with the 202 it relays).
+            self.keys.admit(spec, request, per_minute=False)
         return handler(request)
 
     def read_json(self, request: EdgeRequest) -> dict[str, Any]:

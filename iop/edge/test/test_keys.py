@@ -16,6 +16,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
+from iop.edge.cluster.forward import PEER_HEADER, PeerGate
 from iop.edge.http.site import EdgeSite
 from iop.edge.keys import KeyLimiter, KeySpec, RateLimited, key_digest
 from iop.edge.test.test_config import parsed
@@ -251,6 +252,34 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.result(running)[0], 200)
         self.assertEqual(self.result(self.request("GET", "/v1/status", "one-at-a-time"))[0], 200)
+
+    def test_forwarded_background_runs_count_where_they_run(self):
+        """
+        A request another Edge of the cluster forwarded here was counted
+        per minute there, but its work runs here: a background run holds
+        the key's C{max_concurrent} here until it ends (the other Edge's
+        hold ends with the 202 it relays), and per minute it is not
+        counted again.
+        """
+        peer: Any = StubTreq(PeerGate(self.edge.site.resource, "peer-secret"))
+
+        def forwarded(key, body):
+            headers = {b"authorization": [b"Bearer " + key.encode()], PEER_HEADER: [b"peer-secret"]}
+            d = peer.request("POST", BASE + "/v1/runs", headers=headers, data=json.dumps(body).encode())
+            peer.flush()
+            self.pump.flush()
+            peer.flush()
+            return self.successResultOf(d).code
+
+        body = {"adapter": "echo", "node": "n1", "input": "x", "background": True, "stream": False}
+        self.assertEqual(forwarded("one-at-a-time", body), 202)
+        self.assertEqual(forwarded("one-at-a-time", body), 429)
+        run_id = self.node.of("run_request")[-1].run_id
+        self.node.connection.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
+        self.pump.flush()
+        self.assertEqual(forwarded("one-at-a-time", body), 202)
+        for _ in range(3):
+            self.assertEqual(forwarded("slow", body), 202)
 
     def test_requests_per_minute(self):
         """
