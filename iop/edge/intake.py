@@ -156,7 +156,7 @@ class Intake:
             ticket.work_id = spec.run_id
             record = self.runs.open(spec.run_id, RUN, status=QUEUED, **labels(self.pool, spec))
             queued = record
-            self.runs.when_ended(record, lambda: ticket.settle_usage(queued.usage))
+            self.runs.when_ended(record, lambda: ticket.settle_usage(queued.usage, queued.status))
         work = Work(
             spec,
             listener_for,

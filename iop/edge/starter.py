@@ -136,7 +136,7 @@ class Starter:
             if work.ticket is not None:
                 work.ticket.work_id = work_id
                 ticket, opened = work.ticket, record
-                self.runs.when_ended(record, lambda: ticket.settle_usage(opened.usage))
+                self.runs.when_ended(record, lambda: ticket.settle_usage(opened.usage, opened.status))
             message: messages.ProviderTunnelRequest | messages.RunRequest
             if tunnel is not None:
                 message = _tunnel_request(wire_id, placement, tunnel, spec.caller)

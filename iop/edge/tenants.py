@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iop.edge.errors import ServiceError
+from iop.run import CANCELLED, COMPLETE
 
 #: The tenant of callers without a key (an open API).
 ANONYMOUS = "anonymous"
@@ -63,8 +64,8 @@ class Tenant:
 def usage_tokens(usage: dict[str, Any] | None) -> int:
     """
     Input plus output tokens of a usage report (JSON form), 0 when the
-    provider reported none: nothing is estimated that a provider did not
-    report.
+    provider reported none (what that costs a ticket is
+    L{Ticket.settle_usage}'s to say).
     """
     if not usage:
         return 0
@@ -121,8 +122,20 @@ class Ticket:
         for settler in settlers:
             settler(tokens)
 
-    def settle_usage(self, usage: dict[str, Any] | None) -> None:
-        self.settle(usage_tokens(usage))
+    def settle_usage(self, usage: dict[str, Any] | None, status: str | None = None) -> None:
+        """
+        Settle with what the work's C{usage} report says it cost. Work that
+        was granted a slot and ended C{complete} or C{cancelled} (its
+        caller left) with no report at all costs its estimate instead: a
+        tunnelled stream whose caller did not ask for usage, or a caller
+        who hangs up before the usage chunk, would otherwise spend nothing
+        of a budget or a fair share. A failed answer with no report costs
+        nothing (the provider failed, not the caller).
+        """
+        if not usage and self.charged and status in (COMPLETE, CANCELLED):
+            self.settle(self.cost)
+        else:
+            self.settle(usage_tokens(usage))
 
 
 class BudgetExceeded(ServiceError):

@@ -19,6 +19,7 @@ from iop.edge.pool import (
     QueueFull,
 )
 from iop.edge.tenants import BudgetExceeded, Tenant, Ticket, TokenBudgets, usage_tokens
+from iop.run import CANCELLED, COMPLETE, ERROR
 
 
 def make_pool(clock, slots=2, **group):
@@ -359,6 +360,34 @@ class BudgetTests(SynchronousTestCase):
         self.assertEqual(budgets.remaining("t"), {"minute": 0})
         held.settle(0)
         self.assertEqual(budgets.remaining("t"), {"minute": 50})
+
+    def test_unreported_answer_costs_its_estimate(self):
+        """
+        Work that got a slot and ended complete or cancelled with no usage
+        report spends its estimate (a caller who did not ask for usage, or
+        hung up before it, cannot spend a budget for free); a failed answer
+        or work that never got a slot spends nothing; a report is what it
+        says.
+        """
+        clock = Clock()
+        budgets = TokenBudgets(clock.seconds)
+        tenant = Tenant("t", tokens_per_minute=1000)
+
+        def spent(usage, status, granted=True):
+            ticket = Ticket(tenant, 100)
+            budgets.reserve(ticket)
+            ticket.charged = granted
+            before = budgets.remaining("t")["minute"] + 100
+            ticket.settle_usage(usage, status)
+            return before - budgets.remaining("t")["minute"]
+
+        self.assertEqual(spent(None, COMPLETE), 100)
+        self.assertEqual(spent(None, CANCELLED), 100)
+        self.assertEqual(spent({}, COMPLETE), 100)
+        self.assertEqual(spent(None, ERROR), 0)
+        self.assertEqual(spent(None, CANCELLED, granted=False), 0)
+        self.assertEqual(spent({"input_tokens": 3, "output_tokens": 4}, COMPLETE), 7)
+        self.assertEqual(spent({"input_tokens": 0, "output_tokens": 0}, COMPLETE), 0)
 
     def test_settle_once(self):
         """
