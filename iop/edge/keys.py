@@ -34,7 +34,7 @@ from twisted.python.runtime import seconds as wall_seconds
 
 from iop.config import Section
 from iop.edge.errors import ServiceError
-from iop.edge.tenants import Tenant
+from iop.edge.tenants import ANONYMOUS, Tenant
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,14 @@ def _entry(section: Section, where: str, value: object) -> KeySpec:
         limits[name] = limit
     weight = entry.number("weight", 1.0, positive=True)
     priority = entry.get("priority", int, 0)
+    owner = entry.get("name", str, _default_name(digest))
+    if not owner or owner == ANONYMOUS:
+        # The name owns runs and sessions: "anonymous" is the owner of
+        # work done without a key, which no key may see as its own.
+        raise entry.error("name", f"must be a non-empty name other than {ANONYMOUS!r}")
     return KeySpec(
         digest=digest,
-        name=entry.get("name", str, _default_name(digest)),
+        name=owner,
         weight=weight,
         priority=priority,
         **limits,

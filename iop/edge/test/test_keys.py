@@ -64,13 +64,16 @@ class KeyConfigTests(SynchronousTestCase):
     def test_bad_entries(self):
         """
         Bad digests, both or neither form, unknown keys, limits below 1,
-        empty keys and duplicates are refused naming the entry; a duplicate
-        is not shown.
+        empty keys, a name that is empty or C{anonymous} (the owner of
+        work without a key) and duplicates are refused naming the entry; a
+        duplicate is not shown.
         """
         self.refused(lambda d: d.update(api_keys=[{"sha256": "abc"}]), "api_keys[0].sha256", "64 hexadecimal")
         self.refused(lambda d: d.update(api_keys=[{"sha256": sha("a"), "key": "a"}]), "api_keys[0].key")
         self.refused(lambda d: d.update(api_keys=[{"name": "x"}]), "api_keys[0].key", "exactly one")
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "rpm": 1}]), "api_keys[0].rpm", "unknown key")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "name": "anonymous"}]), "api_keys[0].name")
+        self.refused(lambda d: d.update(api_keys=[{"key": "a", "name": ""}]), "api_keys[0].name")
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "max_concurrent": 0}]), "api_keys[0].max_concurrent")
         self.refused(lambda d: d.update(api_keys=[""]), "api_keys[0]")
         self.refused(lambda d: d.update(api_keys=[5]), "api_keys[0]")
