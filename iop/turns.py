@@ -12,14 +12,19 @@ timers per turn; L{EndOfTurn} keeps one for all of them.
 from collections.abc import Callable
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 
 
 class EndOfTurn:
     """
     Calls made once, early in the reactor's next turn, in the order they
     were asked for, on one C{callLater(0)}. A call asked for while they run
-    waits for the turn after.
+    waits for the turn after. The calls are the business of many callers
+    (every run of a Node): one that raises is logged, and the others run
+    all the same.
     """
+
+    log = Logger()
 
     def __init__(self, reactor: IReactorTime) -> None:
         self._reactor = reactor
@@ -35,4 +40,7 @@ class EndOfTurn:
         self._timer = None
         calls, self._calls = self._calls, []
         for call in calls:
-            call()
+            try:
+                call()
+            except Exception:
+                self.log.failure("a call at the end of the turn failed: {call!r}", call=call)

@@ -13,7 +13,10 @@ carries a code saying whose mistake it was (C{unknown_command},
 C{not_supported}, C{unknown_adapter}, C{invalid_args}, C{unknown_run}:
 the caller's; C{cancelled}; C{failed}: the back end's). A request with C{stream} set may
 first get progress responses (C{progress=true}). The Edge can abort a
-command it gave up on (C{CancelRequest(CANCEL_COMMAND)}).
+command it gave up on (C{CancelRequest(CANCEL_COMMAND)}). An answer too
+large for one frame (L{ANSWER_MAX}) could not be sent: the request is
+answered C{failed} instead (C{run_get} cuts its answer to fit first,
+L{fitted}).
 """
 
 import json
@@ -31,6 +34,7 @@ from iop.node.context import NodeContext
 from iop.node.flow import Message
 from iop.node.host import Hosted
 from iop.protocols import messages
+from iop.protocols.wire import MAX_FRAME_BYTES
 from iop.run import (
     CANCELLED,
     COMMON_COMMANDS,
@@ -44,6 +48,9 @@ from iop.run import (
 
 #: The most runs C{run_list} answers with.
 RUN_LIST_MAX = 1000
+#: The largest C{result_json} a command answers with: what fits in one
+#: frame, with room to spare for the rest of the response.
+ANSWER_MAX = MAX_FRAME_BYTES - 64 * 1024
 
 
 class CommandError(Exception):
@@ -63,9 +70,12 @@ class CommandHandler:
 
     @param context: the L{iop.node.context.NodeContext}.
     @param send: sends one wire message (a no-op once the connection is gone).
+
+    @ivar answer_max: the largest C{result_json} sent (L{ANSWER_MAX}).
     """
 
     log = Logger()
+    answer_max = ANSWER_MAX
 
     def __init__(self, context: NodeContext, send: Callable[[Message], object]) -> None:
         self.context = context
@@ -82,10 +92,7 @@ class CommandHandler:
         self._pending[request.request_id] = d
         d.addBoth(self._forget, request.request_id)
         d.addCallback(json.dumps)
-        d.addCallbacks(
-            lambda result: messages.command_result(request.request_id, result),
-            lambda failure: self._error(request, failure),
-        )
+        d.addCallbacks(lambda result: self._result(request, result), lambda failure: self._error(request, failure))
         d.addCallback(self.send)
         d.addErrback(lambda f: self.log.failure("answering command {command} failed", f, command=request.command))
         return d
@@ -117,6 +124,25 @@ class CommandHandler:
     def _forget(self, result: object, request_id: str) -> object:
         self._pending.pop(request_id, None)
         return result
+
+    def _result(self, request: Message, result: str) -> Message:
+        """
+        The answer with C{result} (JSON text, all ASCII), or a C{failed}
+        one when it would not fit in a frame (so the request still gets
+        its one final answer).
+        """
+        if len(result) <= self.answer_max:
+            return messages.command_result(request.request_id, result)
+        self.log.error(
+            "command {command}: its answer of {size} bytes is too large to send; answering failed",
+            command=request.command,
+            size=len(result),
+        )
+        return messages.command_error(
+            request.request_id,
+            FAILED,
+            f"{request.command}: answer too large ({len(result)} bytes; at most {self.answer_max} fit in a frame)",
+        )
 
     def _error(self, request: Message, failure: Failure) -> Message:
         if failure.check(defer.CancelledError):
@@ -209,20 +235,26 @@ class CommandHandler:
     def run_get(self, adapter: str, args: dict[str, Any]) -> Deferred[dict[str, Any]]:
         """
         One run or tunnel from the store: C{{"run": row with output,
-        "events": [events after args["after"]]}}.
+        "events": [events after args["after"]]}} (without C{output} when
+        C{args["output"]} is false), cut to fit in a frame (L{fitted}).
         """
         run_id = args.get("run_id")
         after = args.get("after", 0)
+        output = args.get("output", True)
         if not isinstance(run_id, str) or not run_id:
             raise CommandError(INVALID_ARGS, "run_get needs run_id (a string)")
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise CommandError(INVALID_ARGS, "after must be a non-negative integer")
+        if not isinstance(output, bool):
+            raise CommandError(INVALID_ARGS, "output must be true or false")
         d = self.context.store.get(run_id, after)
 
         def found(result: dict[str, Any] | None) -> dict[str, Any]:
             if result is None:
                 raise CommandError(UNKNOWN_RUN, f"this node has no record of {run_id}")
-            return result
+            if not output:
+                result = dict(result, run={k: v for k, v in result["run"].items() if k != "output"})
+            return fitted(result, self.answer_max)
 
         return d.addCallback(found)
 
@@ -242,3 +274,63 @@ class CommandHandler:
             raise CommandError(INVALID_ARGS, f"limit must be an integer from 1 to {RUN_LIST_MAX}")
         d = self.context.store.list_runs(status or None, kind or None, limit, caller or None)
         return d.addCallback(lambda rows: {"runs": rows})
+
+
+def _json_size(value: object) -> int:
+    """
+    The size in bytes of C{value} as a command's JSON (all ASCII).
+    """
+    return len(json.dumps(value))
+
+
+def _prefix(text: str, room: int) -> str:
+    """
+    The longest start of C{text} whose JSON string (quotes left out) takes
+    at most C{room} bytes.
+    """
+    n = min(len(text), max(room, 0))
+    while n > 0:
+        size = _json_size(text[:n]) - 2
+        if size <= room:
+            return text[:n]
+        n = min(n - 1, n * room // size)
+    return ""
+
+
+def fitted(answer: dict[str, Any], limit: int) -> dict[str, Any]:
+    """
+    A C{run_get} answer whose JSON takes at most C{limit} bytes: C{answer}
+    itself when it does. Else the run's C{output} comes first — cut to what
+    fits when it must, the row then saying C{"output_truncated": true} —
+    and the events after it, in order, as many as fit in what is left: when
+    some are left out, C{"more_events": true} says so, and the rest are
+    those after the last one given (the Edge asks again with C{after} its
+    C{seq}).
+    """
+    if _json_size(answer) <= limit:
+        return answer
+    run = {k: v for k, v in answer["run"].items() if k != "output"}
+    events: list[dict[str, Any]] = answer.get("events", [])
+    # Everything but the output's text and the events, keys that may be
+    # added included.
+    shell: dict[str, Any] = {"run": dict(run, output="", output_truncated=True), "events": [], "more_events": True}
+    room = limit - _json_size(shell)
+    if "output" in answer["run"]:
+        output = answer["run"]["output"]
+        if _json_size(output) - 2 > room:
+            output = _prefix(output, room)
+            run["output_truncated"] = True
+        run["output"] = output
+        room -= _json_size(output) - 2
+    kept: list[dict[str, Any]] = []
+    for event in events:
+        # (With the separator before it.)
+        size = _json_size(event) + 2
+        if size > room:
+            break
+        kept.append(event)
+        room -= size
+    result: dict[str, Any] = {"run": run, "events": kept}
+    if len(kept) < len(events):
+        result["more_events"] = True
+    return result

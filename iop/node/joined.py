@@ -31,7 +31,7 @@ class JoinedDeltas(HeldDeltas):
     @param turns: the L{EndOfTurn} of the reactor whose turns bound a join.
     """
 
-    def __init__(self, send: Callable[[RunEventData], None], turns: EndOfTurn) -> None:
+    def __init__(self, send: Callable[[RunEventData], object], turns: EndOfTurn) -> None:
         super().__init__(send)
         self._turns = turns
 

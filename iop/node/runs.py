@@ -6,9 +6,17 @@ terminal (synthesizing C{complete}/C{error}/C{cancelled} when the adapter
 ends without one), enforces the adapter's capacity gate, and frees the
 slot before the terminal goes out, so the Edge never sees a terminal for
 work whose capacity is still held.
+
+What the adapter emits is not trusted to fit the wire: text UTF-8 cannot
+carry (a lone surrogate, as a JSON text may hold one) is cleaned
+(L{clean_text}), and an event that still cannot be encoded (a value of the
+wrong type, a count out of range) never goes out: the run ends there with
+a plain C{error} coded C{adapter_error} in its stead, on the wire and in
+the store alike.
 """
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from twisted.internet import defer
@@ -27,7 +35,7 @@ from iop.node.owners import SessionOwners
 from iop.node.stats import UsageBook
 from iop.node.store import Store
 from iop.node.work import Inflight, Refused, Work, admit, record_safely
-from iop.protocols.convert import event_to_wire
+from iop.protocols.convert import event_to_wire, usage_to_wire
 from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
@@ -112,6 +120,62 @@ def _failure_text(failure: Failure) -> str:
     return f"{name}: {message}" if message else name
 
 
+def clean_text(text: str) -> str:
+    """
+    C{text} made fit for UTF-8: the two halves of a character written as
+    a surrogate pair (as a JSON text may write it) become that character,
+    and a lone surrogate (half of a character cut in two) becomes U+FFFD.
+    """
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _clean(value: Any) -> Any:
+    return clean_text(value) if isinstance(value, str) else value
+
+
+def _cleaned(event: RunEventData) -> RunEventData:
+    """
+    C{event} with each of its texts L{clean_text}ed (a value that is no
+    text is left as it is, for the encoding to refuse).
+    """
+    error, call = event.error, event.tool_call
+    return replace(
+        event,
+        text=_clean(event.text),
+        finish_reason=_clean(event.finish_reason),
+        error=None if error is None else replace(error, code=_clean(error.code), message=_clean(error.message)),
+        tool_call=(
+            None
+            if call is None
+            else replace(call, id=_clean(call.id), name=_clean(call.name), arguments=_clean(call.arguments))
+        ),
+    )
+
+
+def encoded(run_id: str, seq: int, event: RunEventData, first_byte_ms: float = 0.0) -> tuple[Message, RunEventData]:
+    """
+    C{event} as a wire C{RunEvent}: as it is, or with its texts
+    L{clean_text}ed when UTF-8 cannot carry them.
+
+    @return: C{(message, the event it holds)}.
+    @raise Exception: what the encoding raises for an event that cannot be
+        encoded even so (C{TypeError}, C{ValueError}).
+    """
+    try:
+        return event_to_wire(run_id, seq, event, first_byte_ms), event
+    except UnicodeEncodeError:
+        event = _cleaned(event)
+        return event_to_wire(run_id, seq, event, first_byte_ms), event
+
+
+def _encodable(usage: Usage) -> bool:
+    try:
+        usage_to_wire(usage)
+    except Exception:
+        return False
+    return True
+
+
 class Emit:
     """
     The C{emit} an adapter is given: a callable relaying one event, which
@@ -143,6 +207,9 @@ class RunRelay(Work):
         self.run_id: str = request.run_id
         self.usage: Usage | None = None
         self.terminal: str | None = None
+        #: The terminal as it went on the wire (what a resumed stream ends
+        #: with when the store lacks it).
+        self.terminal_message: Message | None = None
         self.on_end: Callable[[RunRelay], object] | None = None
         self._joined = JoinedDeltas(self._send, manager.host.turns)
 
@@ -181,7 +248,7 @@ class RunRelay(Work):
         self.on_end = None
         if not self.finished:
             manager.inflight.add(self.work_id, self)
-        resumed = Resumed(manager.send, after_seq)
+        resumed = Resumed(manager.send, after_seq, self.terminal_message)
         self._rewire(resumed)
         return resumed
 
@@ -249,8 +316,9 @@ class RunRelay(Work):
         self.end(self._send_terminal, event)
 
     def _send_terminal(self, event: RunEventData) -> None:
+        # What went out: a plain error when the adapter's terminal could not.
+        event = self._send(event)
         self.terminal = event.type
-        self._send(event)
         error = event.error.message if event.error is not None else None
         code = event.error.code if event.error is not None else None
         if event.type == CANCELLED and self.cancel_reason:
@@ -262,12 +330,65 @@ class RunRelay(Work):
         if self.on_end is not None:
             self.on_end(self)
 
-    def _send(self, event: RunEventData) -> None:
-        self.seq += 1
-        self.manager.record_event(self.run_id, self.seq, event)
+    def _send(self, event: RunEventData) -> RunEventData:
+        """
+        Number, record and send one event: as it is, or with its text
+        cleaned when UTF-8 cannot carry it; one that cannot be encoded at
+        all ends the run (L{_unsendable}).
+
+        @return: the event as it went out (for the terminal, the plain
+            error sent in its stead when it could not).
+        """
+        if self.terminal_message is not None:
+            # The Node ended the run in the adapter's stead: nothing follows.
+            return event
+        seq = self.seq + 1
+        first_byte_ms = self.since_arrival_ms() if seq == 1 else 0.0
+        try:
+            message, event = encoded(self.run_id, seq, event, first_byte_ms)
+        except Exception:
+            return self._unsendable(event)
+        self.seq = seq
+        self.manager.record_event(self.run_id, seq, event)
         size = len(event.text.encode("utf-8")) if event.type in (DELTA, REASONING_DELTA) and event.text else 0
-        first_byte_ms = self.since_arrival_ms() if self.seq == 1 else 0.0
-        self.flow.send(event_to_wire(self.run_id, self.seq, event, first_byte_ms), size)
+        if event.type in TERMINAL_TYPES:
+            self.terminal_message = message
+        self.flow.send(message, size)
+        return event
+
+    def _unsendable(self, event: RunEventData) -> RunEventData:
+        """
+        The adapter's C{event} cannot be encoded (called in the C{except}
+        block): it is logged and never sent, and a plain C{error} coded
+        C{adapter_error} goes out instead — as the terminal when C{event}
+        was it; else as the end of the run, whose adapter is stopped (what
+        it sends next would follow a gap).
+
+        @return: that C{error}.
+        """
+        failure = Failure()
+        self.log.failure(
+            "run {run_id}: adapter {adapter} emitted a {type} event that cannot be sent",
+            failure,
+            run_id=self.run_id,
+            adapter=self.hosted.name,
+            type=event.type,
+        )
+        if self.usage is not None and not _encodable(self.usage):
+            self.usage = None
+        why = clean_text(_failure_text(failure))
+        plain = RunEventData(
+            ERROR,
+            usage=self.usage,
+            error=RunFailure(
+                ADAPTER_ERROR, f"adapter {self.hosted.name}'s {event.type} event could not be sent: {why}"
+            ),
+        )
+        if event.type in TERMINAL_TYPES:
+            return self._send(plain)
+        self.end(self._send_terminal, plain)
+        self.stop()
+        return plain
 
 
 class Resumed:
@@ -277,11 +398,16 @@ class Resumed:
     goes out once, in seq order, and only if the Edge has not had it.
 
     @param after: the seq of the Edge's last event of the run.
+    @param terminal: the terminal of a run that ended before it was
+        re-attached, as it went on the wire: it ends the history when the
+        store lacks it (a store that failed), so the Edge still learns
+        how the run ended.
     """
 
-    def __init__(self, send: Callable[[Message], object], after: int) -> None:
+    def __init__(self, send: Callable[[Message], object], after: int, terminal: Message | None = None) -> None:
         self._send = send
         self.after = after
+        self.terminal = terminal
         self.replaying = True
         self._held: list[Message] = []
 
@@ -299,7 +425,9 @@ class Resumed:
         """
         self.replaying = False
         held, self._held = self._held, []
-        for message in sorted(history, key=lambda m: m.seq) + held:
+        # (The terminal after a history that has it is a repeat: dropped.)
+        ended = [] if self.terminal is None else [self.terminal]
+        for message in sorted(history, key=lambda m: m.seq) + ended + held:
             self(message)
 
 

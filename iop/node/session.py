@@ -26,7 +26,7 @@ from iop.node.context import NodeContext
 from iop.node.drain import Drain
 from iop.node.flow import Message
 from iop.node.host import AdapterSetupError
-from iop.node.runs import RunManager, RunRelay
+from iop.node.runs import RunManager, RunRelay, encoded
 from iop.node.store import stored_event
 from iop.node.tunnels import TunnelManager
 from iop.node.work import Inflight
@@ -388,7 +388,10 @@ class NodeSession:
         """
         The Edge takes a background run back (L{iop.node.detached}): it
         becomes this session's, and its events after the Edge's last one
-        are sent from the store, then the live ones.
+        are sent from the store, then the live ones. A run that ended
+        meanwhile ends with the terminal the relay kept when the store
+        lacks it (L{iop.node.runs.Resumed}); a stored event that cannot be
+        sent is left out, logged, and the rest still go.
         """
         relay = self.context.detached.take(message.run_id)
         if relay is None:
@@ -404,7 +407,13 @@ class NodeSession:
         d = defer.maybeDeferred(self.context.store.get, message.run_id, message.after_seq)
 
         def history(found: dict[str, Any] | None) -> list[Message]:
-            return [event_to_wire(message.run_id, e["seq"], stored_event(e)) for e in (found or {}).get("events", [])]
+            sent = []
+            for e in (found or {}).get("events", []):
+                try:
+                    sent.append(encoded(message.run_id, e["seq"], stored_event(e))[0])
+                except Exception:
+                    self.log.failure("run {run_id}: stored event {e!r} cannot be sent", run_id=message.run_id, e=e)
+            return sent
 
         def unreadable(failure: Failure) -> list[Message]:
             self.log.failure("run {run_id}: its events could not be read back", failure, run_id=message.run_id)

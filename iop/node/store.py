@@ -25,7 +25,9 @@ fails alone does not keep the rest of its batch from committing.
 
 At start, rows a previous process left C{running} (it was killed, or the
 machine lost power) are ended as C{error} with the code
-C{node_restarted}: nothing is left running forever. Old rows are pruned in
+C{node_restarted}, and a run's events end with that C{error} as its
+terminal: nothing is left running forever, and a reader replaying its
+events sees how it ended. Old rows are pruned in
 the background by L{Retention} (C{store.retention} in node.yaml). Right
 after that, the store reads whose each logical session is (the caller of
 its first run that reached the adapter) into the Node's
@@ -52,7 +54,7 @@ from twisted.python.failure import Failure
 
 from iop.node.owners import NEVER_RAN, SessionOwners, Use
 from iop.protocols.convert import event_details_json, usage_to_json
-from iop.run import NODE_RESTARTED, RunEventData, RunFailure, ToolCall, Usage
+from iop.run import ERROR, NODE_RESTARTED, TERMINAL_TYPES, RunEventData, RunFailure, ToolCall, Usage
 
 if TYPE_CHECKING:
     from iop.node.metrics import NodeMetrics
@@ -168,10 +170,14 @@ _COLUMNS = (
     "caller",
 )
 
-#: What a row left C{running} by a previous process becomes at start.
+#: Why a row left C{running} by a previous process ended.
+_RESTARTED_MESSAGE = "the node restarted while this ran"
+#: The rows a previous process left running.
+_LEFT_RUNNING = "SELECT run_id, kind FROM runs WHERE status IN ('running', 'queued')"
+#: What such a row becomes at start.
 _RESTARTED = (
     "UPDATE runs SET status = 'error', error_code = ?, ended_at = ?,"
-    " error = 'the node restarted while this ran' WHERE status IN ('running', 'queued')"
+    f" error = '{_RESTARTED_MESSAGE}' WHERE status IN ('running', 'queued')"
 )
 
 
@@ -338,11 +344,16 @@ class RunStore(Service):
                 txn.execute(f"ALTER TABLE runs ADD COLUMN {name} {definition}")
         for statement in _INDEXES:
             txn.execute(statement)
+        txn.execute(_LEFT_RUNNING)
+        left = [run_id for run_id, kind in txn.fetchall() if kind == RUN]
         txn.execute(_RESTARTED, (NODE_RESTARTED, now))
+        restarted: int = txn.rowcount
+        for run_id in left:
+            _end_events(txn, run_id)
         if self._file is not None:
             st = os.stat(self._file)
             self._identity = (st.st_dev, st.st_ino)
-        return txn.rowcount
+        return restarted
 
     def _opened(self, restarted: int) -> None:
         self.restarted = restarted
@@ -744,6 +755,44 @@ def stored_event(payload: dict[str, Any]) -> RunEventData:
         finish_reason=payload.get("finish_reason"),
         tool_call=ToolCall(call["id"], call["name"], call.get("arguments", "{}")) if call else None,
     )
+
+
+def _last_event(txn: adbapi.Transaction, run_id: str) -> tuple[int, str] | None:
+    """
+    The C{(seq, type)} of a run's last stored event (of either table, the
+    latest write of its seq), or C{None} when it has none.
+    """
+    last: tuple[int, str] | None = None
+    txn.execute("SELECT seq, type FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,))
+    row = txn.fetchone()
+    if row is not None:
+        last = (row[0], row[1])
+    txn.execute(
+        "SELECT events FROM event_batches WHERE run_id = ? ORDER BY last_seq DESC, rowid DESC LIMIT 1", (run_id,)
+    )
+    row = txn.fetchone()
+    if row is not None:
+        # (A batch written later wins a seq: the old table's, or its own
+        # earlier write of it.)
+        for encoded in json.loads(row[0]):
+            if last is None or encoded[0] >= last[0]:
+                last = (encoded[0], encoded[1])
+    return last
+
+
+def _end_events(txn: adbapi.Transaction, run_id: str) -> None:
+    """
+    End the stored events of a run a previous process left running with
+    the terminal it ended with (C{error}, C{node_restarted}), after its
+    last one, unless that was a terminal already (the process died between
+    writing it and the row's end).
+    """
+    last = _last_event(txn, run_id)
+    if last is not None and last[1] in TERMINAL_TYPES:
+        return
+    seq = 1 if last is None else last[0] + 1
+    terminal = RunEventData(ERROR, error=RunFailure(NODE_RESTARTED, _RESTARTED_MESSAGE))
+    txn.execute(_EVENT_BATCH, _event_batch(_Events(run_id, [(seq, terminal)])))
 
 
 def _get(txn: adbapi.Transaction, run_id: str, after: int) -> dict[str, Any] | None:

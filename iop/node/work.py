@@ -170,6 +170,7 @@ class Work:
         self.finished = False
         self.deferred: Deferred[Any] | None = None
         self.cancel_reason: str | None = None
+        self._stopped = False
         self.arrived = manager.host.reactor.seconds()
         manager.inflight.add(work_id, self)
 
@@ -188,6 +189,9 @@ class Work:
         self.deferred = defer.maybeDeferred(call, *args)
         self.deferred.addCallbacks(self._ended, self._failed)
         self.deferred.addErrback(lambda f: self.log.failure("{id}: relay failed", f, id=self.work_id))
+        if self._stopped:
+            # Stopped by what it emitted before it even returned.
+            self.deferred.cancel()
 
     def _ended(self, result: Any) -> None:
         """
@@ -211,6 +215,16 @@ class Work:
             return
         self.cancel_reason = reason or "cancelled by the Edge"
         self.deferred.cancel()
+
+    def stop(self) -> None:
+        """
+        The Node ended this work itself (L{end}: its adapter emitted what
+        cannot be sent): cancel the adapter's work, whose outcome nothing
+        waits for any more.
+        """
+        self._stopped = True
+        if self.deferred is not None:
+            self.deferred.cancel()
 
     def end(self, send_terminal: Callable[..., object], *args: object) -> None:
         """

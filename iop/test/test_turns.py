@@ -36,3 +36,25 @@ class EndOfTurnTests(SynchronousTestCase):
         turns.at_end(first)
         clock.advance(0)
         self.assertEqual(called, ["first", "second"])
+
+    def test_a_failing_call_does_not_stop_the_others(self) -> None:
+        """
+        A call that raises is logged; the calls after it in the same turn
+        still run, and the next turn gets its timer as usual.
+        """
+        clock = Clock()
+        turns = EndOfTurn(clock)
+        called: list[str] = []
+
+        def broken() -> None:
+            raise ZeroDivisionError("one caller's bug")
+
+        turns.at_end(partial(called.append, "before"))
+        turns.at_end(broken)
+        turns.at_end(partial(called.append, "after"))
+        clock.advance(0)
+        self.assertEqual(called, ["before", "after"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        turns.at_end(partial(called.append, "next turn"))
+        clock.advance(0)
+        self.assertEqual(called, ["before", "after", "next turn"])

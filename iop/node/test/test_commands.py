@@ -6,7 +6,10 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.node.commands import ANSWER_MAX
 from iop.protocols import messages
+from iop.protocols.wire import MAX_FRAME_BYTES
+from iop.run import COMPLETE, DELTA, START, RunEventData
 from iop.testing.node import RecordingStore, adapter_config, manual, ready_node, run_request
 
 
@@ -180,6 +183,18 @@ class CommandTests(SynchronousTestCase):
         (response,) = self.edge.of("node_command_response")
         self.assertEqual((response.ok, response.code), (False, "cancelled"))
 
+    def test_answer_too_large(self):
+        """
+        An answer too large for a frame cannot be sent: the request is
+        answered C{failed}, saying so, rather than not at all.
+        """
+        self.patch(self.session.commands, "answer_max", 100)
+        response = self.command("manual_ping", adapter="manual", args={"text": "x" * 200})
+        self.assertEqual((response.ok, response.code), (False, "failed"))
+        self.assertIn("answer too large", response.error)
+        self.assertIsNone(self.edge.lost_reason)
+        self.assertTrue(self.result(self.command("manual_ping", "manual", {"text": "x"}, request_id="c2")))
+
     def test_bad_args(self):
         """
         Unparsable args_json is an error answer, not a dropped connection.
@@ -269,6 +284,76 @@ class RunHistoryCommandTests(SynchronousTestCase):
         self.assertEqual((answer["run"]["status"], answer["run"]["output"]), ("complete", "a b c"))
         self.assertEqual([e["seq"] for e in answer["events"]], [2, 3])
         self.assertEqual(answer["events"][-1]["type"], "complete")
+
+    def long_run(self, deltas, size):
+        """
+        A finished run C{r1} on a manual adapter, C{deltas} deltas of
+        C{size} characters each, one per turn (so one event each).
+        """
+        self.session, self.edge, self.pump, self.context = ready_node(store=self.store)
+        self.edge.connection.send(run_request("r1"))
+        self.pump.flush()
+        emit = manual(self.context.host, "manual").runs[0][1]
+        emit(RunEventData(START))
+        for i in range(deltas):
+            emit(RunEventData(DELTA, text=str(i % 10) * size))
+        emit(RunEventData(COMPLETE))
+        self.pump.flush()
+        self.edge.received.clear()
+
+    def test_run_get_of_a_long_run(self):
+        """
+        The answer of a run whose output and events would not fit in a
+        frame together is cut to fit, and sent: the whole output, then the
+        first events, with C{more_events}; the Edge gets the rest asking
+        again after the last one it got.
+        """
+        self.long_run(9, 1024 * 1024)
+        response = self.command("run_get", {"run_id": "r1"})
+        self.assertTrue(response.ok, response.error)
+        self.assertLessEqual(len(response.result_json), ANSWER_MAX)
+        answer = json.loads(response.result_json)
+        self.assertEqual(len(answer["run"]["output"]), 9 * 1024 * 1024)
+        self.assertNotIn("output_truncated", answer["run"])
+        self.assertTrue(answer["more_events"])
+        seqs = [e["seq"] for e in answer["events"]]
+        self.assertEqual(seqs, list(range(1, len(seqs) + 1)))
+        self.assertLess(len(seqs), 11)
+        rest = json.loads(self.command("run_get", {"run_id": "r1", "after": seqs[-1]}).result_json)
+        self.assertNotIn("more_events", rest)
+        self.assertEqual([e["seq"] for e in rest["events"]], list(range(seqs[-1] + 1, 12)))
+        self.assertEqual(rest["events"][-1]["type"], "complete")
+        self.assertLess(MAX_FRAME_BYTES - ANSWER_MAX, 1024 * 1024)
+
+    def test_run_get_cut_by_size(self):
+        """
+        Cut to fit (here a small limit), the events are a prefix, in
+        order, that fits with the output; without the output
+        (C{"output": false}) more of them fit; an output too large alone is
+        cut too, and the row says C{output_truncated}.
+        """
+        self.long_run(6, 40)
+        self.patch(self.session.commands, "answer_max", 1000)
+        response = self.command("run_get", {"run_id": "r1"})
+        self.assertLessEqual(len(response.result_json), 1000)
+        answer = json.loads(response.result_json)
+        self.assertEqual(len(answer["run"]["output"]), 240)
+        self.assertTrue(answer["more_events"])
+        kept = len(answer["events"])
+        self.assertEqual([e["seq"] for e in answer["events"]], list(range(1, kept + 1)))
+        response = self.command("run_get", {"run_id": "r1", "output": False})
+        self.assertLessEqual(len(response.result_json), 1000)
+        bare = json.loads(response.result_json)
+        self.assertNotIn("output", bare["run"])
+        self.assertGreater(len(bare["events"]), kept)
+        self.patch(self.session.commands, "answer_max", 500)
+        response = self.command("run_get", {"run_id": "r1"})
+        self.assertLessEqual(len(response.result_json), 500)
+        cut = json.loads(response.result_json)
+        self.assertTrue(cut["run"]["output_truncated"])
+        self.assertTrue(answer["run"]["output"].startswith(cut["run"]["output"]))
+        self.assertEqual((cut["events"], cut["more_events"]), ([], True))
+        self.assertEqual(self.command("run_get", {"run_id": "r1", "output": 1}).code, "invalid_args")
 
     def test_run_list(self):
         """

@@ -5,6 +5,7 @@ without a gap or a repeat, cancelled when the Edge does not want them or
 the Node stops; an older Edge gets the old behaviour.
 """
 
+from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import Resumed
@@ -110,6 +111,49 @@ class DetachTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(2, "delta"), (3, "complete")])
 
+    def test_ended_while_away_store_failed(self):
+        """
+        A run that ended while detached, resumed when its store cannot be
+        read back (a failed store: runs go on unrecorded), still ends on
+        the new connection: the Node sends the terminal it kept.
+        """
+        emit, d = self.start("bg")
+        self.lose()
+        emit(RunEventData(COMPLETE))
+        d.callback(None)
+        self.patch(self.store, "get", lambda run_id, after=0: defer.fail(RuntimeError("disk image is malformed")))
+        session, edge, pump = self.reconnect()
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=2))
+        pump.flush()
+        self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(3, "complete")])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_history_that_cannot_be_sent_as_stored(self):
+        """
+        Stored events are sent back fit for the wire: a text with a lone
+        surrogate (stored by an older Node) cleaned; one that cannot be
+        encoded at all is left out (logged), and the rest still go.
+        """
+        emit, d = self.start("bg")
+        self.lose()
+        emit(RunEventData(COMPLETE))
+        d.callback(None)
+        stored = {
+            "run": {"run_id": "bg"},
+            "events": [
+                {"seq": 2, "type": "delta", "text": "a\ud83d"},
+                {"seq": 3, "type": "delta", "usage": {"input_tokens": -1, "output_tokens": 0}},
+                {"seq": 4, "type": "complete"},
+            ],
+        }
+        self.patch(self.store, "get", lambda run_id, after=0: defer.succeed(stored))
+        session, edge, pump = self.reconnect()
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=1))
+        pump.flush()
+        got = [(e.seq, e.type, e.text) for e in edge.of("run_event")]
+        self.assertEqual(got, [(2, "delta", "a\ufffd"), (4, "complete", "")])
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+
     def test_not_wanted_back(self):
         """
         A kept run the Edge cancels is cancelled and forgotten; a resume of
@@ -166,3 +210,21 @@ class ResumedTests(SynchronousTestCase):
         resumed.replay([messages.run_event("r", s, "delta") for s in (4, 2, 3)])
         resumed(messages.run_event("r", 6, "delta"))
         self.assertEqual([m.seq for m in sent], [3, 4, 5, 6])
+
+    def test_kept_terminal(self):
+        """
+        The terminal of a run that ended before it was re-attached ends a
+        history that lacks it, and is not repeated after one that has it
+        (nor sent when the Edge had it).
+        """
+        terminal = messages.run_event("r", 4, "complete")
+        for history, after, expected in (
+            ([3], 2, [3, 4]),
+            ([], 2, [4]),
+            ([3, 4], 2, [3, 4]),
+            ([], 4, []),
+        ):
+            sent: list[messages.RunEvent] = []
+            resumed = Resumed(sent.append, after, terminal)
+            resumed.replay([messages.run_event("r", s, "delta" if s < 4 else "complete") for s in history])
+            self.assertEqual([m.seq for m in sent], expected)

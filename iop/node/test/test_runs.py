@@ -4,13 +4,27 @@ exactly one terminal, terminal synthesis, cancellation, the capacity gate,
 and what is recorded.
 """
 
+from typing import Any, cast
+
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
 from iop.protocols import messages
-from iop.run import COMPLETE, DELTA, ERROR, INCOMPLETE, STALL, START, RunEventData, RunFailure, Usage
+from iop.run import (
+    COMPLETE,
+    DELTA,
+    ERROR,
+    INCOMPLETE,
+    STALL,
+    START,
+    TOOL_CALL,
+    RunEventData,
+    RunFailure,
+    ToolCall,
+    Usage,
+)
 from iop.testing.node import RecordingStore, adapter_config, hosted, manual, ready_node, run_request, session_wire
 
 
@@ -384,3 +398,147 @@ class RecordingTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual([e.type for e in events(edge)], ["start", "delta", "complete"])
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
+
+
+class UnsendableEventTests(SynchronousTestCase):
+    """
+    What an adapter emits that cannot go on the wire as it is.
+    """
+
+    def setUp(self):
+        self.store = RecordingStore()
+        self.clock = Clock()
+        self.session, self.edge, self.pump, self.context = ready_node(store=self.store, clock=self.clock)
+        self.adapter = manual(self.context.host, "manual")
+
+    def start(self, run_id="r1"):
+        self.edge.connection.send(run_request(run_id))
+        self.pump.flush()
+        return self.adapter.runs[-1][1:]
+
+    def assert_ended_unsendable(self, run_id, kind):
+        """
+        C{run_id} ended with one plain C{error} coded C{adapter_error}
+        naming the event that could not be sent, on the wire and in the
+        store alike, its slot free and nothing of it in flight.
+        """
+        got = events(self.edge, run_id)
+        terminal = got[-1]
+        self.assertEqual((terminal.type, terminal.error.code), ("error", "adapter_error"))
+        self.assertIn(f"{kind} event could not be sent", terminal.error.message)
+        self.assertEqual([e.seq for e in got], list(range(1, len(got) + 1)))
+        self.assertEqual([(seq, e.type) for seq, e in self.store.events[run_id]], [(e.seq, e.type) for e in got])
+        self.assertEqual(
+            (self.store.rows[run_id]["status"], self.store.rows[run_id]["error_code"]), ("error", "adapter_error")
+        )
+        self.assertEqual(hosted(self.context.host, "manual").gate.in_use, 0)
+        self.assertEqual(len(self.session.inflight), 0)
+        return got
+
+    def test_terminal_that_cannot_be_encoded(self):
+        """
+        A terminal that cannot be encoded (a finish reason that is no
+        text, a token count out of range) is not lost: a plain C{error}
+        goes out in its stead, once, and the adapter's C{emit} does not
+        raise; the usage that could not be sent is not counted.
+        """
+        for run_id, terminal in (
+            ("r1", RunEventData(COMPLETE, finish_reason=cast(Any, 1))),
+            ("r2", RunEventData(COMPLETE, usage=Usage(-1, 3))),
+        ):
+            emit, d = self.start(run_id)
+            emit(RunEventData(START))
+            emit(RunEventData(DELTA, text="hi"))
+            emit(terminal)
+            d.callback(None)
+            self.pump.flush()
+            got = self.assert_ended_unsendable(run_id, "complete")
+            self.assertEqual([e.type for e in got], ["start", "delta", "error"])
+            self.assertFalse(got[-1].HasField("usage"))
+        self.assertEqual(len(self.flushLoggedErrors(TypeError, ValueError)), 2)
+        usage = self.context.usage.snapshot()["manual"]
+        self.assertEqual((usage["input_tokens"], usage["runs"]["error"]), (0, 2))
+
+    def test_event_that_cannot_be_encoded_ends_the_run(self):
+        """
+        Any other event that cannot be encoded ends the run there: the
+        text before it goes out, then the plain C{error}; the adapter's
+        work is cancelled, and what it emits after is dropped.
+        """
+        emit, d = self.start()
+        emit(RunEventData(START))
+        self.adapter.runs[-1][1]._emit(RunEventData(DELTA, text="before"))
+        arguments: Any = {"q": 1}  # no JSON text
+        emit(RunEventData(TOOL_CALL, tool_call=ToolCall("c1", "lookup", arguments)))
+        emit(RunEventData(DELTA, text="after"))
+        emit(RunEventData(COMPLETE))
+        self.pump.flush()
+        self.assertEqual(self.adapter.cancelled, ["r1"])
+        got = self.assert_ended_unsendable("r1", "tool_call")
+        self.assertEqual([(e.type, e.text) for e in got][:2], [("start", ""), ("delta", "before")])
+        self.assertEqual(len(got), 3)
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+
+    def test_unsendable_before_execute_returns(self):
+        """
+        An adapter that emits such an event before its C{execute} even
+        returned gets its work cancelled as soon as it did.
+        """
+        cancelled = []
+        returned: defer.Deferred[None] = defer.Deferred(lambda d: cancelled.append(d))
+
+        def execute(run, emit):
+            emit(RunEventData(START, usage=Usage(2**70, 0)))
+            return returned
+
+        self.patch(self.adapter, "execute", execute)
+        self.edge.connection.send(run_request("r1"))
+        self.pump.flush()
+        self.assertEqual(cancelled, [returned])
+        self.assert_ended_unsendable("r1", "start")
+        self.flushLoggedErrors(ValueError)
+
+    def test_lone_surrogate(self):
+        """
+        Text UTF-8 cannot carry (a lone surrogate, as a JSON text may hold
+        one) goes out cleaned, U+FFFD in its place, and counts its bytes;
+        the halves of a character joined in one turn become the
+        character. Nothing fails: another run's text of the same turn goes
+        out at the end of it as usual, and an error's message is cleaned
+        the same way, its code kept.
+        """
+        (emit1, d1), (emit2, _) = self.start("r1"), self.start("r2")
+        emit1(RunEventData(START))
+        emit2(RunEventData(START))
+        self.pump.flush()
+        emit1._emit(RunEventData(DELTA, text="hello \ud83d"))
+        emit1._emit(RunEventData(DELTA, text=" \ud83d"))
+        emit1._emit(RunEventData(DELTA, text="\ude00"))
+        emit2._emit(RunEventData(DELTA, text="r2 text"))
+        self.clock.advance(0)
+        self.pump.flush()
+        self.assertEqual([e.text for e in events(self.edge, "r1")], ["", "hello \ufffd \U0001f600"])
+        self.assertEqual([e.text for e in events(self.edge, "r2")], ["", "r2 text"])
+        self.assertEqual(self.store.events["r1"][-1][1].text, "hello \ufffd \U0001f600")
+        emit1(RunEventData(ERROR, error=RunFailure(INCOMPLETE, "cut at \udc00")))
+        d1.callback(None)
+        self.pump.flush()
+        terminal = events(self.edge, "r1")[-1]
+        self.assertEqual((terminal.seq, terminal.type, terminal.error.code), (3, "error", "incomplete"))
+        self.assertEqual(terminal.error.message, "cut at \ufffd")
+        emit2(RunEventData(DELTA, text=" more"))
+        self.pump.flush()
+        self.assertEqual([e.text for e in events(self.edge, "r2")], ["", "r2 text", " more"])
+
+    def test_lone_surrogate_counts_against_the_window(self):
+        """
+        The credit a cleaned delta spends is the UTF-8 size of what went
+        out.
+        """
+        self.edge.connection.send(run_request("r1", window_bytes=100))
+        self.pump.flush()
+        emit = self.adapter.runs[-1][1]
+        emit(RunEventData(DELTA, text="ab\ud83d"))
+        self.pump.flush()
+        [relay] = self.session.inflight.works()
+        self.assertEqual(relay.flow.credit, 100 - len("ab\ufffd".encode()))

@@ -355,6 +355,75 @@ class RunStoreTests(TestCase):
         self.assertIsNotNone(rows["r2"]["ended_at"])
 
     @defer.inlineCallbacks
+    def test_restarted_run_ends_its_events(self):
+        """
+        A run left running by a killed process also gets its terminal in
+        its events at the next start — an C{error} coded C{node_restarted}
+        after the last event it had — so that a reader replaying them sees
+        it end; one whose terminal was written already, and a tunnel, get
+        none.
+        """
+        path = self.path()
+        first = RunStore(reactor, path, prune_interval=0)
+        first.startService()
+        first.record_start("r1", "echo")
+        first.record_event("r1", 1, RunEventData(START))
+        first.record_event("r1", 2, RunEventData(DELTA, text="half an answer"))
+        first.record_start("r2", "echo")
+        first.record_event("r2", 1, RunEventData(START))
+        first.record_event("r2", 2, RunEventData(COMPLETE))
+        first.record_start("r3", "echo")
+        first.record_tunnel_start("t1", "llm")
+        yield first.stopService()
+        second = self.make_store(path)
+        yield second._ready
+        self.assertEqual(second.restarted, 4)
+        r1 = yield second.get("r1")
+        self.assertEqual(r1["run"]["status"], "error")
+        self.assertEqual(
+            r1["events"][-1],
+            {
+                "seq": 3,
+                "type": "error",
+                "error": {"code": "node_restarted", "message": "the node restarted while this ran"},
+            },
+        )
+        self.assertEqual(r1["run"]["output"], "half an answer")
+        r2 = yield second.get("r2")
+        self.assertEqual([(e["seq"], e["type"]) for e in r2["events"]], [(1, "start"), (2, "complete")])
+        r3 = yield second.get("r3")
+        self.assertEqual(
+            [(e["seq"], e["type"], e["error"]["code"]) for e in r3["events"]], [(1, "error", "node_restarted")]
+        )
+        t1 = yield second.get("t1")
+        self.assertEqual(t1["events"], [])
+        yield second.stopService()
+        third = self.make_store(path)
+        yield third._ready
+        self.assertEqual(third.restarted, 0)
+        self.assertEqual(len((yield third.get("r1"))["events"]), 3)
+
+    @defer.inlineCallbacks
+    def test_restarted_run_with_older_event_rows(self):
+        """
+        The terminal a restarted run gets follows its last event in either
+        table: the rows of an older Node count too.
+        """
+        path = self.path()
+        first = self.make_store(path)
+        first.record_start("r1", "echo")
+        yield first.stopService()
+        with sqlite3.connect(path) as db:
+            db.executemany(
+                "INSERT INTO events (run_id, seq, type, text) VALUES ('r1', ?, ?, ?)",
+                [(1, "start", ""), (2, "delta", "old ")],
+            )
+        store = self.make_store(path)
+        yield store._ready
+        got = yield store.get("r1")
+        self.assertEqual([(e["seq"], e["type"]) for e in got["events"]], [(1, "start"), (2, "delta"), (3, "error")])
+
+    @defer.inlineCallbacks
     def test_older_database(self):
         """
         A database written by an older Node (no kind, error_code, usage,
