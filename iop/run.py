@@ -143,6 +143,7 @@ class HeldDeltas:
         #: The type of the deltas held, C{None} while nothing is.
         self.held_type: str | None = None
         self._texts: list[str] = []
+        self._chars = 0
 
     def __call__(self, event: RunEventData) -> None:
         if not joinable(event):
@@ -153,16 +154,31 @@ class HeldDeltas:
             self.flush()
             self.held_type = event.type
         self._texts.append(event.text)
+        self._chars += len(event.text)
+        if self._chars >= HELD_MAX_CHARS:
+            self.flush()
 
     def flush(self) -> None:
         """
-        Send what is held now, as one delta.
+        Send what is held now, as one delta (as several of at most
+        L{HELD_MAX_CHARS} characters when it is longer: one event must
+        fit in a frame).
         """
         if self.held_type is None:
             return
         kind, texts = self.held_type, self._texts
-        self.held_type, self._texts = None, []
-        self._send(RunEventData(kind, text=texts[0] if len(texts) == 1 else "".join(texts)))
+        self.held_type, self._texts, self._chars = None, [], 0
+        text = texts[0] if len(texts) == 1 else "".join(texts)
+        if len(text) <= HELD_MAX_CHARS:
+            self._send(RunEventData(kind, text=text))
+            return
+        for start in range(0, len(text), HELD_MAX_CHARS):
+            self._send(RunEventData(kind, text=text[start : start + HELD_MAX_CHARS]))
+
+
+#: The most characters one joined delta holds (at most 4 MiB as UTF-8, well
+#: inside the wire's 16 MiB frames).
+HELD_MAX_CHARS = 1 << 20
 
 
 class ITunnelSink(Interface):

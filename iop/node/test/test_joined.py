@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.joined import JoinedDeltas
-from iop.run import DELTA, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall, Usage
+from iop.run import DELTA, HELD_MAX_CHARS, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall, Usage
 from iop.turns import EndOfTurn
 
 
@@ -62,3 +62,18 @@ class JoinedDeltasTests(SynchronousTestCase):
         self.clock.advance(0)
         self.assertEqual(self.sent, [RunEventData(DELTA, text="x")])
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_join_fits_in_a_frame(self) -> None:
+        """
+        A turn's text past HELD_MAX_CHARS goes out in pieces of at most
+        that many characters, in order, the text unchanged: one event must
+        fit in a frame, however much one turn read.
+        """
+        piece = "x" * (HELD_MAX_CHARS // 4 + 1)
+        for _ in range(5):
+            self.join(RunEventData(DELTA, text=piece))
+        self.join(RunEventData(DELTA, text="y" * (2 * HELD_MAX_CHARS + 5)))
+        self.clock.advance(0)
+        self.assertTrue(all(len(e.text) <= HELD_MAX_CHARS for e in self.sent))
+        self.assertEqual("".join(e.text for e in self.sent), piece * 5 + "y" * (2 * HELD_MAX_CHARS + 5))
+        self.assertEqual({e.type for e in self.sent}, {DELTA})
