@@ -6,6 +6,11 @@ memory, its log whole while it is small; every Node keeps the runs it
 served in its own store (L{iop.node.store}). L{RunHistory} answers from
 the book when it can and asks the Nodes (C{run_get}, C{run_list}) for the
 rest, so a run outlives the Edge's memory of it.
+
+A run placed again (before its first byte, or to continue a cut answer)
+has had several ids on the wire, perhaps on several Nodes (L{RunBook}
+keeps its attempts): it is read back across them, in its caller's
+numbering, and listed once, under its own id, as its last attempt has it.
 """
 
 from collections.abc import Callable
@@ -20,7 +25,19 @@ from iop.edge.commands import NodeCommands
 from iop.edge.config import EdgeConfig
 from iop.edge.errors import ServiceError
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import QUEUED, RUNNING, TUNNEL, Follower, RunBook, no_such_run, stored_json, visible
+from iop.edge.runs import (
+    QUEUED,
+    RUN,
+    RUNNING,
+    TUNNEL,
+    Follower,
+    ReadBack,
+    RunBook,
+    no_such_run,
+    read_attempts,
+    stored_json,
+    visible,
+)
 from iop.edge.seam import Forward, ICluster
 from iop.run import NODE_DISCONNECTED, UNKNOWN_COMMAND, UNKNOWN_RUN
 
@@ -58,6 +75,11 @@ def merge_listings(listings: list[dict[str, Any]], limit: int) -> dict[str, Any]
     if incomplete:
         merged["incomplete"] = sorted(incomplete)
     return merged
+
+
+#: How many answers of one Node (each one frame, at most 16 MiB) one read
+#: of a run's events takes at most; a run stored larger is read in part.
+RUN_GET_PAGES = 4
 
 
 class RunHistory:
@@ -152,31 +174,39 @@ class RunHistory:
             return defer.fail(no_such_run(run_id))
         if record is not None and (record.complete_log or record.kind == TUNNEL):
             return defer.succeed(record.as_json())
-        node_id, wire_id = self.runs.locate(run_id)
-        d = self.fetch_run(wire_id, node_id, 0)
+        d = read_attempts(self.fetch_run, run_id, self.runs.attempts(run_id), 0)
 
-        def fetched(found: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-            node_id, answer = found
-            stored = stored_json(node_id, answer["run"], run_id)
-            if record is None:
-                if not visible(owner, stored["key"]):
-                    raise no_such_run(run_id)
-                return stored
-            # The Edge's view is the current one; the Node has the whole text.
-            return dict(record.as_json(), output=stored.get("output", ""))
+        def fetched(back: ReadBack) -> Failure | dict[str, Any]:
+            if back.missing and (record is not None or back.rows):
+                self.log.warn(
+                    "run {run_id}: its whole output could not be read from its nodes: {why}",
+                    run_id=run_id,
+                    why=back.why_missing(),
+                )
+            if record is not None:
+                if back.partial:
+                    return dict(record.as_json(), output_partial=True)
+                # The Edge's view is the current one; the Nodes have the
+                # whole text.
+                return dict(record.as_json(), output=back.output)
+            if back.last is None:
+                # Without its last attempt there is no telling how the run
+                # went: nothing rather than an earlier attempt's status.
+                return back.failure()
+            if not all(visible(owner, row.get("caller")) for _, row in back.rows):
+                raise no_such_run(run_id)
+            node_id, row = back.last
+            stored = stored_json(node_id, row, run_id)
+            started = [r["started_at"] for _, r in back.rows if r.get("started_at") is not None]
+            if started:
+                stored["created_at"] = min(started)
+            if stored["kind"] == RUN:
+                stored["output"] = back.output
+                if back.partial:
+                    stored["output_partial"] = True
+            return stored
 
-        def failed(failure: Failure) -> Failure | dict[str, Any]:
-            if record is None:
-                return failure
-            self.log.warn(
-                "run {run_id}: its whole output could not be read from node {node}: {why}",
-                run_id=run_id,
-                node=record.node,
-                why=failure.getErrorMessage(),
-            )
-            return dict(record.as_json(), output_partial=True)
-
-        return d.addCallbacks(fetched, failed)
+        return d.addCallback(fetched)
 
     def list_runs(
         self, node_id: str | None = None, status: str | None = None, limit: int = 50, owner: str | None = None
@@ -185,7 +215,13 @@ class RunHistory:
         Recent runs and tunnels, newest first: those the Edge has in
         memory (queued ones included) and those in the stores of the ready
         nodes (only C{node_id}'s, when given), only C{owner}'s when given
-        (a caller key's name).
+        (a caller key's name), only of C{status} when given.
+
+        A run is listed once, under the id its caller knows: as the Edge
+        holds it (whatever a Node's row of it says), else as the row of
+        its last attempt (L{RunBook.listed_as}; rows of earlier attempts
+        are left out) — by node, where its last attempt ran. The status
+        filter applies to the merged listing.
 
         @return: a Deferred firing with C{{"runs": [...]}}, plus
             C{"incomplete": [node ids]} naming nodes that could not be
@@ -194,13 +230,9 @@ class RunHistory:
         config = self._config()
         if node_id is not None and config.node(node_id) is None:
             return defer.fail(ServiceError("not_found", f"no node {node_id!r} is configured"))
-        known = {}
+        known: dict[str, dict[str, Any]] = {}
         for record in self.runs.records():
-            if (
-                (node_id is None or record.node == node_id)
-                and (status is None or record.status == status)
-                and visible(owner, record.caller)
-            ):
+            if (node_id is None or record.node == node_id) and visible(owner, record.caller):
                 known[record.id] = record.as_json(output=False)
         nodes = [node_id] if node_id is not None else [n.id for n in config.nodes]
         asked, incomplete = [], []
@@ -215,6 +247,9 @@ class RunHistory:
                 args["caller"] = owner
             asked.append((node, self.commands.command(node, "run_list", "", args)))
 
+        #: run id -> (rank, listing) of the runs only the nodes have.
+        stored: dict[str, tuple[int, dict[str, Any]]] = {}
+
         def merge(results: list[tuple[bool, Any]]) -> dict[str, Any]:
             for (node, _), (ok, answer) in zip(asked, results, strict=True):
                 if not ok:
@@ -224,14 +259,44 @@ class RunHistory:
                 for row in answer.get("runs", []):
                     # (An older node does not filter by caller.)
                     if visible(owner, row.get("caller")):
-                        known.setdefault(row["run_id"], stored_json(node, row))
-            runs = sorted(known.values(), key=lambda r: r.get("created_at") or 0, reverse=True)[:limit]
+                        self._merge_row(known, stored, node, row)
+            every = list(known.values()) + [run for _, run in stored.values()]
+            if status is not None:
+                every = [run for run in every if run["status"] == status]
+            runs = sorted(every, key=lambda r: r.get("created_at") or 0, reverse=True)[:limit]
             listed: dict[str, Any] = {"runs": runs}
             if incomplete:
                 listed["incomplete"] = sorted(incomplete)
             return listed
 
         return defer.DeferredList([d for _, d in asked], consumeErrors=True).addCallback(merge)
+
+    def _merge_row(
+        self,
+        known: dict[str, dict[str, Any]],
+        stored: dict[str, tuple[int, dict[str, Any]]],
+        node_id: str,
+        row: dict[str, Any],
+    ) -> None:
+        """
+        Add a Node's row to a listing: under the id its run's caller knows,
+        unless the Edge lists that run itself or the row is of an attempt
+        before the last (L{RunBook.listed_as}); of two rows of one run, the
+        later attempt's, with the earlier start.
+        """
+        listed = self.runs.listed_as(node_id, row["run_id"])
+        if listed is None or listed[0] in known:
+            return
+        run_id, rank = listed
+        run = stored_json(node_id, row, run_id)
+        seen = stored.get(run_id)
+        if seen is not None:
+            starts = [s for s in (seen[1].get("created_at"), run.get("created_at")) if s is not None]
+            if rank <= seen[0]:
+                rank, run = seen
+            if starts:
+                run["created_at"] = min(starts)
+        stored[run_id] = (rank, run)
 
     def follow(
         self,
@@ -277,7 +342,28 @@ class RunHistory:
         return defer.DeferredList(asks, consumeErrors=True).addCallback(first)
 
     def _run_get(self, node_id: str, run_id: str, after: int) -> "Deferred[tuple[str, dict[str, Any]]]":
-        d = self.commands.command(node_id, "run_get", "", {"run_id": run_id, "after": after})
+        """
+        Ask C{node_id}'s store for a run: the row and its events after
+        C{after}, asked again after the last event given while the Node
+        says there are C{more_events} (an answer is one frame), at most
+        L{RUN_GET_PAGES} times; the answer then still says
+        C{more_events}.
+        """
+        pages: list[dict[str, Any]] = []
+
+        def ask(after: int) -> "Deferred[Any]":
+            return self.commands.command(node_id, "run_get", "", {"run_id": run_id, "after": after})
+
+        def page(answer: dict[str, Any]) -> "dict[str, Any] | Deferred[Any]":
+            pages.append(answer)
+            events = answer.get("events") or []
+            if answer.get("more_events") and events and len(pages) < RUN_GET_PAGES:
+                return ask(events[-1]["seq"]).addCallback(page)
+            first = dict(pages[0], events=[e for p in pages for e in p.get("events") or []])
+            first.pop("more_events", None)
+            if answer.get("more_events"):
+                first["more_events"] = True
+            return first
 
         def older_node(failure: Failure) -> Failure:
             code = failure.value.code if isinstance(failure.value, ServiceError) else None
@@ -287,4 +373,4 @@ class RunHistory:
                 raise ServiceError("not_found", f"no run {run_id}", code="run_not_found")
             return failure
 
-        return d.addCallbacks(lambda answer: (node_id, answer), older_node)
+        return ask(after).addCallback(page).addCallbacks(lambda answer: (node_id, answer), older_node)

@@ -26,10 +26,19 @@ Events are numbered by the C{seq} the Node gave them on the wire, so the
 Edge's log, the Node's store and a resumed stream agree; an event the Edge
 makes up itself (a cancel the Node never confirmed, a lost Node) takes the
 next number.
+
+A run placed again goes by another id on the wire (C{<id>-<n>},
+L{iop.edge.failover.Work.wire_id}), perhaps on another Node, and an
+attempt that continues a cut answer numbers its events after what the
+caller already has (its C{seq_base}: Node seq C{k} is the caller's
+C{seq_base + k}; L{iop.edge.dispatch.RunDispatch}). The book keeps each
+record's attempts (L{Attempt}), also once the record is gone, and reads a
+run back across them (L{read_attempts}): what the caller got of an attempt
+is its events up to where the next one took over.
 """
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet import defer
@@ -62,8 +71,9 @@ RUNNING = "running"
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_MAX_AGE_SEC = 600.0
 DEFAULT_MAX_RUNS = 1000
-#: How many finished ids the book remembers the node of, once their
-#: records are gone, so it knows which Node to ask.
+#: How many finished ids the book remembers the attempts of (node, wire
+#: id, seq base), once their records are gone, so it knows which Nodes to
+#: ask and how to number what they answer.
 WHERE_SIZE = 100_000
 
 #: What one logged event costs beyond its text, for the byte bound.
@@ -80,6 +90,39 @@ Payload = dict[str, Any]
 #: C{fetch(run_id, node_id, after)}: a Deferred of C{(node_id, answer)}
 #: from a Node's store (see L{RunBook}).
 Fetch = Callable[[str, str | None, int], "defer.Deferred[tuple[str, dict[str, Any]]]"]
+
+#: One attempt of a run: C{(node_id, wire_id, seq_base)} — the node it was
+#: sent to (C{None}: unknown), its id on the wire there, and the last seq
+#: the caller had when it began (its Node seq C{k} is the caller's
+#: C{seq_base + k}; 0 for a first attempt or one placed again before any
+#: output).
+Attempt = tuple[str | None, str, int]
+
+
+def split_wire_id(wire_id: str) -> tuple[str, int]:
+    """
+    The run id and attempt number a wire id names by the starter's
+    convention (L{iop.edge.failover.Work.wire_id}): a first attempt goes by
+    its run's id, attempt C{n >= 2} by C{<id>-<n>}. Only for ids of work
+    the book does not know: the convention cannot tell C{<id>-<n>} from a
+    first attempt whose id ends that way, so an id is split only when what
+    is left still looks like a run id (C{<prefix>-<token>}, L{iop.edge.spec.new_id}).
+    """
+    numbered = _numbered(wire_id)
+    if numbered is not None and "-" in numbered[0]:
+        return numbered
+    return wire_id, 1
+
+
+def _numbered(wire_id: str) -> tuple[str, int] | None:
+    """
+    C{(run id, n)} when C{wire_id} has the form of attempt C{n >= 2} of a
+    run (C{<id>-<n>}), else C{None}.
+    """
+    head, _, tail = wire_id.rpartition("-")
+    if head and tail.isascii() and tail.isdigit() and tail == str(int(tail)) and int(tail) >= 2:
+        return head, int(tail)
+    return None
 
 
 def visible(owner: str | None, caller: str | None) -> bool:
@@ -137,6 +180,10 @@ class RunRecord:
         self.background: bool = fields.pop("background", False)
         self.caller: str | None = fields.pop("caller", None)
         self.wire_id: str = fields.pop("wire_id", None) or run_id
+        #: The caller's last seq when the current attempt began (see
+        #: L{Attempt}); the attempts before it, oldest first.
+        self.seq_base = 0
+        self.earlier: list[Attempt] = []
         if fields:
             raise TypeError(f"unknown run fields: {', '.join(fields)}")
         self.created_at = created_at
@@ -160,6 +207,13 @@ class RunRecord:
         The lowest seq the log can replay (C{last_seq + 1} when empty).
         """
         return self.log[0][0] if self.log else self.last_seq + 1
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """
+        Every attempt, the current one last.
+        """
+        return [*self.earlier, (self.node, self.wire_id, self.seq_base)]
 
     @property
     def complete_log(self) -> bool:
@@ -239,6 +293,136 @@ def stored_json(node_id: str, row: dict[str, Any], run_id: str | None = None) ->
     if "output" in row and answer["kind"] == RUN:
         answer["output"] = row["output"]
     return answer
+
+
+def _spans(attempts: Sequence[Attempt]) -> list[tuple[Attempt, int | None]]:
+    """
+    Each attempt with the last of the caller's seqs it gave (where the
+    next one took over; C{None} for the last attempt: no end).
+    """
+    ends: list[int | None] = [later[2] for later in attempts[1:]]
+    return list(zip(attempts, [*ends, None], strict=True))
+
+
+def _worth_keeping(attempts: Sequence[Attempt]) -> tuple[Attempt, ...]:
+    """
+    The attempts a forgotten run is read back from: those its caller got
+    events of, and the last (one placed again before any output gave none).
+    """
+    return tuple(attempt for attempt, end in _spans(attempts) if end is None or end > attempt[2])
+
+
+class ReadBack:
+    """
+    A run as the stores of its attempts have it (L{read_attempts}), in its
+    caller's numbering.
+
+    @ivar rows: C{(node_id, row)}: the store row of each attempt read,
+        oldest first.
+    @ivar last: the last attempt's C{(node_id, row)} — the run's status,
+        usage and error — or C{None} when it could not be read.
+    @ivar events: C{(seq, payload)} after the caller's resume point, in
+        order.
+    @ivar missing: C{(attempt, failure)} of each attempt that could not be
+        read.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+        self.last: tuple[str, dict[str, Any]] | None = None
+        self.events: list[tuple[int, Payload]] = []
+        self.missing: list[tuple[Attempt, Failure]] = []
+        #: Whether a store answered in part: its events past what fits in
+        #: the answers the Edge reads (C{more_events}).
+        self.cut = False
+        self._texts: list[str] = []
+
+    @property
+    def partial(self) -> bool:
+        """
+        Whether some of what was asked could not be read.
+        """
+        return bool(self.missing) or self.cut
+
+    @property
+    def output(self) -> str:
+        """
+        The text of the deltas read (the run's whole output when read from
+        its start with nothing L{missing}).
+        """
+        return "".join(self._texts)
+
+    def failure(self) -> Failure:
+        """
+        Why nothing could be read: a failure other than C{not_found} (a
+        node offline) before one that is.
+        """
+        for _, failure in self.missing:
+            if not (isinstance(failure.value, ServiceError) and failure.value.kind == "not_found"):
+                return failure
+        return self.missing[-1][1]
+
+    def why_missing(self) -> str:
+        """
+        The attempts that could not be read and why, for a log line.
+        """
+        return "; ".join(
+            f"{wire_id} on {node_id or 'any node'}: {failure.getErrorMessage()}"
+            for (node_id, wire_id, _), failure in self.missing
+        )
+
+
+def read_attempts(fetch: Fetch, run_id: str, attempts: Sequence[Attempt], after: int) -> "defer.Deferred[ReadBack]":
+    """
+    Read a run back from the stores of its attempts (each asked at once,
+    with C{after} in its own numbering): their events after the caller's
+    C{after}, shifted into the caller's numbering and joined in order —
+    each attempt's up to where the next one took over (later events never
+    reached the caller, nor did a terminal there), a continuation's own
+    C{start} left out (the caller's answer had started) — and its output.
+
+    @return: a Deferred of the L{ReadBack}; it does not fail: an attempt
+        that could not be read is in its C{missing}.
+    """
+    asked: list[tuple[Attempt, int | None, defer.Deferred[tuple[str, dict[str, Any]]]]] = []
+    for attempt, end in _spans(attempts):
+        node_id, wire_id, base = attempt
+        if end is not None and end <= max(base, after):
+            continue  # none of its events are after the resume point
+        asked.append((attempt, end, defer.maybeDeferred(fetch, wire_id, node_id, max(0, after - base))))
+
+    def joined(results: list[tuple[bool, Any]]) -> ReadBack:
+        back = ReadBack()
+        for (attempt, end, _), (ok, found) in zip(asked, results, strict=True):
+            if not ok:
+                back.missing.append((attempt, found))
+                continue
+            node_id, answer = found
+            row: dict[str, Any] = answer.get("run") or {}
+            base = attempt[2]
+            back.rows.append((node_id, row))
+            events: list[tuple[int, Payload]] = []
+            for stored in answer.get("events", []):
+                seq = base + stored["seq"]
+                if seq <= after or (end is not None and (seq > end or stored.get("type") in TERMINAL_TYPES)):
+                    continue
+                if base and stored.get("type") == START:
+                    continue
+                events.append((seq, dict(stored, seq=seq, run_id=run_id)))
+            back.events += events
+            if end is None:
+                back.last = (node_id, row)
+            cut = bool(answer.get("more_events"))
+            if end is None and after == 0 and "output" in row and not row.get("output_truncated"):
+                back._texts.append(row["output"])
+            else:
+                back._texts.append("".join(p.get("text", "") for _, p in events if p.get("type") == DELTA))
+                cut = cut or bool(row.get("output_truncated") and after == 0 and not events)
+            back.cut = back.cut or cut
+        back.events.sort(key=lambda pair: pair[0])
+        return back
+
+    return defer.DeferredList([d for _, _, d in asked], consumeErrors=True).addCallback(joined)
 
 
 class Follower:
@@ -332,8 +516,9 @@ class RunBook:
         self.max_runs = max_runs
         self._live: dict[str, RunRecord] = {}
         self._finished: OrderedDict[str, RunRecord] = OrderedDict()
-        #: run id -> (node id, wire id) of finished runs.
-        self._where: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: run id -> the attempts of finished runs (those the caller got
+        #: events of, and the last).
+        self._where: OrderedDict[str, tuple[Attempt, ...]] = OrderedDict()
         #: wire id -> run id of the records in memory whose latest
         #: attempt has an id of its own on the wire (C{<id>-<n>}).
         self._by_wire: dict[str, str] = {}
@@ -343,6 +528,8 @@ class RunBook:
     def open(self, run_id: str, kind: str, **fields: Any) -> RunRecord:
         """
         The record of C{run_id}, made now if new; C{fields} update it.
+        A new C{node} or C{wire_id} for a record that was placed is its
+        next attempt (L{RunRecord.attempts}), from the caller's last seq.
         """
         record = self.get(run_id)
         if record is None:
@@ -350,8 +537,17 @@ class RunBook:
             self._live[run_id] = record
         else:
             self._unindex(record)
+            node, wire_id = record.node, record.wire_id
             for name, value in fields.items():
                 setattr(record, name, value)
+            if node is not None and (record.node, record.wire_id) != (node, wire_id):
+                # Another attempt: the caller got events 1..last_seq, and
+                # a continuation numbers its own after them (the starter
+                # gives RunDispatch.seq_base the same last_seq; an attempt
+                # placed again before any output starts from 0, as
+                # nothing was logged).
+                record.earlier.append((node, wire_id, record.seq_base))
+                record.seq_base = record.last_seq
         if record.wire_id != run_id:
             self._by_wire[record.wire_id] = run_id
         return record
@@ -398,13 +594,48 @@ class RunBook:
     def locate(self, run_id: str) -> tuple[str | None, str]:
         """
         Where to ask about a run the book may no longer hold: C{(node_id,
-        wire_id)} — the node it ran on (C{None} when forgotten) and the id
-        its last attempt had there.
+        wire_id)} — the node its last attempt ran on (C{None} when
+        forgotten) and the id it had there (see L{attempts} for all).
+        """
+        node_id, wire_id, _ = self.attempts(run_id)[-1]
+        return node_id, wire_id
+
+    def attempts(self, run_id: str) -> list[Attempt]:
+        """
+        Every attempt of a run the book may no longer hold, oldest first
+        (once forgotten: C{[(None, run_id, 0)]}, to ask every node).
         """
         record = self.get(run_id)
         if record is not None:
-            return record.node, record.wire_id
-        return self._where.get(run_id, (None, run_id))
+            return record.attempts
+        return list(self._where.get(run_id, ((None, run_id, 0),)))
+
+    def listed_as(self, node_id: str, wire_id: str) -> tuple[str, int] | None:
+        """
+        How a Node's store row of the attempt C{wire_id} on C{node_id} is
+        listed (C{GET /v1/runs}): C{(run_id, rank)}, under the id its
+        caller knows, the row of highest rank winning among one run's; or
+        C{None}, not at all — the book holds the run (its record is the
+        listing, whatever its status), or remembers that its last attempt
+        was another one.
+
+        A run the book knows nothing of is listed by the wire-id
+        convention (L{split_wire_id}): its latest attempt in the rows
+        stands for it, which may not be its last if that one is missing.
+        """
+        numbered = _numbered(wire_id)
+        for run_id in (wire_id, numbered[0] if numbered is not None else None):
+            if run_id is None:
+                continue
+            if self.get(run_id) is not None:
+                return None
+            attempts = self._where.get(run_id)
+            if attempts is not None:
+                last_node, last_wire, _ = attempts[-1]
+                if (last_node, last_wire) != (node_id, wire_id):
+                    return None
+                return run_id, len(attempts)
+        return split_wire_id(wire_id)
 
     # -- runs
 
@@ -515,7 +746,7 @@ class RunBook:
             return
         self._finished[record.id] = record
         if record.node:
-            self._where[record.id] = (record.node, record.wire_id)
+            self._where[record.id] = _worth_keeping(record.attempts)
             while len(self._where) > WHERE_SIZE:
                 self._where.popitem(last=False)
         self._evict()
@@ -562,7 +793,7 @@ class RunBook:
         if record is not None and after + 1 >= record.first_seq:
             self._attach(record, follower)
             return defer.succeed(follower)
-        node_id, wire_id = self.locate(run_id)
+        attempts = self.attempts(run_id)
         if record is None and self.fetch is None:
             return defer.fail(no_such_run(run_id))
         if record is not None:
@@ -570,19 +801,51 @@ class RunBook:
             follower.catching_up = True
             record.followers.append(follower)
         if self.fetch is None:
-            d: defer.Deferred[tuple[str, dict[str, Any]]] = defer.fail(
-                ServiceError("unavailable", f"run {run_id}: no node store to read its events from")
+            unread = ReadBack()
+            unread.missing.append(
+                (
+                    attempts[-1],
+                    Failure(ServiceError("unavailable", f"run {run_id}: no node store to read its events from")),
+                )
             )
+            d = defer.succeed(unread)
         else:
-            d = self.fetch(wire_id, node_id, after)
+            d = read_attempts(self.fetch, run_id, attempts, after)
 
-        def fetched(found: tuple[str, dict[str, Any]]) -> Follower:
-            _, answer = found
-            if record is None and not visible(owner, answer.get("run", {}).get("caller")):
+        def fetched(back: ReadBack) -> Follower | Failure:
+            if not back.rows:
+                if record is None:
+                    return back.failure()
+                # The in-memory log is the best there is: the Node could
+                # not fill the gap, so the reader gets what the Edge still
+                # has.
+                self.log.warn(
+                    "run {run_id}: events {after}..{first} could not be read from its node: {why}",
+                    run_id=run_id,
+                    after=after + 1,
+                    first=record.first_seq - 1,
+                    why=back.why_missing(),
+                )
+                follower.caught_up(list(record.log))
+                if record.done:
+                    self._detach(record, follower)
+                return follower
+            if record is None and not all(visible(owner, row.get("caller")) for _, row in back.rows):
                 raise no_such_run(run_id)
-            if answer.get("run", {}).get("kind") == TUNNEL:
+            if any(row.get("kind") == TUNNEL for _, row in back.rows):
                 raise ServiceError("invalid", f"{run_id} is a tunnel: it has no events", code="not_a_run")
-            events = [(e["seq"], dict(e, run_id=run_id)) for e in answer.get("events", [])]
+            if back.partial:
+                # What can be read, in the caller's numbering: a gap where
+                # an attempt could not be read, or past what a store's
+                # answers hold (a stream that ends without a terminal when
+                # it is the last; the reader may resume).
+                self.log.warn(
+                    "run {run_id}: events after {after} could not all be read: {why}",
+                    run_id=run_id,
+                    after=after,
+                    why=back.why_missing() or "more than the answers of its node's store hold",
+                )
+            events = back.events
             if record is not None:
                 # What the Edge still holds goes behind the Node's history:
                 # a terminal the Edge made up itself, or events a Node's
@@ -593,24 +856,7 @@ class RunBook:
                 self._detach(record, follower)
             return follower
 
-        def failed(failure: Failure) -> Follower | Failure:
-            if record is None:
-                return failure
-            # The in-memory log is the best there is: the Node could not
-            # fill the gap, so the reader gets what the Edge still has.
-            self.log.warn(
-                "run {run_id}: events {after}..{first} could not be read from its node: {why}",
-                run_id=run_id,
-                after=after + 1,
-                first=record.first_seq - 1,
-                why=failure.getErrorMessage(),
-            )
-            follower.caught_up(list(record.log))
-            if record.done:
-                self._detach(record, follower)
-            return follower
-
-        return d.addCallbacks(fetched, failed)
+        return d.addCallback(fetched)
 
     def _attach(self, record: RunRecord, follower: Follower) -> None:
         for seq, payload in list(record.log):

@@ -14,6 +14,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge import runs as runs_module
 from iop.edge.bus import EventBus
 from iop.edge.errors import ServiceError
 from iop.edge.runs import RUN, TUNNEL, RunBook
@@ -318,3 +319,231 @@ class OlderNodeTests(SynchronousTestCase):
         self.assertEqual((record.status, record.error["code"]), ("error", "node_disconnected"))
         self.assertEqual(harness.service.inflight.detached_on("n1"), [])
         self.assertEqual(node.of("run_resume"), [])
+
+
+class Stores:
+    """
+    The Nodes' stores, by node and wire id: every event each attempt
+    emitted under its own seq (also those the Edge never passed on), and
+    a row; C{down} nodes cannot be asked.
+    """
+
+    def __init__(self):
+        self.events: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.rows: dict[tuple[str, str], dict[str, Any]] = {}
+        self.down: set[str] = set()
+        self.asked: list[tuple[str, str | None, int]] = []
+
+    def add(self, node, wire_id, events, status="complete", started_at=0.0):
+        self.events[(node, wire_id)] = events
+        output = "".join(e.get("text", "") for e in events if e["type"] == DELTA)
+        self.rows[(node, wire_id)] = {
+            "run_id": wire_id,
+            "kind": RUN,
+            "status": status,
+            "started_at": started_at,
+            "output": output,
+        }
+
+    def fetch(self, wire_id, node_id, after):
+        self.asked.append((wire_id, node_id, after))
+        if node_id in self.down:
+            return defer.fail(ServiceError("unavailable", f"node {node_id} is not connected"))
+        for (node, wire), events in self.events.items():
+            if wire == wire_id and node_id in (None, node):
+                found = {"run": self.rows[(node, wire)], "events": [e for e in events if e["seq"] > after]}
+                return defer.succeed((node, found))
+        return defer.fail(ServiceError("not_found", f"no run {wire_id}", code="run_not_found"))
+
+
+def play(book, stores, plan):
+    """
+    Run C{r1} through its attempts as the starter and the dispatch do:
+    C{plan} is a list of C{(node, words)}; an attempt before the last is
+    cut after its words (none: it failed before any output, and the next
+    one is placed again from 0), its Node going on with a word the caller
+    never gets; a continuation's start is not passed on and its events
+    are numbered after the caller's last. @return: the record.
+    """
+    record = None
+    continuing = False
+    for index, (node, words) in enumerate(plan):
+        wire_id = "r1" if index == 0 else f"r1-{index + 1}"
+        record = book.open("r1", RUN, node=node, wire_id=wire_id)
+        base = record.last_seq if continuing else 0
+        last = index == len(plan) - 1
+        stored: list[dict[str, Any]] = [] if (not words and not last) else [{"seq": 1, "type": START}]
+        for word in words:
+            stored.append({"seq": len(stored) + 1, "type": DELTA, "text": word})
+        caller_gets = list(stored)
+        if last:
+            stored.append({"seq": len(stored) + 1, "type": COMPLETE})
+            caller_gets = list(stored)
+        else:
+            if words:
+                stored.append({"seq": len(stored) + 1, "type": DELTA, "text": "never-seen "})
+            stored.append({"seq": len(stored) + 1, "type": ERROR})
+        stores.add(node, wire_id, stored, "complete" if last else "error", started_at=float(index))
+        for e in caller_gets:
+            if continuing and e["type"] == START:
+                continue
+            data = RunEventData(e["type"], text=e.get("text", ""))
+            book.event(record, data, base + e["seq"])
+        continuing = continuing or bool(words)
+    assert record is not None
+    return record
+
+
+class AttemptTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.stores = Stores()
+        self.book = RunBook(self.clock, EventBus(self.clock), self.stores.fetch, max_age_sec=60)
+
+    def test_attempts_from_the_callers_last_seq(self):
+        """
+        A new node or wire id for a record that was placed is its next
+        attempt, numbered from the caller's last seq (what the starter
+        gives the continuation's C{seq_base}); an attempt placed again
+        before any output starts from 0; a queued record placed, or opened
+        again where it is, is still one attempt.
+        """
+        record = self.book.open("r1", RUN, status="queued")
+        self.book.open("r1", RUN, node="n1", wire_id="r1")
+        self.book.open("r1", RUN, node="n1", wire_id="r1")
+        self.assertEqual(record.attempts, [("n1", "r1", 0)])
+        self.book.open("r1", RUN, node="n2", wire_id="r1-2")
+        for seq in range(1, 4):
+            self.book.event(record, event(seq, 9), seq)
+        self.book.open("r1", RUN, node="n1", wire_id="r1-3")
+        self.assertEqual(record.attempts, [("n1", "r1", 0), ("n2", "r1-2", 0), ("n1", "r1-3", 3)])
+        self.assertEqual(self.book.locate("r1"), ("n1", "r1-3"))
+
+    def test_forgotten_run_keeps_its_attempts_bounded(self):
+        """
+        Once its record is gone the book still knows a run's attempts —
+        those its caller got events of, and the last — for at most
+        WHERE_SIZE runs.
+        """
+        self.patch(runs_module, "WHERE_SIZE", 2)
+        play(self.book, self.stores, [("n1", []), ("n2", ["a "]), ("n1", ["b "])])
+        self.clock.advance(61)
+        self.assertIsNone(self.book.get("r1"))
+        self.assertEqual(self.book.attempts("r1"), [("n2", "r1-2", 0), ("n1", "r1-3", 2)])
+        for run_id in ("a", "b"):
+            self.book.event(self.book.open(run_id, RUN, node="n1"), RunEventData(COMPLETE))
+        self.assertEqual(self.book.attempts("r1"), [(None, "r1", 0)])
+        self.assertEqual(self.book.attempts("b"), [("n1", "b", 0)])
+
+    def test_listed_as(self):
+        """
+        A Node's row is listed under the run id its caller knows, only for
+        the last attempt of a run the book remembers, never for one it
+        holds; a run it knows nothing of goes by the wire-id convention.
+        """
+        record = self.book.open("run-x", RUN, node="n1")
+        self.book.event(record, RunEventData(START), 1)
+        self.book.open("run-x", RUN, node="n2", wire_id="run-x-2")
+        self.assertIsNone(self.book.listed_as("n2", "run-x-2"))
+        self.assertIsNone(self.book.listed_as("n1", "run-x"))
+        self.book.event(record, RunEventData(COMPLETE), 3)
+        self.clock.advance(61)
+        self.assertEqual(self.book.listed_as("n2", "run-x-2"), ("run-x", 2))
+        self.assertIsNone(self.book.listed_as("n1", "run-x"))
+        self.assertIsNone(self.book.listed_as("n1", "run-x-2"))
+        self.assertEqual(self.book.listed_as("n1", "run-y-3"), ("run-y", 3))
+        self.assertEqual(self.book.listed_as("n1", "run-y"), ("run-y", 1))
+
+    def test_split_wire_id(self):
+        """
+        C{<id>-<n>} (n >= 2) is attempt n of a run id C{<prefix>-<token>};
+        anything else is a first attempt under its own id.
+        """
+        cases = {
+            "run-ab12-2": ("run-ab12", 2),
+            "run-ab12-17": ("run-ab12", 17),
+            "run-ab12": ("run-ab12", 1),
+            "run-123456": ("run-123456", 1),
+            "run-ab12-1": ("run-ab12-1", 1),
+            "run-ab12-02": ("run-ab12-02", 1),
+            "x-2": ("x-2", 1),
+        }
+        self.assertEqual({wire_id: runs_module.split_wire_id(wire_id) for wire_id in cases}, cases)
+
+    def test_resume_across_attempts_after_eviction(self):
+        """
+        A forgotten run that was continued is read from each attempt's
+        store, C{after} in that attempt's numbering, its events in the
+        caller's: attempt 1 up to where the continuation took over (not
+        the word its Node went on with, nor its error), the continuation
+        after it, its start left out.
+        """
+        record = play(self.book, self.stores, [("n1", ["a ", "b "]), ("n2", ["c ", "d "])])
+        seqs = [seq for seq, _ in record.log]
+        self.assertEqual(seqs, [1, 2, 3, 5, 6, 7])
+        self.clock.advance(61)
+        reader = Reader(0)
+        self.successResultOf(self.book.follow("r1", 0, reader.write, reader.end))
+        self.assertEqual((reader.seqs, "".join(reader.texts), reader.ended), (seqs, "a b c d ", 1))
+        self.stores.asked.clear()
+        reader = Reader(5)
+        self.successResultOf(self.book.follow("r1", 5, reader.write, reader.end))
+        self.assertEqual((reader.seqs, reader.ended), ([6, 7], 1))
+        self.assertEqual(self.stores.asked, [("r1-2", "n2", 2)])
+
+    def test_unreadable_attempt_leaves_a_gap(self):
+        """
+        When an attempt's node cannot be asked, the reader gets what the
+        others have, in its numbering, rather than another attempt's
+        events in its place.
+        """
+        play(self.book, self.stores, [("n1", ["a ", "b "]), ("n2", ["c ", "d "])])
+        self.clock.advance(61)
+        self.stores.down.add("n1")
+        reader = Reader(0)
+        self.successResultOf(self.book.follow("r1", 0, reader.write, reader.end))
+        self.assertEqual((reader.seqs, reader.ended), ([5, 6, 7], 1))
+        self.stores.down = {"n2"}
+        reader = Reader(0)
+        self.successResultOf(self.book.follow("r1", 0, reader.write, reader.end))
+        self.assertEqual((reader.seqs, reader.ended), ([1, 2, 3], 1))
+        self.stores.down = {"n1", "n2"}
+        self.failureResultOf(self.book.follow("r1", 0, reader.write, reader.end), ServiceError)
+
+
+class ReadAcrossAttemptsProperties(SynchronousTestCase):
+    """
+    However a run moved between attempts (placed again before any output,
+    continued after a cut, on one node or another), a reader resuming
+    anywhere gets exactly the events its caller had after that point,
+    whether the Edge still holds the run (its log cut short) or forgot it.
+    """
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(["n1", "n2"]), st.lists(st.sampled_from(["a ", "bb ", "c" * 90]), max_size=4)),
+            min_size=1,
+            max_size=4,
+        ),
+        st.sampled_from([256, 100_000]),
+        st.booleans(),
+    )
+    def test_every_resume_point(self, plan, max_bytes, forget):
+        clock = Clock()
+        stores = Stores()
+        book = RunBook(clock, EventBus(clock), stores.fetch, max_bytes=max_bytes, max_age_sec=60)
+        whole = Reader(0)
+        book.open("r1", RUN)
+        book.follow("r1", 0, whole.write, whole.end)
+        record = play(book, stores, plan)
+        self.assertEqual(whole.ended, 1)
+        if forget:
+            clock.advance(61)
+            self.assertIsNone(book.get("r1"))
+        for after in range(record.last_seq + 1):
+            reader = Reader(after)
+            self.successResultOf(book.follow("r1", after, reader.write, reader.end))
+            tail = [(seq, text) for seq, text in zip(whole.seqs, whole.texts, strict=True) if seq > after]
+            self.assertEqual(list(zip(reader.seqs, reader.texts, strict=True)), tail)
+            self.assertEqual(reader.ended, 1)
