@@ -7,6 +7,8 @@ One L{MemoryEtcd} is the server; each Edge gets its own
 L{MemoryEtcd.client}, which can be cut off alone (a partition) while
 L{MemoryEtcd.stop} takes the whole server down (an outage). Like a real
 etcd, a server that starts again gives every lease its whole TTL back.
+A client can also lose the answers of calls the server applied
+(L{MemoryEtcdClient.lose_answers}: a timeout after the request landed).
 """
 
 from collections.abc import Callable
@@ -101,6 +103,9 @@ class MemoryEtcdClient:
     """
     One Edge's connection to a L{MemoryEtcd}; C{reachable = False} cuts it
     off alone.
+
+    @ivar lost: C{{call name: count}}, how many of the next calls of that
+        name the server applies but whose answer is lost.
     """
 
     def __init__(self, server: MemoryEtcd) -> None:
@@ -108,6 +113,15 @@ class MemoryEtcdClient:
         self.reachable = True
         self.calls: list[str] = []
         self.watches: list[MemoryWatch] = []
+        self.lost: dict[str, int] = {}
+
+    def lose_answers(self, name: str, count: int = 1) -> None:
+        """
+        The next C{count} calls of C{name} (C{"create"}, C{"put"}, ...)
+        are applied by the server, and then fail here with
+        L{EtcdUnavailable}, as a request that timed out after it landed.
+        """
+        self.lost[name] = self.lost.get(name, 0) + count
 
     def cut(self) -> None:
         """
@@ -129,9 +143,13 @@ class MemoryEtcdClient:
 
     def _answer(self, name: str, f: Callable[..., Any], *args: object) -> Deferred[Any]:
         try:
-            return defer.succeed(f(self._check(name), *args))
+            answer = f(self._check(name), *args)
         except EtcdUnavailable as e:
             return defer.fail(e)
+        if self.lost.get(name):
+            self.lost[name] -= 1
+            return defer.fail(EtcdUnavailable(f"{name}: timed out (applied, its answer lost)"))
+        return defer.succeed(answer)
 
     def grant(self, ttl: float) -> Deferred[int]:
         def grant(server: MemoryEtcd) -> int:

@@ -14,6 +14,16 @@ stay byte-identical and a stream's events keep their order. A caller who
 goes away aborts the peer connection, which cancels the work at the
 owner as for any caller.
 
+The answer has no deadline of its own (a request may wait in the owner's
+queue, a non-streamed answer comes whole at its end, a stream may last
+long): a peer that took the request and then says nothing is noticed by
+the cluster instead. Once its membership key is gone (its lease expired:
+it stopped keeping it alive; or it left), L{Forwarder.peer_gone} fails
+every request still waiting for that peer's answer with 503
+C{forward_failed}. An answer already streaming is left to go on: its
+bytes are the peer's own proof of life (a peer cut off from etcd alone
+still serves the nodes connected to it).
+
 This is a surface's helper (it speaks HTTP); the service only decides
 that a request goes elsewhere.
 """
@@ -50,7 +60,8 @@ _DROP_REQUEST = ("host", "content-length", PEER_HEADER.decode())
 
 #: How long connecting to the owning Edge may take. The answer itself has
 #: no deadline here: the request may wait in the owner's queue, which
-#: answers its own queue timeout.
+#: answers its own queue timeout; one the owner never answers ends when
+#: the owner leaves the cluster (L{Forwarder.peer_gone}).
 CONNECT_TIMEOUT_SEC = 10.0
 
 
@@ -88,6 +99,9 @@ class Forwarder:
 
     @param secret: C{cluster.secret}.
     @param agent: an C{IAgent}; by default one with a persistent pool.
+
+    @ivar waiting: C{{edge_id: relays}}, the requests forwarded to each
+        Edge that wait for its answer (its status and headers).
     """
 
     log = Logger()
@@ -98,6 +112,7 @@ class Forwarder:
         if agent is None:
             agent = lean_agent(reactor, LeanConnectionPool(reactor, persistent=True), CONNECT_TIMEOUT_SEC)
         self.agent = agent
+        self.waiting: dict[str, set[_Relay]] = {}
 
     def proxy(self, request: EdgeRequest, forward: Forward) -> Deferred[None]:
         """
@@ -114,10 +129,29 @@ class Forwarder:
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
         relay = _Relay(request, forward)
+        waiting = self.waiting.setdefault(forward.edge_id, set())
+        waiting.add(relay)
+
+        def answered(result: IResponse | Failure) -> IResponse | Failure:
+            waiting.discard(relay)
+            if not waiting and self.waiting.get(forward.edge_id) is waiting:
+                del self.waiting[forward.edge_id]
+            return result
+
         d = self.agent.request(request.method, url, headers, BytesBody(body))
         relay.pending = d
+        d.addBoth(answered)
         request.notifyFinish().addErrback(relay.caller_gone)
         return d.addCallbacks(relay.respond, relay.failed)
+
+    def peer_gone(self, edge_id: str) -> None:
+        """
+        Edge C{edge_id} left the cluster (its membership key is gone): the
+        requests forwarded to it that still wait for its answer fail with
+        503 C{forward_failed}.
+        """
+        for relay in list(self.waiting.pop(edge_id, ())):
+            relay.peer_gone()
 
 
 class _Relay(Protocol):
@@ -133,6 +167,7 @@ class _Relay(Protocol):
         self.forward = forward
         self.pending: Deferred[IResponse] | None = None
         self.gone = False
+        self.why: str | None = None
 
     def caller_gone(self, failure: Failure) -> None:
         self.gone = True
@@ -140,6 +175,14 @@ class _Relay(Protocol):
             self.pending.cancel()
         elif self.transport is not None:
             body_producer(self).stopProducing()
+
+    def peer_gone(self) -> None:
+        """
+        The peer left the cluster before it answered: give up on it.
+        """
+        if self.pending is not None and not self.pending.called:
+            self.why = "it left the cluster (its etcd lease ended) before it answered"
+            self.pending.cancel()
 
     def respond(self, response: IResponse) -> None:
         self.pending = None
@@ -184,14 +227,16 @@ class _Relay(Protocol):
         if self.gone or self.request.finished:
             return None
         self.log.warn(
-            "forwarding to Edge {edge} failed: {why}", edge=self.forward.edge_id, why=failure.getErrorMessage()
+            "forwarding to Edge {edge} failed: {why}",
+            edge=self.forward.edge_id,
+            why=self.why or failure.getErrorMessage(),
         )
         write_error(
             self.request,
             ServiceError(
                 "unavailable",
                 f"Edge {self.forward.edge_id}, which has room for this request, did not answer:"
-                f" {failure.getErrorMessage() or type(failure.value).__name__}",
+                f" {self.why or failure.getErrorMessage() or type(failure.value).__name__}",
                 code="forward_failed",
             ),
         )

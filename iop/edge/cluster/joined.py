@@ -68,10 +68,16 @@ class EtcdCluster(Service):
     ) -> None:
         self.registry = registry
         self.pool = pool
-        self.membership = Membership(
-            spec, etcd, reactor, on_void=on_void, load=lambda: local_load(config(), pool), on_moved=on_moved
-        )
         self.forwarder = Forwarder(spec.secret, reactor)
+        self.membership = Membership(
+            spec,
+            etcd,
+            reactor,
+            on_void=on_void,
+            load=lambda: local_load(config(), pool),
+            on_moved=on_moved,
+            on_gone=self.forwarder.peer_gone,
+        )
         self.reader = PeerReader(spec.secret, self.forwarder.agent, reactor)
 
     def startService(self) -> None:

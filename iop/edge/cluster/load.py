@@ -67,13 +67,22 @@ def local_load(config: EdgeConfig, pool: ProviderPool) -> dict[str, Any]:
     return {"groups": groups}
 
 
-def _peer_url(membership: ClusterView, edge_id: str | None) -> str | None:
+#: The states of an Edge that new work is sent to.
+TAKES_WORK = ("up",)
+
+#: The states of an Edge that still serves what it holds (its nodes, the
+#: runs on them): a draining Edge does until its nodes leave it.
+SERVES = ("up", "draining")
+
+
+def _peer_url(membership: ClusterView, edge_id: str | None, states: tuple[str, ...] = TAKES_WORK) -> str | None:
     """
     Where to forward to C{edge_id} (its C{advertise} URL) if it is another
-    Edge, up (not draining) and reachable; else C{None}.
+    Edge, in one of C{states} (by default: up, not draining) and
+    reachable; else C{None}.
     """
     info = membership.edges.get(edge_id) if edge_id is not None else None
-    if edge_id == membership.edge_id or not info or info.get("state") != "up":
+    if edge_id == membership.edge_id or not info or info.get("state") not in states:
         return None
     return info.get("advertise") or None
 
@@ -104,16 +113,21 @@ def choose_peer(membership: ClusterView, group: str, klass: str) -> tuple[int, s
     return best[0][0], best[1], best[2]
 
 
-def node_target(membership: ClusterView, registry: NodeRegistry, node_id: str) -> Forward | None:
+def node_target(
+    membership: ClusterView, registry: NodeRegistry, node_id: str, states: tuple[str, ...] = SERVES
+) -> Forward | None:
     """
     Where a request about C{node_id} goes: here (C{None}) while it is
-    connected here, or when no other Edge that is up owns it; else its
-    owner.
+    connected here, or when no other Edge in one of C{states} owns it;
+    else its owner. By default an owner that is up or draining: what is
+    on the node already (its runs, their readers and cancels, its
+    commands) is there while the owner drains; new work for it
+    (L{forward_target}) goes only to an owner that is up.
     """
     if registry.ready_link(node_id) is not None:
         return None
     owner = membership.owner(node_id)
-    url = _peer_url(membership, owner)
+    url = _peer_url(membership, owner, states)
     if owner is None or url is None:
         return None
     return Forward(owner, url, f"node {node_id} is connected there")
@@ -156,7 +170,7 @@ def forward_target(
         wait there rather than fail here).
     """
     if spec.node:
-        return node_target(membership, registry, spec.node)
+        return node_target(membership, registry, spec.node, TAKES_WORK)
     group = pool.group(spec.model) if spec.model else None
     if group is None:
         return None

@@ -25,6 +25,14 @@ etcd is down; etcd gives leases their whole TTL back when it starts
 again). When etcd answers that the lease is gone, every claim is void:
 the Edge closes every Node link (C{on_void}) so its Nodes register again,
 here or elsewhere, and joins again with a new lease.
+
+What etcd is told is put again until it holds: this Edge's state (up or
+draining) at every keep-alive until a put of it landed, a release at every
+keep-alive until etcd answered it, and a claim whose answer was lost (etcd
+may have applied it) is read back and, if etcd did create the key for no
+connection, deleted, fenced on its revision. An unexpected error in the
+join, the watch or one of the loops (keep-alive, load) is logged and that
+step tried again after L{RETRY_SEC}, as when etcd does not answer.
 """
 
 import json
@@ -76,10 +84,17 @@ class Membership(Service):
         its room (L{iop.edge.cluster.load.local_load}), or C{None}.
     @param on_moved: C{on_moved(node_id)}, called when another Edge claims
         a node (it registered there).
+    @param on_gone: C{on_gone(edge_id)}, called when another Edge's
+        membership key is gone (its lease expired or was revoked), seen by
+        the watch or by a new listing after a gap in it (also when the key
+        is back with a new lease: the Edge left and joined again).
 
     @ivar session: L{STARTING}, L{OK} or L{LOST}.
     @ivar claims: C{{node_id: revision}} of the nodes this Edge owns.
     @ivar edges: C{{edge_id: dict}} of the live membership keys.
+    @ivar gone: C{{edge_id: when}} of the Edges whose key went.
+    @ivar unsure: C{{node_id: lease}} of the claims whose answer was lost:
+        etcd may have created the key (read back at the next keep-alive).
     @ivar owners: C{{node_id: {"edge", "revision"}}} from the watch.
     @ivar loads: C{{edge_id: dict}}, what each Edge publishes.
     """
@@ -94,6 +109,7 @@ class Membership(Service):
         on_void: Callable[[str], object] | None = None,
         load: Callable[[], dict[str, Any] | None] | None = None,
         on_moved: Callable[[str], object] | None = None,
+        on_gone: Callable[[str], object] | None = None,
     ) -> None:
         self.spec = spec
         self.edge_id = spec.edge_id
@@ -102,6 +118,7 @@ class Membership(Service):
         self.on_void: Callable[[str], object] = on_void or (lambda reason: None)
         self.load = load
         self.on_moved: Callable[[str], object] = on_moved or (lambda node_id: None)
+        self.on_gone: Callable[[str], object] = on_gone or (lambda edge_id: None)
         self.session = STARTING
         self.session_error: str | None = "not joined yet"
         self.lost_since: float | None = clock.seconds()
@@ -109,8 +126,12 @@ class Membership(Service):
         self.draining = False
         self.claims: dict[str, int] = {}
         self.releasing: dict[str, int] = {}
+        self.unsure: dict[str, int] = {}
         self.edges: dict[str, dict[str, Any]] = {}
         self.gone: dict[str, float] = {}
+        #: The create revision of each membership key: a new one is a new
+        #: lease of that Edge (it left and joined again).
+        self._incarnations: dict[str, int] = {}
         self.owners: dict[str, dict[str, Any]] = {}
         self.loads: dict[str, dict[str, Any]] = {}
         self.voids = 0
@@ -119,9 +140,18 @@ class Membership(Service):
         self._publisher = LoopingCall(self._publish)
         self._publisher.clock = clock
         self._published: dict[str, Any] | None = None
+        #: What etcd holds at edges/<edge_id> under the current lease (the
+        #: last put of it that landed), and whether a put of it is on its way.
+        self._announced: bytes | None = None
+        self._announcing = False
+        #: How many claims of each node are on their way, and the unsure
+        #: claims being read back.
+        self._claiming: dict[str, int] = {}
+        self._settling: set[str] = set()
         self._watch: IWatch | None = None
         self._retry: IDelayedCall | None = None
         self._retry_watch: IDelayedCall | None = None
+        self._retry_loops: dict[str, IDelayedCall] = {}
         self._left = False
 
     # -- keys
@@ -140,19 +170,63 @@ class Membership(Service):
         super().startService()
         self._join()
         self._watch_start()
-        self._publisher.start(PUBLISH_INTERVAL_SEC, now=False)
+        self._loop(self._publisher, PUBLISH_INTERVAL_SEC, "load")
+
+    def _loop(self, loop: LoopingCall, interval: float, what: str, now: bool = False) -> None:
+        """
+        Start C{loop} every C{interval} seconds. An unexpected error stops
+        a C{LoopingCall}: it is logged and the loop started again, at once,
+        after L{RETRY_SEC} or C{interval} if shorter (a keep-alive must not
+        wait for long). etcd not answering is no error here: each step
+        handles it.
+        """
+        retry = self._retry_loops.pop(what, None)
+        if retry is not None and retry.active():
+            retry.cancel()
+        if self._left or loop.running:
+            return
+        delay = min(RETRY_SEC, interval)
+
+        def failed(failure: Failure) -> None:
+            self.log.failure(
+                "the {what} loop of Edge {edge} failed; starting it again in {delay}s",
+                failure,
+                what=what,
+                edge=self.edge_id,
+                delay=delay,
+            )
+            if not self._left:
+                self._retry_loops[what] = self.clock.callLater(delay, self._loop, loop, interval, what, True)
+
+        loop.start(interval, now=now).addErrback(failed)
+
+    def _unexpected(self, failure: Failure, what: str) -> str:
+        """
+        Log an error that is not etcd failing to answer (a bug, or an
+        answer this Edge cannot read): C{what} is then tried again as if
+        etcd had not answered. @return: the reason.
+        """
+        self.log.failure("{what} of Edge {edge} failed unexpectedly", failure, what=what, edge=self.edge_id)
+        return f"{what} failed: {failure.getErrorMessage() or type(failure.value).__name__}"
 
     def _join(self) -> Deferred[None]:
         self._retry = None
         if self._left:
             return defer.succeed(None)
-        d = self.etcd.grant(self.spec.lease_ttl_sec)
+        me = self._me()
 
-        def granted(lease: int) -> Deferred[int]:
+        def granted(lease: int) -> Deferred[int] | None:
+            if self._left:
+                # leave() came while the lease was asked for: nobody keeps
+                # it, and no key goes under it (it would expire anyway).
+                self.etcd.revoke(lease).addErrback(lambda f: None)
+                return None
             self.lease = lease
-            return self.etcd.put(self.key("edges", self.edge_id), self._me(), lease)
+            return self.etcd.put(self.key("edges", self.edge_id), me, lease)
 
         def joined(_: object) -> None:
+            if self._left:
+                return
             self.log.info(
                 "joined the Edge cluster as {edge} (lease {lease:x}, {ttl}s)",
                 edge=self.edge_id,
@@ -161,15 +235,22 @@ class Membership(Service):
             )
             self._session_ok()
             self._published = None
-            if not self._keeper.running:
-                self._keeper.start(self.spec.lease_ttl_sec / 3.0, now=False)
+            self._announced = me
+            self._loop(self._keeper, self.spec.lease_ttl_sec / 3.0, "keep-alive")
+            # Drained while the join was on its way: say so now.
+            self._announce()
 
         def failed(failure: Failure) -> None:
-            failure.trap(EtcdUnavailable)
-            self._session_lost(failure.getErrorMessage())
-            if not self._left:
-                self._retry = self.clock.callLater(RETRY_SEC, self._join)
+            if self._left:
+                return
+            if failure.check(EtcdUnavailable):
+                why = failure.getErrorMessage()
+            else:
+                why = self._unexpected(failure, "joining the cluster")
+            self._session_lost(why)
+            self._retry = self.clock.callLater(RETRY_SEC, self._join)
 
+        d = defer.maybeDeferred(self.etcd.grant, self.spec.lease_ttl_sec)
         return d.addCallback(granted).addCallback(joined).addErrback(failed)
 
     def _keep(self) -> Deferred[None] | None:
@@ -186,7 +267,9 @@ class Membership(Service):
             if self.session != OK:
                 self.log.info("etcd session of Edge {edge} is back: taking registrations again", edge=self.edge_id)
                 self._session_ok()
+            self._announce()
             self._retry_releases()
+            self._settle_unsure()
             return None
 
         def failed(failure: Failure) -> None:
@@ -194,6 +277,38 @@ class Membership(Service):
             self._session_lost(failure.getErrorMessage())
 
         return d.addCallbacks(kept, failed)
+
+    def _announce(self) -> None:
+        """
+        Put this Edge's membership key again while etcd does not hold its
+        state: a put that failed (etcd did not answer), or a state that
+        changed while the session was lost. Tried at every keep-alive
+        until it lands.
+        """
+        if self._announcing or self._left or self.session != OK or self.lease is None:
+            return
+        me = self._me()
+        if me == self._announced:
+            return
+        lease = self.lease
+        self._announcing = True
+
+        def put(_: object) -> None:
+            self._announcing = False
+            if self.lease == lease:
+                self._announced = me
+                self._announce()
+
+        def failed(failure: Failure) -> None:
+            self._announcing = False
+            failure.trap(EtcdUnavailable)
+            self.log.info(
+                "the state of Edge {edge} is not in etcd yet ({why}); trying again at the next keep-alive",
+                edge=self.edge_id,
+                why=failure.getErrorMessage(),
+            )
+
+        self.etcd.put(self.key("edges", self.edge_id), me, lease).addCallbacks(put, failed)
 
     def _session_ok(self) -> None:
         self.session = OK
@@ -226,12 +341,14 @@ class Membership(Service):
         self.lease = None
         self.claims.clear()
         self.releasing.clear()
+        self.unsure.clear()
+        self._announced = None
         self._session_lost(reason)
         if self._keeper.running:
             self._keeper.stop()
-        self.on_void(reason)
         # Not from inside the keep-alive loop's own call: joined() restarts it.
         self._retry = self.clock.callLater(0, self._join)
+        self._tell(self.on_void, reason)
 
     # -- the view of the cluster
 
@@ -239,27 +356,41 @@ class Membership(Service):
         self._retry_watch = None
         if self._left:
             return
-        d = self.etcd.range(self.spec.prefix, prefix=True)
+        d = defer.maybeDeferred(self.etcd.range, self.spec.prefix, prefix=True)
 
         def listed(answer: tuple[int, list[KeyValue]]) -> None:
+            if self._left:
+                return
             revision, kvs = answer
+            before = dict(self._incarnations)
             self.edges.clear()
+            self._incarnations.clear()
             self.owners.clear()
             self.loads.clear()
             for kv in kvs:
                 self._apply("put", kv)
+            # What went while the watch was down: an Edge whose key is not
+            # listed left (it is down), one listed under a new lease left
+            # and came back.
+            for edge_id, incarnation in before.items():
+                now = self._incarnations.get(edge_id)
+                if now is None:
+                    self._edge_gone(edge_id)
+                elif now != incarnation and edge_id != self.edge_id:
+                    self._tell(self.on_gone, edge_id)
             self._watch = self.etcd.watch(self.spec.prefix, revision + 1, self._event)
             self._watch.done.addBoth(self._watch_ended)
 
         def failed(failure: Failure) -> None:
-            failure.trap(EtcdUnavailable)
+            if not failure.check(EtcdUnavailable):
+                self._unexpected(failure, "watching the cluster")
             self._watch_ended(None)
 
-        d.addCallbacks(listed, failed)
+        d.addCallback(listed).addErrback(failed)
 
     def _watch_ended(self, result: object) -> None:
         self._watch = None
-        if not self._left:
+        if not self._left and (self._retry_watch is None or not self._retry_watch.active()):
             self._retry_watch = self.clock.callLater(RETRY_SEC, self._watch_start)
 
     def _event(self, event: WatchEvent) -> None:
@@ -273,17 +404,18 @@ class Membership(Service):
         if section == "edges":
             if kind == "put":
                 self.edges[name] = _json(kv.value)
+                self._incarnations[name] = kv.create_revision
                 self.gone.pop(name, None)
-            elif self.edges.pop(name, None) is not None:
-                self.gone[name] = self.clock.seconds()
-                if name != self.edge_id:
-                    self.log.info("Edge {edge} left the cluster", edge=name)
+            else:
+                self._incarnations.pop(name, None)
+                if self.edges.pop(name, None) is not None:
+                    self._edge_gone(name)
         elif section == "nodes":
             if kind == "put":
                 edge = _json(kv.value).get("edge")
                 self.owners[name] = {"edge": edge, "revision": kv.mod_revision}
                 if edge != self.edge_id:
-                    self.on_moved(name)
+                    self._tell(self.on_moved, name)
             else:
                 self.owners.pop(name, None)
         elif section == "load":
@@ -291,6 +423,24 @@ class Membership(Service):
                 self.loads[name] = _json(kv.value)
             else:
                 self.loads.pop(name, None)
+
+    def _edge_gone(self, edge_id: str) -> None:
+        self.gone[edge_id] = self.clock.seconds()
+        if edge_id != self.edge_id:
+            self.log.info("Edge {edge} left the cluster", edge=edge_id)
+            self._tell(self.on_gone, edge_id)
+
+    def _tell(self, callback: Callable[[str], object], what: str) -> None:
+        """
+        Call C{callback(what)} (C{on_void}, C{on_moved}, C{on_gone}): an
+        error in it is logged, and never stops the view or the join.
+        """
+        try:
+            callback(what)
+        except Exception:
+            self.log.failure(
+                "telling Edge {edge} of a change in the cluster ({what}) failed", edge=self.edge_id, what=what
+            )
 
     # -- ownership
 
@@ -329,15 +479,31 @@ class Membership(Service):
                 raise NotOwner(f"the etcd lease of Edge {self.edge_id} expired while it claimed node {node_id}")
             self.claims[node_id] = revision
             self.releasing.pop(node_id, None)
+            self.unsure.pop(node_id, None)
             return revision
 
         def unreachable(failure: Failure) -> NoReturn:
             failure.trap(EtcdUnavailable)
+            # etcd may have applied the create (or the take-over) and its
+            # answer been lost: the key would stay under the live lease,
+            # for no connection. Read back once etcd answers.
+            if self.lease == lease:
+                self.unsure[node_id] = lease
             self._session_lost(failure.getErrorMessage())
             raise NotOwner(f"Edge {self.edge_id} cannot reach etcd: {failure.getErrorMessage()}", True)
 
-        d: Deferred[int] = self.etcd.create(key, value, lease).addCallback(created)
+        def settled(result: object) -> object:
+            count = self._claiming.get(node_id, 0) - 1
+            if count > 0:
+                self._claiming[node_id] = count
+            else:
+                self._claiming.pop(node_id, None)
+            return result
+
+        self._claiming[node_id] = self._claiming.get(node_id, 0) + 1
+        d: Deferred[int] = defer.maybeDeferred(self.etcd.create, key, value, lease).addCallback(created)
         d.addErrback(unreachable)
+        d.addBoth(settled)
         return d.addCallback(claimed)
 
     def holds(self, node_id: str, revision: int) -> bool:
@@ -379,6 +545,56 @@ class Membership(Service):
             if self.claims.get(node_id) is None:
                 self._release(node_id, revision)
 
+    def _settle_unsure(self) -> None:
+        """
+        Read back every claim whose answer was lost, unless the node is
+        claimed (or being claimed) here again meanwhile: the key is then
+        that claim's.
+        """
+        for node_id, lease in list(self.unsure.items()):
+            if lease != self.lease:
+                # That lease is gone, and every key under it.
+                del self.unsure[node_id]
+            elif node_id not in self.claims and node_id not in self._claiming and node_id not in self._settling:
+                self._settle(node_id, lease)
+
+    def _settle(self, node_id: str, lease: int) -> None:
+        """
+        Delete C{nodes/<node_id>} if etcd did create it for the lost claim:
+        it is this Edge's (its lease, its id) and no claim of it is held
+        here. Fenced on the key's revision, like a release: a claim that
+        took it over meanwhile keeps it.
+        """
+        key = self.key("nodes", node_id)
+        self._settling.add(node_id)
+
+        def read(answer: tuple[int, list[KeyValue]]) -> Deferred[None] | None:
+            if self.unsure.get(node_id) != lease or node_id in self.claims or node_id in self._claiming:
+                return None
+            kvs = answer[1]
+            kv = kvs[0] if kvs else None
+            if kv is None or kv.lease != lease or _json(kv.value).get("edge") != self.edge_id:
+                # Not created (or another Edge's since): nothing to undo.
+                del self.unsure[node_id]
+                return None
+            self.log.info(
+                "node {node}: etcd applied a claim whose answer was lost; deleting the key of no connection",
+                node=node_id,
+            )
+            return self.etcd.delete_if(key, kv.mod_revision).addCallback(deleted)
+
+        def deleted(_: bool) -> None:
+            if self.unsure.get(node_id) == lease:
+                del self.unsure[node_id]
+
+        def failed(failure: Failure) -> None:
+            failure.trap(EtcdUnavailable)
+
+        def done(result: object) -> None:
+            self._settling.discard(node_id)
+
+        self.etcd.range(key).addCallback(read).addErrback(failed).addBoth(done)
+
     def owner(self, node_id: str) -> str | None:
         """
         The id of the Edge that owns C{node_id}, or C{None}.
@@ -401,8 +617,9 @@ class Membership(Service):
         d = self.etcd.put(self.key("load", self.edge_id), json.dumps(document, sort_keys=True).encode(), self.lease)
 
         def failed(failure: Failure) -> None:
-            failure.trap(EtcdUnavailable)
+            # Put again at the next look, whatever the error was.
             self._published = None
+            failure.trap(EtcdUnavailable)
 
         return d.addErrback(failed)
 
@@ -414,9 +631,9 @@ class Membership(Service):
         take no more registrations.
         """
         self.draining = True
-        if self.session == OK and self.lease is not None:
-            d = self.etcd.put(self.key("edges", self.edge_id), self._me(), self.lease)
-            d.addErrback(lambda f: f.trap(EtcdUnavailable))
+        # Put now if the session allows, else at the next keep-alive
+        # answered (and again until a put lands).
+        self._announce()
 
     def leave(self) -> Deferred[None]:
         """
@@ -431,13 +648,15 @@ class Membership(Service):
         for loop in (self._keeper, self._publisher):
             if loop.running:
                 loop.stop()
-        for call in (self._retry, self._retry_watch):
+        for call in (self._retry, self._retry_watch, *self._retry_loops.values()):
             if call is not None and call.active():
                 call.cancel()
+        self._retry_loops.clear()
         if self._watch is not None:
             self._watch.cancel()
         lease, self.lease = self.lease, None
         self.claims.clear()
+        self.unsure.clear()
         if lease is None:
             return defer.succeed(None)
         d = self.etcd.revoke(lease)

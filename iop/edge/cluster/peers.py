@@ -17,12 +17,14 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import readBody
+from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IResponse
 
+from iop.edge.cluster.etcd import body_producer
 from iop.edge.cluster.forward import PEER_HEADER
 from iop.edge.cluster.load import ClusterView
 from iop.edge.http.request import EdgeRequest
@@ -30,8 +32,8 @@ from iop.edge.seam import Forward, PeerAnswer
 from iop.httpclient import BytesBody
 from iop.httpheaders import header_pairs, relay_headers
 
-#: How long one Edge may take to answer a read (it may ask its Nodes'
-#: stores, each within its own command timeout).
+#: How long one Edge may take to answer a read, its whole body read (it
+#: may ask its Nodes' stores, each within its own command timeout).
 ASK_TIMEOUT_SEC = 10.0
 
 #: Request headers not passed on: the caller's hop to this Edge, and what
@@ -90,11 +92,10 @@ class PeerReader:
         return defer.DeferredList(asks, consumeErrors=True).addCallback(answered)
 
     def _ask(self, peer: Forward, headers: Headers, path: bytes) -> "Deferred[PeerAnswer | None]":
-        d = self.agent.request(b"GET", peer.url.encode("utf-8") + path, headers, BytesBody(b""))
-        d.addTimeout(ASK_TIMEOUT_SEC, self.reactor)
-
         def respond(response: IResponse) -> "Deferred[PeerAnswer]":
-            return readBody(response).addCallback(lambda body: PeerAnswer(peer, response.code, _json(body)))
+            body = _Body()
+            response.deliverBody(body)
+            return body.done.addCallback(lambda data: PeerAnswer(peer, response.code, _json(data)))
 
         def failed(failure: Failure) -> None:
             self.log.info(
@@ -105,7 +106,40 @@ class PeerReader:
             )
             return None
 
-        return d.addCallback(respond).addErrback(failed)
+        d = self.agent.request(b"GET", peer.url.encode("utf-8") + path, headers, BytesBody(b""))
+        answer = d.addCallback(respond)
+        # On the whole answer: a peer that sends its headers and then
+        # stalls its body is left out too (cancelling the chain cancels
+        # the body's read, which closes its connection).
+        answer.addTimeout(ASK_TIMEOUT_SEC, self.reactor)
+        return answer.addErrback(failed)
+
+
+class _Body(Protocol):
+    """
+    An answer's body, read whole into C{done}. Cancelling C{done} (the
+    ask's timeout) closes the connection (C{readBody} cannot: the client's
+    body transport does not abort).
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.done: Deferred[bytes] = Deferred(self._cancel)
+
+    def _cancel(self, done: "Deferred[bytes]") -> None:
+        if self.transport is not None:
+            body_producer(self).stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        if self.done.called:
+            return
+        if reason is None or reason.check(ResponseDone):
+            self.done.callback(b"".join(self.chunks))
+        else:
+            self.done.errback(reason)
 
 
 def _json(body: bytes) -> Any:
