@@ -16,6 +16,7 @@ It holds:
   - every failure code a run or tunnel can end with (L{FAILURE_CODES}).
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,21 @@ def joinable(event: RunEventData) -> bool:
         and event.finish_reason is None
         and event.tool_call is None
     )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """
+    C{text} made fit for UTF-8 (and so for the wire and the store): the two
+    halves of a character written as a surrogate pair (as a JSON text may
+    write it) become that character, and a lone surrogate (half of a
+    character a server cut in two) becomes U+FFFD.
+    """
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class HeldDeltas:

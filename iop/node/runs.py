@@ -50,6 +50,7 @@ from iop.run import (
     RunEventData,
     RunFailure,
     Usage,
+    clean_text,
 )
 
 
@@ -118,15 +119,6 @@ def _failure_text(failure: Failure) -> str:
     message = str(failure.value)
     name = type(failure.value).__name__
     return f"{name}: {message}" if message else name
-
-
-def clean_text(text: str) -> str:
-    """
-    C{text} made fit for UTF-8: the two halves of a character written as
-    a surrogate pair (as a JSON text may write it) become that character,
-    and a lone surrogate (half of a character cut in two) becomes U+FFFD.
-    """
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def _clean(value: Any) -> Any:

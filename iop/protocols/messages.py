@@ -42,6 +42,7 @@ from iop.protocols.iop_pb2 import RunResume as RunResume
 from iop.protocols.iop_pb2 import ToolCall as ToolCall
 from iop.protocols.iop_pb2 import Usage as Usage
 from iop.protocols.iop_pb2 import WindowUpdate as WindowUpdate
+from iop.run import clean_text
 
 # ---- constants --------------------------------------------------------------
 
@@ -266,9 +267,19 @@ def run_error(code: str, message: str, status: int = 0, deadline: str = "", retr
     C{provider_timeout} missed; C{retry_after_sec}, the provider's
     C{Retry-After} (0: none).
     """
+    # What a provider said goes into these: text UTF-8 cannot carry is
+    # cleaned and a status out of range dropped, so that a failure can
+    # always be told.
     return iop_pb2.RunError(
-        code=code, message=message, status=status, deadline=deadline, retry_after_sec=retry_after_sec
+        code=clean_text(code),
+        message=clean_text(message),
+        status=status if -_INT32_MAX - 1 <= status <= _INT32_MAX else 0,
+        deadline=deadline,
+        retry_after_sec=retry_after_sec,
     )
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def tool_call(id: str, name: str, arguments: str) -> ToolCall:

@@ -63,6 +63,18 @@ class BuilderTests(SynchronousTestCase):
             ],
         )
 
+    def test_run_error_always_builds(self):
+        """
+        A failure is told whatever a provider put in it: a lone surrogate
+        in its message becomes U+FFFD, a pair the character it makes, and a
+        status out of the wire's range is left out (negative exit codes
+        stay).
+        """
+        error = messages.run_error("provider_error", "cut \ud83d here \ud83d\ude00", 2**40)
+        self.assertEqual((error.message, error.status), ("cut \ufffd here \U0001f600", 0))
+        self.assertEqual(messages.run_error("c", "m", -9).status, -9)
+        self.assertTrue(error.SerializeToString())
+
     def test_codes_are_the_generated_ones(self):
         """
         The re-exported codes are the generated enum's values, and a code
