@@ -30,8 +30,9 @@ from iop.adapters.streams import (
     broken_answer,
     capped_appender,
     error_message,
+    reported_count,
 )
-from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage, clean_text
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
 #: model options and go under C{options}.
@@ -72,7 +73,11 @@ def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """
+    A reported token count; 0 when none was (or not as a count: see
+    L{reported_count}).
+    """
+    return reported_count(value) or 0
 
 
 class Lines:
@@ -109,7 +114,9 @@ class ChatLines(Lines):
     C{reasoning_delta} (C{message.thinking}), C{delta}
     (C{message.content}) and C{tool_call} (C{message.tool_calls}); the
     C{done} line gives the usage and, from C{done_reason}, OpenAI's
-    finish reason (C{tool_calls} when the model called tools).
+    finish reason (C{tool_calls} when the model called tools). Text is
+    cleaned of lone surrogates (L{clean_text}); a line of the wrong shape
+    (a C{message} that is not an object) is a broken answer.
     """
 
     def __init__(self, emit: Emit) -> None:
@@ -129,23 +136,29 @@ class ChatLines(Lines):
         if line.get("error"):
             raise ProviderError(str(line["error"]))
         message = line.get("message") or {}
+        if not isinstance(message, dict):
+            raise broken_answer("provider sent a line whose message is not an object")
         for key, kind in (("thinking", REASONING_DELTA), ("content", DELTA)):
             text = message.get(key)
             if isinstance(text, str) and text:
-                self.emit(RunEventData(kind, text=text))
-        for call in message.get("tool_calls") or ():
+                self.emit(RunEventData(kind, text=clean_text(text)))
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise broken_answer("provider sent a line whose tool_calls is not a list")
+        for call in calls:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("name"), str):
                 self.tool_calls += 1
                 arguments = function.get("arguments")
-                text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
-                self.emit(
-                    RunEventData(TOOL_CALL, tool_call=ToolCall(f"call_{secrets.token_hex(8)}", function["name"], text))
-                )
+                # (json.dumps writes ASCII: a lone surrogate as its escape.)
+                text = clean_text(arguments) if isinstance(arguments, str) else json.dumps(arguments or {})
+                call_id = f"call_{secrets.token_hex(8)}"
+                self.emit(RunEventData(TOOL_CALL, tool_call=ToolCall(call_id, clean_text(function["name"]), text)))
         if line.get("done"):
             self.finished = True
-            reason: Any = line.get("done_reason")  # any JSON value
-            self.finish_reason = "tool_calls" if self.tool_calls else _FINISH.get(reason, "stop" if reason else None)
+            reason = line.get("done_reason")  # any JSON value
+            known = _FINISH.get(reason) if isinstance(reason, str) else None
+            self.finish_reason = "tool_calls" if self.tool_calls else known or ("stop" if reason else None)
             # Ollama reports no breakdown: reasoning and cached stay None.
             self.usage = Usage(
                 input_tokens=_count(line.get("prompt_eval_count")),
@@ -257,8 +270,11 @@ class OllamaAdapter(HTTPAdapter):
         d = self.fetch_json("POST", "/api/embed", {"model": model, "input": inputs})
 
         def embedded(result: Any) -> None:
-            vectors = (result or {}).get("embeddings") or []
-            prompt_tokens = _count((result or {}).get("prompt_eval_count"))
+            result = result or {}
+            vectors = (result.get("embeddings") or []) if isinstance(result, dict) else None
+            if not isinstance(vectors, list):
+                raise broken_answer("Ollama's embed answer has no list of embeddings")
+            prompt_tokens = _count(result.get("prompt_eval_count"))
             _answer(
                 sink,
                 200,

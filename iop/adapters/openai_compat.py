@@ -35,9 +35,11 @@ from iop.adapters.streams import (
     SSEParser,
     as_provider_error,
     broken_answer,
+    reported_count,
+    stream_error,
 )
 from iop.httpheaders import provider_request_headers
-from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage
+from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage, clean_text
 
 #: Where a parsed chat completion chunk (a JSON object) goes.
 ChunkHandler = Callable[[dict[str, Any]], None]
@@ -47,11 +49,10 @@ Wanted = Callable[[str], bool]
 
 def _count(value: object) -> int | None:
     """
-    A reported token count, or C{None} when it was not reported.
+    A reported token count, or C{None} when it was not reported (or not
+    as a count: see L{reported_count}).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return None
+    return reported_count(value)
 
 
 def openai_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -98,15 +99,11 @@ def usage_from(data: object) -> Usage | None:
     )
 
 
-def _stream_error(chunk: dict[str, Any]) -> ProviderError:
+def _wrong_shape(name: str, kind: str) -> ProviderError:
     """
-    An error object sent inside a 2xx stream, as a L{ProviderError}.
+    The failure of a chunk that is JSON, but whose C{name} is not a C{kind}.
     """
-    error = chunk["error"]
-    if isinstance(error, dict):
-        status = _count(error.get("code")) or 0
-        return ProviderError(str(error.get("message") or error), status)
-    return ProviderError(str(error))
+    return broken_answer(f"provider sent a chunk whose {name} is not {kind}")
 
 
 class ChatResponse:
@@ -174,13 +171,19 @@ class ChatResponse:
 class ChatEvents:
     """
     Decoder for L{HTTPAdapter.stream_run}: chunks to C{delta} and
-    C{reasoning_delta} events; remembers the last usage reported.
+    C{reasoning_delta} events; remembers the last usage reported. Text is
+    cleaned of lone surrogates (L{clean_text}); a chunk of the wrong shape
+    (C{choices} not a list, a C{delta} not an object) is a broken answer.
+
+    @ivar began: whether a piece of a tool call came: the answer began,
+        though the call is emitted only at the end.
     """
 
     def __init__(self, emit: Emit, response: IResponse) -> None:
         self.emit = emit
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
+        self.began = False
         self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
 
@@ -210,32 +213,47 @@ class ChatEvents:
         self.framing.finish()
         for index in sorted(self.calls):
             call = self.calls[index]
-            tool_call = ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"] or "{}")
+            # (Cleaned once joined: a character may be split between pieces.)
+            tool_call = ToolCall(
+                clean_text(call["id"]) or f"call_{index}",
+                clean_text(call["name"]),
+                clean_text(call["arguments"]) or "{}",
+            )
             self.emit(RunEventData(TOOL_CALL, tool_call=tool_call))
         return self.usage
 
     def chunk(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk and chunk["error"]:
-            raise _stream_error(chunk)
+            raise stream_error(chunk["error"])
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
             self.usage = usage
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise _wrong_shape("choices", "a list")
+        for choice in choices:
             # A run is one stream of text: other choices (n > 1) are dropped.
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             part = choice.get("delta") or choice.get("message") or {}
+            if not isinstance(part, dict):
+                raise _wrong_shape("delta", "an object")
             # vLLM and DeepSeek say reasoning_content; newer servers say reasoning.
             reasoning = part.get("reasoning_content") or part.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
-                self.emit(RunEventData(REASONING_DELTA, text=reasoning))
+                self.emit(RunEventData(REASONING_DELTA, text=clean_text(reasoning)))
             content = part.get("content")
             if isinstance(content, str) and content:
-                self.emit(RunEventData(DELTA, text=content))
-            for position, call in enumerate(part.get("tool_calls") or ()):
+                self.emit(RunEventData(DELTA, text=clean_text(content)))
+            calls = part.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise _wrong_shape("tool_calls", "a list")
+            for position, call in enumerate(calls):
                 self._tool_call_piece(call, position)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            # Only a string is a finish reason (anything else is not sent on).
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = clean_text(reason)
 
     def _tool_call_piece(self, call: object, position: int) -> None:
         """
@@ -244,7 +262,10 @@ class ChatEvents:
         """
         if not isinstance(call, dict):
             return
-        index = call.get("index", position)
+        self.began = True
+        index = call.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = position
         entry = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
         function = call.get("function")
         if not isinstance(function, dict):
@@ -294,12 +315,13 @@ class TunnelObserver:
         return '"finish_reason"' in payload and _NULL_FINISH.search(payload) is None
 
     def feed(self, data: bytes) -> None:
-        if self.inflate is not None and not self.broken:
+        if self.broken:
+            return  # (nothing more is read, nor held)
+        if self.inflate is not None:
             try:
                 data = self.inflate.decompress(data)
             except zlib.error as e:
-                self.broken = True
-                self.log.info("tunnel body not observable, usage not reported: gzip: {why}", why=e)
+                self._stop(f"gzip: {e}")
                 return
         if self.framing.sse is None:
             self._guard(self.framing.feed, data)
@@ -311,9 +333,10 @@ class TunnelObserver:
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         if not cut:
-            self.tail = data
             if len(data) > JSON_BODY_LIMIT:
-                self.broken = True
+                self._stop(f"an event longer than {JSON_BODY_LIMIT} bytes")
+                return
+            self.tail = data
             return
         events, self.tail = data[:cut], data[cut:]
         if not self.parsed_any or b'"usage"' in events or _FINISH_SET.search(events):
@@ -338,19 +361,35 @@ class TunnelObserver:
         try:
             method(*args)
         except ProviderError as e:
-            self.broken = True
-            self.log.info("tunnel body not observable, usage not reported: {why}", why=e.message)
+            self._stop(e.message)
+
+    def _stop(self, why: str) -> None:
+        """
+        Observation stops (what was seen so far is still reported).
+        """
+        self.broken = True
+        self.tail = b""
+        self.log.info("tunnel body not observable, usage not reported: {why}", why=why)
 
     def chunk(self, chunk: dict[str, Any]) -> None:
+        """
+        One parsed chunk: what it says of usage, model and finish reason.
+        Values of the wrong type are passed over, never a failure.
+        """
         self.parsed_any = True
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
             self.usage = usage
-        if isinstance(chunk.get("model"), str):
-            self.metadata["model"] = chunk["model"]
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict) and choice.get("finish_reason"):
-                self.metadata["finish_reason"] = choice["finish_reason"]
+        model = chunk.get("model")
+        if isinstance(model, str):
+            self.metadata["model"] = clean_text(model)
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if isinstance(reason, str) and reason:
+                self.metadata["finish_reason"] = clean_text(reason)
 
 
 #: The values of the C{usage} option.

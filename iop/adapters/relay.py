@@ -29,7 +29,10 @@ an answer either whole or an explicit error:
     answer explicitly.
 
 A stream is finished when it says so: C{[DONE]}, a finish reason, or a
-Responses API end event. One that ends without saying so was cut.
+Responses API end event. One that ends without saying so was cut. One
+that sent an error object (C{{"error": ...}}) is relayed to its end too,
+but ends the tunnel failed (C{incomplete}, with the error's message and
+status), as the run of the same stream does.
 """
 
 import re
@@ -46,6 +49,7 @@ from iop.adapters.streams import (
     broken_answer,
     response_headers,
     status_error,
+    stream_error,
 )
 from iop.run import CONTEXT_LENGTH_EXCEEDED, ITunnelSink, Usage
 
@@ -182,6 +186,8 @@ class TunnelBody:
     @param clock: the C{IReactorTime} for an HTTP date in Retry-After.
     @ivar relayed: whether any body byte reached the sink.
     @ivar finished: whether the stream said it is finished.
+    @ivar error: the L{ProviderError} of the first error object the stream
+        sent, or C{None}: the tunnel ends failed with it.
     """
 
     def __init__(
@@ -199,6 +205,7 @@ class TunnelBody:
         self.clock = clock
         self.relayed = False
         self.finished = False
+        self.error: ProviderError | None = None
         #: An event with data came (comments alone are not the answer).
         self.answered = False
         #: Comment-only events before the answer, held with the status.
@@ -262,6 +269,8 @@ class TunnelBody:
             rest, self.buffer = bytes(self.buffer), bytearray()
             # Some servers omit the blank line after the last event.
             self._events(self._checked(rest) if rest.strip() else b"")
+            if self.error is not None:
+                raise self.error
             if not self.finished:
                 raise broken_answer("the stream ended before the answer said it was finished")
         elif self.mode == HOLD:
@@ -300,6 +309,8 @@ class TunnelBody:
             status and headers were never sent), else C{incomplete}, after
             the usage seen so far went to the sink.
         """
+        if self.error is not None:
+            error = self.error  # (what the provider said of it tells more)
         if not self.relayed:
             return error
         if self.observer is not None and self.observer.usage is not None:
@@ -436,6 +447,9 @@ class TunnelBody:
         """
         if self.observer is not None:
             self.observer.chunk(chunk)
+        error = chunk.get("error")
+        if error and self.error is None:
+            self.error = stream_error(error)
         if _says_finished(chunk):
             self.finished = True
 
@@ -471,9 +485,17 @@ def _failure_json(error: ProviderError) -> dict[str, Any]:
 
 
 def _says_finished(chunk: dict[str, Any]) -> bool:
-    if chunk.get("error") or chunk.get("type") in RESPONSE_END_TYPES:
+    """
+    Whether a parsed event says the answer is finished (an error object
+    does: nothing follows it); values of the wrong type say nothing.
+    """
+    kind = chunk.get("type")
+    if chunk.get("error") or (isinstance(kind, str) and kind in RESPONSE_END_TYPES):
         return True
-    return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in chunk.get("choices") or ())
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and isinstance(c.get("finish_reason"), str) for c in choices)
 
 
 def _event_stream(response: IResponse) -> bool:

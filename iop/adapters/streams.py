@@ -62,13 +62,28 @@ from iop.run import (
     RunEventData,
     RunFailure,
     Usage,
+    clean_text,
 )
 from iop.turns import EndOfTurn
 
 #: How much of an error response body is kept for the error message.
 ERROR_BODY_LIMIT = 64 * 1024
-#: How much of a non-streamed JSON body is buffered for parsing.
+#: How much of a non-streamed JSON body is buffered for parsing (and the
+#: most one streamed event or line may hold).
 JSON_BODY_LIMIT = 16 * 1024 * 1024
+#: The largest count a provider's answer is believed for (tokens): what a
+#: signed 64-bit integer holds, so that it can be sent and stored.
+MAX_COUNT = 2**63 - 1
+
+
+def reported_count(value: object) -> int | None:
+    """
+    A count a provider reported (tokens), or C{None} when it reported none
+    that can be one: an integer from 0 to L{MAX_COUNT}, not a boolean.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
 
 
 class ProviderError(Exception):
@@ -90,6 +105,7 @@ class ProviderError(Exception):
         deadline: str = "",
         retry_after_sec: float = 0.0,
     ) -> None:
+        message = clean_text(message)
         super().__init__(message)
         self.message = message
         self.status = status
@@ -149,6 +165,19 @@ def broken_answer(message: str) -> ProviderError:
     return ProviderError(message, BROKEN_ANSWER_STATUS)
 
 
+def stream_error(error: object) -> ProviderError:
+    """
+    The L{ProviderError} of an error object sent inside a 2xx answer
+    (C{{"error": ...}}): its message, and its C{code} as the status when
+    that is an HTTP status.
+    """
+    if isinstance(error, dict):
+        code = error.get("code")
+        status = code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 0
+        return ProviderError(str(error.get("message") or error), status)
+    return ProviderError(str(error))
+
+
 def status_error(response: IResponse, body: bytes, clock: IReactorTime) -> ProviderError:
     """
     The L{ProviderError} of a non-2xx answer: the provider's message and
@@ -171,19 +200,24 @@ class SSEParser:
     C{data} (its C{data:} lines joined by newlines). Only C{data} matters
     to OpenAI-style streams, so other fields are ignored.
 
-    @raise ProviderError: for a line longer than C{JSON_BODY_LIMIT}, so a
-        broken stream cannot grow the buffer without bound.
+    @raise ProviderError: for a line, or the data of one event, longer
+        than C{JSON_BODY_LIMIT}, so a broken stream cannot grow the buffer
+        without bound.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = _Partial()
         self._data: list[str] = []
+        #: The bytes of the data lines in C{_data}.
+        self._size = 0
 
     def feed(self, data: bytes) -> list[str]:
         """
         @return: the data strings of the events completed by C{data}.
         """
-        buf = self._buffer + data
+        if self._buffer.extend(data, b"\n" in data or b"\r" in data or self._buffer.ends_with_cr()):
+            return []
+        buf = self._buffer.take(data)
         events: list[str] = []
         pos = 0
         while True:
@@ -193,9 +227,7 @@ class SSEParser:
                 break
             self._line(buf[pos : match.start()], events)
             pos = match.end()
-        self._buffer = buf[pos:]
-        if len(self._buffer) > JSON_BODY_LIMIT:
-            raise broken_answer(f"stream line longer than {JSON_BODY_LIMIT} bytes")
+        self._buffer.keep(buf[pos:])
         return events
 
     def finish(self) -> list[str]:
@@ -204,9 +236,9 @@ class SSEParser:
         (some servers omit the final blank line).
         """
         events: list[str] = []
-        if self._buffer:
-            self._line(self._buffer.rstrip(b"\r"), events)
-            self._buffer = b""
+        rest = self._buffer.take(b"")
+        if rest:
+            self._line(rest.rstrip(b"\r"), events)
         self._line(b"", events)
         return events
 
@@ -215,12 +247,16 @@ class SSEParser:
             if self._data:
                 events.append("\n".join(self._data))
                 self._data = []
+                self._size = 0
             return
         line = raw.decode("utf-8", "replace")
         if line.startswith(":"):
             return
         name, _, value = line.partition(":")
         if name == "data":
+            self._size += len(raw) + 1
+            if self._size > JSON_BODY_LIMIT:
+                raise broken_answer(f"stream event larger than {JSON_BODY_LIMIT} bytes")
             self._data.append(value[1:] if value.startswith(" ") else value)
 
 
@@ -229,14 +265,19 @@ class NDJSONParser:
     Newline-delimited JSON, fed in arbitrary pieces; yields parsed values.
 
     @raise ValueError: for a line that is not JSON.
+    @raise ProviderError: for a line longer than C{JSON_BODY_LIMIT} (as
+        L{SSEParser} does), so a broken stream cannot grow the buffer
+        without bound.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = _Partial()
 
     def feed(self, data: bytes) -> list[Any]:
-        lines = (self._buffer + data).split(b"\n")
-        self._buffer = lines.pop()
+        if self._buffer.extend(data, b"\n" in data):
+            return []
+        lines = self._buffer.take(data).split(b"\n")
+        self._buffer.keep(lines.pop())
         lines = [line for line in lines if line.strip()]
         if len(lines) > 1 and (values := jsontext.loads_each(lines)) is not None:
             return values
@@ -244,8 +285,60 @@ class NDJSONParser:
         return [jsontext.loads(line) for line in lines]
 
     def finish(self) -> list[Any]:
-        rest, self._buffer = self._buffer, b""
+        rest = self._buffer.take(b"")
         return [jsontext.loads(rest)] if rest.strip() else []
+
+
+class _Partial:
+    """
+    The unterminated end of a stream's lines, at most C{JSON_BODY_LIMIT}
+    bytes. Pieces that end no line are kept as they come and joined once
+    one does, so a long line read piece by piece costs its bytes once, not
+    once per piece.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._size = 0
+
+    def extend(self, data: bytes, ends_a_line: bool) -> bool:
+        """
+        Keep C{data} if it ends no line (C{ends_a_line} false) and there is
+        a line to go on: C{True}. Else C{False}: L{take} it.
+
+        @raise ProviderError: the line is longer than C{JSON_BODY_LIMIT}.
+        """
+        if ends_a_line or not self._pieces:
+            return False
+        self._pieces.append(data)
+        self._size += len(data)
+        self._check()
+        return True
+
+    def ends_with_cr(self) -> bool:
+        return bool(self._pieces) and self._pieces[-1].endswith(b"\r")
+
+    def take(self, data: bytes) -> bytes:
+        """
+        What is kept, then C{data}, as one piece; nothing is kept after.
+        """
+        pieces, self._pieces, self._size = self._pieces, [], 0
+        return b"".join([*pieces, data]) if pieces else data
+
+    def keep(self, rest: bytes) -> None:
+        """
+        The unterminated end after the lines of a piece.
+
+        @raise ProviderError: it is longer than C{JSON_BODY_LIMIT}.
+        """
+        if rest:
+            self._pieces, self._size = [rest], len(rest)
+            self._check()
+
+    def _check(self) -> None:
+        if self._size > JSON_BODY_LIMIT:
+            self._pieces, self._size = [], 0
+            raise broken_answer(f"stream line longer than {JSON_BODY_LIMIT} bytes")
 
 
 def error_message(body: bytes) -> str:
@@ -618,7 +711,7 @@ def response_headers(response: IResponse) -> HeaderPairs:
 class StreamDecoder(Shape):
     """
     What L{HTTPAdapter.stream_run} asks of a decoder (it may also have a
-    C{finish_reason}, read when present).
+    C{finish_reason} and a C{began}, read when present).
 
     @ivar usage: the last usage the stream reported so far, or C{None}.
     @ivar finished: whether the answer said it is finished (its end
@@ -824,8 +917,10 @@ class HTTPAdapter(AdapterBase):
             -> Usage | None}, both of which may raise L{ProviderError},
             C{usage} (the last usage reported, or C{None}), C{finished}
             (whether the answer said it is finished: its end marker or
-            finish reason) and optionally a C{finish_reason} for the
-            C{complete} terminal.
+            finish reason), optionally a C{finish_reason} for the
+            C{complete} terminal, and optionally C{began}: whether the
+            answer began though nothing of it was emitted yet (a tool call
+            gathered in pieces), for the deadlines.
         @param run: the run, whose trace context (if any) goes to the
             provider as its C{traceparent} header.
         @return: a Deferred that fires when the run is over; cancelling it
@@ -849,7 +944,10 @@ class HTTPAdapter(AdapterBase):
                     output.flush()
                 if reading.finished:
                     return Reading.FINISHED
-                return Reading.ANSWERING if output.started else Reading.WAITING
+                # (A tool call gathered in pieces is the answer before
+                # anything of it is emitted.)
+                began = output.started or getattr(reading, "began", False)
+                return Reading.ANSWERING if began else Reading.WAITING
 
             return feed
 

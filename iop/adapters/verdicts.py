@@ -79,7 +79,8 @@ def says_context_length(body: bytes) -> bool:
         return _CONTEXT_MESSAGE.search(text) is not None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
-        if error.get("code") in _CONTEXT_CODES or error.get("type") in _CONTEXT_CODES:
+        # (Any JSON value may be there: only a string is looked up.)
+        if any(isinstance(word, str) and word in _CONTEXT_CODES for word in (error.get("code"), error.get("type"))):
             return True
         text = str(error.get("message") or "")
     elif isinstance(data, dict):

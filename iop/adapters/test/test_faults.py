@@ -57,6 +57,30 @@ def role_chunk():
     return data
 
 
+def event(data):
+    """
+    One SSE event of C{data} (a chunk, or any JSON value).
+    """
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def tool_piece(arguments, first=False):
+    """
+    A chunk with a piece of a streamed tool call: its id and name first.
+    """
+    function = {"name": "write_file", "arguments": arguments} if first else {"arguments": arguments}
+    call = {"index": 0, "function": function, **({"id": "c1"} if first else {})}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+
+#: Chunks that are JSON objects, but not of a chat completion's shape.
+WRONG_SHAPES = [
+    {"choices": 5},
+    {"choices": [{"index": 0, "delta": "oops"}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": 5}}]},
+]
+
+
 class FaultTestCase(OpenAICompatTestCase):
     timeout = 10
 
@@ -275,6 +299,74 @@ class RunFaultTests(FaultTestCase):
         self.assertEqual(events.events[0].error.status, 502)
 
     @defer.inlineCallbacks
+    def test_chunk_of_the_wrong_shape(self):
+        """
+        A chunk that is JSON but not of the expected shape (choices not a
+        list, a delta that is not an object, tool_calls not a list) is a
+        broken answer, as a malformed event: before start provider_error
+        502, after it incomplete.
+        """
+        for bad in WRONG_SHAPES:
+            events = yield self.run_on(Script(headers=SSE_HEADERS, chunks=sse(bad)))
+            self.assertEqual(events.types(), ["error"], bad)
+            self.assertEqual((events.events[0].error.code, events.events[0].error.status), ("provider_error", 502))
+            events = yield self.run_on(Script(headers=SSE_HEADERS, chunks=sse(chunk(content="a"), bad)))
+            self.assertEqual(events.types(), ["start", "delta", "error"], bad)
+            self.assertEqual(events.events[-1].error.code, INCOMPLETE)
+
+    @defer.inlineCallbacks
+    def test_streamed_tool_call_is_the_answer(self):
+        """
+        A tool call streamed in pieces (emitted whole at the end) is the
+        answer from its first piece: one that streams for longer than
+        first_byte_timeout_sec completes, and nothing is emitted before
+        the call.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=[event(tool_piece('{"path": "a"', first=True))], hold=True)
+        adapter = self.faulty(script)
+        events = Events()
+        d = adapter.execute(run_input(), events)
+        yield script.arrived
+        yield moment()
+        for i in range(FIRST + 2):
+            adapter.clock.advance(1)
+            script.write(event(tool_piece(f', "x{i}": 1')))
+            yield moment()
+        self.assertNoResult(d)
+        self.assertEqual(events.events, [])
+        script.write(event(tool_piece("}")), event(chunk(finish="tool_calls")), b"data: [DONE]\n\n")
+        yield moment()
+        adapter.clock.advance(FINISH_GRACE_SEC)
+        yield d
+        self.assertEqual(events.types(), ["start", "tool_call", "complete"])
+        arguments = '{"path": "a"' + "".join(f', "x{i}": 1' for i in range(FIRST + 2)) + "}"
+        tool_call = events.events[1].tool_call
+        assert tool_call is not None
+        self.assertEqual(json.loads(tool_call.arguments), json.loads(arguments))
+
+    @defer.inlineCallbacks
+    def test_streamed_tool_call_then_stall(self):
+        """
+        Once a tool call began, the stall deadline bounds the silence after
+        it; nothing reached the caller, so the failure keeps its code
+        (provider_timeout, stall), and the Edge may place the run elsewhere.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=[event(tool_piece('{"a": ', first=True))], hold=True)
+        adapter = self.faulty(script)
+        events = Events()
+        d = adapter.execute(run_input(), events)
+        yield script.arrived
+        yield moment()
+        adapter.clock.advance(STALL_SEC)
+        yield moment()
+        self.assertEqual(events.types(), ["error"])
+        error = events.events[0].error
+        assert error is not None
+        self.assertEqual((error.code, error.deadline), ("provider_timeout", STALL))
+        yield d
+        yield script.closed_early
+
+    @defer.inlineCallbacks
     def test_rate_limited(self):
         """
         A 429 says how long to wait (Retry-After) in retry_after_sec.
@@ -379,6 +471,45 @@ class StreamedTunnelFaultTests(FaultTestCase):
         sink, error = yield self.tunnel_on(script, streamed())
         self.assertEqual(error.code, INCOMPLETE)
         self.assertEqual(b"".join(sink.bodies), good[0])
+
+    @defer.inlineCallbacks
+    def test_error_event_mid_stream(self):
+        """
+        An error object after the first event is relayed, with what follows
+        it, but ends the tunnel failed, as the run of the same stream ends:
+        incomplete, with the error's message and status, after the usage
+        seen so far.
+        """
+        good = sse(chunk(content="a", usage={"prompt_tokens": 2, "completion_tokens": 1}), done=False)
+        error = b'data: {"error": {"message": "CUDA out of memory", "code": 500}}\n\n'
+        for rest in ([], [b"data: [DONE]\n\n"]):
+            script = Script(headers=SSE_HEADERS, chunks=good + [error] + rest)
+            sink, failure = yield self.tunnel_on(script, streamed())
+            self.assertEqual(b"".join(sink.bodies), b"".join(good + [error] + rest))
+            self.assertEqual(
+                failure.failure(), RunFailure(INCOMPLETE, "the answer is incomplete: CUDA out of memory", 500)
+            )
+            self.assertEqual(sink.of("usage"), [Usage(2, 1)])
+
+    @defer.inlineCallbacks
+    def test_events_of_the_wrong_shape(self):
+        """
+        Events that are JSON but of a shape the Node does not expect are
+        relayed as they are: what the observer cannot read never fails the
+        tunnel, and says nothing (a finish reason that is not a string).
+        """
+        events = [
+            event({"model": "m", "choices": 5}),
+            event({"type": ["x"], "choices": [{"finish_reason": 1}, 7], "usage": {"prompt_tokens": -1}}),
+            event({"choices": [{"index": 0, "delta": "oops"}]}),
+            b"data: [DONE]\n\n",
+        ]
+        for pieces in (events, [b"".join(events)]):
+            sink, failure = yield self.tunnel_on(Script(headers=SSE_HEADERS, chunks=pieces), streamed())
+            self.assertIsNone(failure)
+            self.assertEqual(b"".join(sink.bodies), b"".join(events))
+            self.assertEqual(sink.of("metadata"), [{"model": "m"}])
+            self.assertEqual(sink.of("usage"), [Usage(0, 0)])
 
     @defer.inlineCallbacks
     def test_ended_without_done(self):

@@ -10,11 +10,13 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 from zope.interface.verify import verifyObject
 
+from iop.adapters import streams
 from iop.adapters.interface import IAdapter, NotSupported, RunInput, TunnelInput
 from iop.adapters.ollama import OllamaAdapter
 from iop.adapters.streams import ProviderError
-from iop.adapters.test.providers import Events, Routes, Script, serve
-from iop.run import RunFailure, Usage
+from iop.adapters.test.providers import Events, Routes, Script, moment, serve
+from iop.run import INCOMPLETE, RunFailure, Usage
+from iop.testing.tunnels import TunnelRecorder
 
 
 def line(content="", thinking=None, **extra):
@@ -114,6 +116,118 @@ class OllamaTests(TestCase):
         assert events.events[-1].error is not None
         self.assertEqual(events.events[-1].error.code, "incomplete")
         self.assertIn("runner crashed", events.events[-1].error.message)
+
+    @defer.inlineCallbacks
+    def test_line_of_the_wrong_shape(self):
+        """
+        A line that is JSON but not of the expected shape (a message that
+        is not an object, tool_calls not a list) is a broken answer:
+        provider_error 502 before start, incomplete after it.
+        """
+        for bad in ({"message": "oops", "done": False}, {"message": {"tool_calls": 5}, "done": False}):
+            bad_line = json.dumps(bad).encode() + b"\n"
+            events = Events()
+            yield self.adapter({"/api/chat": Script(chunks=[bad_line, DONE])}).execute(
+                RunInput("r1", target="m"), events
+            )
+            self.assertEqual(events.types(), ["error"], bad)
+            assert events.events[0].error is not None
+            self.assertEqual((events.events[0].error.code, events.events[0].error.status), ("provider_error", 502))
+            events = Events()
+            script = Script(chunks=[line("Hel") + bad_line, DONE])
+            yield self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
+            self.assertEqual(events.types(), ["start", "delta", "error"], bad)
+            assert events.events[-1].error is not None
+            self.assertEqual(events.events[-1].error.code, INCOMPLETE)
+
+    @defer.inlineCallbacks
+    def test_values_that_cannot_be_sent(self):
+        """
+        A done_reason of any JSON value (unhashable too) gives a finish
+        reason that is a string; a token count that is not an integer from
+        0 to 2**63 - 1 is not reported (0); a lone surrogate in text
+        (legal JSON, not UTF-8) becomes U+FFFD.
+        """
+        call = {"function": {"name": "f\ud83d", "arguments": '{"a": "\ude00"}'}}
+        body = (
+            line("Hel\ud83d", thinking="hm\udc00")
+            + line(message={"role": "assistant", "content": "", "tool_calls": [call]})
+            + line(done=True, done_reason=["stop"], prompt_eval_count=-1, eval_count=2**64)
+        )
+        events = Events()
+        yield self.adapter({"/api/chat": Script(chunks=[body])}).execute(RunInput("r1", target="m"), events)
+        self.assertEqual(events.types(), ["start", "reasoning_delta", "delta", "tool_call", "complete"])
+        self.assertEqual((events.text("reasoning_delta"), events.text()), ("hm\ufffd", "Hel\ufffd"))
+        tool_call = events.events[3].tool_call
+        assert tool_call is not None
+        self.assertEqual((tool_call.name, tool_call.arguments), ("f\ufffd", '{"a": "\ufffd"}'))
+        self.assertEqual((events.events[-1].finish_reason, events.events[-1].usage), ("tool_calls", Usage(0, 0)))
+        events = Events()
+        done = line(done=True, done_reason={"why": "stop"}, prompt_eval_count=2**63 - 1, eval_count=True)
+        yield self.adapter({"/api/chat": Script(chunks=[line("a") + done])}).execute(RunInput("r1", target="m"), events)
+        self.assertEqual((events.events[-1].finish_reason, events.events[-1].usage), ("stop", Usage(2**63 - 1, 0)))
+
+    @defer.inlineCallbacks
+    def settled(self, d):
+        """
+        The result of C{d} once it fired: within a second (for a provider
+        that is held open, no deadline firing on the real clock first).
+        """
+        for _ in range(20):
+            if d.called:
+                break
+            yield moment()
+        self.assertTrue(d.called, "still waiting")
+        return (yield d)
+
+    @defer.inlineCallbacks
+    def test_line_without_end_is_bounded(self):
+        """
+        A line that never ends is refused past the limit (as an SSE line
+        is), while the provider holds the connection open: a run ends
+        incomplete (provider_error 502 before start) and its connection is
+        closed; a pull fails.
+        """
+        self.patch(streams, "JSON_BODY_LIMIT", 1024)
+        script = Script(chunks=[line("Hel")], hold=True)
+        events = Events()
+        first = events.first("delta")
+        d = self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
+        yield first
+        script.write(b"y" * 600, b"y" * 600)
+        yield self.settled(d)
+        self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
+        self.assertEqual(events.events[-1].error.code, INCOMPLETE)
+        yield script.closed_early
+        events = Events()
+        script = Script(chunks=[b"{" * 2000], hold=True)
+        yield self.settled(self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events))
+        assert events.events[-1].error is not None
+        self.assertEqual((events.types(), events.events[-1].error.status), (["error"], 502))
+        pull = Script(chunks=[b'{"status": "pulling manifest"}\n', b"{" * 2000], hold=True)
+        d = self.adapter({"/api/pull": pull}).command("ollama_pull", {"model": "q"})
+        error = yield self.assertFailure(self.settled(d), ProviderError)
+        self.assertEqual(error.status, 502)
+        yield pull.closed_early
+
+    @defer.inlineCallbacks
+    def test_embed_answer_of_the_wrong_shape(self):
+        """
+        An /api/embed answer that is JSON but not an object with a list of
+        embeddings fails the tunnel as a broken answer (502), with nothing
+        relayed, rather than with a TypeError.
+        """
+        request = TunnelInput("t1", "POST", "/embeddings", body=b'{"model": "m", "input": "x"}')
+        for body in (b"[1]", b'{"embeddings": 5}', b'"x"'):
+            sink = TunnelRecorder()
+            adapter = self.adapter({"/api/embed": Script(chunks=[body])})
+            error = yield self.assertFailure(adapter.tunnel(request, sink), ProviderError)
+            self.assertEqual((error.status, sink.calls), (502, []), body)
+        sink = TunnelRecorder()
+        answer = b'{"embeddings": [[0.5]], "prompt_eval_count": -1}'
+        yield self.adapter({"/api/embed": Script(chunks=[answer])}).tunnel(request, sink)
+        self.assertEqual(json.loads(sink.bodies[0])["usage"], {"prompt_tokens": 0, "total_tokens": 0})
 
     @defer.inlineCallbacks
     def test_cancel(self):

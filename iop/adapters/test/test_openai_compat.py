@@ -5,18 +5,21 @@ loopback sockets.
 
 import gzip
 import json
+import zlib
 from typing import Any
 
 from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
+from twisted.web.http_headers import Headers
 from zope.interface.verify import verifyObject
 
+from iop.adapters import openai_compat
 from iop.adapters.interface import AdapterConfigError, IAdapter, RunInput, TunnelInput
-from iop.adapters.openai_compat import OpenAICompatAdapter
+from iop.adapters.openai_compat import OpenAICompatAdapter, TunnelObserver
 from iop.adapters.streams import ProviderError, ProviderUnreachable
 from iop.adapters.test.providers import Events, Script, chunk, closed_port, serve, sse
-from iop.run import RunFailure, Usage
+from iop.run import RunFailure, ToolCall, Usage
 from iop.testing.tunnels import TunnelRecorder
 
 SSE_HEADERS = [("Content-Type", "text/event-stream")]
@@ -239,6 +242,77 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertEqual(
             events.events[-1].error, RunFailure("incomplete", "the answer is incomplete: out of memory", 500)
         )
+
+    @defer.inlineCallbacks
+    def test_values_that_cannot_be_sent(self):
+        """
+        Only a string is a finish reason, and only an integer from 0 to
+        2**63 - 1 a token count (what the wire and the run store carry):
+        any other value is taken as not reported, never passed on; an
+        in-band error's code is its status only when it is an HTTP status.
+        """
+        usage = {
+            "prompt_tokens": -1,
+            "completion_tokens": 2**64,
+            "completion_tokens_details": {"reasoning_tokens": 2**63 - 1},
+            "prompt_tokens_details": {"cached_tokens": True},
+        }
+        calls = [{"index": [0], "id": 5, "function": {"name": "f", "arguments": "{}"}}, "not a call"]
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=sse(
+                chunk(content="hi"),
+                {"choices": [7, {"index": 0, "delta": {"tool_calls": calls}}]},
+                chunk(finish=1, usage=usage),
+            ),
+        )
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.types(), ["start", "delta", "tool_call", "complete"])
+        self.assertEqual(events.events[2].tool_call, ToolCall("call_0", "f", "{}"))
+        self.assertEqual((events.events[-1].finish_reason, events.events[-1].usage), (None, Usage(0, 0, 2**63 - 1)))
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="a"), {"error": {"message": "x", "code": 2**40}}))
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(events.events[-1].error, RunFailure("incomplete", "the answer is incomplete: x", 0))
+
+    @defer.inlineCallbacks
+    def test_lone_surrogates(self):
+        """
+        Text with a lone UTF-16 surrogate (legal JSON, "\\ud83d": half of
+        an emoji a server cut in two) cannot be sent as UTF-8: it gets
+        U+FFFD in its place, in text, reasoning, tool calls, the finish
+        reason and an error's message; a pair split between two pieces of
+        a tool call's arguments is the character again.
+        """
+        pieces = [
+            {"index": 0, "id": "c\ud83d", "function": {"name": "f\udc00", "arguments": '{"e": "\ud83d'}},
+            {"index": 0, "function": {"arguments": '\ude00"}'}},
+        ]
+        script = Script(
+            headers=SSE_HEADERS,
+            chunks=sse(
+                chunk(reasoning="a\ud83d"),
+                chunk(content="b\udc00c"),
+                *({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]} for piece in pieces),
+                chunk(finish="stop\ud83d"),
+            ),
+        )
+        self.assertIn(b"\\ud83d", b"".join(script.chunks))
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        self.assertEqual(
+            [(e.type, e.text) for e in events.events[:3]],
+            [("start", ""), ("reasoning_delta", "a\ufffd"), ("delta", "b\ufffdc")],
+        )
+        self.assertEqual(events.events[3].tool_call, ToolCall("c\ufffd", "f\ufffd", '{"e": "\U0001f600"}'))
+        self.assertEqual(events.events[-1].finish_reason, "stop\ufffd")
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="a"), {"error": {"message": "oom \ud83d"}}))
+        events = Events()
+        yield self.adapter(script).execute(run_input(), events)
+        error = events.events[-1].error
+        assert error is not None
+        self.assertEqual(error.message, "the answer is incomplete: oom \ufffd")
 
     @defer.inlineCallbacks
     def test_unreachable(self):
@@ -648,3 +722,53 @@ class ObserverTests(OpenAICompatTestCase):
                 self.assertEqual(b"".join(sink.bodies), data)
                 self.assertEqual(sink.of("usage"), [Usage(3, 50)], (size, crlf))
                 self.assertEqual(sink.of("metadata"), [{"model": "m", "finish_reason": "length"}], (size, crlf))
+
+
+class _Response:
+    """
+    Just enough of an C{IResponse} for a L{TunnelObserver}.
+    """
+
+    code = 200
+
+    def __init__(self, **headers: str) -> None:
+        self.headers = Headers({k.replace("_", "-").encode(): [v.encode()] for k, v in headers.items()})
+
+
+class ObserverLimitTests(TestCase):
+    def test_event_without_end_is_not_held(self):
+        """
+        A gzip event stream (relayed as it comes) whose text has no blank
+        line: past the limit the observer gives up and holds nothing more,
+        however much follows; what it saw before is still reported.
+        """
+        self.patch(openai_compat, "JSON_BODY_LIMIT", 1024)
+        sink = TunnelRecorder()
+        response = _Response(content_type="text/event-stream", content_encoding="gzip")
+        observer = TunnelObserver(sink, response)  # type: ignore[arg-type]
+        deflate = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        first = b'data: {"model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\n'
+        observer.feed(deflate.compress(first) + deflate.flush(zlib.Z_SYNC_FLUSH))
+        for _ in range(4):
+            observer.feed(deflate.compress(b"data: " + b"x" * 500) + deflate.flush(zlib.Z_SYNC_FLUSH))
+        self.assertTrue(observer.broken)
+        self.assertEqual(observer.tail, b"")
+        for _ in range(4):
+            observer.feed(deflate.compress(b"y" * 4096) + deflate.flush(zlib.Z_SYNC_FLUSH))
+        self.assertEqual(observer.tail, b"")
+        observer.finish()
+        self.assertEqual((sink.of("usage"), sink.of("metadata")), ([Usage(1, 2)], [{"model": "m"}]))
+
+    def test_chunks_of_the_wrong_shape(self):
+        """
+        What the observer cannot read says nothing and fails nothing:
+        choices that are not a list, a finish reason that is not a string,
+        token counts out of range.
+        """
+        sink = TunnelRecorder()
+        observer = TunnelObserver(sink, _Response(content_type="text/event-stream"))  # type: ignore[arg-type]
+        observer.chunk({"model": "m", "choices": 5})
+        observer.chunk({"model": 7, "choices": [7, {"finish_reason": 1}, {"finish_reason": ["stop"]}]})
+        observer.chunk({"choices": "stop", "usage": {"prompt_tokens": -1, "completion_tokens": 2**64}})
+        observer.finish()
+        self.assertEqual((sink.of("usage"), sink.of("metadata")), ([Usage(0, 0)], [{"model": "m"}]))

@@ -10,6 +10,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 
 from iop.adapters.relay import EARLY_COMMENTS_LIMIT, TunnelBody
 from iop.adapters.streams import ProviderError, Reading
+from iop.run import INCOMPLETE, RunFailure
 from iop.testing.tunnels import TunnelRecorder
 
 
@@ -50,6 +51,37 @@ class EventCheckTests(SynchronousTestCase):
             self.assertEqual(relay.feed(stream), Reading.FINISHED)
             relay.finish()
             self.assertEqual(b"".join(sink.bodies), stream)
+
+    def test_error_event_ends_failed(self) -> None:
+        """
+        An error object is relayed, and what follows it, but the end fails
+        with its message and status (incomplete: it reached the caller),
+        whether the events come in one piece or one by one.
+        """
+        stream = b'data: {"choices": []}\n\ndata: {"error": {"message": "oom", "code": 503}}\n\ndata: [DONE]\n\n'
+        for pieces in ([stream], [event + b"\n\n" for event in stream.split(b"\n\n")[:-1]]):
+            relay, sink = body()
+            for piece in pieces:
+                relay.feed(piece)
+            error = self.assertRaises(ProviderError, relay.finish)
+            self.assertEqual((error.message, error.status), ("oom", 503))
+            self.assertEqual(
+                relay.failed(error).failure(), RunFailure(INCOMPLETE, "the answer is incomplete: oom", 503)
+            )
+            self.assertEqual(b"".join(sink.bodies), stream)
+
+    def test_values_of_the_wrong_type_say_nothing(self) -> None:
+        """
+        Events that are JSON of a shape the relay does not expect (a type
+        that is not a string, choices that are not a list, a finish reason
+        that is not a string) are relayed and do not say the stream is
+        finished.
+        """
+        for data in (b'{"type": ["x"]}', b'{"choices": 5}', b'{"choices": [{"finish_reason": 1}]}', b'{"type": {}}'):
+            relay, sink = body()
+            self.assertEqual(relay.feed(b"data: " + data + b"\n\n"), Reading.ANSWERING, data)
+            self.assertRaises(ProviderError, relay.finish)  # (it never said it finished)
+            self.assertEqual(b"".join(sink.bodies), b"data: " + data + b"\n\n")
 
     def test_comments_wait_for_the_answer(self) -> None:
         """
@@ -111,13 +143,20 @@ class TellingEventsTests(SynchronousTestCase):
     they are in the run, and nothing else.
     """
 
-    def feed(self, *pieces: bytes) -> ObserverRecorder:
+    def feed(self, *pieces: bytes, error: str | None = None) -> ObserverRecorder:
+        """
+        Relay C{pieces}; the end fails with C{error} (an error event's
+        message) when given.
+        """
         observer = ObserverRecorder()
         sink = TunnelRecorder()
         relay = TunnelBody(sink, Response(), observer, False, Clock())  # type: ignore[arg-type]
         for piece in pieces:
             relay.feed(piece)
-        relay.finish()
+        if error is None:
+            relay.finish()
+        else:
+            self.assertEqual(self.assertRaises(ProviderError, relay.finish).message, error)
         self.assertEqual(b"".join(sink.bodies), b"".join(pieces))
         return observer
 
@@ -140,7 +179,7 @@ class TellingEventsTests(SynchronousTestCase):
         self.assertEqual([c["n"] for c in observer.chunks], [0, 2, 4])
         one_by_one = self.feed(*(event + b"\n\n" for event in run.split(b"\n\n")[:-1]))
         self.assertEqual(one_by_one.chunks, observer.chunks)
-        later = self.feed(delta(0), delta(1) + b'data: {"n": 2, "error": {"message": "x"}}\n\n')
+        later = self.feed(delta(0), delta(1) + b'data: {"n": 2, "error": {"message": "x"}}\n\n', error="x")
         self.assertEqual([c["n"] for c in later.chunks], [0, 2])
 
     def test_comment_before_the_first_event(self) -> None:

@@ -16,10 +16,22 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from iop.adapters import streams
 from iop.adapters.interface import AdapterConfigError
-from iop.adapters.streams import HTTPAdapter, NDJSONParser, RunOutput, SSEParser, error_message, read_body
+from iop.adapters.streams import (
+    MAX_COUNT,
+    HTTPAdapter,
+    NDJSONParser,
+    ProviderError,
+    RunOutput,
+    SSEParser,
+    error_message,
+    read_body,
+    reported_count,
+    stream_error,
+)
 from iop.httpheaders import relay_headers
-from iop.run import COMPLETE, DELTA, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall
+from iop.run import COMPLETE, DELTA, REASONING_DELTA, START, TOOL_CALL, RunEventData, ToolCall, clean_text
 from iop.turns import EndOfTurn
 
 
@@ -63,6 +75,21 @@ class SSEParserTests(SynchronousTestCase):
         """
         self.assertEqual(feed_bytewise(SSEParser(), "data: h\u00e9llo \u4e16\n\n".encode()), ["h\u00e9llo \u4e16"])
 
+    def test_one_event_is_bounded(self):
+        """
+        The data lines of one event, without the blank line that ends it,
+        are refused past the limit (a broken answer, 502), as one line is:
+        a broken stream cannot grow the parser without bound.
+        """
+        self.patch(streams, "JSON_BODY_LIMIT", 1024)
+        parser = SSEParser()
+        line = b"data: " + b"x" * 100 + b"\n"
+        self.assertEqual(parser.feed(line * 9), [])
+        self.assertEqual(parser.feed(b"\n" + line * 9 + b"\n"), ["\n".join(["x" * 100] * 9)] * 2)
+        error = self.assertRaises(ProviderError, parser.feed, line * 11)
+        self.assertEqual(error.status, 502)
+        self.assertRaises(ProviderError, SSEParser().feed, b"data: " + b"x" * 1100)
+
 
 class NDJSONParserTests(SynchronousTestCase):
     def test_bytewise(self):
@@ -89,6 +116,63 @@ class NDJSONParserTests(SynchronousTestCase):
         self.assertEqual(NDJSONParser().feed(body), [{"a": 1}, [2], "three", {"b": "\u00e9"}])
         for bad in (b'{"a": 1}\n1, 2\n', b'{"a": 1}\n]\n', b'{"a": 1}\n{nope\n'):
             self.assertRaises(ValueError, NDJSONParser().feed, bad)
+
+    def test_line_is_bounded(self):
+        """
+        A line that does not end is refused past the limit (a broken
+        answer, 502, not a ValueError), however it comes in pieces.
+        """
+        self.patch(streams, "JSON_BODY_LIMIT", 1024)
+        parser = NDJSONParser()
+        self.assertEqual(parser.feed(b'{"a": "' + b"x" * 1000), [])
+        self.assertEqual(parser.feed(b'"}\n{"b": '), [{"a": "x" * 1000}])
+        error = self.assertRaises(ProviderError, lambda: [parser.feed(b"1" * 100) for _ in range(11)])
+        self.assertEqual(error.status, 502)
+        self.assertRaises(ProviderError, NDJSONParser().feed, b"x" * 1025 + b"\r")
+
+
+class ProviderValueTests(SynchronousTestCase):
+    """
+    What a provider's JSON may hold that the wire cannot carry.
+    """
+
+    def test_clean_text(self):
+        """
+        Text with a lone UTF-16 surrogate (legal JSON, not encodable as
+        UTF-8) gets U+FFFD in its place, a pair of them the character they
+        make; other text is the same object.
+        """
+        for text, clean in (
+            ("\ud83d", "\ufffd"),
+            ("a\ude00b", "a\ufffdb"),
+            ("\ud83d\ude00", "\U0001f600"),
+            ("\ud83d\ud83d\ude00 \u00e9", "\ufffd\U0001f600 \u00e9"),
+        ):
+            self.assertEqual(clean_text(text), clean)
+            clean_text(text).encode("utf-8")
+        for text in ("", "plain", "h\u00e9llo \u4e16 \U0001f600"):
+            self.assertIs(clean_text(text), text)
+
+    def test_reported_count(self):
+        """
+        A count is an integer from 0 to 2**63 - 1 (what can be sent and
+        stored); anything else was not reported as one.
+        """
+        for value in (0, 7, MAX_COUNT):
+            self.assertEqual(reported_count(value), value)
+        for other in (-1, MAX_COUNT + 1, 2**64, True, 1.0, "3", None, [1]):
+            self.assertIsNone(reported_count(other), other)
+
+    def test_stream_error(self):
+        """
+        An in-band error object's code is its status only when it is an
+        HTTP status; its message, like every provider error's, is cleaned.
+        """
+        self.assertEqual(stream_error({"message": "oom", "code": 500}).failure().status, 500)
+        for code in (2**40, -1, 42, True, "server_error", None):
+            self.assertEqual(stream_error({"message": "oom", "code": code}).failure().status, 0, code)
+        self.assertEqual(stream_error("bad \ud83d").message, "bad \ufffd")
+        self.assertEqual(ProviderError("x\udc00").incomplete().message, "the answer is incomplete: x\ufffd")
 
 
 class RunOutputTests(SynchronousTestCase):

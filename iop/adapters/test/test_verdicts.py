@@ -58,3 +58,12 @@ class ContextLengthTests(SynchronousTestCase):
         """
         for body in (b'{"error": {"message": "invalid temperature"}}', b"bad request", b"[]"):
             self.assertFalse(says_context_length(body), body)
+
+    def test_wrong_shape(self):
+        """
+        A code or type of any JSON value (unhashable too) says nothing, and
+        fails nothing: the error is read for its message.
+        """
+        for body in (b'{"error": {"code": [1], "message": "x"}}', b'{"error": {"type": {}, "message": "x"}}'):
+            self.assertFalse(says_context_length(body), body)
+        self.assertTrue(says_context_length(b'{"error": {"code": {}, "message": "maximum context length"}}'))
