@@ -124,17 +124,6 @@ class Intake:
         spec.timing.submitted = self.clock.seconds()
         config = self._config()
         tenant = spec.tenant or Tenant(spec.caller or ANONYMOUS)
-        if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting and not self.pool.make_room(
-            tenant.name
-        ):
-            return defer.fail(
-                ServiceError(
-                    "unavailable",
-                    "the Edge is overloaded: too much work is waiting",
-                    code="overloaded",
-                    retry_after=self.pool.retry_after(spec.model),
-                )
-            )
         if spec.background and not spec.runs:
             return defer.fail(
                 ServiceError("invalid", "only chat completions can run in the background", code="invalid_background")
@@ -144,11 +133,27 @@ class Intake:
             spec.token_estimate(config.limits.token_estimate),
             spec.priority,
             on_queued,
+            unreported=spec.token_estimate(config.limits.token_estimate, capped=True),
         )
         try:
             self.budgets.reserve(ticket)
         except ServiceError as e:
             return defer.fail(e)
+        # The bound on waiting work comes after every refusal of the
+        # request itself: a place another key gives up must go to a
+        # request that takes it.
+        if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting and not self.pool.make_room(
+            tenant.name
+        ):
+            ticket.settle(0)
+            return defer.fail(
+                ServiceError(
+                    "unavailable",
+                    "the Edge is overloaded: too much work is waiting",
+                    code="overloaded",
+                    retry_after=self.pool.retry_after(spec.model),
+                )
+            )
         record = None
         if spec.background:
             spec.tunnel = None

@@ -132,17 +132,23 @@ class RunSpec:
         """
         return self.tunnel is not None and adapter_type in self.tunnel.types
 
-    def token_estimate(self, answer_tokens: int) -> int:
+    def token_estimate(self, answer_tokens: int, capped: bool = False) -> int:
         """
         The tokens this request is expected to cost, for fair share and
         budgets: its input by length, plus its own cap on the answer
         (C{max_tokens} and kin) or else C{answer_tokens}; embeddings have
         no answer tokens.
+
+        @param capped: count the answer at most C{answer_tokens} (what an
+            answer that reported no usage is charged: a caller's
+            C{max_tokens} is its word, not what it used).
         """
         body = self.tunnel.body if self.tunnel is not None else self.options
         cap = next((body[name] for name in _MAX_TOKEN_FIELDS if isinstance(body.get(name), int)), None)
         if cap is None:
             cap = 0 if self.tunnel is not None and self.tunnel.path == "/embeddings" else answer_tokens
+        if capped:
+            cap = min(cap, answer_tokens)
         return -(-self.input_chars() // CHARS_PER_TOKEN) + max(cap, 0)
 
     def input_chars(self) -> int:

@@ -91,9 +91,14 @@ class Ticket:
         cost: int,
         priority: int | None = None,
         on_queued: Callable[[int, int], None] | None = None,
+        unreported: int | None = None,
     ) -> None:
         self.tenant = tenant
         self.cost = cost
+        #: What the work costs if it ends reporting no usage (see
+        #: L{settle_usage}): C{cost}, unless the caller's cap on the answer
+        #: is counted for less.
+        self.unreported = cost if unreported is None else min(cost, unreported)
         self.priority = tenant.priority if priority is None else priority
         self.on_queued = on_queued
         self.work_id: str | None = None
@@ -126,14 +131,15 @@ class Ticket:
         """
         Settle with what the work's C{usage} report says it cost. Work that
         was granted a slot and ended C{complete} or C{cancelled} (its
-        caller left) with no report at all costs its estimate instead: a
+        caller left) with no report at all costs L{unreported} instead
+        (its input, and its answer at most C{limits.token_estimate}): a
         tunnelled stream whose caller did not ask for usage, or a caller
         who hangs up before the usage chunk, would otherwise spend nothing
         of a budget or a fair share. A failed answer with no report costs
         nothing (the provider failed, not the caller).
         """
         if not usage and self.charged and status in (COMPLETE, CANCELLED):
-            self.settle(self.cost)
+            self.settle(self.unreported)
         else:
             self.settle(usage_tokens(usage))
 

@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.admission import ADMIT_PER_TURN
 from iop.edge.errors import ServiceError
 from iop.edge.spec import RunSpec
+from iop.edge.tenants import Tenant, Ticket
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 
 BURST = 3 * ADMIT_PER_TURN + 5
@@ -103,5 +104,30 @@ class AdmissionTests(SynchronousTestCase):
         failure = self.failureResultOf(waiting[1], ServiceError)
         self.assertEqual(failure.value.code, "queue_full")
         for d in (waiting[0], newcomer):
+            d.cancel()
+            self.failureResultOf(d)
+
+    def test_no_place_given_up_for_a_refused_request(self):
+        """
+        A newcomer refused for itself (over its key's budget, a background
+        run that cannot be one) takes no other key's place.
+        """
+        data = roomy(max_waiting=2)
+        data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
+        edge = EdgeHarness(data)
+        edge.register()
+        self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
+        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        thrifty = spec(3)
+        thrifty.tenant = Tenant("light", tokens_per_minute=100)
+        edge.service.budgets.reserve(Ticket(thrifty.tenant, 100))  # the budget is all held
+        failure = self.failureResultOf(edge.service.submit(thrifty, Recorder().for_run), ServiceError)
+        self.assertEqual(failure.value.code, "token_budget_exceeded")
+        background = spec(4)
+        background.caller, background.background, background.runs = "light", True, False
+        failure = self.failureResultOf(edge.service.submit(background, Recorder().for_run), ServiceError)
+        self.assertEqual(failure.value.code, "invalid_background")
+        for d in waiting:
+            self.assertNoResult(d)
             d.cancel()
             self.failureResultOf(d)

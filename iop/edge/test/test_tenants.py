@@ -388,6 +388,15 @@ class BudgetTests(SynchronousTestCase):
         self.assertEqual(spent(None, CANCELLED, granted=False), 0)
         self.assertEqual(spent({"input_tokens": 3, "output_tokens": 4}, COMPLETE), 7)
         self.assertEqual(spent({"input_tokens": 0, "output_tokens": 0}, COMPLETE), 0)
+        # A caller's cap on the answer (max_tokens 10**18) is its word:
+        # unreported, it costs what is left when the answer is counted at
+        # most limits.token_estimate.
+        roomy = Tenant("roomy", tokens_per_minute=100_000)
+        capped = Ticket(roomy, 10**18, unreported=150)
+        budgets.reserve(capped)
+        capped.charged = True
+        capped.settle_usage(None, COMPLETE)
+        self.assertEqual(budgets.remaining("roomy"), {"minute": 100_000 - 150})
 
     def test_settle_once(self):
         """
