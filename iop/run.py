@@ -121,6 +121,7 @@ def joinable(event: RunEventData) -> bool:
     """
     return (
         event.type in (DELTA, REASONING_DELTA)
+        and isinstance(event.text, str)
         and bool(event.text)
         and event.usage is None
         and event.error is None

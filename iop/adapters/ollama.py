@@ -114,8 +114,9 @@ class ChatLines(Lines):
     C{reasoning_delta} (C{message.thinking}), C{delta}
     (C{message.content}) and C{tool_call} (C{message.tool_calls}); the
     C{done} line gives the usage and, from C{done_reason}, OpenAI's
-    finish reason (C{tool_calls} when the model called tools). Text is
-    cleaned of lone surrogates (L{clean_text}); a line of the wrong shape
+    finish reason (C{tool_calls} when the model called tools). Tool
+    calls are cleaned of lone surrogates (L{clean_text}; the Node cleans
+    text deltas once joined); a line of the wrong shape
     (a C{message} that is not an object) is a broken answer.
     """
 
@@ -141,7 +142,8 @@ class ChatLines(Lines):
         for key, kind in (("thinking", REASONING_DELTA), ("content", DELTA)):
             text = message.get(key)
             if isinstance(text, str) and text:
-                self.emit(RunEventData(kind, text=clean_text(text)))
+                # (Cleaned by the Node once a turn's text is joined.)
+                self.emit(RunEventData(kind, text=text))
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list):
             raise broken_answer("provider sent a line whose tool_calls is not a list")

@@ -171,8 +171,9 @@ class ChatResponse:
 class ChatEvents:
     """
     Decoder for L{HTTPAdapter.stream_run}: chunks to C{delta} and
-    C{reasoning_delta} events; remembers the last usage reported. Text is
-    cleaned of lone surrogates (L{clean_text}); a chunk of the wrong shape
+    C{reasoning_delta} events; remembers the last usage reported. Tool calls
+    and finish reasons are cleaned of lone surrogates (L{clean_text}; the
+    Node cleans text deltas once joined); a chunk of the wrong shape
     (C{choices} not a list, a C{delta} not an object) is a broken answer.
 
     @ivar began: whether a piece of a tool call came: the answer began,
@@ -241,10 +242,12 @@ class ChatEvents:
             # vLLM and DeepSeek say reasoning_content; newer servers say reasoning.
             reasoning = part.get("reasoning_content") or part.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
-                self.emit(RunEventData(REASONING_DELTA, text=clean_text(reasoning)))
+                # (Text is cleaned by the Node once a turn's is joined, so
+                # that a character cut between two chunks comes out whole.)
+                self.emit(RunEventData(REASONING_DELTA, text=reasoning))
             content = part.get("content")
             if isinstance(content, str) and content:
-                self.emit(RunEventData(DELTA, text=clean_text(content)))
+                self.emit(RunEventData(DELTA, text=content))
             calls = part.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _wrong_shape("tool_calls", "a list")

@@ -153,11 +153,30 @@ def encoded(run_id: str, seq: int, event: RunEventData, first_byte_ms: float = 0
     @raise Exception: what the encoding raises for an event that cannot be
         encoded even so (C{TypeError}, C{ValueError}).
     """
+    _texts_are_text(event)
     try:
         return event_to_wire(run_id, seq, event, first_byte_ms), event
     except UnicodeEncodeError:
         event = _cleaned(event)
         return event_to_wire(run_id, seq, event, first_byte_ms), event
+
+
+def _texts_are_text(event: RunEventData) -> None:
+    """
+    @raise TypeError: a text of C{event} is not a C{str} (protobuf would
+        take C{bytes} for one, which the store's JSON and the Edge cannot).
+    """
+    call, error = event.tool_call, event.error
+    texts = [event.text]
+    if event.finish_reason is not None:
+        texts.append(event.finish_reason)
+    if call is not None:
+        texts += [call.id, call.name, call.arguments]
+    if error is not None:
+        texts += [error.code, error.message]
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"a {event.type} event holds {type(text).__name__} where text goes")
 
 
 def _encodable(usage: Usage) -> bool:

@@ -145,8 +145,9 @@ class OllamaTests(TestCase):
         """
         A done_reason of any JSON value (unhashable too) gives a finish
         reason that is a string; a token count that is not an integer from
-        0 to 2**63 - 1 is not reported (0); a lone surrogate in text
-        (legal JSON, not UTF-8) becomes U+FFFD.
+        0 to 2**63 - 1 is not reported (0); a lone surrogate (legal JSON,
+        not UTF-8) becomes U+FFFD in a tool call, and is left in text
+        deltas for the Node to clean once a turn's text is joined.
         """
         call = {"function": {"name": "f\ud83d", "arguments": '{"a": "\ude00"}'}}
         body = (
@@ -157,7 +158,7 @@ class OllamaTests(TestCase):
         events = Events()
         yield self.adapter({"/api/chat": Script(chunks=[body])}).execute(RunInput("r1", target="m"), events)
         self.assertEqual(events.types(), ["start", "reasoning_delta", "delta", "tool_call", "complete"])
-        self.assertEqual((events.text("reasoning_delta"), events.text()), ("hm\ufffd", "Hel\ufffd"))
+        self.assertEqual((events.text("reasoning_delta"), events.text()), ("hm\udc00", "Hel\ud83d"))
         tool_call = events.events[3].tool_call
         assert tool_call is not None
         self.assertEqual((tool_call.name, tool_call.arguments), ("f\ufffd", '{"a": "\ufffd"}'))

@@ -281,9 +281,11 @@ class ExecuteTests(OpenAICompatTestCase):
         """
         Text with a lone UTF-16 surrogate (legal JSON, "\\ud83d": half of
         an emoji a server cut in two) cannot be sent as UTF-8: it gets
-        U+FFFD in its place, in text, reasoning, tool calls, the finish
-        reason and an error's message; a pair split between two pieces of
-        a tool call's arguments is the character again.
+        U+FFFD in its place in tool calls, the finish reason and an error's
+        message; a pair split between two pieces of a tool call's arguments
+        is the character again. Text deltas keep it, for the Node to clean
+        once a turn's text is joined (where a pair cut between two chunks
+        comes out whole).
         """
         pieces = [
             {"index": 0, "id": "c\ud83d", "function": {"name": "f\udc00", "arguments": '{"e": "\ud83d'}},
@@ -303,7 +305,7 @@ class ExecuteTests(OpenAICompatTestCase):
         yield self.adapter(script).execute(run_input(), events)
         self.assertEqual(
             [(e.type, e.text) for e in events.events[:3]],
-            [("start", ""), ("reasoning_delta", "a\ufffd"), ("delta", "b\ufffdc")],
+            [("start", ""), ("reasoning_delta", "a\ud83d"), ("delta", "b\udc00c")],
         )
         self.assertEqual(events.events[3].tool_call, ToolCall("c\ufffd", "f\ufffd", '{"e": "\U0001f600"}'))
         self.assertEqual(events.events[-1].finish_reason, "stop\ufffd")

@@ -479,6 +479,29 @@ class UnsendableEventTests(SynchronousTestCase):
         self.assertEqual(len(got), 3)
         self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
 
+    def test_text_of_the_wrong_type(self):
+        """
+        A text that is not a C{str} (protobuf would take C{bytes} for one,
+        which the store's JSON cannot hold; an C{int} cannot be joined)
+        ends the run as unsendable, held with other text of its turn or
+        not: the wire and the store agree, seq after seq.
+        """
+        for run_id, text in (("r1", b"bytes"), ("r2", 5)):
+            emit, d = self.start(run_id)
+            emit(RunEventData(START))
+            emit._emit(RunEventData(DELTA, text="a"))
+            emit._emit(RunEventData(DELTA, text=cast(Any, text)))
+            self.clock.advance(0)
+            self.pump.flush()
+            got = self.assert_ended_unsendable(run_id, "delta")
+            self.assertEqual([(e.type, e.text) for e in got[:2]], [("start", ""), ("delta", "a")])
+        arguments: Any = b"{}"
+        emit, d = self.start("r3")
+        emit(RunEventData(TOOL_CALL, tool_call=ToolCall("c1", "f", arguments)))
+        self.pump.flush()
+        self.assert_ended_unsendable("r3", "tool_call")
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 3)
+
     def test_unsendable_before_execute_returns(self):
         """
         An adapter that emits such an event before its C{execute} even
