@@ -351,14 +351,22 @@ class RunHistory:
         """
         pages: list[dict[str, Any]] = []
 
-        def ask(after: int) -> "Deferred[Any]":
-            return self.commands.command(node_id, "run_get", "", {"run_id": run_id, "after": after})
+        def ask(after: int, output: bool) -> "Deferred[Any]":
+            args = {"run_id": run_id, "after": after}
+            if not output:
+                # The output is read back only from the start, and only
+                # once: the room goes to events.
+                args["output"] = False
+            return self.commands.command(node_id, "run_get", "", args)
 
         def page(answer: dict[str, Any]) -> "dict[str, Any] | Deferred[Any]":
             pages.append(answer)
             events = answer.get("events") or []
-            if answer.get("more_events") and events and len(pages) < RUN_GET_PAGES:
-                return ask(events[-1]["seq"]).addCallback(page)
+            with_output = "output" in (answer.get("run") or {})
+            # (A first answer the output filled gave no events: asked
+            # again without it. Nothing else can come back empty.)
+            if answer.get("more_events") and (events or with_output) and len(pages) < RUN_GET_PAGES:
+                return ask(events[-1]["seq"] if events else after, False).addCallback(page)
             first = dict(pages[0], events=[e for p in pages for e in p.get("events") or []])
             first.pop("more_events", None)
             if answer.get("more_events"):
@@ -373,4 +381,4 @@ class RunHistory:
                 raise ServiceError("not_found", f"no run {run_id}", code="run_not_found")
             return failure
 
-        return ask(after).addCallback(page).addCallbacks(lambda answer: (node_id, answer), older_node)
+        return ask(after, after == 0).addCallback(page).addCallbacks(lambda answer: (node_id, answer), older_node)

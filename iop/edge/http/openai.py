@@ -213,6 +213,9 @@ _KIND_BY_FAILURE = {
     # The caller's session: another run of it in progress, or another key's.
     "session_busy": "conflict",
     "session_owned": "conflict",
+    # The Node could not take the request as it is (a bad options JSON, a
+    # session id a tool would read as an option).
+    "invalid_request": "invalid",
 }
 
 

@@ -102,9 +102,11 @@ class PagedCommands(Commands):
     left out, and the output only while it fits.
     """
 
-    def __init__(self, stores, page):
+    def __init__(self, stores, page, output_fills=False):
         super().__init__(stores)
         self.page = page
+        #: Whether the output takes all of an answer that holds it.
+        self.output_fills = output_fills
         self.run_gets: list[int] = []
 
     def command(self, node_id, name, adapter, args):
@@ -115,9 +117,14 @@ class PagedCommands(Commands):
 
         def paged(answer):
             events = answer["events"]
+            run = dict(answer["run"])
+            if args.get("output", True) is False:
+                del run["output"]
+            elif self.output_fills:
+                return {"run": dict(run, output_truncated=True), "events": [], "more_events": True}
             if len(events) <= self.page:
-                return answer
-            run = dict(answer["run"], output="", output_truncated=True)
+                return dict(answer, run=run)
+            run = dict(run, output="", output_truncated=True) if "output" in run else run
             return {"run": run, "events": events[: self.page], "more_events": True}
 
         return d.addCallback(paged)
@@ -142,6 +149,21 @@ class PagedReadBackTests(HistoryTestCase):
         self.successResultOf(self.history.follow("r1", 0, reader.write, reader.end))
         self.assertEqual((reader.seqs, reader.ended), (seqs, 1))
         self.assertEqual(self.paged.run_gets, [0, 2, 4, 6])
+
+    def test_output_that_fills_an_answer(self):
+        """
+        A first answer the run's output filled (no room for one event) is
+        asked again without the output: the events still come, and pages
+        after the first never ask for the output again.
+        """
+        self.paged.output_fills = True
+        record = play(self.book, self.stores, [("n1", ["a ", "b ", "c "])])
+        seqs = [seq for seq, _ in record.log]
+        self.forget()
+        reader = Reader(0)
+        self.successResultOf(self.history.follow("r1", 0, reader.write, reader.end))
+        self.assertEqual(reader.seqs, seqs)
+        self.assertEqual(self.paged.run_gets[:2], [0, 0])
 
     def test_pages_bounded(self):
         """

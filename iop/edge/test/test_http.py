@@ -171,6 +171,12 @@ class SurfaceTests(SynchronousTestCase):
             status, _, body = self.result(d)
             self.assertEqual((status, json.loads(body)["error"]["code"]), (409, code))
         self.assertEqual(len(self.node.of("run_request")), 2)
+        # A request the Node could not take as it is: the caller's, 400.
+        d = self.post("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+        self.answer(("error", ""), error=messages.run_error(code="invalid_request", message="bad session id"))
+        status, _, body = self.result(d)
+        self.assertEqual((status, json.loads(body)["error"]["code"]), (400, "invalid_request"))
+        self.assertEqual(len(self.node.of("run_request")), 3)
 
     def test_capacity_exceeded_placed_again(self):
         """
