@@ -7,21 +7,30 @@ C{delta} events. The exit status decides the terminal: 0 is C{complete},
 anything else C{error} with the tail of stderr, because the end of stderr
 is where command-line tools say what went wrong.
 
-Stopping a process is always SIGTERM, then SIGKILL after C{grace_sec}:
-that gives agents a chance to save their state, and guarantees the
-process is gone even if it ignores SIGTERM.
+The command runs in a process group (and session) of its own, and a run
+is over only when that group is: stopping a run is always SIGTERM to the
+whole group, then SIGKILL after C{grace_sec}, which gives agents a chance
+to save their state and guarantees that the tool and everything it
+started are gone even if they ignore SIGTERM. A tool that exits while
+processes it started still hold its stdout or stderr (or still run) does
+not hold its run for ever: they get C{pipe_grace} seconds, then the group
+is killed and the pipes closed.
 
 With C{sessions: true}, runs that carry a C{session_id} get
 C{[session_arg, session_id]} appended to the command line, so that tools
 with their own conversation store (C{--session}, C{--resume}) continue the
 conversation; the adapter tracks those logical sessions so that one can
-be listed and terminated.
+be listed and terminated. A session id that starts with C{-} (it would be
+read as an option) or holds a control character fails its run with
+C{invalid_request} before anything is started.
 """
 
 import codecs
 import os
 import shutil
 import signal
+import sys
+import unicodedata
 from collections.abc import Mapping
 from typing import Any, cast, overload
 from typing import Protocol as Shape
@@ -42,6 +51,7 @@ from iop.run import (
     DELTA,
     ERROR,
     EXIT_STATUS,
+    INVALID_REQUEST,
     SESSION_BUSY,
     SESSION_TERMINATED,
     SPAWN_FAILED,
@@ -79,13 +89,72 @@ class _ProcessTransport(Shape):
 
     def closeStdin(self) -> None: ...
 
-    def signalProcess(self, signalID: str | int) -> None: ...
+    def closeChildFD(self, descriptor: int) -> None: ...
 
-    def loseConnection(self) -> None: ...
+    def signalProcess(self, signalID: str | int) -> None: ...
 
     def pauseProducing(self) -> None: ...
 
     def resumeProducing(self) -> None: ...
+
+
+#: What the command's process runs first (with the Node's own Python, in
+#: isolated mode, without C{site}: about 15 ms): it makes itself the leader
+#: of a new session, hence of a new process group (C{os.setsid}), then
+#: replaces itself by the command (C{os.execv}: same pid). Twisted's
+#: C{spawnProcess} cannot do that itself, and C{setsid(1)} is not on every
+#: system. Before the C{exec} it puts back what Python's start changed and
+#: the command must not inherit: C{SIGPIPE} and C{SIGXFSZ} ignored, and
+#: C{LC_CTYPE} (PEP 538's locale coercion sets it under the C locale;
+#: C{argv[1]} is C{"="} and its value as the command is to see it, or empty
+#: when it is unset). Should C{setsid} or C{exec} fail, it says why on file
+#: descriptor 3 and exits 127 (the run fails C{spawn_failed}); that
+#: descriptor is close-on-exec, so the command never sees it. C{argv[2]} is
+#: the program, the rest the command's argv.
+_LAUNCHER = """\
+import os, sys, _signal
+try:
+    os.set_inheritable(3, False)
+    os.setsid()
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+    if sys.argv[1]:
+        os.environ["LC_CTYPE"] = sys.argv[1][1:]
+    else:
+        os.environ.pop("LC_CTYPE", None)
+    os.execv(sys.argv[2], sys.argv[3:])
+except BaseException as e:
+    os.write(3, (str(e) or type(e).__name__).encode("utf-8", "backslashreplace"))
+    os._exit(127)
+"""
+#: The launcher's descriptor for a failure to start the command.
+_LAUNCH_FD = 3
+#: How often a run whose command has exited looks whether what it left in
+#: its process group is gone.
+_GROUP_POLL_SEC = 0.05
+
+
+def _launcher_argv(executable: str, argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """
+    The argument list that runs C{argv} (the program C{executable}) with
+    the environment C{env} through L{_LAUNCHER}.
+    """
+    lc_ctype = "=" + env["LC_CTYPE"] if "LC_CTYPE" in env else ""
+    return [sys.executable, "-I", "-S", "-X", "utf8", "-c", _LAUNCHER, lc_ctype, executable, *argv]
+
+
+def _session_id_problem(session_id: str) -> str | None:
+    """
+    Why C{session_id} cannot be put on a command line after C{session_arg},
+    or C{None} when it can: an id starting with C{-} would be read as an
+    option by a tool whose session flag takes an optional value, and a
+    control character (NUL included) has no place in an argument.
+    """
+    if session_id.startswith("-"):
+        return "it starts with '-'"
+    if any(unicodedata.category(c) == "Cc" for c in session_id):
+        return "it contains a control character"
+    return None
 
 
 @implementer(IPushProducer)
@@ -96,22 +165,47 @@ class _RunProcess(ProcessProtocol):
     caller is not taking the stream its pipes are not read, so the
     process blocks on a full pipe instead of the Node buffering its output.
 
+    The command leads its own process group (L{_LAUNCHER}), and the run
+    is over only once that group is gone or killed: signals go to the
+    whole group; once the command itself has exited, what it left gets
+    C{pipe_grace} seconds to close the pipes and go, then the group is
+    killed and the pipes closed. Only then do L{when_ended}'s waiters fire.
+
     @ivar outcome: why the adapter stopped it (C{cancelled}, C{timeout},
         C{terminated}, C{stopped}), or C{None}.
-    @ivar end: once the process is gone, why (C{ProcessDone} or
-        C{ProcessTerminated}), else C{None}.
+    @ivar end: once the run is over, why the command ended
+        (C{ProcessDone} or C{ProcessTerminated}), else C{None}.
+    @ivar launch_error: why the command could not be started, as the
+        launcher said it (empty: it was, or has not been yet).
     """
 
-    def __init__(self, emit: Emit, stdin: bytes) -> None:
+    log = Logger()
+
+    def __init__(self, emit: Emit, stdin: bytes, clock: IReactorTime, grace: float, pipe_grace: float) -> None:
         self.emit = emit
         self.stdin = stdin
+        self.clock = clock
+        self.grace = grace
+        self.pipe_grace = pipe_grace
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stderr = bytearray()
+        self.launch_error = bytearray()
         self.outcome: str | None = None
         self.end: BaseException | None = None
         self._waiters: list[defer.Deferred[BaseException]] = []
         self.pid: int | None = None
+        #: Whether the command itself has exited (and been reaped).
+        self._exited = False
+        #: Once the command has exited and every pipe is closed, why it ended.
+        self._closed: BaseException | None = None
+        #: Whether its group was seen empty after it exited (never signal
+        #: that id again: it could name another group by now), or killed.
+        self._group_gone = False
+        self._killed = False
+        self._paused = False
         self._kill_call: IDelayedCall | None = None
+        self._linger_call: IDelayedCall | None = None
+        self._poll_call: IDelayedCall | None = None
 
     @property
     def _process(self) -> _ProcessTransport:
@@ -127,15 +221,27 @@ class _RunProcess(ProcessProtocol):
         register_output(self.emit, self)
 
     def pauseProducing(self) -> None:
+        self._paused = True
         self._process.pauseProducing()
 
     def resumeProducing(self) -> None:
+        self._paused = False
         self._process.resumeProducing()
+        if self._linger_call is not None and self._linger_call.active():
+            # What the command wrote while the caller was not taking it
+            # gets the whole grace to be read.
+            self._linger_call.reset(self.pipe_grace)
 
     def stopProducing(self) -> None:
         # The run is stopped through its Deferred (SIGTERM, then SIGKILL);
         # here, only stop holding its output back.
-        self._process.resumeProducing()
+        self.resumeProducing()
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        if childFD == _LAUNCH_FD:
+            self.launch_error.extend(data)
+        else:
+            super().childDataReceived(childFD, data)
 
     def outReceived(self, data: bytes) -> None:
         self._delta(self.decoder.decode(data))
@@ -149,31 +255,88 @@ class _RunProcess(ProcessProtocol):
         if text and self.outcome is None:
             self.emit(RunEventData(DELTA, text=text))
 
-    def stop(self, outcome: str, reactor: IReactorTime, grace: float) -> None:
+    def stop(self, outcome: str) -> None:
         """
-        SIGTERM now, SIGKILL after C{grace} seconds if still alive. Only
-        the first request counts: a process is stopped once, for one reason.
+        SIGTERM to the process group now, SIGKILL after C{grace} seconds
+        if any of it is still there. Only the first request counts: a run
+        is stopped once, for one reason.
         """
-        if self.outcome is not None:
+        if self.outcome is not None or self.end is not None:
             return
         self.outcome = outcome
-        if self._signal("TERM"):
-            self._kill_call = reactor.callLater(grace, self._signal, "KILL")
+        self._signal(signal.SIGTERM)
+        self._kill_call = self.clock.callLater(self.grace, self._kill)
+        if self._exited:
+            # Only what the command left is still there; its output is
+            # not wanted any more.
+            self._close_pipes()
 
-    def _signal(self, name: str) -> bool:
+    def _signal(self, number: int) -> bool:
+        """
+        Send signal C{number} to the process group (0: only look whether
+        it has a member left).
+
+        @return: whether it reached a process.
+        """
+        if self._group_gone or self.pid is None:
+            return False
         try:
-            self._process.signalProcess(name)
-        except (ProcessExitedAlready, OSError):
+            os.killpg(self.pid, number)
+        except ProcessLookupError:
+            if self._exited:
+                self._group_gone = True
+                return False
+            # Alive but no group yet: the launcher has not made it.
+            try:
+                self._process.signalProcess(number)
+            except (ProcessExitedAlready, OSError):
+                return False
+        except OSError:
             return False
         return True
 
+    def _kill(self) -> None:
+        """
+        SIGKILL the process group and close the pipes: whatever holds them
+        now, the run does not wait for it any more.
+        """
+        self._signal(signal.SIGKILL)
+        self._killed = True
+        self._close_pipes()
+        self._check()
+
+    def _close_pipes(self) -> None:
+        for fd in (0, 1, 2, _LAUNCH_FD):
+            self._process.closeChildFD(fd)
+
     def processExited(self, reason: Failure) -> None:
-        if self._kill_call is not None and self._kill_call.active():
-            self._kill_call.cancel()
+        self._exited = True
         if self.outcome is not None:
             # Children of a stopped process may hold its pipes open; we
-            # are not waiting for their output.
-            self._process.loseConnection()
+            # are not waiting for their output. What is left of its group
+            # had the SIGTERM too, and the SIGKILL is still to come.
+            self._close_pipes()
+        else:
+            self._linger_call = self.clock.callLater(self.pipe_grace, self._lingered)
+
+    def _lingered(self) -> None:
+        """
+        The command exited C{pipe_grace} seconds ago and the run is still
+        not over: something it started holds the pipes or lives on.
+        """
+        self._linger_call = None
+        if self._closed is None and self._paused:
+            # Not leftovers, perhaps: the caller is not taking the output,
+            # so the end of the pipes has not been read. Look again later.
+            self._linger_call = self.clock.callLater(self.pipe_grace, self._lingered)
+            return
+        self.log.info(
+            "pid {pid} exited {grace} s ago leaving processes that {what}; killing its process group",
+            pid=self.pid,
+            grace=self.pipe_grace,
+            what="hold its output open" if self._closed is None else "still run",
+        )
+        self._kill()
 
     def processEnded(self, reason: Failure) -> None:
         self._delta(self.decoder.decode(b"", final=True))
@@ -181,16 +344,35 @@ class _RunProcess(ProcessProtocol):
         # Twisted ends a process with ProcessDone or ProcessTerminated.
         end = reason.value
         assert end is not None
-        self.end = end
+        self._closed = end
+        self._check()
+
+    def _check(self) -> None:
+        """
+        End the run if it is over: the command exited, its pipes are
+        closed and its process group is gone (or was killed); else, once
+        the rest is, look again soon.
+        """
+        if self.end is not None or self._closed is None:
+            return
+        if not self._killed and self._signal(0):
+            if self._poll_call is None or not self._poll_call.active():
+                self._poll_call = self.clock.callLater(_GROUP_POLL_SEC, self._check)
+            return
+        for call in (self._kill_call, self._linger_call, self._poll_call):
+            if call is not None and call.active():
+                call.cancel()
+        self.end = self._closed
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
-            waiter.callback(end)
+            waiter.callback(self.end)
 
     def when_ended(self) -> "defer.Deferred[BaseException]":
         """
-        A new Deferred firing with the end reason (C{ProcessDone} or
-        C{ProcessTerminated}) once the process is gone and its pipes are
-        closed; waiters fire in the order they asked.
+        A new Deferred firing with the command's end reason
+        (C{ProcessDone} or C{ProcessTerminated}) once the run is over: the
+        command gone, its pipes closed, its process group gone or killed.
+        Waiters fire in the order they asked.
         """
         if self.end is not None:
             return defer.succeed(self.end)
@@ -237,6 +419,10 @@ class CLIAdapter(AdapterBase):
 
     type = "cli"
     log = Logger()
+    #: How long the pipes of a run whose command exited may stay open (and
+    #: what it started may live on) before its process group is killed:
+    #: not an option, only tests change it.
+    pipe_grace = 2.0
 
     def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
@@ -305,7 +491,7 @@ class CLIAdapter(AdapterBase):
         """
         processes = list(self.running.values())
         for process in processes:
-            process.stop("stopped", self.reactor, self.grace)
+            process.stop("stopped")
         return defer.DeferredList([p.when_ended() for p in processes]).addCallback(lambda _: None)
 
     def _argv(self, run: RunInput) -> list[str]:
@@ -320,10 +506,15 @@ class CLIAdapter(AdapterBase):
 
         @return: a Deferred firing after the terminal event. Cancelling it
             fails it with C{CancelledError} at once and stops the process
-            (SIGTERM, then SIGKILL after C{grace_sec}).
+            group (SIGTERM, then SIGKILL after C{grace_sec}).
         """
         session = None
         if self.sessions_enabled and run.session_id:
+            problem = _session_id_problem(run.session_id)
+            if problem is not None:
+                message = f"session id {run.session_id!r} refused: {problem} (it goes after {self.session_arg})"
+                emit(_error(INVALID_REQUEST, message))
+                return defer.succeed(None)
             session = self.sessions.get(run.session_id)
             if session is not None and session.process is not None:
                 emit(_error(SESSION_BUSY, f"session {run.session_id} already has a run in progress"))
@@ -334,10 +525,24 @@ class CLIAdapter(AdapterBase):
         if executable is None:
             emit(_error(SPAWN_FAILED, f"command not found: {argv[0]}"))
             return defer.succeed(None)
-        process = _RunProcess(emit, _text(run.last_user_text()).encode("utf-8"))
+        if any("\0" in text for text in (*argv, *env, *env.values())):
+            # The launcher (on Twisted's fork path) would only exit 1 with a traceback.
+            emit(_error(SPAWN_FAILED, f"cannot start {argv[0]}: a NUL in its arguments or environment"))
+            return defer.succeed(None)
+        process = _RunProcess(
+            emit, _text(run.last_user_text()).encode("utf-8"), self.reactor, self.grace, self.pipe_grace
+        )
         try:
-            self.reactor.spawnProcess(process, executable, argv, env=env, path=self.cwd)
-        except OSError as e:
+            self.reactor.spawnProcess(
+                process,
+                sys.executable,
+                _launcher_argv(executable, argv, env),
+                env=env,
+                path=self.cwd,
+                childFDs={0: "w", 1: "r", 2: "r", _LAUNCH_FD: "r"},
+            )
+        except (OSError, ValueError) as e:
+            # ValueError: an argument or variable that cannot be encoded.
             emit(_error(SPAWN_FAILED, f"cannot start {argv[0]}: {e}"))
             return defer.succeed(None)
         self.log.debug(
@@ -352,10 +557,10 @@ class CLIAdapter(AdapterBase):
             session.process = process
         emit(RunEventData(START))
 
-        result: defer.Deferred[None] = defer.Deferred(lambda d: process.stop("cancelled", self.reactor, self.grace))
+        result: defer.Deferred[None] = defer.Deferred(lambda d: process.stop("cancelled"))
         timer = None
         if self.timeout:
-            timer = self.reactor.callLater(self.timeout, process.stop, "timeout", self.reactor, self.grace)
+            timer = self.reactor.callLater(self.timeout, process.stop, "timeout")
 
         def ended(reason: BaseException) -> None:
             if timer is not None and timer.active():
@@ -377,6 +582,9 @@ class CLIAdapter(AdapterBase):
             return _error(SESSION_TERMINATED, "the run's session was terminated")
         if process.outcome == "stopped":
             return _error(ADAPTER_STOPPED, f"adapter {self.name} was stopped")
+        if process.launch_error:
+            message = bytes(process.launch_error).decode("utf-8", "replace")
+            return _error(SPAWN_FAILED, f"cannot start {self.argv[0]}: {message}")
         code: int | None = getattr(end, "exitCode", None)
         sig: int | None = getattr(end, "signal", None)
         if code == 0:
@@ -404,7 +612,7 @@ class CLIAdapter(AdapterBase):
         if session.process is None:
             return defer.succeed({"terminated": True})
         process = session.process
-        process.stop("terminated", self.reactor, self.grace)
+        process.stop("terminated")
         return process.when_ended().addCallback(lambda _: {"terminated": True})
 
     def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "defer.Deferred[Any]":

@@ -4,10 +4,12 @@ Tests for L{iop.adapters.cli} with real child processes (C{sys.executable
 output streams, their exit status is read, and a cancelled one is gone.
 """
 
+import errno
 import os
+import signal
 import sys
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 from twisted.internet.process import Process
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
@@ -27,6 +29,22 @@ STUBBORN = (
 )
 
 
+# Starts a child (a sleeping Python; it inherits stdout and stderr unless
+# the Popen keyword arguments in {} say otherwise), prints its pid, then
+# hangs or exits 0.
+LEAVES = (
+    "import subprocess, sys, time; "
+    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], {}); "
+    "sys.stdout.write(f'{{p.pid}}\\n'); sys.stdout.flush(); {}"
+)
+SPAWNS_AND_HANGS = LEAVES.format("", "time.sleep(600)")
+SPAWNS_AND_EXITS = LEAVES.format("", "pass")
+# Its child holds none of its pipes.
+SPAWNS_QUIET_AND_EXITS = LEAVES.format("stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL", "pass")
+# Its child leaves the process group (a session of its own) with stdout.
+SPAWNS_ESCAPED_AND_EXITS = LEAVES.format("start_new_session=True", "pass")
+
+
 def python(code, **options):
     return dict(options, command=[sys.executable, "-c", code])
 
@@ -40,6 +58,54 @@ def assert_gone(testcase, pid):
     The process no longer exists (it was reaped, so not even a zombie).
     """
     testcase.assertRaises(ProcessLookupError, os.kill, pid, 0)
+
+
+def _state(pid):
+    """
+    The state letter of process C{pid} (C{Z} for a zombie), C{None} once
+    it is gone.
+    """
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return None
+
+
+@defer.inlineCallbacks
+def assert_dies(testcase, pid, seconds=2):
+    """
+    The process (not ours to reap) is gone or a zombie (dead, but not yet
+    reaped by init, which may take its time) within C{seconds}: a SIGKILL
+    takes effect soon after it is sent, not at once.
+    """
+    deadline = reactor.seconds() + seconds
+    while _state(pid) not in (None, "Z") and reactor.seconds() < deadline:
+        yield task.deferLater(reactor, 0.02, lambda: None)
+    testcase.assertIn(_state(pid), (None, "Z"), f"pid {pid} is still running")
+
+
+def kill_at_cleanup(testcase, pid):
+    """
+    SIGKILL C{pid} when the test ends, should it still be there.
+    """
+
+    def kill():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    testcase.addCleanup(kill)
+
+
+def within(d, seconds=5):
+    """
+    C{d}, failed with C{TimeoutError} (and cancelled) unless it fires
+    within C{seconds}: a run that never ends fails its test quickly.
+    """
+    return d.addTimeout(seconds, reactor)
 
 
 @defer.inlineCallbacks
@@ -217,6 +283,204 @@ class RunTests(CLITestCase):
         yield d
         self.assertEqual(events.events[-1].error.code, "adapter_stopped")
 
+    @defer.inlineCallbacks
+    def test_nul_in_environment(self):
+        """
+        A command that cannot be started because its environment holds a
+        NUL fails its run with spawn_failed (not an exception).
+        """
+        events = Events()
+        yield self.adapter(**python(UPPER, env={"IOP_X": "a\0b"})).execute(run_input(), events)
+        self.assertEqual(events.types(), ["error"])
+        assert events.events[0].error is not None
+        self.assertEqual(events.events[0].error.code, "spawn_failed")
+
+    @defer.inlineCallbacks
+    def test_exec_failure(self):
+        """
+        A program that is found but cannot be run (here a script without
+        a #! line) fails its run with spawn_failed saying why, also with a
+        cwd (where Twisted forks rather than posix_spawn()s).
+        """
+        cwd = self.mktemp()
+        os.mkdir(cwd)
+        with open(os.path.join(cwd, "tool"), "w") as f:
+            f.write("echo hi\n")
+        os.chmod(os.path.join(cwd, "tool"), 0o755)
+        events = Events()
+        yield self.adapter(command=["./tool"], cwd=cwd).execute(run_input(), events)
+        error = events.events[-1].error
+        assert error is not None
+        self.assertEqual(error.code, "spawn_failed")
+        self.assertIn(f"[Errno {errno.ENOEXEC}]", error.message)
+
+
+class ProcessGroupTests(CLITestCase):
+    """
+    The command leads a process group of its own, which is signalled as a
+    whole; its run is over only once that group is gone or killed.
+    """
+
+    def leaving_adapter(self, code, **options):
+        adapter = self.adapter(**python(code, **dict({"grace_sec": 0.2}, **options)))
+        adapter.pipe_grace = 0.2
+        return adapter
+
+    @defer.inlineCallbacks
+    def leaving(self, adapter, run=None):
+        """
+        Start a run of a command that prints the pid of the child it left.
+
+        @return: a Deferred firing with C{(execute Deferred, events,
+            process, child pid)}.
+        """
+        d, events, process = yield running(adapter, run or run_input())
+        child = int(events.text().split()[0])
+        kill_at_cleanup(self, child)
+        return d, events, process, child
+
+    @defer.inlineCallbacks
+    def test_own_group(self):
+        """
+        The command is the leader of its own session and process group.
+        """
+        code = "import os; print(os.getpgid(0) == os.getpid(), os.getsid(0) == os.getpid())"
+        events = Events()
+        yield self.leaving_adapter(code).execute(run_input(), events)
+        self.assertEqual(events.text(), "True True\n")
+
+    @defer.inlineCallbacks
+    def test_cancel_kills_the_group(self):
+        """
+        Cancelling a run ends what its command started too, and the run is
+        over (its process and session released) only once it is gone.
+        """
+        adapter = self.leaving_adapter(SPAWNS_AND_HANGS)
+        d, events, process, child = yield self.leaving(adapter)
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        yield within(process.when_ended())
+        yield assert_dies(self, child)
+        self.assertEqual(adapter.running, {})
+
+    @defer.inlineCallbacks
+    def test_timeout_kills_the_group(self):
+        """
+        A timeout ends the whole process group before the terminal.
+        """
+        adapter = self.leaving_adapter(SPAWNS_AND_HANGS, timeout_sec=0.3)
+        d, events, process, child = yield self.leaving(adapter)
+        yield within(d)
+        yield assert_dies(self, child)
+        self.assertEqual(events.events[-1].error.code, "timeout")
+
+    @defer.inlineCallbacks
+    def test_stop_kills_the_group(self):
+        """
+        Stopping the adapter fires once every run's process group is gone.
+        """
+        adapter = self.leaving_adapter(SPAWNS_AND_HANGS)
+        d, events, process, child = yield self.leaving(adapter)
+        yield within(adapter.stop())
+        yield assert_dies(self, child)
+        yield d
+        self.assertEqual(events.events[-1].error.code, "adapter_stopped")
+
+    @defer.inlineCallbacks
+    def test_session_busy_until_the_group_is_gone(self):
+        """
+        A cancelled run whose command is gone keeps its session busy while
+        a child that ignores SIGTERM lives on, until the SIGKILL after
+        grace_sec ends it.
+        """
+        child_code = (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)"
+        )
+        code = LEAVES.format("", "time.sleep(600)").replace("'import time; time.sleep(60)'", repr(child_code))
+        adapter = self.leaving_adapter(code, sessions=True, grace_sec=1)
+        d, events, process, child = yield self.leaving(adapter, run_input(session_id="s1"))
+        while "ready\n" not in events.text():
+            yield within(events.first("delta"))
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        while _state(process.pid) is not None:  # the command itself goes at once
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.assertNotIn(_state(child), (None, "Z"))
+        again = Events()
+        yield within(adapter.execute(run_input(session_id="s1", run_id="r2"), again), 1)
+        error = again.events[-1].error
+        assert error is not None
+        self.assertEqual(error.code, "session_busy")
+        yield within(process.when_ended())
+        yield assert_dies(self, child)
+        self.assertEqual(adapter.running, {})
+
+    @defer.inlineCallbacks
+    def test_exit_with_child_holding_stdout(self):
+        """
+        A command that exits 0 leaving a child with its stdout completes
+        once the pipes' grace is over: the child is killed, the session is
+        free again.
+        """
+        adapter = self.leaving_adapter(SPAWNS_AND_EXITS, sessions=True)
+        d, events, process, child = yield self.leaving(adapter, run_input(session_id="s1"))
+        yield within(d)
+        self.assertEqual(events.types(), ["start", "delta", "complete"])
+        yield assert_dies(self, child)
+        [listed] = yield adapter.command("session_list", {})
+        self.assertFalse(listed["running"])
+        again = Events()
+        yield within(adapter.execute(run_input(session_id="s1", run_id="r2"), again))
+        self.assertEqual(again.types()[-1], "complete")
+
+    @defer.inlineCallbacks
+    def test_exit_with_quiet_child(self):
+        """
+        A child left running without the command's pipes is killed before
+        the run ends.
+        """
+        adapter = self.leaving_adapter(SPAWNS_QUIET_AND_EXITS)
+        d, events, process, child = yield self.leaving(adapter)
+        yield within(d)
+        self.assertEqual(events.types()[-1], "complete")
+        yield assert_dies(self, child)
+
+    @defer.inlineCallbacks
+    def test_exit_with_escaped_child(self):
+        """
+        A child that left the process group is out of reach, but the run
+        still ends: its pipes are closed after the grace.
+        """
+        adapter = self.leaving_adapter(SPAWNS_ESCAPED_AND_EXITS)
+        d, events, process, child = yield self.leaving(adapter)
+        yield within(d)
+        self.assertEqual(events.types(), ["start", "delta", "complete"])
+        self.assertEqual(adapter.running, {})
+
+    @defer.inlineCallbacks
+    def test_paused_output_is_not_cut(self):
+        """
+        While the caller is not taking the stream, the pipes' grace waits:
+        what the command wrote before it exited all arrives once resumed,
+        then the child holding stdout is killed and the run completes.
+        """
+        code = LEAVES.format("", "time.sleep(0.1); print('x' * 30000)")
+        adapter = self.leaving_adapter(code)
+        events = PausingEvents()
+        d = adapter.execute(run_input(), events)
+        first = yield events.first("delta")
+        child = int(first.text)
+        kill_at_cleanup(self, child)
+        process = adapter.running["r1"]
+        yield task.deferLater(reactor, 2.5 * adapter.pipe_grace, lambda: None)
+        self.assertNoResult(d)
+        process.resumeProducing()
+        yield within(d)
+        self.assertEqual(events.text(), f"{child}\n" + "x" * 30000 + "\n")
+        self.assertEqual(events.types()[-1], "complete")
+        yield assert_dies(self, child)
+
 
 class SessionTests(CLITestCase):
     def test_capabilities(self):
@@ -242,6 +506,41 @@ class SessionTests(CLITestCase):
         self.assertEqual(events.text(), "--resume s1\n--resume s1\n")
         [listed] = yield adapter.command("session_list", {})
         self.assertEqual((listed["session_id"], listed["runs"], listed["running"]), ("s1", 2, False))
+
+    @defer.inlineCallbacks
+    def test_session_id_not_an_option(self):
+        """
+        A session id that starts with '-' (a tool whose session flag takes
+        an optional value would read it as an option) fails its run with
+        invalid_request before the command is started; a '-' further in
+        is fine.
+        """
+        code = "import sys; print(sys.argv[1:])"
+        adapter = self.adapter(**python(code, sessions=True, session_arg="--resume"))
+        for session_id in ("--dangerously-skip-permissions", "-x"):
+            events = Events()
+            yield adapter.execute(run_input(session_id=session_id), events)
+            self.assertEqual(events.types(), ["error"])
+            assert events.events[0].error is not None
+            self.assertEqual(events.events[0].error.code, "invalid_request")
+        self.assertEqual((yield adapter.command("session_list", {})), [])
+        events = Events()
+        yield adapter.execute(run_input(session_id="a-b"), events)
+        self.assertEqual(events.text(), "['--resume', 'a-b']\n")
+
+    @defer.inlineCallbacks
+    def test_session_id_control_characters(self):
+        """
+        A session id holding a control character (NUL included) fails its
+        run with invalid_request: neither an exception nor a started tool.
+        """
+        adapter = self.adapter(**python("print('ran')", sessions=True))
+        for session_id in ("a\0b", "a\nb", "\x1b[2J", "a\x7f", "a\x85"):
+            events = Events()
+            yield adapter.execute(run_input(session_id=session_id), events)
+            self.assertEqual(events.types(), ["error"], session_id)
+            assert events.events[0].error is not None
+            self.assertEqual(events.events[0].error.code, "invalid_request")
 
     @defer.inlineCallbacks
     def test_terminate(self):
