@@ -187,6 +187,8 @@ class ChatEvents:
         self.began = False
         self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
         self.framing = ChatResponse.for_response(self.chunk, response)
+        #: Whether a chunk with C{choices} came (a whole answer must have them).
+        self._choices = False
 
     @property
     def finished(self) -> bool:
@@ -212,6 +214,11 @@ class ChatEvents:
         whole, in index order. @return: the usage reported, if any.
         """
         self.framing.finish()
+        if self.framing.sse is None and not self._choices:
+            # A 200 whose JSON is no chat completion ({}, null, a
+            # framework's {"detail": ...}) is the provider's failure, not
+            # an empty answer.
+            raise broken_answer("provider answered with JSON that is not a chat completion (no choices)")
         for index in sorted(self.calls):
             call = self.calls[index]
             # (Cleaned once joined: a character may be split between pieces.)
@@ -232,6 +239,7 @@ class ChatEvents:
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
             raise _wrong_shape("choices", "a list")
+        self._choices = self._choices or "choices" in chunk
         for choice in choices:
             # A run is one stream of text: other choices (n > 1) are dropped.
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:

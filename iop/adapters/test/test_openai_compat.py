@@ -328,6 +328,24 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertEqual(events.events[0].error.code, "provider_unreachable")
 
     @defer.inlineCallbacks
+    def test_json_that_is_no_completion(self):
+        """
+        A 200 whose one JSON document is no chat completion (no
+        C{choices}: an empty object, null, a framework's C{detail}) is a
+        broken answer (502, which the Edge may place elsewhere), not an
+        empty completion.
+        """
+        for body in (b"{}", b"null", b'{"detail": "Not Found"}', b"[]"):
+            script = Script(headers=[("Content-Type", "application/json")], chunks=[body])
+            events = Events()
+            yield self.adapter(script).execute(run_input(), events)
+            self.assertEqual(events.types(), ["error"], body)
+            error = events.events[0].error
+            assert error is not None
+            self.assertEqual((error.code, error.status), ("provider_error", 502))
+            self.assertIn("not a chat completion", error.message)
+
+    @defer.inlineCallbacks
     def test_non_streamed_answer(self):
         """
         A server that ignores stream=true and answers one JSON completion
