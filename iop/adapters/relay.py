@@ -447,8 +447,8 @@ class TunnelBody:
         """
         if self.observer is not None:
             self.observer.chunk(chunk)
-        error = chunk.get("error")
-        if error and self.error is None:
+        error = _in_band_error(chunk)
+        if error is not None and self.error is None:
             self.error = stream_error(error)
         if _says_finished(chunk):
             self.finished = True
@@ -482,6 +482,26 @@ def _failure_json(error: ProviderError) -> dict[str, Any]:
     if error.retry_after_sec:
         failure["retry_after_sec"] = error.retry_after_sec
     return failure
+
+
+def _in_band_error(chunk: dict[str, Any]) -> object | None:
+    """
+    The error a parsed event says the answer ended with, or C{None}: an
+    C{error} object (chat completions, vLLM), the Responses API's C{error}
+    event (its message and code at the top) or its C{response.failed}
+    (the error under C{response}).
+    """
+    error = chunk.get("error")
+    if error:
+        return error
+    kind = chunk.get("type")
+    if kind == "error":
+        return {"message": chunk.get("message") or "the provider sent an error event", "code": chunk.get("code")}
+    if kind == "response.failed":
+        response = chunk.get("response")
+        failed = response.get("error") if isinstance(response, dict) else None
+        return failed or {"message": "the provider's response failed"}
+    return None
 
 
 def _says_finished(chunk: dict[str, Any]) -> bool:

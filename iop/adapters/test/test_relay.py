@@ -70,6 +70,29 @@ class EventCheckTests(SynchronousTestCase):
             )
             self.assertEqual(b"".join(sink.bodies), stream)
 
+    def test_responses_api_failures_end_failed(self) -> None:
+        """
+        The Responses API says it failed without an C{error} object at the
+        top: its C{error} event (message and code at the top) and its
+        C{response.failed} (the error under C{response}) end the tunnel
+        failed too, their bytes relayed; C{response.completed} does not.
+        """
+        for event, message in (
+            (b'{"type": "error", "code": "server_error", "message": "overloaded"}', "overloaded"),
+            (b'{"type": "response.failed", "response": {"error": {"message": "oom"}}}', "oom"),
+            (b'{"type": "response.failed", "response": {}}', "the provider's response failed"),
+        ):
+            stream = b'data: {"type": "response.created"}\n\ndata: ' + event + b"\n\n"
+            relay, sink = body()
+            relay.feed(stream)
+            error = self.assertRaises(ProviderError, relay.finish)
+            self.assertEqual(error.message, message)
+            self.assertEqual(relay.failed(error).failure().code, INCOMPLETE)
+            self.assertEqual(b"".join(sink.bodies), stream)
+        relay, sink = body()
+        relay.feed(b'data: {"type": "response.completed", "response": {"error": null}}\n\n')
+        relay.finish()
+
     def test_values_of_the_wrong_type_say_nothing(self) -> None:
         """
         Events that are JSON of a shape the relay does not expect (a type
