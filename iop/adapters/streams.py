@@ -891,7 +891,11 @@ class HTTPAdapter(AdapterBase):
         def parse(response: IResponse) -> Any:
             if not 200 <= response.code < 300:
                 raise status_error(response, bytes(body), self.clock)
-            return jsontext.loads(bytes(body)) if body.strip() else None
+            try:
+                return jsontext.loads(bytes(body)) if body.strip() else None
+            except ValueError:
+                # The provider's answer, not ours to fail on: a broken one.
+                raise broken_answer(f"provider answered with a body that is not JSON ({len(body)} bytes)") from None
 
         return d.addCallback(parse).addErrback(as_provider_error)
 

@@ -215,12 +215,12 @@ class OllamaTests(TestCase):
     @defer.inlineCallbacks
     def test_embed_answer_of_the_wrong_shape(self):
         """
-        An /api/embed answer that is JSON but not an object with a list of
-        embeddings fails the tunnel as a broken answer (502), with nothing
-        relayed, rather than with a TypeError.
+        An /api/embed answer that is not JSON, or JSON but not an object
+        with a list of embeddings, fails the tunnel as a broken answer
+        (502), with nothing relayed, rather than with a TypeError.
         """
         request = TunnelInput("t1", "POST", "/embeddings", body=b'{"model": "m", "input": "x"}')
-        for body in (b"[1]", b'{"embeddings": 5}', b'"x"'):
+        for body in (b"[1]", b'{"embeddings": 5}', b'"x"', b"<html>oops</html>"):
             sink = TunnelRecorder()
             adapter = self.adapter({"/api/embed": Script(chunks=[body])})
             error = yield self.assertFailure(adapter.tunnel(request, sink), ProviderError)
