@@ -215,12 +215,18 @@ class OllamaTests(TestCase):
     @defer.inlineCallbacks
     def test_embed_answer_of_the_wrong_shape(self):
         """
-        An /api/embed answer that is not JSON, or JSON but not an object
-        with a list of embeddings, fails the tunnel as a broken answer
-        (502), with nothing relayed, rather than with a TypeError.
+        An /api/embed answer that is JSON but not an object with a list of
+        embeddings fails the tunnel as a broken answer (502), with nothing
+        relayed, rather than with a TypeError; one that is not JSON is
+        answered 502 as a failed answer of Ollama is (not an adapter
+        error).
         """
         request = TunnelInput("t1", "POST", "/embeddings", body=b'{"model": "m", "input": "x"}')
-        for body in (b"[1]", b'{"embeddings": 5}', b'"x"', b"<html>oops</html>"):
+        sink = TunnelRecorder()
+        yield self.adapter({"/api/embed": Script(chunks=[b"<html>oops</html>"])}).tunnel(request, sink)
+        self.assertEqual(sink.calls[0], ("status", 502))
+        self.assertIn("not JSON", json.loads(sink.bodies[0])["error"]["message"])
+        for body in (b"[1]", b'{"embeddings": 5}', b'"x"'):
             sink = TunnelRecorder()
             adapter = self.adapter({"/api/embed": Script(chunks=[body])})
             error = yield self.assertFailure(adapter.tunnel(request, sink), ProviderError)
