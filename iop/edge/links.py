@@ -81,6 +81,11 @@ class NodeLinks:
         self.inflight = inflight
         self.bus = bus
         self.cluster = cluster
+        #: node id -> the payload it last applied, and the one it last
+        #: refused (if it refused the latest): a Node that registers again
+        #: is sent what it runs rather than what it could not build.
+        self._applied: dict[str, messages.NodeConfigPayload] = {}
+        self._refusals: dict[str, tuple[messages.NodeConfigPayload, str]] = {}
 
     # -- registration and readiness
 
@@ -137,6 +142,15 @@ class NodeLinks:
         # Cannot fail: edge.yaml was validated at load (adapter options are
         # JSON), so CONFIG_BUILD_FAILED is never sent by this Edge.
         payload = self.config_payload(link.node_id)
+        refused = self._refusals.get(link.node_id)
+        if refused is not None and refused[0] == payload and link.node_id in self._applied:
+            # It could not build this configuration: it registers with what
+            # it ran, and a reload (SIGHUP) pushes this one again.
+            payload = self._applied[link.node_id]
+            link.refresh = {"state": "refused", "reason": refused[1]}
+        else:
+            self._applied[link.node_id] = payload
+        link.payload = payload
         link.adapters = _adapters(payload)
         self.bus.node_event(link.node_id, lifecycle.REGISTERED, generation=link.generation)
         self.log.info(
@@ -218,6 +232,10 @@ class NodeLinks:
         leases = self.pool.node_ready(link.node_id, link.generation, [adopt for _, _, adopt in plan])
         for (run, dispatch, _), lease in zip(plan, leases, strict=True):
             self._take_back(link, run, dispatch, lease)
+        if link.payload is not None and link.payload != self.config_payload(link.node_id):
+            # A reload came while it was getting ready (or it registered
+            # with what it ran before refusing the configuration).
+            self._push_refresh(link)
         for wire_id in self.inflight.detached_on(link.node_id):
             # The node came back without it (it restarted): it is over.
             gone = self.inflight.take_detached(link.node_id, wire_id)
@@ -409,42 +427,73 @@ class NodeLinks:
         changed = changed_nodes(old, new)
         self.registry.nodes = list(new.nodes)
         for node_id in changed:
-            node = new.node(node_id)
-            assert node is not None  # (changed_nodes names nodes of the new config)
+            if self.registry.owner(node_id) is None:
+                # No Node to ask: it registers with this configuration.
+                self._update_capacity(node_id)
+        pushed = []
+        # Every ready Node that does not run its configuration: changed
+        # now, or one whose refresh was refused or unanswered before
+        # (another SIGHUP tries again).
+        for link in self.registry.ready_links():
+            if link.payload is not None and link.payload != self.config_payload(link.node_id):
+                if self._push_refresh(link):
+                    pushed.append(link.node_id)
+        return pushed
+
+    def _push_refresh(self, link: NodeLink) -> bool:
+        """
+        Send C{link} a C{ConfigRefresh} of its node's configuration; its
+        answer is recorded on the link (L{_refresh_answered}).
+
+        @return: whether it was sent.
+        """
+        payload = self.config_payload(link.node_id)
+        request_id = new_id("cfg")
+        answer = self.inflight.expect(link, request_id)
+        try:
+            link.wire.send(messages.config_refresh(payload, request_id))
+        except Exception as e:
+            self.inflight.unexpect(request_id)
+            self.log.warn("config refresh for {node} not sent: {error}", node=link.node_id, error=e)
+            return False
+        link.refresh = {"state": "pending"}
+        answer.addTimeout(REFRESH_TIMEOUT_SEC, self.inflight.clock)
+        answer.addBoth(self._refresh_answered, link, payload)
+        return True
+
+    def _update_capacity(self, node_id: str) -> None:
+        """
+        Size the resources of the adapters no provider names (direct work)
+        on C{node_id} as its configuration says.
+        """
+        node = self._config().node(node_id)
+        if node is not None:
             for resource in node.implicit_resources():
                 self.pool.update_capacity(resource)
-        pushed = []
-        for node_id in changed:
-            link = self.registry.ready_link(node_id)
-            if link is None:
-                continue
-            payload = self.config_payload(node_id)
-            request_id = new_id("cfg")
-            answer = self.inflight.expect(link, request_id)
-            try:
-                link.wire.send(messages.config_refresh(payload, request_id))
-            except Exception as e:
-                self.inflight.unexpect(request_id)
-                self.log.warn("config refresh for {node} not sent: {error}", node=node_id, error=e)
-                continue
-            link.refresh = {"state": "pending"}
-            answer.addTimeout(REFRESH_TIMEOUT_SEC, self.inflight.clock)
-            answer.addBoth(self._refresh_answered, link, payload)
-            pushed.append(node_id)
-        return pushed
 
     def _refresh_answered(
         self, outcome: messages.NodeCommandResponse | Failure, link: NodeLink, payload: messages.NodeConfigPayload
     ) -> None:
+        """
+        A Node answered a refresh, or did not in time. Only what it applied
+        changes what the Edge thinks it runs, and the capacity of its direct
+        work: a refused or unanswered refresh leaves both as they were.
+        """
         if isinstance(outcome, Failure):
             link.refresh = {"state": "unacknowledged", "reason": f"no answer within {REFRESH_TIMEOUT_SEC:g}s"}
             self.log.warn("node {node} did not acknowledge its config refresh", node=link.node_id)
         elif outcome.ok:
+            link.payload = payload
             link.adapters = _adapters(payload)
             link.refresh = {"state": "applied"}
+            self._applied[link.node_id] = payload
+            self._refusals.pop(link.node_id, None)
+            if payload == self.config_payload(link.node_id):
+                self._update_capacity(link.node_id)
             self.log.info("node {node} applied its config refresh", node=link.node_id)
         else:
             link.refresh = {"state": "refused", "reason": outcome.error}
+            self._refusals[link.node_id] = (payload, outcome.error)
             self.log.warn(
                 "node {node} refused its config refresh and keeps its previous adapters: {reason}",
                 node=link.node_id,

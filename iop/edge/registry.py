@@ -69,6 +69,9 @@ class NodeLink:
     @ivar refresh: the outcome of the last config refresh pushed on this
         connection (C{state}: pending, applied, refused or unacknowledged,
         and C{reason}), or C{None}.
+    @ivar payload: the C{NodeConfigPayload} the Node runs (sent with its
+        registration, or the last refresh it applied), which a reload
+        compares with the configuration's.
     """
 
     node_id: str
@@ -82,6 +85,7 @@ class NodeLink:
     adapters: list[dict[str, Any]] = field(default_factory=list)
     refresh: dict[str, str] | None = None
     reconcile: list[Message] | None = None
+    payload: Message | None = None
 
     log = Logger()
 

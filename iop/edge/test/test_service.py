@@ -517,21 +517,91 @@ class ReloadTests(SynchronousTestCase):
         node = self.edge.service.status()["nodes"][0]
         self.assertEqual(node["config_refresh"]["state"], "unacknowledged")
 
-    def test_added_adapter_is_a_resource_at_once(self):
+    def test_added_adapter_is_a_resource_once_applied(self):
         """
         An adapter added by a reload (no provider names it) gets its
-        implicit resource live on the connected node, so direct work on it
-        holds a lease right away.
+        implicit resource live on the connected node once the Node applied
+        the refresh, so direct work on it holds a lease right away.
         """
 
         def mutate(data):
             data["nodes"][0]["adapters"].append({"name": "extra", "type": "echo", "max_concurrency": 3})
 
         self.edge.service.reload(self.changed(mutate))
+        self.pump.flush()
+        (refresh,) = self.ready.of("config_refresh")
+        self.ready.connection.send(messages.command_result(refresh.request_id, '{"applied": ["extra"]}'))
+        self.pump.flush()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="extra", node="n1")
         self.successResultOf(self.edge.service.submit(spec, Recorder().for_run))
         (extra,) = [p for p in self.edge.service.status()["nodes"][0]["providers"] if p["id"] == "extra"]
         self.assertEqual((extra["in_use"]["normal"], extra["capacity"]["normal"], extra["implicit"]), (1, 3, True))
+
+    def test_pending_node_gets_the_reload_when_ready(self):
+        """
+        A node registered but not ready when the reload came (it got the
+        old adapters with its registration) is pushed the new ones when it
+        becomes ready.
+        """
+
+        def mutate(data):
+            for node in data["nodes"]:
+                node["adapters"][0].update(max_concurrency=7)
+
+        self.edge.service.reload(self.changed(mutate))
+        self.pending_pump.flush()
+        self.assertEqual(self.pending.of("config_refresh"), [])
+        self.pending.connection.send(messages.ready_request("n2"))
+        self.pending_pump.flush()
+        (refresh,) = self.pending.of("config_refresh")
+        self.assertEqual(refresh.config.adapters[0].max_concurrency, 7)
+
+    def test_refused_refresh_changes_nothing_and_is_tried_again(self):
+        """
+        A refresh the Node refused leaves its direct work as the Node runs
+        it (an added adapter gets no capacity); should the Node register
+        again, it is sent what it ran (not what it could not build: that
+        would stop it), and the configuration is pushed again once it is
+        ready; applied, the adapter is live.
+        """
+
+        def mutate(data):
+            data["nodes"][0]["adapters"].append({"name": "extra", "type": "echo", "max_concurrency": 3})
+
+        def extra():
+            providers = self.edge.service.status()["nodes"][0]["providers"]
+            return [p["capacity"]["normal"] for p in providers if p["id"] == "extra"]
+
+        self.edge.service.reload(self.changed(mutate))
+        self.pump.flush()
+        (refresh,) = self.ready.of("config_refresh")
+        self.ready.connection.send(messages.command_error(refresh.request_id, "refused", "no extra here"))
+        self.pump.flush()
+        self.assertIn(extra(), ([], [0]))
+        self.ready.connection.transport.loseConnection()
+        self.pump.flush()
+        again, pump, _ = self.edge.register(token="tok-1", ready=False)
+        self.assertEqual([a.name for a in again.of("register_response")[0].config.adapters], ["echo"])
+        again.connection.send(messages.ready_request("n1"))
+        pump.flush()
+        (retry,) = again.of("config_refresh")
+        self.assertEqual([a.name for a in retry.config.adapters], ["echo", "extra"])
+        again.connection.send(messages.command_result(retry.request_id, '{"applied": ["extra"]}'))
+        pump.flush()
+        self.assertEqual(extra(), [3])
+        self.assertEqual(self.edge.service.reload(self.changed(mutate)), [])
+
+    def test_sighup_again_retries_a_refused_refresh(self):
+        """
+        After a refused refresh, reloading the same configuration (the
+        operator fixed the Node) pushes it again.
+        """
+
+        def mutate(data):
+            data["nodes"][0]["adapters"][0].update(max_concurrency=7)
+
+        self.refresh(messages.command_error("", "refused", "adapter echo: no such thing"))
+        self.assertEqual(self.edge.service.reload(self.changed(mutate)), ["n1"])
 
     def test_unchanged_pushes_nothing(self):
         """
