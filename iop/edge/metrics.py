@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from twisted.internet.interfaces import IReactorTime
 
 from iop.edge.bus import EventBus
-from iop.edge.http.request import EdgeRequest
+from iop.edge.http.request import EdgeRequest, method_label
 from iop.edge.http.site import EdgeSite
 from iop.edge.inflight import Inflight
 from iop.edge.nodeport import NodePortFactory
@@ -226,7 +226,7 @@ class HTTPMetrics:
         """
         Called by the router for each request, before its resource.
         """
-        method = request.method.decode("ascii", "replace")
+        method = method_label(request)
         if route in TIMED_ROUTES:
             self._time_first_write(route, request, self.clock.seconds())
         request.notifyFinish().addBoth(lambda _: self._ended(route, method, request))

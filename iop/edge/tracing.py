@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from iop.config import Section, http_url_problem
+from iop.edge.http.request import method_label
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -107,7 +108,7 @@ class RequestTracing:
             if value is not None:
                 carrier[name] = value
         parent = self.propagator.extract(carrier)
-        method = request.method.decode("ascii", "replace")
+        method = method_label(request)
         span = self.tracer.start_span(
             f"{method} {route}",
             context=parent,

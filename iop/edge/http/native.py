@@ -519,7 +519,7 @@ class NodeCommands(JSONResource):
         args = mapping(body, "args")
         if anywhere.proxied_to_owner(self.service, request, node_id):
             return succeed(NOT_DONE_YET)
-        if body.get("stream"):
+        if boolean(body, "stream"):
             return self._stream(request, node_id, command, adapter, args)
         d = self.service.command(node_id, command, adapter, args)
         request.notifyFinish().addErrback(lambda _: d.cancel())

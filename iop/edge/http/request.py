@@ -94,3 +94,17 @@ class EdgeRequest(Request):
         now = self._clock().seconds()
         self.responseHeaders.addRawHeader(b"server-timing", server_timing(self.timing.parts(now)))
         self.gateway_seconds = self.timing.gateway_seconds(now)
+
+
+#: The methods named as themselves in metrics and spans; any other a
+#: stranger sends is C{_OTHER} (OpenTelemetry's word), so that it cannot
+#: make a new series of a metric.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(request: Request) -> str:
+    """
+    C{request}'s method as a metric label or span attribute.
+    """
+    method = request.method.decode("ascii", "replace")
+    return method if method in KNOWN_METHODS else "_OTHER"

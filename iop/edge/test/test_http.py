@@ -326,6 +326,16 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual([e.get("completed") for e in events[:2]], [1, 4])
         self.assertEqual((events[-1]["done"], events[-1]["result"]), (True, {"status": "success"}))
 
+    def test_command_stream_must_be_a_boolean(self):
+        """
+        C{"stream"} of a node command is a boolean: the string C{"false"}
+        is a 400, not a stream.
+        """
+        code, _, body = self.result(self.command({"command": "capabilities", "stream": "false"}))
+        self.assertEqual(code, 400)
+        self.assertIn("stream", json.loads(body)["error"]["message"])
+        self.assertEqual(self.node.of("node_command_request"), [])
+
     def test_terminate_unknown_session_is_404(self):
         """
         Terminating a session the adapter never knew answers

@@ -80,6 +80,20 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertIsNone(self.value("iop_edge_tokens_total", kind="reasoning", **labels))
         self.assertEqual(self.value("iop_edge_run_terminals_total", type="complete", kind="tunnel"), 1)
 
+    def test_methods_a_stranger_makes_up_are_one_label(self):
+        """
+        A method outside HTTP's usual ones (a stranger's C{X0}, C{X1}, ...)
+        is counted as C{_OTHER}: it cannot grow the metric by a series.
+        """
+        for i in range(5):
+            d = self.gateway.http.request(f"X{i}", "http://edge.invalid/v1/status")
+            self.gateway.flush()
+            self.successResultOf(self.gateway.read(d))
+        methods = {
+            dict(labels).get("method") for (name, labels) in self.samples() if name == "iop_edge_http_requests_total"
+        }
+        self.assertEqual(methods, {"_OTHER"})
+
     def test_errors_are_not_timed(self):
         """
         An error answer is counted with its status, and an unknown path
