@@ -16,7 +16,7 @@ from twisted.web.resource import Resource
 from iop.edge.http.common import RequireKey
 from iop.edge.http.root import Router, build_root
 from iop.edge.http.site import EdgeSite
-from iop.edge.metrics import build_metrics
+from iop.edge.metrics import HTTPMetrics, build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
 from iop.edge.tracing import build_tracing
@@ -51,22 +51,26 @@ def node_factory(edge: Edge, reactor: Any) -> NodePortFactory:
     return NodePortFactory(edge.links, lambda: edge.config, reactor)
 
 
-def metrics_resource(edge: Edge) -> Resource | None:
+def metrics_resource(edge: Edge) -> tuple[Resource, HTTPMetrics] | None:
     """
-    C{/metrics}, behind C{metrics_key} when one is configured; C{None} when
-    metrics are off.
+    C{/metrics}, behind C{metrics_key} when one is configured, and the
+    request metrics the HTTP site counts into (wherever C{/metrics} is
+    served); C{None} when metrics are off.
     """
     config = edge.config
     if not config.metrics:
         return None
-    resource = build_metrics(edge, edge.bus)
-    return resource if config.metrics_key is None else RequireKey(resource, config.metrics_key)
+    page = build_metrics(edge, edge.bus)
+    resource = page if config.metrics_key is None else RequireKey(page, config.metrics_key)
+    return resource, page.http
 
 
-def http_site(edge: Edge, reactor: Any, metrics: Resource | None = None) -> EdgeSite:
+def http_site(
+    edge: Edge, reactor: Any, metrics: Resource | None = None, requests: HTTPMetrics | None = None
+) -> EdgeSite:
     config = edge.config
     tracing = build_tracing(config.tracing) if config.tracing is not None else None
-    root = build_root(edge, config, reactor, metrics, tracing)
+    root = build_root(edge, config, reactor, metrics, tracing, requests.observe if requests is not None else None)
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
@@ -91,7 +95,8 @@ def add_listeners(
     unless C{listen.metrics} gives it its own).
     """
     config = edge.config
-    metrics = metrics_resource(edge)
+    built = metrics_resource(edge)
+    metrics, requests = built if built is not None else (None, None)
     metrics_listener = None
     if metrics is not None and config.listen_metrics is not None:
         metrics_site = EdgeSite(Router.only("/metrics", metrics), limits=config.limits, reactor=reactor)
@@ -105,7 +110,7 @@ def add_listeners(
         factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
     nodes = strports.service(with_backlog(config.listen_nodes), factory, reactor=reactor)
     nodes.setServiceParent(edge)
-    edge.site = http_site(edge, reactor, metrics)
+    edge.site = http_site(edge, reactor, metrics, requests)
     http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
     peer = None

@@ -119,14 +119,16 @@ def build_root(
     clock: IReactorTime,
     metrics_resource: Resource | None = None,
     tracing: RequestTracing | None = None,
+    count_request: Callable[[str, EdgeRequest], None] | None = None,
 ) -> Router:
     """
-    The caller API's routes; C{metrics_resource}'s request metrics and
-    C{tracing}'s spans, when given, observe every request.
+    The caller API's routes, C{/metrics} among them when
+    C{metrics_resource} is given; C{count_request} (the request metrics:
+    counted whether or not C{/metrics} is served here, or behind a key)
+    and C{tracing}'s spans, when given, observe every request.
     """
     keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
-    http_metrics = getattr(metrics_resource, "http", None)
-    observers = [o.observe for o in (http_metrics, tracing) if o is not None]
+    observers = [o for o in (count_request, tracing.observe if tracing is not None else None) if o is not None]
     router = Router(*observers)
     router.keys = keys
     router.route("/v1/chat/completions", ChatCompletions(service, keys, clock))

@@ -305,6 +305,8 @@ class KeyedHTTPTests(SynchronousTestCase):
         code, _, body = self.result(self.request("GET", "/metrics", "scrape"))
         self.assertEqual(code, 200)
         self.assertIn(b"iop_edge_node_connected", body)
+        # Behind its key, the page still has the requests counted.
+        self.assertIn(b'iop_edge_http_requests_total{code="401",method="GET",route="/metrics"}', body)
 
 
 class MetricsEndpointTests(SynchronousTestCase):
@@ -329,4 +331,8 @@ class MetricsEndpointTests(SynchronousTestCase):
         separate: Any = StubTreq(metrics_site.resource)
         d = separate.get(BASE + "/metrics")
         separate.flush()
-        self.assertEqual(self.successResultOf(d).code, 200)
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 200)
+        # The HTTP port's requests are counted there all the same.
+        body = self.successResultOf(response.content())
+        self.assertIn(b'iop_edge_http_requests_total{code="404",method="GET",route="unmatched"}', body)
