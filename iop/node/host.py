@@ -12,7 +12,6 @@ the host stays.
 import json
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -85,6 +84,9 @@ class AdapterHost:
         self.build = build
         self.metrics = metrics
         self._hosted: dict[str, Hosted] = {}
+        #: Retired instances still finishing their work, by name (their
+        #: work counts in the name's in-flight gauge with the current one's).
+        self._retiring: dict[str, list[Hosted]] = {}
         self._lock = defer.DeferredLock()
 
     def get(self, name: str) -> Hosted | None:
@@ -148,7 +150,18 @@ class AdapterHost:
         limit = adapter.capabilities().max_concurrency
         if self.metrics is None:
             return CapacityGate(limit)
-        return CapacityGate(limit, partial(self.metrics.in_flight, name))
+        return CapacityGate(limit, lambda _: self._report_in_flight(name))
+
+    def _report_in_flight(self, name: str) -> None:
+        """
+        The in-flight gauge of adapter C{name}: the work of its current
+        instance and of those retired but not yet idle (a rebuild's old and
+        new instances share the name).
+        """
+        assert self.metrics is not None  # (only gates with metrics report)
+        current = self._hosted.get(name)
+        hosted = [*self._retiring.get(name, []), *([current] if current is not None else [])]
+        self.metrics.in_flight(name, sum(h.gate.in_use for h in hosted))
 
     def _retire(self, hosted: Hosted) -> Deferred[None]:
         """
@@ -156,8 +169,17 @@ class AdapterHost:
         work is over; new work already goes to its replacement.
         """
         self.log.info("adapter {name} retired; stopping once idle", name=hosted.name)
+        retiring = self._retiring.setdefault(hosted.name, [])
+        retiring.append(hosted)
+
+        def idle(_: object) -> object:
+            retiring.remove(hosted)
+            if not retiring:
+                self._retiring.pop(hosted.name, None)
+            return hosted.adapter.stop()
+
         d = hosted.gate.when_idle()
-        d.addCallback(lambda _: hosted.adapter.stop())
+        d.addCallback(idle)
         d.addErrback(lambda f: self.log.failure("stopping adapter {name} failed", f, name=hosted.name))
         return d
 

@@ -7,6 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost, AdapterSetupError
+from iop.node.metrics import NodeMetrics
 from iop.testing.node import ManualAdapter, adapter_config, build, hosted, manual
 
 
@@ -30,6 +31,25 @@ class HostTests(SynchronousTestCase):
         self.assertEqual(adapter.stopped, 0)
         slot.release()
         self.assertEqual(adapter.stopped, 1)
+
+    def test_in_flight_gauge_across_a_rebuild(self):
+        """
+        While a rebuilt adapter's old instance finishes its work, the
+        adapter's in-flight gauge counts the work of both instances: the
+        old one going idle does not set it to 0 under the new one's.
+        """
+        metrics = NodeMetrics()
+        host = AdapterHost(Clock(), build, metrics)
+        self.successResultOf(host.apply([adapter_config("a")]))
+        old = hosted(host, "a").gate.acquire()
+        assert old is not None
+        self.successResultOf(host.apply([adapter_config("a", delay=1)]))  # other options: rebuilt
+        new = hosted(host, "a").gate
+        new.acquire()
+        new.acquire()
+        self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "a"}), 3)
+        old.release()
+        self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "a"}), 2)
 
     def test_all_or_nothing(self):
         """
