@@ -468,8 +468,7 @@ class NodeLinks:
         """
         node = self._config().node(node_id)
         if node is not None:
-            for resource in node.implicit_resources():
-                self.pool.update_capacity(resource)
+            self.pool.set_implicit(node_id, node.implicit_resources())
 
     def _refresh_answered(
         self, outcome: messages.NodeCommandResponse | Failure, link: NodeLink, payload: messages.NodeConfigPayload

@@ -73,7 +73,7 @@ an outage); use L{ProviderPool.group} to check first.
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any
 
@@ -155,6 +155,15 @@ class ProviderSpec:
 
     def capacity(self, klass: str) -> int:
         return self.capacity_normal if klass == NORMAL else self.capacity_long
+
+
+def _retired(resource: "_Resource") -> bool:
+    """
+    Whether C{resource} is that of an adapter a reload removed, idle now
+    (L{ProviderPool.set_implicit}): not shown any more.
+    """
+    spec = resource.spec
+    return spec.implicit and not (spec.capacity_normal or spec.capacity_long or resource.leases)
 
 
 @dataclass(frozen=True)
@@ -638,6 +647,8 @@ class ProviderPool:
         providers: list[dict[str, Any]] = []
         for resource in self._resources.values():
             spec = resource.spec
+            if _retired(resource):
+                continue
             live = resource.live
             providers.append(
                 {
@@ -1242,6 +1253,24 @@ class ProviderPool:
         resource.spec = spec
         resource.changed()
         self._pump()
+
+    def set_implicit(self, node_id: str, specs: Iterable[ProviderSpec]) -> None:
+        """
+        The resources of C{node_id}'s adapters that no provider names are
+        C{specs} now (L{update_capacity} each); one of an adapter removed
+        is left with no capacity — its leases held return as they end, no
+        new one is granted, and its waiters, without a candidate now, fail
+        at once — and is no longer shown once idle.
+        """
+        wanted = {spec.key: spec for spec in specs}
+        for spec in wanted.values():
+            self.update_capacity(spec)
+        for resource in list(self._by_node.get(node_id, ())):
+            spec = resource.spec
+            if spec.implicit and spec.key not in wanted and (spec.capacity_normal or spec.capacity_long):
+                resource.spec = replace(spec, capacity_normal=0, capacity_long=0)
+                resource.changed()
+                self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
 
     # -- Node lifecycle (told by the Edge service)
 

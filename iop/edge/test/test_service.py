@@ -537,6 +537,43 @@ class ReloadTests(SynchronousTestCase):
         (extra,) = [p for p in self.edge.service.status()["nodes"][0]["providers"] if p["id"] == "extra"]
         self.assertEqual((extra["in_use"]["normal"], extra["capacity"]["normal"], extra["implicit"]), (1, 3, True))
 
+    def test_removed_adapter_retired_once_applied(self):
+        """
+        An adapter a reload removes (no provider named it) takes no new
+        work once the Node applied the refresh: its waiter fails at once,
+        its running work keeps its lease, and it leaves the status when
+        that work ends.
+        """
+
+        def with_extra(data):
+            data["nodes"][0]["adapters"].append({"name": "extra", "type": "echo", "max_concurrency": 1})
+
+        edge = EdgeHarness(copy.deepcopy(EDGE_YAML))
+        edge.service.reload(self.changed(with_extra))
+        node, pump, _ = edge.register(token="tok-1")
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], adapter="extra", node="n1")
+        running = edge.service.submit(spec, Recorder().for_run)
+        self.successResultOf(running)
+        waiting = edge.service.submit(
+            RunSpec(messages=[{"role": "user", "content": "y"}], adapter="extra", node="n1"), Recorder().for_run
+        )
+        self.assertNoResult(waiting)
+        edge.service.reload(edge_config())
+        pump.flush()
+        (refresh,) = node.of("config_refresh")
+        node.connection.send(messages.command_result(refresh.request_id, '{"applied": []}'))
+        pump.flush()
+        self.failureResultOf(waiting)
+
+        def extra():
+            return [p for p in edge.service.status()["nodes"][0]["providers"] if p["id"] == "extra"]
+
+        self.assertEqual([p["in_use"]["normal"] for p in extra()], [1])
+        (request,) = [r for r in node.of("run_request") if r.adapter == "extra"]
+        node.connection.send(messages.run_event(run_id=request.run_id, seq=1, type="complete"))
+        pump.flush()
+        self.assertEqual(extra(), [])
+
     def test_pending_node_gets_the_reload_when_ready(self):
         """
         A node registered but not ready when the reload came (it got the
