@@ -236,6 +236,7 @@ def parse(top: Section) -> EdgeConfig:
     config.model_groups = [_group(section, config) for section in group_sections]
     _unique(top, "model_groups", [group.name for group in config.model_groups], what="name")
     _check_fallbacks(config.model_groups, group_sections)
+    _check_key_names(top, config)
     if "manhole" in top.data:
         config.manhole = _manhole(top.section("manhole"))
     config.command_timeouts = _command_timeouts(top.section("commands", None))
@@ -491,6 +492,21 @@ def _group_names(section: Section, name: str) -> tuple[str, ...]:
             raise section.error(f"{name}[{i}]", f"must be the name of a model group, got {value!r}")
     _unique(section, name, names, what="model group")
     return tuple(names)
+
+
+def _check_key_names(top: Section, config: EdgeConfig) -> None:
+    """
+    An admin key and another caller key may not share a name: a name owns
+    runs and sessions, and the caller key would own the admin's. (The same
+    key in both lists is one owner, and fine.)
+    """
+    callers = {spec.name: spec.digest for spec in config.api_keys}
+    for i, spec in enumerate(config.admin_keys):
+        if callers.get(spec.name, spec.digest) != spec.digest:
+            raise top.error(
+                f"admin_keys[{i}].name",
+                f"{spec.name!r} is also the name of another key in api_keys (a name owns runs and sessions)",
+            )
 
 
 def _check_fallbacks(groups: list[ModelGroupSpec], sections: list[Section]) -> None:

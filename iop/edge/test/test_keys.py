@@ -74,6 +74,11 @@ class KeyConfigTests(SynchronousTestCase):
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "rpm": 1}]), "api_keys[0].rpm", "unknown key")
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "name": "anonymous"}]), "api_keys[0].name")
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "name": ""}]), "api_keys[0].name")
+        self.refused(
+            lambda d: d.update(api_keys=[{"key": "a", "name": "ops"}], admin_keys=[{"key": "b", "name": "ops"}]),
+            "admin_keys[0].name",
+        )
+        parsed(lambda d: d.update(api_keys=[{"key": "a", "name": "ops"}], admin_keys=[{"key": "a", "name": "ops"}]))
         self.refused(lambda d: d.update(api_keys=[{"key": "a", "max_concurrent": 0}]), "api_keys[0].max_concurrent")
         self.refused(lambda d: d.update(api_keys=[""]), "api_keys[0]")
         self.refused(lambda d: d.update(api_keys=[5]), "api_keys[0]")
