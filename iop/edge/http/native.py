@@ -44,6 +44,7 @@ from iop.edge.http.common import (
     answered_or_gone,
     caller_name,
     claim,
+    cut_off,
     error_body,
     forwarded,
     hold_until_ended,
@@ -278,15 +279,23 @@ class RunEvents(JSONResource):
         run_id = request.path_params["run_id"]
         after = resume_point(request)
         stream = EventStream(request)
-        state: dict[str, Any] = {"gone": False, "follower": None}
+        state: dict[str, Any] = {"gone": False, "follower": None, "reader": None}
 
         def write(seq: int, payload: dict[str, Any]) -> None:
-            if not state["gone"]:
+            if state["gone"]:
+                return
+            if state["reader"] is None:
+                # (Only once this Edge answers: not when the read is
+                # proxied to the Edge that holds the run.)
+                state["reader"] = SlowReader(request)
+            if state["reader"].keeps_up(len(payload.get("text", ""))):
                 stream.send_event(payload, seq)
 
         def end() -> None:
             if not (state["gone"] or request.finished):
                 stream.start()
+                if state["reader"] is not None:
+                    request.unregisterProducer()
                 request.finish()
 
         def attached(follower: Follower) -> object:
@@ -307,6 +316,53 @@ class RunEvents(JSONResource):
         return d.addCallbacks(
             attached, lambda failure: anywhere.proxy_to_holder(self.service, request, run_id, failure)
         )
+
+
+#: What a reader of a run's events that does not read may have waiting in
+#: the Edge (written while its connection was paused) before it is cut
+#: off: it resumes where it stopped with C{Last-Event-ID}.
+FOLLOW_BUFFER_MAX = 4 * 1024 * 1024
+
+
+@implementer(IPushProducer)
+class SlowReader:
+    """
+    The flow of one reader of a run's events: the Edge writes the run's
+    events as they come (the run goes at its first caller's pace, not at
+    this reader's), so a reader that stops reading would make the Edge
+    hold all of them. While its connection is paused, what is written is
+    counted; past L{FOLLOW_BUFFER_MAX} its connection is closed.
+    """
+
+    def __init__(self, request: EdgeRequest) -> None:
+        self.request = request
+        self.paused = False
+        self.held = 0
+        request.registerProducer(self, True)
+
+    def keeps_up(self, size: int) -> bool:
+        """
+        Whether an event of C{size} characters may be written now (else the
+        reader is cut off).
+        """
+        if not self.paused:
+            return True
+        self.held += size + 64
+        if self.held <= FOLLOW_BUFFER_MAX:
+            return True
+        if self.request.channel is not None:
+            cut_off(self.request.channel.transport)
+        return False
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self.held = 0
+
+    def stopProducing(self) -> None:
+        self.paused = True
 
 
 #: How often an idle events feed sends a comment, so that proxies keep it.
