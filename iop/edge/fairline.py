@@ -21,14 +21,13 @@ A tenant that had nothing waiting cannot bank credit while it was away:
 when it starts waiting again its counter is lifted to the lowest counter
 among the tenants already waiting (the "virtual token counter" rule), so a
 newcomer is served next (it was served least recently) but does not then
-monopolise the line: it waits at most for the next free slot. The lift
-counts only tokens settled, not the estimates of work still running: an
-estimate is the caller's word (a C{max_tokens} of 10**18 is one), and a
-newcomer lifted to it would stay behind that tenant's line once the work
-settled for what it really cost. So a newcomer may be served ahead of a
-waiting tenant for as many tokens as that tenant has running, never
-behind an estimate. The line is work-conserving: it only orders waiters,
-so a lone tenant still gets every free slot.
+monopolise the line: it waits at most for the next free slot. Work still
+running counts at its provisional estimate (the pool charges its input
+and at most C{limits.token_estimate} of answer, not a caller's
+C{max_tokens}: one of 10**18 would lift a newcomer to where it stays
+behind that tenant's whole line once the work settles for what it cost).
+The line is work-conserving: it only orders waiters, so a lone tenant
+still gets every free slot.
 
 The line knows nothing of leases, clocks or Twisted; the pool
 (L{iop.edge.pool}) decides who I{can} be served, the line who I{should}.
@@ -221,8 +220,7 @@ class FairLine(Generic[W]):
         return any(tenant in level for level in self._levels.values())
 
     def _lift(self, tenant: str) -> None:
-        # Settled tokens only (the module's docstring says why).
-        waiting = [self._virtual.get(t, 0.0) for level in self._levels.values() for t in level]
+        waiting = [self.counter(t) for level in self._levels.values() for t in level]
         if waiting:
             self._virtual[tenant] = max(self._virtual.get(tenant, 0.0), min(waiting))
 

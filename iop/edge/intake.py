@@ -133,7 +133,7 @@ class Intake:
             spec.token_estimate(config.limits.token_estimate),
             spec.priority,
             on_queued,
-            unreported=spec.token_estimate(config.limits.token_estimate, capped=True),
+            provisional=spec.token_estimate(config.limits.token_estimate, capped=True),
         )
         try:
             self.budgets.reserve(ticket)

@@ -1048,8 +1048,8 @@ class ProviderPool:
     def _grant(self, queue: _Queue, best: tuple[_Resource, GroupMember], klass: str, ticket: Ticket) -> Lease:
         """
         Take a slot on C{best} for C{ticket}'s work, charging its tenant
-        the work's estimated tokens in C{queue}'s fair share (corrected to
-        what it cost when the ticket is settled).
+        the work's provisional tokens in C{queue}'s fair share (corrected
+        to what it cost when the ticket is settled).
         """
         resource, member = best
         # A resource with room is live.
@@ -1060,7 +1060,8 @@ class ProviderPool:
         if not ticket.charged:
             ticket.charged = True
             if not ticket.settled:
-                tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.cost
+                # (Counted for its provisional tokens until it reports.)
+                tenant, weight, cost = ticket.tenant.name, ticket.tenant.weight, ticket.provisional
                 queue.waiters.grant(tenant, weight, cost)
                 ticket.on_settle(lambda tokens: queue.waiters.settle(tenant, weight, cost, tokens))
         resource.take(lease)

@@ -91,14 +91,17 @@ class Ticket:
         cost: int,
         priority: int | None = None,
         on_queued: Callable[[int, int], None] | None = None,
-        unreported: int | None = None,
+        provisional: int | None = None,
     ) -> None:
         self.tenant = tenant
         self.cost = cost
-        #: What the work costs if it ends reporting no usage (see
-        #: L{settle_usage}): C{cost}, unless the caller's cap on the answer
-        #: is counted for less.
-        self.unreported = cost if unreported is None else min(cost, unreported)
+        #: What the work counts for in its queue's fair share until it
+        #: reports what it cost, and what it costs if it ends reporting
+        #: nothing (L{settle_usage}): C{cost}, unless the caller's cap on
+        #: the answer is counted for less (its input and at most
+        #: C{limits.token_estimate} of answer: a C{max_tokens} is the
+        #: caller's word, not what it uses).
+        self.provisional = cost if provisional is None else min(cost, provisional)
         self.priority = tenant.priority if priority is None else priority
         self.on_queued = on_queued
         self.work_id: str | None = None
@@ -131,7 +134,7 @@ class Ticket:
         """
         Settle with what the work's C{usage} report says it cost. Work that
         was granted a slot and ended C{complete} or C{cancelled} (its
-        caller left) with no report at all costs L{unreported} instead
+        caller left) with no report at all costs L{provisional} instead
         (its input, and its answer at most C{limits.token_estimate}): a
         tunnelled stream whose caller did not ask for usage, or a caller
         who hangs up before the usage chunk, would otherwise spend nothing
@@ -139,7 +142,7 @@ class Ticket:
         nothing (the provider failed, not the caller).
         """
         if not usage and self.charged and status in (COMPLETE, CANCELLED):
-            self.settle(self.unreported)
+            self.settle(self.provisional)
         else:
             self.settle(usage_tokens(usage))
 

@@ -134,24 +134,6 @@ class FairLineTests(SynchronousTestCase):
         line.settle("a", 2.0, 1000, 600)
         self.assertEqual(line.counter("a"), 400.0)
 
-    def test_newcomer_not_lifted_to_an_estimate(self):
-        """
-        A newcomer is lifted to what the waiting tenants have settled, not
-        to the estimates of their running work: a caller's huge
-        C{max_tokens}, which costs little once it ends, cannot put another
-        tenant behind its whole backlog.
-        """
-        line: FairLine[W] = FairLine()
-        line.grant("a", 1.0, 10**18)  # running, on the caller's word
-        for _ in range(20):
-            line.add(W("a"))
-        line.add(W("b"))
-        line.settle("a", 1.0, 10**18, 100)
-        self.assertEqual(serve(line).tenant, "b")
-        self.assertEqual([serve(line).tenant for _ in range(3)], ["a", "a", "a"])
-        line.add(W("b"))
-        self.assertIn("b", [serve(line).tenant for _ in range(2)])
-
     def test_remove_anywhere(self):
         """
         A waiter that leaves from the middle is gone from the order and
