@@ -20,6 +20,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from iop.config import ConfigError, Section
 from iop.edge.cluster.etcd import Created
 from iop.edge.cluster.membership import LOST, OK
+from iop.edge.cluster.test.support import SECRET, cluster_yaml, group_run
 from iop.edge.config import parse
 from iop.edge.errors import ServiceError
 from iop.edge.http.common import Call
@@ -30,25 +31,6 @@ from iop.protocols import messages
 from iop.run import NODE_DISCONNECTED
 from iop.testing.edge import EDGE_YAML, EdgeHarness, Recorder
 from iop.testing.etcd import MemoryEtcd
-
-SECRET = "a-cluster-secret-of-some-length"
-
-
-def cluster_yaml(edge_id, ttl=3):
-    data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
-    data["listen"]["peer"] = "tcp:0"
-    data["cluster"] = {
-        "etcd": ["http://127.0.0.1:2379"],
-        "edge_id": edge_id,
-        "advertise": f"http://{edge_id}.example:7180",
-        "lease_ttl_sec": ttl,
-        "secret": SECRET,
-    }
-    return data
-
-
-def group_run(model="grp"):
-    return RunSpec(messages=[{"role": "user", "content": "hello world"}], model=model)
 
 
 class TwoEdges(SynchronousTestCase):
