@@ -38,7 +38,7 @@ takes work.
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -90,8 +90,11 @@ FLUSH_INTERVAL_SEC = 0.2
 BATCH_MAX = 1000
 #: How often old rows are pruned (and once at start).
 PRUNE_INTERVAL_SEC = 600.0
-#: Runs pruned per statement, so a large prune never holds the database long.
+#: Runs pruned per transaction, so a large prune never holds the store's
+#: thread long (writes and reads queued meanwhile go between), and at most
+#: this many transactions per prune.
 PRUNE_CHUNK = 500
+PRUNE_ROUNDS = 200
 
 RUN = "run"
 TUNNEL = "tunnel"
@@ -656,15 +659,28 @@ class RunStore(Service):
         if retention.max_age_days is None and retention.max_rows is None:
             return defer.succeed(0)
         cutoff = None if retention.max_age_days is None else self.now() - retention.max_age_days * 86400
-        d: Deferred[int | None] = self.pool.runInteraction(_prune, cutoff, retention.max_rows)
+        pool = self.pool
+        total = 0
+
+        @defer.inlineCallbacks
+        def chunks() -> Generator[Deferred[int], int, int]:
+            nonlocal total
+            # A chunk per transaction, at most PRUNE_ROUNDS of them: what is
+            # left waits for the next prune.
+            for _ in range(PRUNE_ROUNDS):
+                count = yield pool.runInteraction(_prune, cutoff, retention.max_rows)
+                total += count
+                if count < PRUNE_CHUNK:
+                    break
+            return total
 
         def pruned(count: int | None) -> int | None:
-
             if count:
                 self.log.info("run store: pruned {count} finished run(s) past the retention", count=count)
             return count
 
-        return d.addCallbacks(pruned, self._failed, errbackArgs=("pruning old runs",))
+        d: Deferred[int | None] = chunks().addCallback(pruned)
+        return d.addErrback(self._failed, "pruning old runs")
 
 
 def _row(row: tuple[Any, ...]) -> Record:
@@ -854,29 +870,35 @@ def _session_uses(txn: adbapi.Transaction) -> list[Use]:
 
 
 def _prune(txn: adbapi.Transaction, cutoff: float | None, max_rows: int | None) -> int:
+    """
+    Delete at most L{PRUNE_CHUNK} finished runs past the retention, oldest
+    first: those ended before C{cutoff}, then the oldest beyond
+    C{max_rows}. One transaction holds the store's one thread: L{RunStore.prune}
+    asks again, so that the writes and reads queued meanwhile go between.
+
+    @return: how many were deleted (C{PRUNE_CHUNK}: there may be more).
+    """
     doomed: list[str] = []
     if cutoff is not None:
-        txn.execute("SELECT run_id FROM runs WHERE status != 'running' AND ended_at < ?", (cutoff,))
+        txn.execute("SELECT run_id FROM runs WHERE status != 'running' AND ended_at < ? LIMIT ?", (cutoff, PRUNE_CHUNK))
         doomed.extend(run_id for (run_id,) in txn.fetchall())
-    if max_rows is not None:
+    if max_rows is not None and len(doomed) < PRUNE_CHUNK:
         txn.execute("SELECT COUNT(*) FROM runs")
         (total,) = txn.fetchone()
-        excess = total - len(doomed) - max_rows
+        excess = min(total - len(doomed) - max_rows, PRUNE_CHUNK - len(doomed))
         if excess > 0:
-            already = set(doomed)
-            txn.execute("SELECT run_id FROM runs WHERE status != 'running' ORDER BY started_at ASC, rowid ASC")
-            for (run_id,) in txn.fetchall():
-                if excess <= 0:
-                    break
-                if run_id not in already:
-                    doomed.append(run_id)
-                    excess -= 1
-    for i in range(0, len(doomed), PRUNE_CHUNK):
-        chunk = doomed[i : i + PRUNE_CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        txn.execute(f"DELETE FROM events WHERE run_id IN ({marks})", chunk)
-        txn.execute(f"DELETE FROM event_batches WHERE run_id IN ({marks})", chunk)
-        txn.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", chunk)
+            marks = ", ".join("?" * len(doomed))
+            skip = f"AND run_id NOT IN ({marks})" if doomed else ""
+            txn.execute(
+                f"SELECT run_id FROM runs WHERE status != 'running' {skip} ORDER BY started_at ASC, rowid ASC LIMIT ?",
+                (*doomed, excess),
+            )
+            doomed.extend(run_id for (run_id,) in txn.fetchall())
+    if doomed:
+        marks = ", ".join("?" * len(doomed))
+        txn.execute(f"DELETE FROM events WHERE run_id IN ({marks})", doomed)
+        txn.execute(f"DELETE FROM event_batches WHERE run_id IN ({marks})", doomed)
+        txn.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", doomed)
     return len(doomed)
 
 

@@ -11,6 +11,7 @@ from twisted.logger import capturedLogs
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import TestCase
 
+from iop.node import store as store_module
 from iop.node.store import Retention, RunStore, stored_event
 from iop.run import (
     COMPLETE,
@@ -464,6 +465,31 @@ class RunStoreTests(TestCase):
         yield store.pool.runQuery("SELECT 1")
         rows = yield store.pool.runQuery("SELECT DISTINCT run_id FROM event_batches")
         self.assertEqual(rows, [("c",)])
+
+    @defer.inlineCallbacks
+    def test_prune_a_chunk_per_transaction(self):
+        """
+        A large prune deletes PRUNE_CHUNK runs per transaction (a write
+        queued meanwhile goes between two of them), oldest first, and as
+        many as are past the retention in all.
+        """
+        self.patch(store_module, "PRUNE_CHUNK", 3)
+        store = self.make_store(self.path(), retention=Retention(max_age_days=None, max_rows=2))
+        for i in range(10):
+            store.record_start(f"r{i}", "echo")
+            store.record_end(f"r{i}", "complete")
+        yield store.flush()
+        transactions = []
+        real = store.pool.runInteraction
+
+        def counted(f, *args, **kwargs):
+            transactions.append(f.__name__)
+            return real(f, *args, **kwargs)
+
+        self.patch(store.pool, "runInteraction", counted)
+        self.assertEqual((yield store.prune()), 8)
+        self.assertEqual(transactions.count("_prune"), 3)
+        self.assertEqual(sorted(r["run_id"] for r in (yield store.recent())), ["r8", "r9"])
 
     @defer.inlineCallbacks
     def test_prune_age(self):
