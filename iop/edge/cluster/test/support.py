@@ -9,7 +9,13 @@ import json
 from typing import Any
 
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.test.proto_helpers import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseDone
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
 
 from iop.edge.cluster.joined import EtcdCluster
 from iop.edge.cluster.membership import Membership
@@ -87,3 +93,36 @@ class ClusterCase(SynchronousTestCase):
 
     def states_seen(self, harness: EdgeHarness) -> dict[str, str]:
         return {e["id"]: e["state"] for e in harness.service.status()["cluster"]["edges"]}
+
+
+@implementer(IResponse)
+class Answer:
+    """
+    A peer's answer whose headers came: its body comes in C{chunks} (on a
+    L{StringTransport}), and ends if C{ends}.
+    """
+
+    code = 200
+    phrase = b"OK"
+    version = (b"HTTP", 1, 1)
+    length = None
+    request = None
+    previousResponse = None
+
+    def __init__(self, chunks: list[bytes], ends: bool, content_type: bytes | None = None) -> None:
+        self.headers = Headers({b"content-type": [content_type]} if content_type else {})
+        self.chunks = chunks
+        self.ends = ends
+        self.transport = StringTransport()
+        self.protocol: Any = None
+
+    def deliverBody(self, protocol: Any) -> None:
+        self.protocol = protocol
+        protocol.makeConnection(self.transport)
+        for chunk in self.chunks:
+            protocol.dataReceived(chunk)
+        if self.ends:
+            protocol.connectionLost(Failure(ResponseDone()))
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass

@@ -13,7 +13,6 @@ from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.test.proto_helpers import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
@@ -21,7 +20,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
 from iop.edge.cluster.forward import Forwarder
-from iop.edge.cluster.test.support import SECRET, ClusterCase
+from iop.edge.cluster.test.support import SECRET, Answer, ClusterCase
 from iop.edge.seam import Forward
 
 BASE = "http://edge.example"
@@ -43,31 +42,6 @@ class SilentPeer:
         d: Deferred[IResponse] = Deferred()
         self.asked.append((uri, d))
         return d
-
-
-@implementer(IResponse)
-class Streaming:
-    """
-    An answer whose headers came and whose body goes on (a first chunk).
-    """
-
-    code = 200
-    phrase = b"OK"
-    version = (b"HTTP", 1, 1)
-    length = None
-    request = None
-    previousResponse = None
-
-    def __init__(self) -> None:
-        self.headers = Headers({b"content-type": [b"text/event-stream"]})
-        self.transport = StringTransport()
-
-    def deliverBody(self, protocol: Any) -> None:
-        protocol.makeConnection(self.transport)
-        protocol.dataReceived(b"data: first\n\n")
-
-    def setPreviousResponse(self, response: IResponse) -> None:
-        pass
 
 
 class Caller(DummyRequest):
@@ -125,7 +99,7 @@ class ForwarderTests(SynchronousTestCase):
         cluster (its bytes show the peer serves); nothing is kept for it.
         """
         request = self.proxy("edge-b")
-        response = Streaming()
+        response = Answer([b"data: first\n\n"], ends=False, content_type=b"text/event-stream")
         self.peers.asked[0][1].callback(response)
         self.assertEqual(self.forwarder.waiting, {})
         self.forwarder.peer_gone("edge-b")

@@ -9,7 +9,6 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.test.proto_helpers import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
@@ -18,41 +17,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
 from iop.edge.cluster.peers import ASK_TIMEOUT_SEC, PeerReader
-from iop.edge.cluster.test.support import SECRET
+from iop.edge.cluster.test.support import SECRET, Answer
 from iop.edge.seam import Forward
-
-
-@implementer(IResponse)
-class Answer:
-    """
-    An answer whose headers came: its body comes in C{chunks}, and ends
-    if C{ends}.
-    """
-
-    code = 200
-    phrase = b"OK"
-    version = (b"HTTP", 1, 1)
-    length = None
-    request = None
-    previousResponse = None
-
-    def __init__(self, chunks: list[bytes], ends: bool) -> None:
-        self.headers = Headers()
-        self.chunks = chunks
-        self.ends = ends
-        self.transport = StringTransport()
-        self.protocol: Any = None
-
-    def deliverBody(self, protocol: Any) -> None:
-        self.protocol = protocol
-        protocol.makeConnection(self.transport)
-        for chunk in self.chunks:
-            protocol.dataReceived(chunk)
-        if self.ends:
-            protocol.connectionLost(Failure(ResponseDone()))
-
-    def setPreviousResponse(self, response: IResponse) -> None:
-        pass
 
 
 @implementer(IAgent)
