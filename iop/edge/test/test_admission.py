@@ -65,17 +65,24 @@ class AdmissionTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual(len(node.of("run_request")), ADMIT_PER_TURN)
 
-    def test_overloaded(self):
+    def full(self):
         """
-        Beyond limits.max_waiting requests waiting at once, a new one is
-        refused at once with 503 C{overloaded}.
+        An Edge at limits.max_waiting (2): one slot taken, two requests of
+        the anonymous key waiting.
         """
         data = roomy(max_waiting=2)
         data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
         edge = EdgeHarness(data)
         edge.register()
         self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
-        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        return edge, [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+
+    def test_overloaded(self):
+        """
+        Beyond limits.max_waiting requests waiting at once, a new one is
+        refused at once with 503 C{overloaded}.
+        """
+        edge, waiting = self.full()
         for d in waiting:
             self.assertNoResult(d)
         failure = self.failureResultOf(edge.service.submit(spec(3), Recorder().for_run), ServiceError)
@@ -90,12 +97,7 @@ class AdmissionTests(SynchronousTestCase):
         another key out: the newcomer takes that key's newest place, which
         is refused as a full queue.
         """
-        data = roomy(max_waiting=2)
-        data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
-        edge = EdgeHarness(data)
-        edge.register()
-        self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
-        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        edge, waiting = self.full()
         light = spec(3)
         light.caller = "light"
         newcomer = edge.service.submit(light, Recorder().for_run)
@@ -112,12 +114,7 @@ class AdmissionTests(SynchronousTestCase):
         A newcomer refused for itself (over its key's budget, a background
         run that cannot be one) takes no other key's place.
         """
-        data = roomy(max_waiting=2)
-        data["nodes"][0]["providers"][0]["capacity"]["normal"] = 1
-        edge = EdgeHarness(data)
-        edge.register()
-        self.successResultOf(edge.service.submit(spec(0), Recorder().for_run))
-        waiting = [edge.service.submit(spec(i), Recorder().for_run) for i in (1, 2)]
+        edge, waiting = self.full()
         thrifty = spec(3)
         thrifty.tenant = Tenant("light", tokens_per_minute=100)
         edge.service.budgets.reserve(Ticket(thrifty.tenant, 100))  # the budget is all held
