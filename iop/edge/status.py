@@ -46,6 +46,25 @@ def snapshot(config: EdgeConfig, registry: NodeRegistry, pool: ProviderPool, inf
     return {"nodes": nodes, "model_groups": state["model_groups"]}
 
 
+def seen_by(status: dict[str, Any], sees_all: bool) -> dict[str, Any]:
+    """
+    C{status} as a caller that C{sees_all} (an admin key, or an open API)
+    or not sees it: for a caller key that is not an admin's, a provider's
+    C{last_error} is cut to its code. The text after the code is the
+    provider's own words, which can quote another key's request (a
+    validation error echoing a field) or name the provider's address;
+    the code still tells the caller why work is being turned away.
+    Changes the snapshot in place (each one is built fresh) and returns it.
+    """
+    if sees_all:
+        return status
+    for node in status["nodes"]:
+        for provider in node["providers"]:
+            if "last_error" in provider:
+                provider["last_error"] = provider["last_error"].split(":", 1)[0]
+    return status
+
+
 def model_names(config: EdgeConfig, registry: NodeRegistry) -> list[str]:
     """
     What the OpenAI surface can serve as C{model}: the model groups, and

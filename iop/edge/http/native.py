@@ -61,6 +61,7 @@ from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
 from iop.edge.runs import Follower, event_json
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
+from iop.edge.status import seen_by
 from iop.edge.tenants import Tenant
 from iop.run import ERROR, TERMINAL_TYPES, RunEventData
 
@@ -479,8 +480,14 @@ class CancelRun(JSONResource):
 
 
 class Status(JSONResource):
+    """
+    C{GET /v1/status}: every node, provider and model group. A caller key
+    that is not an admin's sees a provider's C{last_error} as its code
+    only (L{seen_by}).
+    """
+
     def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
-        return self.service.status()
+        return seen_by(self.service.status(), request.sees_all)
 
 
 #: HTTP status and error kind for a session termination that was not done.

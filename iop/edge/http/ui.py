@@ -31,6 +31,7 @@ from iop.edge.bus import EventBus
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import JSONResource, Keys, run_owner
 from iop.edge.http.request import EdgeRequest
+from iop.edge.status import seen_by
 from iop.run import TERMINAL_TYPES
 
 CONTENT_TYPES = {
@@ -123,7 +124,7 @@ class State(JSONResource):
 
     def handle_GET(self, request: EdgeRequest) -> dict[str, Any]:
         request.setHeader(b"cache-control", b"no-store")
-        status = self.service.status()
+        status = seen_by(self.service.status(), request.sees_all)
         for node in status["nodes"]:
             link = self.service.registry.ready_link(node["id"])
             if link is not None:

@@ -243,6 +243,29 @@ class KeyedHTTPTests(SynchronousTestCase):
         self.assertEqual(len(self.node.of("node_command_request")), 1)
         self.assertNoResult(d)
 
+    def test_status_hides_provider_words_from_callers(self):
+        """
+        A provider's C{last_error} in C{/v1/status} is its code alone for a
+        caller key (the provider's words can quote another key's request)
+        and whole for an admin key.
+        """
+        body = {"adapter": "echo", "node": "n1", "input": "x"}
+        running = self.request("POST", "/v1/runs", "caller", body)
+        run_id = self.node.of("run_request")[-1].run_id
+        failure = messages.run_error(code="provider_unreachable", message="refused: team-b's secret")
+        self.node.connection.send(messages.run_event(run_id=run_id, seq=1, type="error", error=failure))
+        self.pump.flush()
+        self.result(running)
+
+        def last_error(key):
+            code, _, answer = self.result(self.request("GET", "/v1/status", key))
+            self.assertEqual(code, 200)
+            (provider,) = json.loads(answer)["nodes"][0]["providers"]
+            return provider["last_error"]
+
+        self.assertEqual(last_error("caller"), "provider_unreachable")
+        self.assertEqual(last_error("root"), "provider_unreachable: refused: team-b's secret")
+
     def test_max_concurrent(self):
         """
         A key at C{max_concurrent} gets 429 with C{Retry-After} for one

@@ -85,6 +85,34 @@ class StatePageTests(SynchronousTestCase):
         self.assertEqual(code, 200)
         self.assertIn(b"<title>", page)
 
+        self.assertEqual(page.count(b"<title>"), 1)
+
+    def test_provider_words_for_admins_only(self):
+        """
+        Like C{/v1/status}, the page's data shows a caller key a
+        provider's C{last_error} as its code alone; an admin key sees it
+        whole.
+        """
+        config = copy.deepcopy(GATEWAY_YAML)
+        config["api_keys"], config["admin_keys"] = ["caller"], ["root"]
+        self.gateway = Gateway(config)
+        self.gateway.node()
+        status = self.gateway.service.status
+
+        def failed_status():
+            answer = status()
+            answer["nodes"][0]["providers"][0]["last_error"] = "upstream_error: 400: bad field 'team-b secret'"
+            return answer
+
+        self.patch(self.gateway.service, "status", failed_status)
+
+        def last_error(key):
+            _, data = self.state({"authorization": "Bearer " + key})
+            return data["status"]["nodes"][0]["providers"][0]["last_error"]
+
+        self.assertEqual(last_error("caller"), "upstream_error")
+        self.assertEqual(last_error("root"), "upstream_error: 400: bad field 'team-b secret'")
+
 
 class StaticFileTests(SynchronousTestCase):
     def setUp(self):
