@@ -16,6 +16,13 @@ processes it started still hold its stdout or stderr (or still run) does
 not hold its run for ever: they get C{pipe_grace} seconds, then the group
 is killed and the pipes closed.
 
+A stopped run fails at once (its Deferred is cancelled), so the Node
+gives its seat to the next run while the group may still be dying. That
+run waits for the group (at most C{grace_sec}, or the pipes' grace)
+before its own command starts, when it would otherwise be one process
+too many, or when it continues the stopped run's session: the tool never
+has two processes in one session, nor more than C{max_concurrency}.
+
 With C{sessions: true}, runs that carry a C{session_id} get
 C{[session_arg, session_id]} appended to the command line, so that tools
 with their own conversation store (C{--session}, C{--resume}) continue the
@@ -372,11 +379,17 @@ class _RunProcess(ProcessProtocol):
         A new Deferred firing with the command's end reason
         (C{ProcessDone} or C{ProcessTerminated}) once the run is over: the
         command gone, its pipes closed, its process group gone or killed.
-        Waiters fire in the order they asked.
+        Waiters fire in the order they asked; cancelling one only stops it
+        waiting.
         """
         if self.end is not None:
             return defer.succeed(self.end)
-        waiter: defer.Deferred[BaseException] = defer.Deferred()
+
+        def forget(waiter: "defer.Deferred[BaseException]") -> None:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+        waiter: defer.Deferred[BaseException] = defer.Deferred(forget)
         self._waiters.append(waiter)
         return waiter
 
@@ -441,6 +454,8 @@ class CLIAdapter(AdapterBase):
         self.session_arg = self.option("session_arg", "--session", str)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _RunProcess] = {}
+        #: Set by L{stop}: a run still waiting for a seat starts nothing.
+        self.stopped = False
 
     @overload
     def _seconds(self, key: str, default: float, allow_zero: bool = False) -> float: ...
@@ -489,6 +504,7 @@ class CLIAdapter(AdapterBase):
         """
         Stop every process still running; fires once they are all gone.
         """
+        self.stopped = True
         processes = list(self.running.values())
         for process in processes:
             process.stop("stopped")
@@ -506,8 +522,12 @@ class CLIAdapter(AdapterBase):
 
         @return: a Deferred firing after the terminal event. Cancelling it
             fails it with C{CancelledError} at once and stops the process
-            group (SIGTERM, then SIGKILL after C{grace_sec}).
+            group (SIGTERM, then SIGKILL after C{grace_sec}); while the run
+            waits for a stopped run's group (L{_after}), nothing starts.
         """
+        if self.stopped:
+            emit(_error(ADAPTER_STOPPED, f"adapter {self.name} was stopped"))
+            return defer.succeed(None)
         session = None
         if self.sessions_enabled and run.session_id:
             problem = _session_id_problem(run.session_id)
@@ -517,8 +537,13 @@ class CLIAdapter(AdapterBase):
                 return defer.succeed(None)
             session = self.sessions.get(run.session_id)
             if session is not None and session.process is not None:
+                if session.process.outcome is not None:
+                    return self._after(session.process, run, emit)
                 emit(_error(SESSION_BUSY, f"session {run.session_id} already has a run in progress"))
                 return defer.succeed(None)
+        leaving = self._leaving_seat()
+        if leaving is not None:
+            return self._after(leaving, run, emit)
         env = dict(os.environ, **self.env)
         argv = self._argv(run)
         executable = self._executable(env)
@@ -574,6 +599,30 @@ class CLIAdapter(AdapterBase):
 
         process.when_ended().addCallback(ended)
         return result
+
+    def _leaving_seat(self) -> "_RunProcess | None":
+        """
+        When every seat is held, one held by a run the adapter stopped
+        whose process group is still going (the Node gave that seat away
+        at the stop); else C{None}.
+        """
+        if len(self.running) < self.max_concurrency:
+            return None
+        return next((p for p in self.running.values() if p.outcome is not None), None)
+
+    def _after(self, leaving: "_RunProcess", run: RunInput, emit: Emit) -> "defer.Deferred[None]":
+        """
+        C{run}, once the stopped run's process group C{leaving} is gone
+        (everything is checked again then). Cancelling the wait starts
+        nothing.
+        """
+        self.log.debug(
+            "adapter {adapter} run {run_id} waits for stopped pid {pid} to go",
+            adapter=self.name,
+            run_id=run.run_id,
+            pid=leaving.pid,
+        )
+        return leaving.when_ended().addCallback(lambda _: self.execute(run, emit))
 
     def _terminal(self, process: _RunProcess, end: BaseException) -> RunEventData:
         if process.outcome == "timeout":

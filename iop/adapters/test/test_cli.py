@@ -387,19 +387,15 @@ class ProcessGroupTests(CLITestCase):
         self.assertEqual(events.events[-1].error.code, "adapter_stopped")
 
     @defer.inlineCallbacks
-    def test_session_busy_until_the_group_is_gone(self):
+    def cancelled_with_stubborn_child(self, adapter, run):
         """
-        A cancelled run whose command is gone keeps its session busy while
-        a child that ignores SIGTERM lives on, until the SIGKILL after
-        grace_sec ends it.
+        Start C{run} of a command whose child ignores SIGTERM, cancel it,
+        and wait until the command itself is gone while the child lives
+        on (until the SIGKILL after grace_sec).
+
+        @return: a Deferred firing with the run's process.
         """
-        child_code = (
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
-            "time.sleep(60)"
-        )
-        code = LEAVES.format("", "time.sleep(600)").replace("'import time; time.sleep(60)'", repr(child_code))
-        adapter = self.leaving_adapter(code, sessions=True, grace_sec=1)
-        d, events, process, child = yield self.leaving(adapter, run_input(session_id="s1"))
+        d, events, process, child = yield self.leaving(adapter, run)
         while "ready\n" not in events.text():
             yield within(events.first("delta"))
         d.cancel()
@@ -407,13 +403,92 @@ class ProcessGroupTests(CLITestCase):
         while _state(process.pid) is not None:  # the command itself goes at once
             yield task.deferLater(reactor, 0.01, lambda: None)
         self.assertNotIn(_state(child), (None, "Z"))
+        return process
+
+    def stubborn_adapter(self, max_concurrency=2, **options):
+        child_code = (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)"
+        )
+        code = LEAVES.format("", "time.sleep(600)").replace("'import time; time.sleep(60)'", repr(child_code))
+        adapter = CLIAdapter("cli", max_concurrency, python(code, grace_sec=1, **options), reactor)
+        self.addCleanup(adapter.stop)
+        adapter.pipe_grace = 0.2
+        return adapter
+
+    @defer.inlineCallbacks
+    def starts_once_gone(self, adapter, process, run):
+        """
+        C{run} waits, with no event, while the stopped C{process}'s group
+        lives, and starts once it is gone.
+
+        @return: a Deferred firing with the new run's Deferred.
+        """
         again = Events()
-        yield within(adapter.execute(run_input(session_id="s1", run_id="r2"), again), 1)
-        error = again.events[-1].error
-        assert error is not None
-        self.assertEqual(error.code, "session_busy")
+        started = again.first("start")
+        d = adapter.execute(run, again)
+        self.assertEqual((again.events, process.end), ([], None))
+        self.assertNotIn(run.run_id, adapter.running)
+        yield within(started, 3)
+        self.assertIsNotNone(process.end)
+        self.assertIn(run.run_id, adapter.running)
+        return d
+
+    @defer.inlineCallbacks
+    def test_session_waits_for_the_group(self):
+        """
+        A run continuing the session of a cancelled run whose child lives
+        on waits until the SIGKILL after grace_sec ends that group, then
+        starts: the tool never runs twice in one session.
+        """
+        adapter = self.stubborn_adapter(sessions=True)
+        process = yield self.cancelled_with_stubborn_child(adapter, run_input(session_id="s1"))
+        d = yield self.starts_once_gone(adapter, process, run_input(session_id="s1", run_id="r2"))
+        d.cancel()
+
+    @defer.inlineCallbacks
+    def test_seat_waits_for_the_group(self):
+        """
+        With every seat held, one by a cancelled run whose group is still
+        going (the Node gave that seat away at the cancel), the next run
+        waits for that group before its command starts.
+        """
+        adapter = self.stubborn_adapter(max_concurrency=1)
+        process = yield self.cancelled_with_stubborn_child(adapter, run_input())
+        d = yield self.starts_once_gone(adapter, process, run_input(run_id="r2"))
+        d.cancel()
+
+    @defer.inlineCallbacks
+    def test_cancelled_while_waiting(self):
+        """
+        A run cancelled while it waits for a stopped run's group fails at
+        once and starts nothing, then or later.
+        """
+        adapter = self.stubborn_adapter(max_concurrency=1)
+        process = yield self.cancelled_with_stubborn_child(adapter, run_input())
+        waiting = Events()
+        d = adapter.execute(run_input(run_id="r2"), waiting)
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
         yield within(process.when_ended())
-        yield assert_dies(self, child)
+        self.assertEqual((waiting.events, adapter.running), ([], {}))
+
+    @defer.inlineCallbacks
+    def test_stopped_while_waiting(self):
+        """
+        A run waiting for a seat when the adapter is stopped ends
+        C{adapter_stopped} without starting its command.
+        """
+        adapter = self.stubborn_adapter(max_concurrency=1)
+        yield self.cancelled_with_stubborn_child(adapter, run_input())
+        waiting = Events()
+        d = adapter.execute(run_input(run_id="r2"), waiting)
+        yield within(adapter.stop())
+        yield within(d)
+        self.assertEqual(waiting.types(), ["error"])
+        error = waiting.events[0].error
+        assert error is not None
+        self.assertEqual(error.code, "adapter_stopped")
         self.assertEqual(adapter.running, {})
 
     @defer.inlineCallbacks
