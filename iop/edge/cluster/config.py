@@ -7,11 +7,13 @@ The C{cluster:} section of C{edge.yaml} (and C{listen.peer}).
     advertise: "http://10.0.0.1:7180"   # where other Edges reach listen.peer
     prefix: /iop/              # every key the cluster writes starts with it
     lease_ttl_sec: 5           # membership and ownership lease
+    relist_sec: 30             # the view is listed again this often
     secret: "shared by every Edge of the cluster"
 
 Without the section the Edge runs alone, exactly as before.
 """
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -24,6 +26,10 @@ _EDGE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 #: would expire on a single slow round trip.
 MIN_LEASE_TTL_SEC = 2
 
+#: How often the view is listed again by default (a silent watch is found
+#: within it; each listing reads the whole prefix).
+RELIST_SEC = 30.0
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -33,6 +39,7 @@ class ClusterSpec:
     secret: str = field(repr=False)
     prefix: str = "/iop/"
     lease_ttl_sec: int = 5
+    relist_sec: float = RELIST_SEC
 
 
 def parse_cluster(section: Section, listen: Section) -> ClusterSpec:
@@ -41,7 +48,7 @@ def parse_cluster(section: Section, listen: Section) -> ClusterSpec:
     @param listen: the C{listen} section (C{peer} is required with a cluster).
     @raise ConfigError: naming the key.
     """
-    section.unknown({"etcd", "edge_id", "advertise", "prefix", "lease_ttl_sec", "secret"})
+    section.unknown({"etcd", "edge_id", "advertise", "prefix", "lease_ttl_sec", "relist_sec", "secret"})
     endpoints = section.get("etcd", (list, str))
     if isinstance(endpoints, str):
         endpoints = [endpoints]
@@ -64,6 +71,9 @@ def parse_cluster(section: Section, listen: Section) -> ClusterSpec:
     ttl = section.get("lease_ttl_sec", int, 5)
     if ttl < MIN_LEASE_TTL_SEC:
         raise section.error("lease_ttl_sec", f"must be at least {MIN_LEASE_TTL_SEC}")
+    relist = section.number("relist_sec", RELIST_SEC, positive=True)
+    if not math.isfinite(relist):
+        raise section.error("relist_sec", f"must be a finite number of seconds, got {relist!r}")
     if "secret" not in section.data:
         raise section.error("secret", "required: other Edges authenticate with it on listen.peer")
     secret = section.data["secret"]
@@ -78,4 +88,5 @@ def parse_cluster(section: Section, listen: Section) -> ClusterSpec:
         secret=secret,
         prefix=prefix,
         lease_ttl_sec=ttl,
+        relist_sec=float(relist),
     )

@@ -18,17 +18,22 @@ The answer has no deadline of its own (a request may wait in the owner's
 queue, a non-streamed answer comes whole at its end, a stream may last
 long): a peer that took the request and then says nothing is noticed by
 the cluster instead. Once its membership key is gone (its lease expired:
-it stopped keeping it alive; or it left), L{Forwarder.peer_gone} fails
-every request still waiting for that peer's answer with 503
-C{forward_failed}. An answer already streaming is left to go on: its
-bytes are the peer's own proof of life (a peer cut off from etcd alone
-still serves the nodes connected to it).
+it stopped keeping it alive; or it left), L{Forwarder.peer_gone} ends
+every relay from that peer: one still waiting for its answer fails with
+503 C{forward_failed}; one whose answer is streaming has the peer's
+connection closed and the caller's cut off mid-answer (a chunked answer
+without its last chunk), so a stream whose peer went silent does not hold
+its caller forever, and the caller can tell it was cut. That costs little:
+a peer whose lease ended closes every Node link once etcd tells it so
+(its Nodes register again, maybe elsewhere), which ends its streams
+anyway; a native run's caller resumes with C{Last-Event-ID} at any Edge.
 
 This is a surface's helper (it speaks HTTP); the service only decides
 that a request goes elsewhere.
 """
 
 import hmac
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -45,7 +50,7 @@ from twisted.web.server import NOT_DONE_YET
 from iop.edge.cluster.etcd import body_producer
 from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import cut_off, relay_response_headers, write_error
+from iop.edge.http.common import cut_off, relay_response_headers, release_producer, write_error
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError
 from iop.httpclient import BytesBody, LeanConnectionPool, lean_agent
@@ -100,8 +105,8 @@ class Forwarder:
     @param secret: C{cluster.secret}.
     @param agent: an C{IAgent}; by default one with a persistent pool.
 
-    @ivar waiting: C{{edge_id: relays}}, the requests forwarded to each
-        Edge that wait for its answer (its status and headers).
+    @ivar relays: C{{edge_id: relays}}, the requests forwarded to each Edge
+        whose relay has not ended: waiting for its answer or streaming it.
     """
 
     log = Logger()
@@ -112,7 +117,7 @@ class Forwarder:
         if agent is None:
             agent = lean_agent(reactor, LeanConnectionPool(reactor, persistent=True), CONNECT_TIMEOUT_SEC)
         self.agent = agent
-        self.waiting: dict[str, set[_Relay]] = {}
+        self.relays: dict[str, set[_Relay]] = {}
 
     def proxy(self, request: EdgeRequest, forward: Forward) -> Deferred[None]:
         """
@@ -128,29 +133,32 @@ class Forwarder:
         headers.addRawHeader(PEER_HEADER, self.secret)
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
-        relay = _Relay(request, forward)
-        waiting = self.waiting.setdefault(forward.edge_id, set())
-        waiting.add(relay)
-
-        def answered(result: IResponse | Failure) -> IResponse | Failure:
-            waiting.discard(relay)
-            if not waiting and self.waiting.get(forward.edge_id) is waiting:
-                del self.waiting[forward.edge_id]
-            return result
-
+        relay = _Relay(request, forward, self._forget)
+        self.relays.setdefault(forward.edge_id, set()).add(relay)
         d = self.agent.request(request.method, url, headers, BytesBody(body))
         relay.pending = d
-        d.addBoth(answered)
         request.notifyFinish().addErrback(relay.caller_gone)
         return d.addCallbacks(relay.respond, relay.failed)
 
+    def _forget(self, relay: "_Relay") -> None:
+        """
+        C{relay} ended (each does once, on whichever path): nothing is kept
+        for it.
+        """
+        edge_id = relay.forward.edge_id
+        relays = self.relays.get(edge_id)
+        if relays is not None:
+            relays.discard(relay)
+            if not relays:
+                del self.relays[edge_id]
+
     def peer_gone(self, edge_id: str) -> None:
         """
-        Edge C{edge_id} left the cluster (its membership key is gone): the
-        requests forwarded to it that still wait for its answer fail with
-        503 C{forward_failed}.
+        Edge C{edge_id} left the cluster (its membership key is gone):
+        every relay from it ends. One still waiting for its answer fails
+        with 503 C{forward_failed}; one streaming it is cut off.
         """
-        for relay in list(self.waiting.pop(edge_id, ())):
+        for relay in list(self.relays.get(edge_id, ())):
             relay.peer_gone()
 
 
@@ -158,19 +166,36 @@ class _Relay(Protocol):
     """
     One forwarded answer on its way back: status and headers, then the
     body as it comes.
+
+    @ivar over: whether the relay ended (the caller went, the answer ended
+        or failed, or the peer left): nothing more goes to the caller, and
+        the L{Forwarder} was told (once: C{forget(relay)}).
     """
 
     log = Logger()
 
-    def __init__(self, request: EdgeRequest, forward: Forward) -> None:
+    def __init__(self, request: EdgeRequest, forward: Forward, forget: Callable[["_Relay"], object]) -> None:
         self.request = request
         self.forward = forward
+        self.forget = forget
         self.pending: Deferred[IResponse] | None = None
-        self.gone = False
+        self.over = False
         self.why: str | None = None
 
+    def _end(self) -> bool:
+        """
+        End the relay, once. @return: whether it was still going (the
+        caller is then this path's to answer or cut).
+        """
+        if self.over:
+            return False
+        self.over = True
+        self.forget(self)
+        return True
+
     def caller_gone(self, failure: Failure) -> None:
-        self.gone = True
+        if not self._end():
+            return
         if self.pending is not None and not self.pending.called:
             self.pending.cancel()
         elif self.transport is not None:
@@ -178,15 +203,31 @@ class _Relay(Protocol):
 
     def peer_gone(self) -> None:
         """
-        The peer left the cluster before it answered: give up on it.
+        The peer left the cluster. Still waiting for its answer: give up
+        on it (503). Its answer streaming: close the peer's connection and
+        cut the caller's, with no end of the answer written (a chunked one
+        lacks its last chunk), so the caller sees it truncated: nothing
+        else would end it if the peer's connection stays up, silent.
         """
         if self.pending is not None and not self.pending.called:
             self.why = "it left the cluster (its etcd lease ended) before it answered"
             self.pending.cancel()
+            return
+        if not self._end():
+            return
+        self.log.warn(
+            "forwarded answer from Edge {edge} cut off: it left the cluster (its etcd lease ended) while it streamed",
+            edge=self.forward.edge_id,
+        )
+        release_producer(self.request)
+        if self.transport is not None:
+            body_producer(self).stopProducing()
+        if not self.request.finished:
+            cut_off(self.request.channel.transport)
 
     def respond(self, response: IResponse) -> None:
         self.pending = None
-        if self.gone:
+        if self.over:
             response.deliverBody(_Discard())
             return
         request = self.request
@@ -195,7 +236,7 @@ class _Relay(Protocol):
         response.deliverBody(self)
 
     def connectionMade(self) -> None:
-        if self.gone:
+        if self.over:
             body_producer(self).stopProducing()
             return
         # The peer's connection is the producer of the caller's response:
@@ -203,14 +244,13 @@ class _Relay(Protocol):
         self.request.registerProducer(body_producer(self), True)
 
     def dataReceived(self, data: bytes) -> None:
-        if not self.gone:
+        if not self.over:
             self.request.write(data)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        if self.gone or self.request.finished:
+        if not self._end() or self.request.finished:
             return
-        if self.request.producer is not None:
-            self.request.unregisterProducer()
+        release_producer(self.request)
         if reason is None or reason.check(ResponseDone, PotentialDataLoss):
             self.request.finish()
         else:
@@ -224,7 +264,7 @@ class _Relay(Protocol):
 
     def failed(self, failure: Failure) -> None:
         self.pending = None
-        if self.gone or self.request.finished:
+        if not self._end() or self.request.finished:
             return None
         self.log.warn(
             "forwarding to Edge {edge} failed: {why}",

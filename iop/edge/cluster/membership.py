@@ -33,6 +33,12 @@ may have applied it) is read back and, if etcd did create the key for no
 connection, deleted, fenced on its revision. An unexpected error in the
 join, the watch or one of the loops (keep-alive, load) is logged and that
 step tried again after L{RETRY_SEC}, as when etcd does not answer.
+
+The view is listed again every C{cluster.relist_sec} (anti-entropy): a
+watch that stays open and silently delivers nothing shows no error, and
+the view would stay stale for ever. A listing newer than what the watch
+has shown is reconciled with the view as after a watch restart; if it
+changed the view, the watch missed it, and is restarted.
 """
 
 import json
@@ -139,6 +145,13 @@ class Membership(Service):
         self._keeper.clock = clock
         self._publisher = LoopingCall(self._publish)
         self._publisher.clock = clock
+        self._relister = LoopingCall(self._relist)
+        self._relister.clock = clock
+        #: The newest revision the live watch has shown: that of the
+        #: listing it started after, then of each of its events; and what
+        #: it was at the last re-list (the watch was quiet since if equal).
+        self._seen = 0
+        self._seen_at_relist = 0
         self._published: dict[str, Any] | None = None
         #: What etcd holds at edges/<edge_id> under the current lease (the
         #: last put of it that landed), and whether a put of it is on its way.
@@ -171,6 +184,7 @@ class Membership(Service):
         self._join()
         self._watch_start()
         self._loop(self._publisher, PUBLISH_INTERVAL_SEC, "load")
+        self._loop(self._relister, self.spec.relist_sec, "re-list")
 
     def _loop(self, loop: LoopingCall, interval: float, what: str, now: bool = False) -> None:
         """
@@ -362,22 +376,8 @@ class Membership(Service):
             if self._left:
                 return
             revision, kvs = answer
-            before = dict(self._incarnations)
-            self.edges.clear()
-            self._incarnations.clear()
-            self.owners.clear()
-            self.loads.clear()
-            for kv in kvs:
-                self._apply("put", kv)
-            # What went while the watch was down: an Edge whose key is not
-            # listed left (it is down), one listed under a new lease left
-            # and came back.
-            for edge_id, incarnation in before.items():
-                now = self._incarnations.get(edge_id)
-                if now is None:
-                    self._edge_gone(edge_id)
-                elif now != incarnation and edge_id != self.edge_id:
-                    self._tell(self.on_gone, edge_id)
+            self._reconcile(kvs)
+            self._seen = self._seen_at_relist = revision
             self._watch = self.etcd.watch(self.spec.prefix, revision + 1, self._event)
             self._watch.done.addBoth(self._watch_ended)
 
@@ -393,7 +393,82 @@ class Membership(Service):
         if not self._left and (self._retry_watch is None or not self._retry_watch.active()):
             self._retry_watch = self.clock.callLater(RETRY_SEC, self._watch_start)
 
+    def _reconcile(self, kvs: list[KeyValue]) -> bool:
+        """
+        Make the view what etcd listed (C{kvs}, every key under the
+        prefix), telling what changed unseen: an Edge whose key is not
+        listed left (it is down), one listed under a new lease left and
+        came back. Used after a watch restart and by the periodic re-list.
+
+        @return: whether the view changed.
+        """
+        incarnations = dict(self._incarnations)
+        before = (dict(self.edges), incarnations, dict(self.owners), dict(self.loads))
+        self.edges.clear()
+        self._incarnations.clear()
+        self.owners.clear()
+        self.loads.clear()
+        for kv in kvs:
+            self._apply("put", kv)
+        for edge_id, incarnation in incarnations.items():
+            now = self._incarnations.get(edge_id)
+            if now is None:
+                self._edge_gone(edge_id)
+            elif now != incarnation and edge_id != self.edge_id:
+                self._tell(self.on_gone, edge_id)
+        return before != (self.edges, self._incarnations, self.owners, self.loads)
+
+    def _relist(self) -> Deferred[None] | None:
+        """
+        List the prefix again (every C{relist_sec}): a watch that stays
+        open and delivers nothing shows no error. A listing newer than
+        what the watch has shown is reconciled (L{_reconcile}); if that
+        changed the view while the watch showed nothing since the last
+        re-list, the watch missed it: it is restarted, which lists once
+        more and watches from there. (A watch that showed something since
+        is alive; the change is one of its events still on its way.) A listing no newer is
+        dropped: reconciling it would take back what the watch showed
+        since (an Edge that just joined seen gone, its forwards cut).
+
+        Skipped while no watch is live (its restart lists). The Deferred
+        goes back to the C{LoopingCall}, which skips the ticks that come
+        while a listing is in flight; an error is logged and the next
+        tick lists again.
+        """
+        watch = self._watch
+        if watch is None or self._left:
+            return None
+
+        def listed(answer: tuple[int, list[KeyValue]]) -> None:
+            revision, kvs = answer
+            seen = self._seen
+            quiet, self._seen_at_relist = seen == self._seen_at_relist, seen
+            if self._watch is not watch or revision <= seen:
+                return
+            if self._reconcile(kvs) and quiet:
+                self.log.warn(
+                    "the etcd watch of Edge {edge} seems silent: the view listed again at revision {revision}"
+                    " differs from what the watch showed (up to revision {seen}); restarting the watch",
+                    edge=self.edge_id,
+                    revision=revision,
+                    seen=seen,
+                )
+                watch.cancel()
+
+        def failed(failure: Failure) -> None:
+            if failure.check(EtcdUnavailable):
+                self.log.info(
+                    "could not list the cluster again ({why}); trying at the next re-list",
+                    why=failure.getErrorMessage(),
+                )
+            else:
+                self._unexpected(failure, "listing the cluster again")
+
+        d: Deferred[None] = defer.maybeDeferred(self.etcd.range, self.spec.prefix, prefix=True).addCallback(listed)
+        return d.addErrback(failed)
+
     def _event(self, event: WatchEvent) -> None:
+        self._seen = max(self._seen, event.kv.mod_revision)
         self._apply(event.type, event.kv)
 
     def _apply(self, kind: str, kv: KeyValue) -> None:
@@ -645,7 +720,7 @@ class Membership(Service):
         if self._left:
             return defer.succeed(None)
         self._left = True
-        for loop in (self._keeper, self._publisher):
+        for loop in (self._keeper, self._publisher, self._relister):
             if loop.running:
                 loop.stop()
         for call in (self._retry, self._retry_watch, *self._retry_loops.values()):

@@ -1,8 +1,9 @@
 """
-Requests proxied to another Edge (L{iop.edge.cluster.forward}): a peer
-that took a request and never answers it is given up on once it leaves
-the cluster (its membership key gone), with 503 C{forward_failed}; an
-answer already streaming is left to go on.
+Requests proxied to another Edge (L{iop.edge.cluster.forward}): once a
+peer leaves the cluster (its membership key gone), a request it took and
+never answered is given up on with 503 C{forward_failed}, and an answer
+it was streaming is cut off (the caller's connection closed without the
+answer's end); nothing is kept of either.
 """
 
 import json
@@ -12,11 +13,17 @@ from typing import Any
 from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseFailed
+from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
-from twisted.web.test.requesthelper import DummyRequest
+from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 from zope.interface import implementer
 
 from iop.edge.cluster.forward import Forwarder
@@ -46,7 +53,8 @@ class SilentPeer:
 
 class Caller(DummyRequest):
     """
-    A caller's request, its body read, that takes a push producer.
+    A caller's request, its body read, that takes a push producer, on a
+    connection that can be cut (C{self.channel.transport.disconnected}).
     """
 
     producer: Any = None
@@ -56,6 +64,9 @@ class Caller(DummyRequest):
         self.method = b"POST"
         self.uri = b"/v1/chat/completions"
         self.content = BytesIO(b"{}")
+        channel: Any = DummyChannel()
+        channel.transport = StringTransport()
+        self.channel = channel
 
     def registerProducer(self, producer: Any, streaming: bool) -> None:
         self.producer = producer
@@ -91,29 +102,64 @@ class ForwarderTests(SynchronousTestCase):
         self.assertTrue(self.peers.asked[0][1].called)
         self.assertFalse(self.peers.asked[1][1].called)
         self.assertEqual(other.finished, 0)
-        self.assertEqual(set(self.forwarder.waiting), {"edge-c"})
+        self.assertEqual(set(self.forwarder.relays), {"edge-c"})
 
-    def test_streaming_answer_goes_on(self) -> None:
+    def test_streaming_answer_cut_when_the_peer_goes(self) -> None:
         """
-        An answer already relaying is not cut when its peer leaves the
-        cluster (its bytes show the peer serves); nothing is kept for it.
+        An answer streaming from a peer that left the cluster is cut: the
+        peer's connection is closed, the caller's aborted without the
+        answer's end (never finished), with one line logged saying why;
+        nothing is kept of it, and what comes after (the peer's bytes and
+        end, the caller's connection lost, the peer gone again) changes
+        nothing. A stream from another peer goes on.
         """
         request = self.proxy("edge-b")
+        other = self.proxy("edge-c")
         response = Answer([b"data: first\n\n"], ends=False, content_type=b"text/event-stream")
         self.peers.asked[0][1].callback(response)
-        self.assertEqual(self.forwarder.waiting, {})
-        self.forwarder.peer_gone("edge-b")
+        self.peers.asked[1][1].callback(Answer([b"data: other\n\n"], ends=False))
+        self.assertEqual(set(self.forwarder.relays), {"edge-b", "edge-c"})
+        with capturedLogs() as events:
+            self.forwarder.peer_gone("edge-b")
+        lines = [formatEvent(event) for event in events]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("Edge edge-b cut off: it left the cluster", lines[0])
+        self.assertEqual(response.transport.producerState, "stopped")
+        self.assertTrue(request.channel.transport.disconnected)
+        self.assertIsNone(request.producer)
         self.assertEqual((request.responseCode, request.finished), (200, 0))
+        self.assertEqual(set(self.forwarder.relays), {"edge-c"})
+        response.protocol.dataReceived(b"data: late\n\n")
+        # (A body read to its connection's close would call this its end.)
+        response.protocol.connectionLost(Failure(PotentialDataLoss()))
+        request.processingFailed(Failure(ConnectionLost()))
+        self.forwarder.peer_gone("edge-b")
         self.assertEqual(request.written, [b"data: first\n\n"])
-        self.assertEqual(response.transport.producerState, "producing")
+        self.assertEqual(request.finished, 0)
+        self.assertEqual((other.finished, other.written), (0, [b"data: other\n\n"]))
+        self.assertFalse(other.channel.transport.disconnected)
 
     def test_answered_or_failed_kept_no_more(self) -> None:
         """
-        A request whose peer failed to answer is not kept either.
+        A request whose peer failed to answer is not kept, nor one whose
+        answer ended, nor one whose caller went away mid-answer.
         """
         self.proxy("edge-b")
         self.peers.asked[0][1].errback(ConnectionRefusedError("refused"))
-        self.assertEqual(self.forwarder.waiting, {})
+        self.assertEqual(self.forwarder.relays, {})
+        answered = self.proxy("edge-b")
+        self.peers.asked[1][1].callback(Answer([b"{}"], ends=True))
+        self.assertEqual((answered.finished, self.forwarder.relays), (1, {}))
+        left = self.proxy("edge-b")
+        response = Answer([b"data: first\n\n"], ends=False)
+        self.peers.asked[2][1].callback(response)
+        left.processingFailed(Failure(ConnectionLost()))
+        self.assertEqual(response.transport.producerState, "stopped")
+        self.assertEqual(self.forwarder.relays, {})
+        response.protocol.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+        self.assertEqual((left.finished, left.channel.transport.disconnected), (0, False))
+        self.forwarder.peer_gone("edge-b")
+        self.assertEqual(left.finished, 0)
 
 
 class PeerLeavesTests(ClusterCase):
@@ -142,3 +188,42 @@ class PeerLeavesTests(ClusterCase):
         self.assertEqual(response.code, 503)
         answer = self.successResultOf(defer.ensureDeferred(response.json()))
         self.assertEqual(answer["error"]["code"], "forward_failed")
+
+    def test_stream_cut_off_when_its_lease_expires(self) -> None:
+        """
+        A stream forwarded from A to B, whose connection then stays up and
+        says nothing, is cut at A's caller once B's lease has expired: the
+        caller has the bytes relayed and then a truncated body (its last
+        chunk never came), not an end.
+        """
+        self.b.register("tok-1")
+        self.advance(1)
+        peers = SilentPeer()
+        forwarder = self.cluster(self.a).forwarder
+        forwarder.agent = peers
+        http: Any = StubTreq(self.a.site.resource)
+        body = {"model": "grp", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        d = http.request("POST", BASE + "/v1/chat/completions", data=json.dumps(body).encode())
+        http.flush()
+        answer = Answer([b"data: first\n\n"], ends=False, content_type=b"text/event-stream")
+        peers.asked[0][1].callback(answer)
+        http.flush()
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 200)
+        chunks: list[bytes] = []
+        collected = response.collect(chunks.append)
+        http.flush()
+        self.assertEqual(chunks, [b"data: first\n\n"])
+        self.client(self.b).cut()
+        self.advance(2)
+        http.flush()
+        self.assertNoResult(collected)
+        self.advance(2)
+        http.flush()
+        self.assertEqual(self.states_seen(self.a)["edge-b"], "down")
+        failure = self.failureResultOf(collected, ResponseFailed)
+        # The chunked decoder missed the last chunk: the caller can tell.
+        self.assertTrue([reason for reason in failure.value.reasons if reason.check(_DataLoss)])
+        self.assertEqual(chunks, [b"data: first\n\n"])
+        self.assertEqual(answer.transport.producerState, "stopped")
+        self.assertEqual(forwarder.relays, {})

@@ -2,20 +2,24 @@
 This Edge as a member of the cluster (L{iop.edge.cluster.membership}):
 what it tells etcd is put again until it holds (its draining state, a
 claim whose answer was lost), its view keeps the Edges that went while
-its watch was down, a leave during a join stays a leave, and an
-unexpected error stops none of its loops.
+its watch was down, a leave during a join stays a leave, an unexpected
+error stops none of its loops, and a watch that stays open but delivers
+nothing is found by the periodic re-list.
 """
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.logger import capturedLogs, formatEvent
 
-from iop.edge.cluster.etcd import KeyValue
+from iop.edge.cluster.etcd import EtcdUnavailable, KeyValue
 from iop.edge.cluster.membership import LOST, OK, RETRY_SEC
 from iop.edge.cluster.test.support import ClusterCase
 from iop.protocols import messages
+from iop.testing.edge import EdgeHarness
 from iop.testing.etcd import MemoryEtcdClient
 
 
@@ -47,6 +51,21 @@ class Held:
     def answer(self) -> None:
         d, answer = self.waiting.pop(0)
         (answer if self.applied else answer()).chainDeferred(d)
+
+
+def fail_once(client: Any, name: str, error: Exception, raises: bool = False) -> None:
+    """
+    The next call of C{client.name} fails with C{error} (or raises it).
+    """
+    real = getattr(client, name)
+
+    def once(*args: Any, **kwargs: Any) -> Deferred[Any]:
+        setattr(client, name, real)
+        if raises:
+            raise error
+        return defer.fail(error)
+
+    setattr(client, name, once)
 
 
 class DrainingStateTests(ClusterCase):
@@ -274,17 +293,6 @@ class LostClaimAnswerTests(ClusterCase):
 
 
 class UnexpectedErrorTests(ClusterCase):
-    def fail_once(self, client: Any, name: str, error: Exception, raises: bool = False) -> None:
-        real = getattr(client, name)
-
-        def once(*args: Any, **kwargs: Any) -> Deferred[Any]:
-            setattr(client, name, real)
-            if raises:
-                raise error
-            return defer.fail(error)
-
-        setattr(client, name, once)
-
     def test_keep_alive_goes_on(self):
         """
         An unexpected error in a keep-alive is logged; the loop goes on
@@ -292,7 +300,7 @@ class UnexpectedErrorTests(ClusterCase):
         """
         membership = self.membership(self.a)
         lease = membership.lease
-        self.fail_once(self.client(self.a), "keepalive", RuntimeError("a bug"))
+        fail_once(self.client(self.a), "keepalive", RuntimeError("a bug"))
         self.advance(10)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertTrue(membership._keeper.running)
@@ -328,7 +336,7 @@ class UnexpectedErrorTests(ClusterCase):
         tried again after RETRY_SEC.
         """
         client = self.etcd.client()
-        self.fail_once(client, "grant", KeyError("ID"))
+        fail_once(client, "grant", KeyError("ID"))
         c = self.edge("edge-c", etcd=client)
         membership = self.membership(c)
         self.assertEqual(membership.session, LOST)
@@ -343,7 +351,7 @@ class UnexpectedErrorTests(ClusterCase):
         RETRY_SEC, and the view is built.
         """
         client = self.etcd.client()
-        self.fail_once(client, "watch", RuntimeError("a bug"), raises=True)
+        fail_once(client, "watch", RuntimeError("a bug"), raises=True)
         c = self.edge("edge-c", etcd=client)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.clock.advance(RETRY_SEC)
@@ -369,3 +377,171 @@ class UnexpectedErrorTests(ClusterCase):
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertEqual((membership.voids, membership.session), (1, OK))
         self.assertIn("/iop/edges/edge-a", self.etcd.data)
+
+
+class RelistTests(ClusterCase):
+    """
+    The view listed again every C{relist_sec} (30 by default).
+    """
+
+    def silence(self, harness: EdgeHarness) -> None:
+        """
+        The watch of C{harness} stays open and delivers nothing more (a
+        stream stuck somewhere between etcd and the Edge).
+        """
+        for watch in self.client(harness).watches:
+            self.etcd.watches.remove(watch)
+
+    def silent_warnings(self, events: Sequence[dict[str, Any]]) -> list[str]:
+        return [line for line in map(formatEvent, events) if "seems silent" in line]
+
+    def test_silent_watch_found(self) -> None:
+        """
+        What a silent watch missed is found at the next re-list, as after a
+        watch restart: an Edge that left is down (and told), one that
+        joined is up, a changed state and a new claim are seen. Once the
+        watch has shown nothing for a whole C{relist_sec} and a listing
+        still finds a change, a warning says it seems silent and it is
+        restarted: what comes next is seen at once.
+        """
+        d = self.edge("edge-d")
+        membership = self.membership(self.a)
+        told: list[str] = []
+        membership.on_gone = told.append
+        self.advance(0.5)
+        self.silence(self.a)
+        self.successResultOf(self.membership(d).leave())
+        self.b.register("tok-1")
+        self.membership(self.b).start_draining()
+        c = self.edge("edge-c")
+        self.advance(29)
+        self.assertEqual(self.states_seen(self.a), {"edge-a": "up", "edge-b": "up", "edge-d": "up"})
+        self.assertEqual((told, membership.owner("n1")), ([], None))
+        self.advance(1)
+        self.assertEqual(
+            self.states_seen(self.a), {"edge-a": "up", "edge-b": "draining", "edge-c": "up", "edge-d": "down"}
+        )
+        self.assertEqual((told, membership.owner("n1")), (["edge-d"], "edge-b"))
+        self.assertIn("edge-b", membership.loads)
+        self.successResultOf(self.membership(c).leave())
+        with capturedLogs() as events:
+            self.advance(30)
+        self.assertEqual(self.states_seen(self.a)["edge-c"], "down")
+        self.assertEqual(told, ["edge-d", "edge-c"])
+        [warning] = self.silent_warnings(events)
+        self.assertIn("Edge edge-a", warning)
+        self.advance(RETRY_SEC)
+        self.edge("edge-e")
+        self.assertEqual(self.states_seen(self.a)["edge-e"], "up")
+
+    def test_live_watch_left_alone(self) -> None:
+        """
+        With a watch that delivers, the re-list reads the prefix and
+        changes nothing: no warning, the same watch.
+        """
+        membership = self.membership(self.a)
+        watch = membership._watch
+        ranges = self.client(self.a).calls.count("range")
+        self.b.register("tok-1")
+        with capturedLogs() as events:
+            self.advance(30)
+        self.assertEqual(self.client(self.a).calls.count("range"), ranges + 1)
+        self.assertEqual(self.silent_warnings(events), [])
+        self.assertIs(membership._watch, watch)
+
+    def test_event_on_its_way(self) -> None:
+        """
+        A listing that shows a change the watch has not delivered yet, from
+        a watch that delivered something since the last re-list (it is
+        alive: the event is on its way), is reconciled with no warning and
+        the same watch.
+        """
+        membership = self.membership(self.a)
+        watch = membership._watch
+        self.advance(0.5)
+        self.b.register("tok-1")
+        self.assertEqual(membership.owner("n1"), "edge-b")
+        self.silence(self.a)
+        self.membership(self.b).start_draining()
+        with capturedLogs() as events:
+            self.advance(29.5)
+        self.assertEqual(self.states_seen(self.a)["edge-b"], "draining")
+        self.assertEqual(self.silent_warnings(events), [])
+        self.assertIs(membership._watch, watch)
+
+    def held_edge(self) -> tuple[EdgeHarness, Held]:
+        """
+        Edge C, whose listings wait for L{Held.answer} (each read when
+        asked), its first one answered: its watch is live.
+        """
+        held = Held(self.etcd.client(), "range", applied=True)
+        c = self.edge("edge-c", etcd=held)
+        held.answer()
+        self.assertIsNotNone(self.membership(c)._watch)
+        return c, held
+
+    def test_one_at_a_time(self) -> None:
+        """
+        A re-list still waiting for etcd is not overlapped: the ticks that
+        come meanwhile are skipped, and the next one after it lists again.
+        """
+        c, held = self.held_edge()
+        self.advance(120)
+        self.assertEqual(len(held.waiting), 1)
+        held.answer()
+        self.advance(30)
+        self.assertEqual(len(held.waiting), 1)
+
+    def test_older_listing_dropped(self) -> None:
+        """
+        A listing the watch has shown newer events than (they came while it
+        was on its way) is dropped: an Edge that joined meanwhile stays up,
+        nobody is told it went, and the watch is not restarted.
+        """
+        c, held = self.held_edge()
+        membership = self.membership(c)
+        told: list[str] = []
+        membership.on_gone = told.append
+        self.advance(30)
+        self.assertEqual(len(held.waiting), 1)
+        self.edge("edge-e")
+        watch = membership._watch
+        with capturedLogs() as events:
+            held.answer()
+        self.assertEqual(self.states_seen(c)["edge-e"], "up")
+        self.assertEqual((told, self.silent_warnings(events)), ([], []))
+        self.assertIs(membership._watch, watch)
+
+    def test_errors_stop_it_not(self) -> None:
+        """
+        A re-list that fails (unexpectedly: logged; etcd not answering)
+        leaves the loop going: the next one finds what a silent watch
+        missed.
+        """
+        client = self.client(self.a)
+        fail_once(client, "range", RuntimeError("a bug"))
+        self.advance(30)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        fail_once(client, "range", EtcdUnavailable("etcd is not reachable"))
+        self.advance(30)
+        self.silence(self.a)
+        self.successResultOf(self.membership(self.b).leave())
+        self.assertEqual(self.states_seen(self.a)["edge-b"], "up")
+        self.advance(30)
+        self.assertEqual(self.states_seen(self.a)["edge-b"], "down")
+
+    def test_stops_with_the_service(self) -> None:
+        """
+        Leaving stops the re-list; one on its way then changes nothing.
+        """
+        c, held = self.held_edge()
+        membership = self.membership(c)
+        self.advance(30)
+        self.successResultOf(membership.stopService())
+        self.assertFalse(membership._relister.running)
+        with capturedLogs() as events:
+            held.answer()
+        self.advance(60)
+        self.assertEqual((held.waiting, held.client.watches), ([], []))
+        self.assertIsNone(membership._watch)
+        self.assertEqual(self.silent_warnings(events), [])
