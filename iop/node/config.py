@@ -19,6 +19,8 @@ DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_INTERVAL_SEC = 10.0
 DEFAULT_JITTER = 0.5
 DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
+#: Generous: starting an adapter may probe its back end over the network.
+DEFAULT_CONFIGURE_TIMEOUT_SEC = 60.0
 DEFAULT_SHUTDOWN_GRACE_SEC = 30.0
 
 _TOP_KEYS = {
@@ -27,6 +29,7 @@ _TOP_KEYS = {
     "store",
     "reconnect",
     "register_timeout_sec",
+    "configure_timeout_sec",
     "shutdown_grace_sec",
     "metrics",
     "log_format",
@@ -85,6 +88,9 @@ class NodeConfig:
     @ivar token: the Node's credential. Never logged.
     @ivar store: the run store's SQLite path or C{file:} URI.
     @ivar retention: how long the run store keeps finished work.
+    @ivar configure_timeout_sec: how long an accepted registration may
+        take to start its adapters before the attempt is given up (and
+        retried).
     @ivar shutdown_grace_sec: how long a local shutdown lets work in flight
         finish before cancelling it (0: cancel at once).
     @ivar metrics: a Twisted server endpoint string for C{/metrics}, or
@@ -102,6 +108,7 @@ class NodeConfig:
     retention: Retention = Retention()
     reconnect: ReconnectPolicy = ReconnectPolicy()
     register_timeout_sec: float = DEFAULT_REGISTER_TIMEOUT_SEC
+    configure_timeout_sec: float = DEFAULT_CONFIGURE_TIMEOUT_SEC
     shutdown_grace_sec: float = DEFAULT_SHUTDOWN_GRACE_SEC
     metrics: str | None = None
     log_format: str = "text"
@@ -179,6 +186,7 @@ def parse_config(top: Section) -> NodeConfig:
     store, retention = parse_store(top)
     reconnect = parse_reconnect(top.section("reconnect", None))
     register_timeout = top.number("register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True)
+    configure_timeout = top.number("configure_timeout_sec", DEFAULT_CONFIGURE_TIMEOUT_SEC, positive=True)
     shutdown_grace = top.number("shutdown_grace_sec", DEFAULT_SHUTDOWN_GRACE_SEC, minimum=0)
     metrics = top.get("metrics", str, None)
     if metrics is not None and not metrics.strip():
@@ -191,6 +199,7 @@ def parse_config(top: Section) -> NodeConfig:
         retention=retention,
         reconnect=reconnect,
         register_timeout_sec=float(register_timeout),
+        configure_timeout_sec=float(configure_timeout),
         shutdown_grace_sec=float(shutdown_grace),
         metrics=metrics,
         log_format=parse_log_format(top),

@@ -67,6 +67,8 @@ class NodeContext:
     @ivar clock: an C{IReactorTime} for timeouts.
     @ivar host: the L{iop.node.host.AdapterHost}.
     @ivar register_timeout: seconds to wait for each register/ready answer.
+    @ivar configure_timeout: seconds an accepted registration may take to
+        start its adapters (C{configure_timeout_sec}).
     """
 
     token: str = field(repr=False)
@@ -77,6 +79,7 @@ class NodeContext:
     usage: UsageBook = field(default_factory=UsageBook)
     transport: TransportState = field(default_factory=TransportState)
     register_timeout: float = 10.0
+    configure_timeout: float = 60.0
     now: Callable[[], float] = time.time
     #: Whose each logical session is (L{iop.node.owners}); the run store
     #: fills it at start.

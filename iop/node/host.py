@@ -88,6 +88,18 @@ class AdapterHost:
         #: work counts in the name's in-flight gauge with the current one's).
         self._retiring: dict[str, list[Hosted]] = {}
         self._lock = defer.DeferredLock()
+        #: The adapters of the apply under way whose start has not ended,
+        #: the one starting first.
+        self._unstarted: list[str] = []
+
+    @property
+    def starting(self) -> tuple[str, ...]:
+        """
+        The names of the adapters an apply under way is still to start,
+        the one whose C{start} is pending first: what a caller that gives
+        up on the apply can tell its operator.
+        """
+        return tuple(self._unstarted)
 
     def get(self, name: str) -> Hosted | None:
         """
@@ -106,7 +118,10 @@ class AdapterHost:
         started, the running set is left as it was.
 
         @return: a Deferred firing when the new set is running, or failing
-            with L{AdapterSetupError} naming the adapter.
+            with L{AdapterSetupError} naming the adapter. Cancelling it
+            (a session's C{configure_timeout_sec}) abandons the pending
+            C{start}, stops the adapters this apply built and leaves the
+            running set as it was, so that the next apply starts afresh.
         """
         return self._lock.run(self._apply, list(adapters))
 
@@ -132,14 +147,26 @@ class AdapterHost:
             fresh.append(hosted)
 
         started: list[Hosted] = []
-        for hosted in fresh:
-            try:
-                yield defer.maybeDeferred(hosted.adapter.start)
-            except Exception as e:
-                yield self._stop_all([h.adapter for h in started])
-                raise AdapterSetupError(f"adapter {hosted.name}: start failed: {e}") from None
-            started.append(hosted)
-            self.log.info("adapter {name} ({type}) started", name=hosted.name, type=hosted.spec[0])
+        self._unstarted = [h.name for h in fresh]
+        try:
+            for hosted in fresh:
+                try:
+                    yield defer.maybeDeferred(hosted.adapter.start)
+                except defer.CancelledError:
+                    # The caller gave up on this apply. The abandoned adapter
+                    # may hold half of what its start acquired: it is stopped
+                    # too. Not waited for: a stop that hangs as well must not
+                    # keep the lock from the next apply.
+                    self._stop_all([h.adapter for h in [*started, hosted]])
+                    raise
+                except Exception as e:
+                    yield self._stop_all([h.adapter for h in started])
+                    raise AdapterSetupError(f"adapter {hosted.name}: start failed: {e}") from None
+                started.append(hosted)
+                self._unstarted.remove(hosted.name)
+                self.log.info("adapter {name} ({type}) started", name=hosted.name, type=hosted.spec[0])
+        finally:
+            self._unstarted = []
 
         retired = [h for name, h in self._hosted.items() if wanted.get(name) is not h]
         self._hosted = wanted

@@ -85,6 +85,7 @@ class NodeService(MultiService):
             store=self.store,
             metrics=self.metrics,
             register_timeout=config.register_timeout_sec,
+            configure_timeout=config.configure_timeout_sec,
             node_version=_version(),
             owners=owners,
         )

@@ -141,6 +141,9 @@ class NodeSession:
         )
         self.commands = CommandHandler(context, self.send)
         self._timer: IDelayedCall | None = None
+        #: The configuration being applied (adapters started, session
+        #: owners loaded) while the session is configuring, else C{None}.
+        self._configuring: Deferred[None] | None = None
         self._closing = False
         self._drain: Drain | None = None
         self._handlers: dict[str, Callable[[Message], object]] = {
@@ -179,6 +182,9 @@ class NodeSession:
     def wire_lost(self, reason: Failure) -> None:
         previous, self.state = self.state, CLOSED
         self._cancel_timer()
+        # The Edge forgets a pending link with its connection: an adapter
+        # start still pending serves no one and must not hold the host.
+        self._abandon_configuration()
         why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
         if previous == READY:
             # An unexpected loss is logged by the supervisor with its retry.
@@ -295,14 +301,42 @@ class NodeSession:
             count=len(config.adapters),
         )
         self._adopt_heartbeat(config)
-        d = self.context.host.apply(config.adapters)
         # No run may be checked against the session owners before the run
         # store's are in: the ready waits for them.
-        d.addCallback(lambda _: self.context.owners.loaded())
+        d = self.context.host.apply(config.adapters).addCallback(lambda _: self.context.owners.loaded())
+        self._configuring = d
+        timeout = self.context.configure_timeout
+        self._timer = self.context.clock.callLater(timeout, self._configure_timed_out, timeout)
         d.addCallbacks(self._configured, self._config_failed)
         d.addErrback(lambda f: self.log.failure("registration step failed", f))
 
+    def _configure_timed_out(self, timeout: float) -> None:
+        """
+        The configuration is not running in time (an adapter's C{start}
+        hangs, or the run store's session owners do not come): without a
+        deadline the Node would never be ready and never retry. Refuse the
+        attempt as retryable (the next one may find the back end up), then
+        abandon the apply, which leaves the host as it was.
+        """
+        self._timer = None
+        names = self.context.host.starting
+        what = (
+            f"adapter(s) {', '.join(names)} did not start" if names else "the run store's session owners did not load"
+        )
+        self._refuse(RetryableRefusal(f"configuration not running within {timeout:g}s (configure_timeout_sec): {what}"))
+        self._abandon_configuration()
+
+    def _abandon_configuration(self) -> None:
+        """
+        Cancel the apply under way, if any. Its end then finds the session
+        refused or closed and does nothing more.
+        """
+        d, self._configuring = self._configuring, None
+        if d is not None:
+            d.cancel()
+
     def _configured(self, _: object) -> None:
+        self._configuring = None
         if self.state != CONFIGURING:
             return
         self.state = READYING
@@ -315,15 +349,17 @@ class NodeSession:
         self._expect("NodeReadyResponse")
 
     def _config_failed(self, failure: Failure) -> None:
+        self._configuring = None
+        if self.state != CONFIGURING:
+            # The attempt already ended (its deadline, a lost connection)
+            # and was refused once: this is the abandoned apply ending.
+            return
         if failure.check(AdapterSetupError):
             text = f"this node cannot run its configuration: {failure.value}"
         else:
             self.log.failure("applying the Edge's configuration failed", failure)
             text = f"applying the Edge's configuration failed: {failure.value}"
-        if self.state == CONFIGURING:
-            self._refuse(FatalRefusal(text))
-        else:
-            self._settle(FatalRefusal(text))
+        self._refuse(FatalRefusal(text))
 
     def _readied(self, response: Message) -> None:
         self._cancel_timer()

@@ -35,6 +35,7 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(config.store, DEFAULT_STORE)
         self.assertEqual(config.reconnect, ReconnectPolicy(max_attempts=10, interval_sec=10.0))
         self.assertEqual(config.register_timeout_sec, 10.0)
+        self.assertEqual(config.configure_timeout_sec, 60.0)
         self.assertEqual(config.shutdown_grace_sec, 30.0)
         self.assertIsNone(config.metrics)
 
@@ -102,6 +103,9 @@ class ConfigTests(SynchronousTestCase):
         self.assert_error_names("reconnect.interval_sec", reconnect={"interval_sec": -1})
         self.assert_error_names("reconnect.interval_sec", reconnect={"interval_sec": "soon"})
         self.assert_error_names("register_timeout_sec", register_timeout_sec=0)
+        for bad in (0, -5, "soon"):
+            self.assert_error_names("configure_timeout_sec", configure_timeout_sec=bad)
+        self.assertEqual(parse(configure_timeout_sec=2.5).configure_timeout_sec, 2.5)
         self.assert_error_names("metrics", metrics=9100)
         self.assert_error_names("store", store="")
 

@@ -8,6 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost, AdapterSetupError
 from iop.node.metrics import NodeMetrics
+from iop.node.test.held import HeldStarts
 from iop.testing.node import ManualAdapter, adapter_config, build, hosted, manual
 
 
@@ -74,6 +75,39 @@ class HostTests(SynchronousTestCase):
         self.assertIn("adapter bad: start failed: port in use", str(failure.value))
         self.assertEqual([h.name for h in self.host.all()], ["old"])
         self.assertEqual(started[0].stopped, 1)
+
+    def test_cancelled_apply_leaves_the_host_as_it_was(self):
+        """
+        Cancelling an apply while a start hangs (a session's configure
+        deadline) fails it with C{CancelledError}, stops what it built (the
+        started adapter and the abandoned one) without waiting, keeps the
+        previous set, and frees the host: the next apply of the same
+        configuration builds and starts each adapter once, and the
+        in-flight gauge counts only the new instances' work.
+        """
+        metrics = NodeMetrics()
+        starts = HeldStarts("slow")
+        host = AdapterHost(Clock(), starts, metrics)
+        self.successResultOf(host.apply([adapter_config("old")]))
+        configs = [adapter_config("old"), adapter_config("fast"), adapter_config("slow"), adapter_config("later")]
+        d = host.apply(configs)
+        self.assertEqual(host.starting, ("slow", "later"))
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertEqual(host.starting, ())
+        self.assertEqual([h.name for h in host.all()], ["old"])
+        self.assertEqual(
+            [(a.started, a.stopped) for a in (starts.instance("fast"), starts.instance("slow"))], [(1, 1), (1, 1)]
+        )
+        self.assertEqual(starts.instance("later").started, 0)  # built, never started: nothing to stop
+        self.assertEqual(starts.instance("old").stopped, 0)
+
+        self.successResultOf(host.apply(configs))
+        self.assertEqual(sorted(h.name for h in host.all()), ["fast", "later", "old", "slow"])
+        self.assertIs(hosted(host, "slow").adapter, starts.instance("slow", 1))
+        self.assertEqual([len(starts.built[name]) for name in ("old", "fast", "slow", "later")], [1, 2, 2, 2])
+        hosted(host, "slow").gate.acquire()
+        self.assertEqual(metrics.value("iop_node_in_flight", {"adapter": "slow"}), 1)
 
     def test_bad_options_json(self):
         """

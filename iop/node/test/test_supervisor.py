@@ -18,7 +18,9 @@ from zope.interface import implementer
 
 from iop.node.config import ReconnectPolicy
 from iop.node.exit import EXIT_EXHAUSTED, EXIT_INCOMPATIBLE, EXIT_REFUSED, ProcessExit
+from iop.node.host import AdapterHost
 from iop.node.supervisor import Supervisor
+from iop.node.test.held import HeldStarts
 from iop.protocols import messages
 from iop.protocols.wire import WireProtocol
 from iop.testing.node import (
@@ -303,6 +305,31 @@ class PolicyTests(SupervisorTestsMixin, SynchronousTestCase):
         self.clock.advance(10)
         pump.flush()
         self.assertEqual(supervisor.failures, 1)
+        self.clock.advance(1)
+        self.assertEqual(self.endpoint.dials, 2)
+
+    def test_configure_timeout_counts(self):
+        """
+        Adapters that do not start within configure_timeout_sec fail the
+        attempt: its warning names them, the count goes up, and the Node
+        retries after the interval.
+        """
+        supervisor = self.supervisor(max_attempts=5, interval_sec=1, configure_timeout=5)
+        self.context.host = AdapterHost(self.clock, HeldStarts("slow"))
+        with capturedLogs() as events:
+            pump = self.endpoint.accept(FakeEdge(accepted(node_config(adapter_config("slow"))), READY_OK))
+            for _ in range(5):  # a second at a time: the heartbeats keep the link
+                self.clock.advance(1)
+                pump.flush()
+        self.assertEqual(supervisor.failures, 1)
+        warnings = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+        self.assertEqual(
+            [line for line in warnings if line.startswith("connect attempt")],
+            [
+                "connect attempt 1 failed: configuration not running within 5s (configure_timeout_sec): "
+                "adapter(s) slow did not start; retrying in 1s"
+            ],
+        )
         self.clock.advance(1)
         self.assertEqual(self.endpoint.dials, 2)
 
