@@ -319,12 +319,17 @@ class NodeSession:
         abandon the apply, which leaves the host as it was.
         """
         self._timer = None
-        names = self.context.host.starting
-        what = (
-            f"adapter(s) {', '.join(names)} did not start" if names else "the run store's session owners did not load"
-        )
+        what = self._not_started("the run store's session owners did not load")
         self._refuse(RetryableRefusal(f"configuration not running within {timeout:g}s (configure_timeout_sec): {what}"))
         self._abandon_configuration()
+
+    def _not_started(self, otherwise: str = "the adapters did not start") -> str:
+        """
+        What holds a configuration that is late, for its operator: the
+        adapters still starting, or C{otherwise}.
+        """
+        names = self.context.host.starting
+        return f"adapter(s) {', '.join(names)} did not start" if names else otherwise
 
     def _abandon_configuration(self) -> None:
         """
@@ -520,20 +525,35 @@ class NodeSession:
         self._adopt_heartbeat(config)
         names = [a.name for a in config.adapters]
         d = self.context.host.apply(config.adapters)
+        # The same deadline as at registration: a start that hangs would
+        # hold the host (and so every later registration) for ever.
+        timeout = self.context.configure_timeout
+        late: list[str] = []
+
+        def timed_out() -> None:
+            # (Read before the cancel: the host forgets what was starting.)
+            late.append(f"refresh not running within {timeout:g}s (configure_timeout_sec): {self._not_started()}")
+            d.cancel()
+
+        timer = self.context.clock.callLater(timeout, timed_out)
+
+        def settled(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
 
         def applied(_: object) -> Message:
             self.log.info("configuration refreshed ({count} adapter(s))", count=len(names))
             return messages.command_result(message.request_id, json.dumps({"applied": names}))
 
         def refused(failure: Failure) -> Message:
-
-            why = failure.getErrorMessage()
-            if not failure.check(AdapterSetupError):
+            why = late[0] if late else failure.getErrorMessage()
+            if not late and not failure.check(AdapterSetupError):
                 self.log.failure("applying a configuration refresh failed", failure)
             self.log.error("configuration refresh refused, keeping the previous adapters: {why}", why=why)
             return messages.command_error(message.request_id, REFRESH_REFUSED, why)
 
-        d.addCallbacks(applied, refused)
+        d.addBoth(settled).addCallbacks(applied, refused)
         if message.request_id:
             d.addCallback(self.send)
         d.addErrback(lambda f: self.log.failure("answering a configuration refresh failed", f))

@@ -163,3 +163,34 @@ class ConfigureDeadlineTests(SynchronousTestCase):
 
         session, edge, pump = self.attempt(adapter_config("slow"))
         self.successResultOf(session.ready)
+
+    def test_refresh_refused_at_the_deadline(self):
+        """
+        A refresh whose adapter's start hangs is refused at
+        C{configure_timeout} naming the key and the adapter: the previous
+        adapters keep running, the hung start is cancelled, the session
+        stays ready, and the next refresh applies.
+        """
+        session, edge, pump = self.attempt(adapter_config("kept"))
+        self.successResultOf(session.ready)
+        kept = self.starts.instance("kept")
+        refresh = node_config(adapter_config("kept"), adapter_config("slow"))
+        edge.connection.send(messages.config_refresh(config=refresh, request_id="r1"))
+        pump.flush()
+        elapse(self.clock, pump, 29.5, step=0.5)
+        self.assertEqual(edge.of("node_command_response"), [])
+        elapse(self.clock, pump, 0.5)
+        (answer,) = edge.of("node_command_response")
+        self.assertEqual((answer.request_id, answer.ok, answer.code), ("r1", False, "refused"))
+        self.assertEqual(
+            answer.error, "refresh not running within 30s (configure_timeout_sec): adapter(s) slow did not start"
+        )
+        self.assertTrue(self.starts.held["slow"].called, "the hung start was not cancelled")
+        self.assertEqual([h.name for h in self.host.all()], ["kept"])
+        self.assertIs(hosted(self.host, "kept").adapter, kept)
+        self.assertEqual(session.state, READY)
+        edge.connection.send(messages.config_refresh(config=refresh, request_id="r2"))
+        pump.flush()
+        self.assertEqual(
+            [(r.request_id, r.ok) for r in edge.of("node_command_response")], [("r1", False), ("r2", True)]
+        )
