@@ -435,9 +435,15 @@ class NodeLinks:
         # now, or one whose refresh was refused or unanswered before
         # (another SIGHUP tries again).
         for link in self.registry.ready_links():
-            if link.payload is not None and link.payload != self.config_payload(link.node_id):
+            if link.payload is None:
+                continue
+            if link.payload != self.config_payload(link.node_id):
                 if self._push_refresh(link):
                     pushed.append(link.node_id)
+            elif link.refresh is not None and link.refresh["state"] != "pending":
+                # The operator took back what the Node refused: it runs
+                # the configuration, and the old refusal says so no more.
+                link.refresh = {"state": "applied"}
         return pushed
 
     def _push_refresh(self, link: NodeLink) -> bool:

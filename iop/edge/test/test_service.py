@@ -640,6 +640,17 @@ class ReloadTests(SynchronousTestCase):
         self.refresh(messages.command_error("", "refused", "adapter echo: no such thing"))
         self.assertEqual(self.edge.service.reload(self.changed(mutate)), ["n1"])
 
+    def test_taking_back_a_refused_refresh(self):
+        """
+        After a refused refresh, reloading the configuration the Node runs
+        (the operator took the change back) pushes nothing, and the status
+        no longer shows the old refusal: the node runs its configuration.
+        """
+        self.refresh(messages.command_error("", "refused", "adapter echo: no such thing"))
+        self.assertEqual(self.edge.service.reload(edge_config()), [])
+        self.assertEqual(self.edge.service.status()["nodes"][0]["config_refresh"], {"state": "applied"})
+        self.flushLoggedErrors()
+
     def test_unchanged_pushes_nothing(self):
         """
         Reloading the same configuration sends nothing.
