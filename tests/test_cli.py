@@ -8,9 +8,11 @@ distinct exit statuses.
 import hashlib
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from support.daemons import echo_node, free_port, wait_for
@@ -110,6 +112,30 @@ def test_status_watch(edge):
         process.terminate()
         process.wait(timeout=10)
     assert all(s["nodes"][0]["id"] == "node-1" for s in snapshots)
+
+
+def test_status_watch_not_on_a_terminal(edge):
+    """
+    `iop status --watch` into a pipe prints each view after the last (a
+    redraw in place would show nothing until it stops).
+    """
+    process = subprocess.Popen(
+        [IOP, "status", "--watch", "--interval", "0.2"], env=environment(edge), stdout=subprocess.PIPE
+    )
+    output = b""
+    deadline = time.monotonic() + 20
+    try:
+        while output.count(b"Ctrl-C to stop") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([process.stdout], [], [], max(deadline - time.monotonic(), 0))
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 65536)
+                assert chunk, "the output ended"
+                output += chunk
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert output.count(b"Ctrl-C to stop") >= 2, output
+    assert b"node-1" in output
 
 
 def test_chat_streams(edge):

@@ -77,7 +77,9 @@ def watch(ctx: Context) -> int:
     """
     Redraw the status every C{--interval} seconds until Ctrl-C. An Edge
     that stops answering is shown and retried; a refused key ends it.
-    With C{--json}, one snapshot per line instead.
+    With C{--json}, one snapshot per line instead. Not on a terminal (a
+    pipe, a log file), each view is printed after the last: a redraw in
+    place would only show at the end.
     """
     interval = ctx.args.interval
     try:
@@ -87,21 +89,33 @@ def watch(ctx: Context) -> int:
                 ctx.stdout.write(json.dumps(status) + "\n")
                 ctx.stdout.flush()
                 time.sleep(interval)
+        if not ctx.out.is_terminal:
+            while True:
+                ctx.out.print(watch_view(ctx, interval))
+                ctx.stdout.flush()
+                time.sleep(interval)
         with Live(console=ctx.out, auto_refresh=False, transient=False) as live:
             while True:
-                stamp = time.strftime("%H:%M:%S")
-                header = Text(f"{ctx.client.base_url}  {stamp}  (every {interval:g}s, Ctrl-C to stop)", style="dim")
-                try:
-                    status, now = fetch_status(ctx)
-                    view = Group(header, render.status_view(status, now))
-                except CLIError as e:
-                    if e.exit_code != UNREACHABLE:
-                        raise
-                    view = Group(header, Text(f"{e.message} (retrying)", style="red"))
-                live.update(view, refresh=True)
+                live.update(watch_view(ctx, interval), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         return OK
+
+
+def watch_view(ctx: Context, interval: float) -> Group:
+    """
+    One view of C{--watch}: a header with the time, then the status, or
+    why the Edge did not answer (it is asked again).
+    """
+    stamp = time.strftime("%H:%M:%S")
+    header = Text(f"{ctx.client.base_url}  {stamp}  (every {interval:g}s, Ctrl-C to stop)", style="dim")
+    try:
+        status, now = fetch_status(ctx)
+    except CLIError as e:
+        if e.exit_code != UNREACHABLE:
+            raise
+        return Group(header, Text(f"{e.message} (retrying)", style="red"))
+    return Group(header, render.status_view(status, now))
 
 
 def cmd_nodes(ctx: Context) -> int:

@@ -130,8 +130,16 @@ def tokens(usage: dict[str, Any] | None) -> str:
 
 
 def runs_table(runs: list[dict[str, Any]]) -> Table:
+    """
+    The run list. A run's id and status are never cut or wrapped (the id
+    is what C{iop run ID} takes): on a narrow terminal the other columns
+    give way.
+    """
     table = Table(title="Runs", title_justify="left")
-    for column in ("run", "status", "node", "adapter", "target", "created", "ended", "tokens"):
+    widest = max((len(str(run.get("id", ""))) for run in runs), default=0)
+    table.add_column("run", no_wrap=True, min_width=widest)
+    table.add_column("status", no_wrap=True, min_width=len("cancelled"))
+    for column in ("node", "adapter", "target", "created", "ended", "tokens"):
         table.add_column(column)
     for run in runs:
         status = run.get("status", "")

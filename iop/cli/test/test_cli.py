@@ -323,6 +323,19 @@ class RenderTests(SynchronousTestCase):
         self.assertIn("run-1", text)
         self.assertIn("3 in / 5 out", text)
 
+    def test_run_ids_whole_on_a_narrow_terminal(self):
+        """
+        At 80 columns a run's id and status are shown whole, so the id can
+        be copied into C{iop run ID}.
+        """
+        run_id = "run-" + "4f3a2b1c0d9e" * 2
+        out = io.StringIO()
+        run = {"id": run_id, "status": "cancelled", "node": "gpu-node-1", "adapter": "ollama", "target": "llama3"}
+        run.update(created_at=1764820000.0, ended_at=1764820100.0, usage={"input_tokens": 1234, "output_tokens": 5678})
+        Console(file=out, width=80).print(render.runs_table([run]))
+        self.assertIn(run_id, out.getvalue())
+        self.assertIn("cancelled", out.getvalue())
+
     def test_run_list_not_runs(self):
         """
         Anything else, or runs that are not objects, is a bad answer.
