@@ -10,7 +10,7 @@ import hashlib
 import http.client
 import io
 import json
-from typing import cast
+from typing import Any, cast
 
 from rich.console import Console
 from twisted.trial.unittest import SynchronousTestCase
@@ -330,7 +330,7 @@ class RenderTests(SynchronousTestCase):
         """
         run_id = "run-" + "4f3a2b1c0d9e" * 2
         out = io.StringIO()
-        run = {"id": run_id, "status": "cancelled", "node": "gpu-node-1", "adapter": "ollama", "target": "llama3"}
+        run: dict[str, Any] = {"id": run_id, "status": "cancelled", "node": "gpu-node-1", "adapter": "ollama"}
         run.update(created_at=1764820000.0, ended_at=1764820100.0, usage={"input_tokens": 1234, "output_tokens": 5678})
         Console(file=out, width=80).print(render.runs_table([run]))
         self.assertIn(run_id, out.getvalue())
