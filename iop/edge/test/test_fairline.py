@@ -175,7 +175,10 @@ class FairShareProperties(SynchronousTestCase):
     def test_shares_follow_weights(self, weights, costs):
         """
         Tenants that all stay backlogged are served tokens in proportion to
-        their weights, within 10%, whatever their requests cost.
+        their weights, whatever their requests cost: each within two of
+        the costliest requests of its share of the total (a fair queue
+        lags by whole requests: a small share served a few large ones is
+        off by more than 10% over a short run, and that is no unfairness).
         """
         line: FairLine[W] = FairLine()
         tenants = [f"t{i}" for i in range(len(weights))]
@@ -197,6 +200,7 @@ class FairShareProperties(SynchronousTestCase):
             top_up()
         total = sum(served.values())
         for tenant, weight in zip(tenants, weights, strict=True):
-            share = served[tenant] / total
-            fair = weight / sum(weights)
-            self.assertLess(abs(share - fair), 0.1 * fair, f"{tenant}: {share:.3f} against {fair:.3f}")
+            fair = total * weight / sum(weights)
+            self.assertLessEqual(
+                abs(served[tenant] - fair), 2 * max(costs), f"{tenant}: {served[tenant]} against {fair:.0f}"
+            )
