@@ -150,9 +150,10 @@ def test_refused_refresh_shows_in_status(launch):
     edge = launch.edge({"nodes": [echo_node("node-1", "tok-1")], "admin_keys": ["adm"]})
     launch.node(edge.node_port, "tok-1")
     edge.wait_connected("node-1")
-    # A CLI adapter with no command passes the Edge's checks but cannot be
-    # built on the Node.
-    edge.config["nodes"][0]["adapters"].append({"name": "agent", "type": "cli", "max_concurrency": 1})
+    # A CLI adapter whose command is not installed on the Node passes the
+    # Edge's checks (which cannot know that) but cannot start there.
+    agent = {"name": "agent", "type": "cli", "max_concurrency": 1, "command": ["iop-no-such-command-xyz"]}
+    edge.config["nodes"][0]["adapters"].append(agent)
     edge.rewrite_config()
     edge.process.send_signal(signal.SIGHUP)
     node = wait_for(

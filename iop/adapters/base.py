@@ -6,7 +6,7 @@ for adapters that make their output themselves.
 
 import builtins
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
@@ -77,7 +77,14 @@ class OutputGate:
 
 class AdapterBase:
     """
-    Subclasses set C{type} and override what they support.
+    Subclasses set C{type}, declare the option keys they read in
+    L{OPTIONS}, and override what they support.
+
+    Constructing an adapter only reads and checks its options: it starts
+    nothing and opens nothing (no connection, process, file or timer;
+    that is L{start}'s and the work's), so that the Edge can check an
+    adapter's configuration by building it on a fake reactor
+    (L{iop.adapters.registry.check_adapter}).
 
     @ivar options: the adapter's type-specific configuration keys.
     @ivar reactor: the Node's reactor. Typed C{Any}: adapters use several
@@ -89,9 +96,17 @@ class AdapterBase:
     #: The adapter type name (a key of L{iop.run.ADAPTER_TYPES}).
     type: str = ""
 
+    #: The keys of every adapter's configuration entry, which are not
+    #: options: they reach the Node beside them, in its C{AdapterConfig}.
+    COMMON_KEYS: ClassVar[frozenset[str]] = frozenset({"name", "type", "max_concurrency"})
+    #: The option keys this type reads (a subclass adds its own to its
+    #: base's); any other is refused (L{iop.adapters.registry}), so that a
+    #: misspelt key is not silently ignored. None is common to every type.
+    OPTIONS: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise AdapterConfigError(f"adapters[{name}].max_concurrency must be a positive integer")
+            raise AdapterConfigError(name, "max_concurrency", "must be a positive integer")
         self.name = name
         self.max_concurrency = max_concurrency
         self.options = dict(options or {})
@@ -105,15 +120,18 @@ class AdapterBase:
         required: bool = False,
     ) -> Any:
         """
-        One type-specific option, checked; errors name the key.
+        One type-specific option, checked; errors name the key. C{key} must
+        be declared in L{OPTIONS}, which keeps the declaration what the
+        adapter reads.
         """
+        assert key in self.OPTIONS, f"{self.__class__.__name__} reads option {key!r} not declared in its OPTIONS"
         if key not in self.options:
             if required:
-                raise AdapterConfigError(f"adapters[{self.name}].{key} is required for type {self.type}")
+                raise AdapterConfigError(self.name, key, f"is required for type {self.type}")
             return default
         value = self.options[key]
         if kind is not None and not isinstance(value, kind):
-            raise AdapterConfigError(f"adapters[{self.name}].{key} has the wrong type: {value!r}")
+            raise AdapterConfigError(self.name, key, f"has the wrong type: {value!r}")
         return value
 
     def capabilities(self) -> Capabilities:

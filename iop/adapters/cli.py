@@ -431,6 +431,7 @@ class CLIAdapter(AdapterBase):
     """
 
     type = "cli"
+    OPTIONS = AdapterBase.OPTIONS | {"command", "env", "cwd", "timeout_sec", "grace_sec", "sessions", "session_arg"}
     log = Logger()
     #: How long the pipes of a run whose command exited may stay open (and
     #: what it started may live on) before its process group is killed:
@@ -441,11 +442,11 @@ class CLIAdapter(AdapterBase):
         super().__init__(name, max_concurrency, options, reactor)
         command = self.option("command", kind=list, required=True)
         if not command or not all(isinstance(arg, str) for arg in command):
-            raise AdapterConfigError(f"adapters[{name}].command must be a non-empty list of strings")
+            raise AdapterConfigError(name, "command", "must be a non-empty list of strings")
         self.argv: list[str] = list(command)
         env = self.option("env", {}, dict)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise AdapterConfigError(f"adapters[{name}].env must map strings to strings")
+            raise AdapterConfigError(name, "env", "must map strings to strings")
         self.env = dict(env)
         self.cwd = self.option("cwd", None, str)
         self.timeout = self._seconds("timeout_sec", None)
@@ -468,7 +469,7 @@ class CLIAdapter(AdapterBase):
         if value is None:
             return None
         if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
-            raise AdapterConfigError(f"adapters[{self.name}].{key} must be a positive number")
+            raise AdapterConfigError(self.name, key, "must be a positive number")
         return value
 
     def start(self) -> "defer.Deferred[None]":
@@ -480,7 +481,7 @@ class CLIAdapter(AdapterBase):
         """
         if self._executable(dict(os.environ, **self.env)) is None:
             raise AdapterConfigError(
-                f"adapters[{self.name}].command: {self.argv[0]!r} is not an executable program on this node"
+                self.name, "command", f"names {self.argv[0]!r}, which is not an executable program on this node"
             )
         return defer.succeed(None)
 

@@ -184,6 +184,6 @@ def deadline_options(option: Callable[..., object], name: str) -> Deadlines:
         default = getattr(defaults, kind)
         value = option(key, default, (int, float))
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise AdapterConfigError(f"adapters[{name}].{key} must be a number of seconds, 0 or more (0 = none)")
+            raise AdapterConfigError(name, key, "must be a number of seconds, 0 or more (0 = none)")
         values[kind] = value or None
     return Deadlines(**values)

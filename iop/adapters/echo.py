@@ -37,12 +37,13 @@ class EchoAdapter(AdapterBase):
     """
 
     type = "echo"
+    OPTIONS = AdapterBase.OPTIONS | {"delay_ms"}
 
     def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: IReactorTime) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         delay = self.option("delay_ms", 0, (int, float))
         if delay < 0:
-            raise AdapterConfigError(f"adapters[{name}].delay_ms must not be negative")
+            raise AdapterConfigError(name, "delay_ms", "must not be negative")
         self.delay = delay / 1000.0
 
     @defer.inlineCallbacks

@@ -105,8 +105,17 @@ class NotSupported(Exception):
 
 class AdapterConfigError(ValueError):
     """
-    An adapter's configuration is invalid; the message names the key.
+    An adapter's configuration is invalid. The message names the adapter
+    and the key (C{adapters[gpu].base_url is required for type vllm});
+    C{key} and C{problem} are kept apart so that the Edge, checking
+    C{edge.yaml} at load, can name the key where the file has it
+    (C{nodes[0].adapters[1].base_url}).
     """
+
+    def __init__(self, adapter: str, key: str, problem: str) -> None:
+        super().__init__(f"adapters[{adapter}].{key} {problem}")
+        self.key = key
+        self.problem = problem
 
 
 class IAdapter(Interface):

@@ -35,10 +35,28 @@ from iop.adapters.streams import (
 from iop.run import DELTA, REASONING_DELTA, TOOL_CALL, ITunnelSink, RunEventData, ToolCall, Usage, clean_text
 
 #: Run options Ollama takes at the top level of /api/chat; all others are
-#: model options and go under C{options}.
+#: model options and go under C{options} (but C{response_format}:
+#: L{_format}).
 _TOP_LEVEL = frozenset({"format", "keep_alive", "think", "tools"})
 #: OpenAI option names callers commonly send, in Ollama's spelling.
 _RENAMED = {"max_tokens": "num_predict", "max_completion_tokens": "num_predict"}
+
+
+def _format(response_format: object) -> object:
+    """
+    Ollama's C{format} (top level: in C{options} Ollama ignores it) for
+    OpenAI's C{response_format}: C{"json"} for C{{"type": "json_object"}},
+    the schema of C{{"type": "json_schema", "json_schema": {"schema": ...}}}
+    itself; C{None} (no constraint) for C{text} or anything else.
+    """
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_object":
+        return "json"
+    spec = response_format.get("json_schema")
+    if response_format.get("type") == "json_schema" and isinstance(spec, dict):
+        return spec.get("schema")
+    return None
 
 
 #: Ollama's done_reason, as OpenAI's finish_reason.
@@ -242,6 +260,11 @@ class OllamaAdapter(HTTPAdapter):
         for key, value in run_options.items():
             if key in _TOP_LEVEL:
                 payload[key] = value
+            elif key == "response_format":
+                wanted = _format(value)
+                if wanted is not None:
+                    # (An explicit format, Ollama's own spelling, wins.)
+                    payload.setdefault("format", wanted)
             elif key != "stream":
                 options[_RENAMED.get(key, key)] = value
         if options:

@@ -442,13 +442,14 @@ class OpenAICompatAdapter(HTTPAdapter):
     """
 
     type = "openai_compat"
+    OPTIONS = HTTPAdapter.OPTIONS | {"usage"}
 
     def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         self.usage_mode: str = self.option("usage", USAGE_AS_ASKED, str)
         if self.usage_mode not in (USAGE_AS_ASKED, USAGE_ALWAYS):
             raise AdapterConfigError(
-                f"adapters[{name}].usage must be {USAGE_AS_ASKED} or {USAGE_ALWAYS}, got {self.usage_mode!r}"
+                name, "usage", f"must be {USAGE_AS_ASKED} or {USAGE_ALWAYS}, got {self.usage_mode!r}"
             )
 
     def capabilities(self) -> Capabilities:

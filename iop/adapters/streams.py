@@ -755,25 +755,34 @@ class HTTPAdapter(AdapterBase):
     """
 
     log = Logger()
+    OPTIONS = AdapterBase.OPTIONS | {
+        "base_url",
+        "api_key",
+        "headers",
+        "drop_headers",
+        "connect_timeout_sec",
+        "continuation",
+        *OPTION_NAMES.values(),
+    }
 
     def __init__(self, name: str, max_concurrency: int, options: dict[str, Any] | None, reactor: Any) -> None:
         super().__init__(name, max_concurrency, options, reactor)
         base_url = self.option("base_url", kind=str, required=True)
         problem = http_url_problem(base_url)
         if problem is not None:
-            raise AdapterConfigError(f"adapters[{name}].base_url {problem}")
+            raise AdapterConfigError(name, "base_url", problem)
         self.base_url: str = base_url.rstrip("/")
         self.api_key: str | None = self.option("api_key", None, str)
         self.extra_headers: dict[str, str] = self.option("headers", {}, dict)
         for key, value in self.extra_headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
-                raise AdapterConfigError(f"adapters[{name}].headers must map strings to strings")
+                raise AdapterConfigError(name, "headers", "must map strings to strings")
         self.drop_headers: list[str] = self.option("drop_headers", [], list)
         if not all(isinstance(h, str) for h in self.drop_headers):
-            raise AdapterConfigError(f"adapters[{name}].drop_headers must be a list of header names")
+            raise AdapterConfigError(name, "drop_headers", "must be a list of header names")
         timeout = self.option("connect_timeout_sec", 10, (int, float))
         if isinstance(timeout, bool) or timeout <= 0:
-            raise AdapterConfigError(f"adapters[{name}].connect_timeout_sec must be a positive number")
+            raise AdapterConfigError(name, "connect_timeout_sec", "must be a positive number")
         self.deadlines = deadline_options(self.option, name)
         self.continuation: bool = self.option("continuation", False, bool)
         self.clock: IReactorTime = reactor

@@ -4,6 +4,9 @@ their adapters and providers, and the model groups callers address.
 
 The Edge owns the configuration of every Node: a Node brings only its
 token, and receives its adapters in L{iop.protocols.messages.node_config}.
+So each adapter is checked here with the Node's own build
+(L{iop.adapters.registry.check_adapter}), and each listen endpoint parsed:
+a mistake stops the Edge at start, naming its key.
 """
 
 import hashlib
@@ -11,7 +14,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from iop.config import ConfigError, Section, http_url_problem, load_yaml
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.testing import MemoryReactor
+
+from iop.adapters.registry import COMMON_KEYS, AdapterConfigError, check_adapter
+from iop.config import ConfigError, Section, load_yaml
 from iop.edge.cluster.config import ClusterSpec, parse_cluster
 from iop.edge.keys import KeySpec, parse_key, parse_keys
 from iop.edge.limits import Limits, parse_limits
@@ -19,9 +26,7 @@ from iop.edge.nodetls import NodeTLSSpec, parse_node_tls
 from iop.edge.pool import GroupMember, HealthPolicy, ModelGroupSpec, ProviderSpec
 from iop.edge.tracing import TracingSpec, parse_tracing
 from iop.logs import parse_log_format
-from iop.run import ADAPTER_TYPES, HTTP_TYPES
-
-_ADAPTER_COMMON_KEYS = {"name", "type", "max_concurrency"}
+from iop.run import ADAPTER_TYPES
 
 #: Node command timeouts: short for questions, long for a model pull.
 DEFAULT_COMMAND_TIMEOUTS: dict[str | None, float] = {None: 10.0, "ollama_pull": 3600.0}
@@ -150,10 +155,38 @@ class EdgeConfig:
     tracing: TracingSpec | None = None
 
     def node(self, node_id: str) -> NodeSpec | None:
+        """
+        The configured node C{node_id}, from an index of C{nodes} (asked
+        per request: a request must not cost a scan of the fleet). The
+        index is made again when C{nodes} is another list, or grew or
+        shrank.
+        """
+        found: NodeSpec | None = self._index()[0].get(node_id)
+        return found
+
+    def nodes_with(self, adapter: str) -> tuple[NodeSpec, ...]:
+        """
+        The configured nodes with an adapter named C{adapter}, in
+        configuration order (from the same index as L{node}).
+        """
+        return self._index()[1].get(adapter, ())
+
+    def _index(self) -> tuple[dict[str, NodeSpec], dict[str, tuple[NodeSpec, ...]]]:
+        """
+        The nodes by id and by adapter name, made again when C{nodes} is
+        another list, or grew or shrank.
+        """
+        cached = self.__dict__.get("_node_index")
+        if cached is not None and cached[0] is self.nodes and cached[1] == len(self.nodes):
+            index: tuple[dict[str, NodeSpec], dict[str, tuple[NodeSpec, ...]]] = cached[2]
+            return index
+        by_adapter: dict[str, list[NodeSpec]] = {}
         for node in self.nodes:
-            if node.id == node_id:
-                return node
-        return None
+            for adapter in node.adapters:
+                by_adapter.setdefault(adapter.name, []).append(node)
+        index = ({node.id: node for node in self.nodes}, {k: tuple(v) for k, v in by_adapter.items()})
+        self.__dict__["_node_index"] = (self.nodes, len(self.nodes), index)
+        return index
 
     def providers(self) -> list[ProviderSpec]:
         """
@@ -251,6 +284,9 @@ def parse(top: Section) -> EdgeConfig:
         config.listen_peer = listen.get("peer", str)
     elif listen.data.get("peer") is not None:
         raise listen.error("peer", "only means something with cluster (an Edge cluster on etcd)")
+    # Last: what node_tls and cluster say of them is more to the point.
+    for name in ("nodes", "http", "metrics", "peer"):
+        _server_endpoint(listen, name, listen.data.get(name))
     return config
 
 
@@ -348,18 +384,33 @@ def _adapter(section: Section) -> AdapterSpec:
     concurrency = section.get("max_concurrency", int, 1)
     if concurrency < 1:
         raise section.error("max_concurrency", "must be at least 1")
-    options = {k: v for k, v in section.data.items() if k not in _ADAPTER_COMMON_KEYS}
-    if kind in HTTP_TYPES:
-        # Checked here too, so that a bad address stops the Edge at start
-        # instead of every Node that is sent it.
-        problem = http_url_problem(section.get("base_url", str))
-        if problem is not None:
-            raise section.error("base_url", problem)
+    options = {k: v for k, v in section.data.items() if k not in COMMON_KEYS}
     try:
-        json.dumps(options)
+        sent = json.loads(json.dumps(options))
     except (TypeError, ValueError) as e:
         raise section.error("options", f"not representable as JSON: {e}") from None
+    try:
+        # The Node's own build, on the options as the Node gets them: a bad
+        # or unknown option stops the Edge at start, not every Node it is
+        # sent to (which could only refuse it and exit).
+        check_adapter(name, kind, concurrency, sent)
+    except AdapterConfigError as e:
+        raise section.error(e.key, e.problem) from None
     return AdapterSpec(name=name, type=kind, max_concurrency=concurrency, options=options)
+
+
+def _server_endpoint(section: Section, name: str, description: str | None) -> None:
+    """
+    Parse the server endpoint string at C{name} (when given) as the Edge
+    will when it listens, without listening: a mistake stops the Edge at
+    load naming the key, not in a traceback from building its listeners.
+    """
+    if description is None:
+        return
+    try:
+        serverFromString(MemoryReactor(), description)
+    except Exception as e:
+        raise section.error(name, f"not a valid server endpoint string ({e})") from None
 
 
 def _provider(
@@ -555,6 +606,7 @@ def _manhole(section: Section) -> ManholeSpec:
         loopback_interface(listen)
     except EndpointError as e:
         raise section.error("listen", f"the console must be bound to a loopback address: {e}") from None
+    _server_endpoint(section, "listen", listen)
     users = section.section("users")
     if not users.data:
         raise section.error("users", "must define at least one user: the console is never open")

@@ -356,6 +356,15 @@ class NodeLinks:
         was_ready = self.registry.lost(link)
         self.cluster.release(link.node_id, link.generation)
         if not was_ready:
+            if not link.ready:
+                # Else only "registered" was logged: a Node that could not
+                # run its configuration and exited would leave no trace.
+                self.log.warn(
+                    "node {node} disconnected before it was ready (generation {generation}): {reason}",
+                    node=link.node_id,
+                    generation=link.generation,
+                    reason=reason,
+                )
             return
         self.log.info("node {node} disconnected: {reason}", node=link.node_id, reason=reason)
         self.pool.node_disconnected(link.node_id, link.generation)

@@ -88,6 +88,33 @@ class OllamaTests(TestCase):
             },
         )
 
+    def test_response_format(self):
+        """
+        OpenAI's response_format becomes Ollama's top-level format (in
+        options Ollama ignores it): "json" for json_object, the schema
+        itself for json_schema; text (no constraint) and shapes that are
+        neither send none, and an explicit format wins.
+        """
+        adapter = OllamaAdapter("ollama", 1, {"base_url": "http://127.0.0.1:1"}, reactor)
+        schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+
+        def payload(**options):
+            return adapter.chat_payload(RunInput("r1", target="qwen3", options=dict(options, temperature=0)))
+
+        json_schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+        for response_format, expected in (
+            ({"type": "json_object"}, "json"),
+            (json_schema, schema),
+            ({"type": "text"}, None),
+            ({"type": "json_schema"}, None),
+            ("json", None),
+        ):
+            sent = payload(response_format=response_format)
+            self.assertEqual((sent.get("format"), sent["options"]), (expected, {"temperature": 0}))
+            self.assertNotIn("response_format", sent)
+        self.assertEqual(payload(format=schema, response_format={"type": "json_object"})["format"], schema)
+        self.assertEqual(payload(response_format={"type": "json_object"}, format=schema)["format"], schema)
+
     @defer.inlineCallbacks
     def test_error_status(self):
         """

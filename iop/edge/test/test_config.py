@@ -89,6 +89,70 @@ class EdgeConfigTests(SynchronousTestCase):
         config = parsed(lambda d: d["nodes"][0]["adapters"][0].update(type="vllm", base_url="http://10.0.0.2:8000/v1"))
         self.assertEqual(config.nodes[0].adapters[0].options["base_url"], "http://10.0.0.2:8000/v1")
 
+    def test_bad_adapter_option(self):
+        """
+        An adapter option the Node would refuse stops the Edge at load in
+        one line naming the key where edge.yaml has it, for every type
+        (checked with the Node's own build), instead of every Node it is
+        sent to exiting.
+        """
+        for changes, key, fragment in (
+            ({"delay_ms": "fast"}, "nodes[1].adapters[0].delay_ms", "has the wrong type: 'fast'"),
+            ({"delay_ms": -1}, "nodes[1].adapters[0].delay_ms", "must not be negative"),
+            ({"type": "cli", "command": ["agent"], "timeout_sec": 0}, "nodes[1].adapters[0].timeout_sec", "positive"),
+            ({"type": "vllm", "base_url": "http://h/v1", "stall_timeout_sec": -1}, "stall_timeout_sec", "seconds"),
+            ({"type": "openai_compat", "base_url": "http://h/v1", "usage": "sometimes"}, "usage", "as_asked"),
+            ({"type": "ollama", "base_url": "http://h", "headers": {"X": 1}}, "headers", "strings"),
+        ):
+            error = self.assertRaises(ConfigError, parsed, lambda d, c=changes: d["nodes"][1]["adapters"][0].update(c))
+            self.assertIn(f"{key}: ", str(error))
+            self.assertIn(fragment, str(error))
+            self.assertTrue(str(error).startswith("edge.yaml: nodes[1].adapters[0]."), str(error))
+            self.assertNotIn("\n", str(error))
+
+    def test_unknown_adapter_option(self):
+        """
+        A misspelt adapter option is refused naming it, rather than ignored
+        by both daemons.
+        """
+        self.assert_refused(
+            lambda d: d["nodes"][0]["adapters"][0].update(dleay_ms=3),
+            "edge.yaml: nodes[0].adapters[0].dleay_ms: is an unknown key for type echo",
+            "delay_ms",
+        )
+        self.assert_refused(
+            lambda d: d["nodes"][0]["adapters"][0].update(type="ollama", base_url="http://h", usage="always"),
+            "nodes[0].adapters[0].usage: is an unknown key for type ollama",
+        )
+
+    def test_adapter_not_started(self):
+        """
+        What only the Node can tell is left to it: a CLI command that is not
+        installed on the Edge's host loads.
+        """
+        config = parsed(lambda d: d["nodes"][0]["adapters"][0].update(type="cli", command=["iop-no-such-command-xyz"]))
+        self.assertEqual(config.nodes[0].adapters[0].options, {"command": ["iop-no-such-command-xyz"]})
+
+    def test_bad_listen_endpoint(self):
+        """
+        A listen endpoint string Twisted cannot parse stops the Edge at load
+        in one line naming the key (not a traceback when it listens).
+        """
+        for changes, key in (
+            ({"listen": {"nodes": "tcp:0", "http": "tpc:8080"}}, "listen.http"),
+            ({"listen": {"nodes": "tcp:notaport", "http": "tcp:0"}}, "listen.nodes"),
+            ({"listen": {"nodes": "tcp:0", "http": "tcp:0", "metrics": "tcp:9:color=red"}}, "listen.metrics"),
+        ):
+            error = self.assertRaises(ConfigError, parsed, lambda d, c=changes: d.update(c))
+            self.assertTrue(str(error).startswith(f"edge.yaml: {key}: not a valid server endpoint string ("))
+            self.assertNotIn("\n", str(error))
+        self.assert_refused(
+            lambda d: d.update(manhole={"listen": "tcp:x:interface=127.0.0.1", "users": {"a": "b"}}),
+            "edge.yaml: manhole.listen: not a valid server endpoint string",
+        )
+        config = parsed(lambda d: d["listen"].update(nodes="tcp:7100:interface=127.0.0.1", http="unix:/tmp/e.sock"))
+        self.assertEqual(config.listen_http, "unix:/tmp/e.sock")
+
     def test_unknown_key(self):
         """
         A misspelt key is refused rather than ignored.

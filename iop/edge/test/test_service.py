@@ -8,6 +8,7 @@ import json
 from typing import Any, cast
 
 from twisted.internet.defer import CancelledError
+from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
@@ -171,6 +172,33 @@ class FencingTests(SynchronousTestCase):
         self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
         self.assertEqual(recorder.events, [])
         self.assertNotIn("disconnected", [e["event"] for e in self.edge.node_events])
+
+    def test_lost_before_ready_is_logged(self):
+        """
+        A registered node whose connection closes before its ready (a Node
+        that could not run its configuration and exited) leaves one line
+        saying so, with the reason the wire gives; a ready node's loss is
+        logged as a disconnect, not this.
+        """
+        node, pump, _ = self.edge.register(ready=False)
+        with capturedLogs() as events:
+            node.connection.transport.loseConnection()
+            pump.flush()
+        lines = [formatEvent(e) for e in events if "before it was ready" in e["log_format"]]
+        self.assertEqual(
+            lines,
+            [
+                "node n1 disconnected before it was ready (generation 1): Connection was closed cleanly: Connection done."
+            ],
+        )
+        ready, pump, _ = self.edge.register()
+        with capturedLogs() as events:
+            ready.connection.transport.loseConnection()
+            pump.flush()
+        self.assertEqual([e for e in events if "before it was ready" in e["log_format"]], [])
+        self.assertIn(
+            "node n1 disconnected: Connection was closed cleanly: Connection done.", [formatEvent(e) for e in events]
+        )
 
     def test_reconnect_new_generation(self):
         """
