@@ -7,9 +7,11 @@ Placement order:
      group's providers on that node are candidates (none: 404 naming both);
      otherwise the adapter named by C{adapter} (or C{model}) on that node;
   2. else a C{model} naming a model group: the group's pool;
-  3. else, if exactly one node is ready, the adapter of that name on it
+  3. else the adapter of that name on the one ready node that has it
      (the single-node fallback);
-  4. else a clear 400 (or 503 when no node is ready at all).
+  4. else 404 C{model_not_found} when no configured node has such an
+     adapter, 503 when none of those that have it is ready, and 400 when
+     several are (the name alone is ambiguous).
 
 Every placement takes a lease from the pool: pooled work from its group's
 providers, direct work (cases 1 and 3 without a group) from the provider
@@ -122,19 +124,29 @@ class Placer:
 
     def single_node(self, adapter: str) -> str:
         """
-        The one ready node, for work that names neither a node nor a model
-        group.
+        The one ready node with the adapter C{adapter}, for work that names
+        neither a node nor a model group.
 
-        @raise ServiceError: no node is ready (503), or several are (400).
+        @raise ServiceError: no configured node has such an adapter (404
+            C{model_not_found}: the name means nothing here, however many
+            nodes are up), none of those that have it is ready (503), or
+            several are (400: the name alone does not say which).
         """
         if not adapter:
             raise ServiceError("invalid", "say which adapter (or model group) should run this")
-        links = [link for link in self.registry.ready_links() if not link.draining]
-        if len(links) != 1:
+        having = self._config().nodes_with(adapter)
+        if not having:
+            raise ServiceError("not_found", f"no model group or adapter is called {adapter!r}", code="model_not_found")
+        ready = (self.registry.ready_link(node.id) for node in having)
+        links = [link for link in ready if link is not None and not link.draining]
+        if not links:
+            raise ServiceError("unavailable", f"no node with the adapter {adapter!r} is ready", code="unavailable")
+        if len(links) > 1:
             raise ServiceError(
-                "unavailable" if not links else "invalid",
-                f"{adapter!r} names no model group, and {len(links)} nodes are ready: name a node or a model group",
-                code="unavailable" if not links else "model_not_found",
+                "invalid",
+                f"{adapter!r} names no model group, and {len(links)} ready nodes have that adapter:"
+                " name a node or a model group",
+                code="model_not_found",
             )
         return links[0].node_id
 
@@ -202,3 +214,24 @@ def _cannot_serve(what: str, spec: RunSpec) -> ServiceError:
     """
     endpoint = "/v1" + spec.tunnel.path if spec.tunnel is not None else "normalized runs"
     return ServiceError("invalid", f"{what} has no provider that serves {endpoint}", code="unsupported_endpoint")
+
+
+def adapter_types(config: EdgeConfig, name: str) -> frozenset[str]:
+    """
+    The adapter types of the providers that work naming C{name} (as its
+    C{model}) may be placed on first, whether up or not: a model group's
+    members, else every configured adapter of that name. A surface asks it
+    before submitting, to know what the provider placement chooses will
+    make of the work (L{RunSpec.tunnels_on}) while the caller still waits
+    for nothing.
+    """
+    group = next((g for g in config.model_groups if g.name == name), None)
+    if group is None:
+        return frozenset(a.type for node in config.nodes_with(name) for a in node.adapters if a.name == name)
+    types = set()
+    for member in group.members:
+        node = config.node(member.node_id)
+        provider = next((p for p in node.providers if p.key == member.key), None) if node is not None else None
+        if provider is not None:
+            types.add(provider.adapter_type)
+    return frozenset(types)

@@ -20,6 +20,15 @@ from iop.run import ENDPOINT_TYPES, TUNNEL_TYPES
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
+def tokens_of(chars: int) -> int:
+    """
+    The Edge's estimate of the tokens C{chars} characters of text make
+    (L{CHARS_PER_TOKEN} a token, rounded up): what budgets charge before a
+    back end reports, and what an answer says as its usage when none did.
+    """
+    return -(-chars // CHARS_PER_TOKEN)
+
+
 def new_id(prefix: str) -> str:
     """
     A fresh, unguessable id such as C{run-3f2a...}.
@@ -149,7 +158,7 @@ class RunSpec:
             cap = 0 if self.tunnel is not None and self.tunnel.path == "/embeddings" else answer_tokens
         if capped:
             cap = min(cap, answer_tokens)
-        return -(-self.input_chars() // CHARS_PER_TOKEN) + max(cap, 0)
+        return tokens_of(self.input_chars()) + max(cap, 0)
 
     def input_chars(self) -> int:
         """

@@ -68,12 +68,15 @@ def seen_by(status: dict[str, Any], sees_all: bool) -> dict[str, Any]:
 def model_names(config: EdgeConfig, registry: NodeRegistry) -> list[str]:
     """
     What the OpenAI surface can serve as C{model}: the model groups, and
-    the adapters of the ready node while there is exactly one (with more,
-    an adapter name alone does not say which node).
+    each adapter that exactly one ready node has (with more, an adapter
+    name alone does not say which node: L{iop.edge.placement}).
     """
     names = [group.name for group in config.model_groups]
-    links = [link for link in registry.ready_links() if not link.draining]
-    node = config.node(links[0].node_id) if len(links) == 1 else None
-    if node is not None:
-        names += [a.name for a in node.adapters if a.name not in names]
+    ready: dict[str, int] = {}
+    for link in registry.ready_links():
+        node = config.node(link.node_id)
+        if node is not None and not link.draining:
+            for adapter in node.adapters:
+                ready[adapter.name] = ready.get(adapter.name, 0) + 1
+    names += [name for name, nodes in ready.items() if nodes == 1 and name not in names]
     return names

@@ -81,7 +81,7 @@ class BackpressureTests(SynchronousTestCase):
         (_, sink, done), *_ = self.node.adapter("llm").tunnels
         sink.status(200)
         sink.headers([("content-type", "text/event-stream")])
-        sink.body(b"x" * PIECE)
+        sink.body(b"data: " + b"x" * PIECE + b"\n\n")
         self.gateway.flush()
         (dispatch,) = self.gateway.service.inflight.all()
         dispatch.listener.request.channel.pauseProducing()

@@ -7,6 +7,7 @@ caller who goes away cancels that work (or leaves the queue).
 
 import json
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any, cast
 
 from twisted.internet import defer
@@ -14,6 +15,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -25,11 +27,10 @@ from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, parse_body
 from iop.edge.keys import KeyLimiter, KeySpec, find
 from iop.edge.seam import Forward
-from iop.edge.spec import RunSpec
+from iop.edge.spec import RunSpec, new_id
 from iop.edge.tenants import ANONYMOUS, Tenant
 from iop.edge.tracing import TRACEPARENT, outgoing_traceparent
 from iop.httpheaders import caller_request_headers, header_pairs, relay_headers
-from iop.run import RunFailure
 
 log = Logger()
 
@@ -90,10 +91,39 @@ def cut_off(transport: ITransport | None) -> None:
     cast(ITCPTransport, transport).abortConnection()
 
 
+def set_status(request: Request, code: int) -> None:
+    """
+    Set the response's status with its reason phrase: twisted.web's
+    table lacks some codes the Edge answers (429 among them), for which it
+    would say C{Unknown Status}; the standard library's table has them.
+    """
+    phrase = None
+    if code not in RESPONSES:
+        try:
+            phrase = HTTPStatus(code).phrase.encode("ascii")
+        except ValueError:
+            pass  # (a code no table knows: twisted.web's default)
+    request.setResponseCode(code, phrase)
+
+
+#: OpenAI's header naming an answer (its SDKs show it as C{request_id}).
+REQUEST_ID_HEADER = b"x-request-id"
+
+
+def identify(request: Request, request_id: str | None = None) -> None:
+    """
+    Give the answer an C{x-request-id}, unless it has one already (a run's,
+    or a provider's relayed by a tunnel): C{request_id}, else a fresh id,
+    so that a caller can quote any answer of the Edge's own in a report.
+    """
+    if not request.responseHeaders.hasHeader(REQUEST_ID_HEADER):
+        request.setHeader(REQUEST_ID_HEADER, (request_id or new_id("req")).encode("ascii"))
+
+
 def write_json(request: Request, status: int, obj: object) -> None:
     release_producer(request)
     data = json.dumps(obj).encode("utf-8")
-    request.setResponseCode(status)
+    set_status(request, status)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"content-length", str(len(data)).encode())
     request.write(data)
@@ -134,6 +164,7 @@ def write_error(request: EdgeRequest, error: ServiceError) -> None:
         refused(request, error.code)
     if error.retry_after is not None:
         request.setHeader(b"retry-after", str(error.retry_after).encode("ascii"))
+    identify(request)
     write_json(request, status, error_body(error.kind, error.message, error.code, getattr(error, "param", None)))
 
 
@@ -170,9 +201,10 @@ def caller_headers(request: Request) -> list[tuple[str, str]]:
     return [(name, value) for name, value in pairs if name.lower() != TRACEPARENT] + [(TRACEPARENT, own)]
 
 
-#: Headers the Edge's own HTTP server sets on every response; a relayed
-#: response carries those of the hop it relays instead (or none).
-_OWN_HEADERS = ("date", "server")
+#: Headers the Edge sets on its own answers (its HTTP server on every
+#: one, L{identify} on some); a relayed response carries those of the hop
+#: it relays instead (or none).
+_OWN_HEADERS = ("date", "server", REQUEST_ID_HEADER.decode())
 
 
 def relay_response_headers(request: Request, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -491,8 +523,9 @@ class NotFound(Resource):
     def render(self, request: Request) -> bytes:
         path = request.path.decode("utf-8", "replace")
         data = json.dumps(error_body("not_found", f"no such endpoint: {path}")).encode()
-        request.setResponseCode(404)
+        set_status(request, 404)
         request.setHeader(b"content-type", b"application/json")
+        identify(request)
         return data
 
 
@@ -686,16 +719,16 @@ class EventStream:
         """
         self.send_raw("[DONE]")
 
-    def fail(self, failure: RunFailure | ServiceError, usage: dict[str, Any] | None = None) -> None:
+    def fail(self, error: ServiceError, usage: dict[str, Any] | None = None) -> None:
         """
-        End a stream that already began with an error event for the
-        L{iop.run.RunFailure} C{failure} (with C{usage}, the usage so far
-        as the caller's dialect shows it, when known: an answer cut
-        mid-way, code C{incomplete}), then the end-of-stream marker, so an
-        SDK ends its iteration cleanly and never takes it for a whole
-        answer.
+        End a stream that already began with an error event for C{error}:
+        the body its HTTP error answer would have (so its C{type} is by its
+        kind, L{ERRORS_BY_KIND}), with C{usage} (the usage so far as the
+        caller's dialect shows it, when known: an answer cut mid-way, code
+        C{incomplete}), then the end-of-stream marker, so an SDK ends its
+        iteration cleanly and never takes it for a whole answer.
         """
-        event: dict[str, Any] = {"error": {"message": failure.message, "type": "api_error", "code": failure.code}}
+        event = error_body(error.kind, error.message, error.code, getattr(error, "param", None))
         if usage is not None:
             event["usage"] = usage
         self.send(event)

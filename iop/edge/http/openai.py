@@ -3,7 +3,7 @@ The OpenAI-compatible surface: C{POST /v1/chat/completions} and
 C{GET /v1/models}.
 
 C{model} names a model group (routed through its provider pool) or, when
-no group has that name, an adapter (on the single ready node). The
+no group has that name, an adapter (on the one ready node that has it). The
 selected provider decides the wire: OpenAI-compatible providers get a raw
 tunnel and the caller receives the provider's own bytes; every other
 provider runs a normalized run rendered here as OpenAI chunks or one JSON
@@ -11,6 +11,7 @@ response.
 """
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
@@ -28,15 +29,18 @@ from iop.edge.http.common import (
     caller_headers,
     claim,
     cut_off,
+    identify,
     relay_response_headers,
+    set_status,
     write_error,
     write_json,
 )
 from iop.edge.http.notes import note_usage
 from iop.edge.http.request import EdgeRequest
-from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
+from iop.edge.http.validate import HTTPError, boolean, integer, invalid, mapping, number, string
+from iop.edge.placement import adapter_types
 from iop.edge.runs import TUNNEL
-from iop.edge.spec import RunSpec, TunnelSpec
+from iop.edge.spec import RunSpec, TunnelSpec, tokens_of
 from iop.run import (
     CANCELLED,
     COMPLETE,
@@ -132,6 +136,11 @@ def _tool_calls(value: object, param: str) -> list[dict[str, Any]]:
     return calls
 
 
+#: The roles a chat message may have: OpenAI's (C{function} is its
+#: deprecated one, which it still takes).
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def parse_messages(value: object, param: str = "messages") -> list[dict[str, Any]]:
     """
     Chat messages as C{{"role", "content"}} with text content, plus the
@@ -140,7 +149,7 @@ def parse_messages(value: object, param: str = "messages") -> list[dict[str, Any
     C{images} (the URLs of image parts).
 
     @raise HTTPError: unless C{value} is a non-empty list of objects with a
-        string C{role} and a C{content} L{content_of} accepts.
+        C{role} of L{ROLES} and a C{content} L{content_of} accepts.
     """
     if not isinstance(value, list) or not value:
         raise invalid(param, "must be a non-empty list of messages", "invalid_messages")
@@ -150,6 +159,8 @@ def parse_messages(value: object, param: str = "messages") -> list[dict[str, Any
         if not isinstance(m, dict):
             raise invalid(where, "must be an object with a role", "invalid_messages")
         role = string(m, "role", required=True, param=where + ".role")
+        if role not in ROLES:
+            raise invalid(where + ".role", f"must be one of {', '.join(sorted(ROLES))}", "invalid_messages")
         text, images = content_of(m.get("content"), where + ".content")
         message: dict[str, Any] = {"role": role, "content": text}
         for key in ("name", "tool_call_id"):
@@ -164,11 +175,34 @@ def parse_messages(value: object, param: str = "messages") -> list[dict[str, Any
     return messages
 
 
-def parse_chat(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool, bool]:
-    """
-    Every field of a chat completion request the Edge uses, checked.
+#: C{tool_choice} as a word (else an object naming a tool).
+_TOOL_CHOICES = frozenset({"none", "auto", "required"})
 
-    @return: C{(model, messages, stream, include_usage)}.
+
+@dataclass(frozen=True)
+class Chat:
+    """
+    What the Edge itself reads of a chat completion request.
+
+    @ivar n: how many choices the caller asks for.
+    """
+
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    include_usage: bool
+    n: int
+
+
+def parse_chat(body: dict[str, Any]) -> Chat:
+    """
+    Every field of a chat completion request the Edge uses, checked; and
+    the types of the generation options OpenAI documents, so that a
+    normalized run (which hands them to a back end that may not check
+    them) refuses a bad one as OpenAI would: a 400 naming it. Fields it
+    does not know are left alone: callers send vendor extensions, which a
+    tunnel carries to the provider.
+
     @raise HTTPError: naming the first bad field.
     """
     model = string(body, "model", required=True)
@@ -176,7 +210,39 @@ def parse_chat(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool, b
     stream = boolean(body, "stream")
     stream_options = mapping(body, "stream_options")
     include_usage = boolean(stream_options, "include_usage", param="stream_options.include_usage")
-    return model, messages, stream, include_usage
+    if body.get("stream_options") is not None and not stream:
+        raise invalid("stream_options", "is only allowed when stream is true", "invalid_stream_options")
+    for key in ("max_tokens", "max_completion_tokens"):
+        integer(body, key, minimum=1)
+    number(body, "temperature", 0, 2)
+    number(body, "top_p", 0, 1)
+    _check_tools(body)
+    _check_stop(body.get("stop"))
+    n = integer(body, "n", 1, minimum=1)
+    assert n is not None  # (it has a default)
+    return Chat(model, messages, stream, include_usage, n)
+
+
+def _check_tools(body: dict[str, Any]) -> None:
+    """
+    C{tools} is a list of objects, C{tool_choice} a word or an object.
+    """
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise invalid("tools", "must be a list of tool objects", "invalid_tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not (isinstance(choice, dict) or isinstance(choice, str) and choice in _TOOL_CHOICES):
+        raise invalid("tool_choice", "must be none, auto, required or an object naming a tool", "invalid_tool_choice")
+
+
+def _check_stop(stop: object) -> None:
+    """
+    C{stop} is a string or a list of strings.
+    """
+    if stop is None or isinstance(stop, str):
+        return
+    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise invalid("stop", "must be a string or a list of strings", "invalid_stop")
 
 
 def openai_usage(usage: Usage) -> dict[str, Any]:
@@ -255,23 +321,27 @@ class ChatCompletions(JSONResource):
 
     def handle_POST(self, request: EdgeRequest) -> int:
         body = self.read_json(request)
-        model, messages, stream, include_usage = parse_chat(body)
+        chat = parse_chat(body)
         headers = caller_headers(request)
         background = background_requested(request)
         spec = RunSpec(
-            messages=messages,
-            model=model,
-            adapter=model,
+            messages=chat.messages,
+            model=chat.model,
+            adapter=chat.model,
             options={k: v for k, v in body.items() if k not in _ENVELOPE_KEYS},
             tunnel=TunnelSpec("POST", "/chat/completions", headers, body, getattr(request, "raw_body", None)),
             background=background,
         )
+        if chat.n != 1 and not self.may_tunnel(spec):
+            # Said before the request waits for room: nothing it could be
+            # placed on relays n.
+            raise _one_choice()
         claim(spec, request)
-        choices = body.get("n", 1)
         call = Call(self.service, request, background=background)
-        on_queued = call.queued_stream(_tell_queued, _end_queued) if stream else None
+        on_queued = call.queued_stream(_tell_queued, _end_queued) if chat.stream else None
         created = int(self.clock.seconds())
         runs = self.service.runs
+        prompt_tokens = tokens_of(spec.input_chars())
 
         # (The return type quoted: a union of interfaces is built at each def.)
         def listener_for(kind: str, work_id: str) -> "IRunListener | ITunnelListener":
@@ -280,15 +350,34 @@ class ChatCompletions(JSONResource):
                 return TunnelPassthrough(call)
             if not call.gone:
                 request.setHeader(RUN_ID_HEADER, work_id.encode("ascii"))
-            if choices not in (None, 1):
-                # A normalized run produces one answer: never silently one of n.
-                raise invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
+                identify(request, work_id)
+            if chat.n != 1:
+                # A group of both kinds of provider placed it on one that
+                # runs it (the early check let it through for the other).
+                raise _one_choice()
             # The model group that serves it (a fallback's, once one took it).
             record = runs.get(work_id)
-            served = record.model if record is not None and record.model else model
-            return (ChunkRenderer if stream else ResponseRenderer)(call, work_id, served, created, include_usage)
+            served = record.model if record is not None and record.model else chat.model
+            renderer = ChunkRenderer if chat.stream else ResponseRenderer
+            return renderer(call, work_id, served, created, chat.include_usage, prompt_tokens)
 
         return call.submit(spec, listener_for, on_queued)
+
+    def may_tunnel(self, spec: RunSpec) -> bool:
+        """
+        Whether C{spec} may travel as a tunnel: it is no background run, and
+        a provider it may be placed on takes it as one (the service's own
+        choice, L{RunSpec.tunnels_on}, asked of each).
+        """
+        types = adapter_types(self.service.config, spec.model or "")
+        return not spec.background and any(spec.tunnels_on(t) for t in types)
+
+
+def _one_choice() -> HTTPError:
+    """
+    A normalized run produces one answer: never silently one of n.
+    """
+    return invalid("n", "this model's provider answers one choice: n must be 1", "unsupported_n")
 
 
 def _tell_queued(stream: EventStream, position: int, eta_ms: int) -> None:
@@ -308,13 +397,45 @@ _DELTA_END = b'}, "finish_reason": null}]}\n\n'
 
 
 class _Renderer:
-    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
+    """
+    @param prompt_tokens: the Edge's estimate of the request's input tokens
+        (L{tokens_of}), its usage when the back end reports none.
+    """
+
+    def __init__(
+        self, call: Call, work_id: str, model: str, created: int, include_usage: bool, prompt_tokens: int = 0
+    ) -> None:
         self.call = call
         self.id = "chatcmpl-" + work_id.split("-", 1)[-1]
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.prompt_tokens = prompt_tokens
         self.tool_calls: list[ToolCall] = []
+        #: How many characters of answer (text, reasoning, tool calls) the
+        #: caller was given, for the estimate of its tokens.
+        self.answer_chars = 0
+
+    def heard(self, event: RunEventData) -> None:
+        """
+        Count the answer C{event} carries (see L{answer_chars}).
+        """
+        if event.type in (DELTA, REASONING_DELTA):
+            self.answer_chars += len(event.text)
+        elif event.type == TOOL_CALL and event.tool_call is not None:
+            self.answer_chars += len(event.tool_call.name) + len(event.tool_call.arguments)
+
+    def usage(self, event: RunEventData) -> dict[str, Any]:
+        """
+        The C{complete} terminal's usage as OpenAI's object: the reported
+        one, else the Edge's estimate (marked C{estimated: true}), since
+        OpenAI always gives one and callers read it.
+        """
+        if event.usage is not None:
+            return openai_usage(event.usage)
+        estimate = openai_usage(Usage(input_tokens=self.prompt_tokens, output_tokens=tokens_of(self.answer_chars)))
+        estimate["estimated"] = True
+        return estimate
 
     def finish_reason(self, event: RunEventData) -> str:
         """
@@ -354,8 +475,10 @@ class ChunkRenderer(_Renderer):
     Normalized run events as OpenAI C{chat.completion.chunk} SSE events.
     """
 
-    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
-        super().__init__(call, work_id, model, created, include_usage)
+    def __init__(
+        self, call: Call, work_id: str, model: str, created: int, include_usage: bool, prompt_tokens: int = 0
+    ) -> None:
+        super().__init__(call, work_id, model, created, include_usage, prompt_tokens)
         self.stream = EventStream(self.call.request)
         # Text deltas are the bulk of a stream: their chunk is rendered
         # from a template, only the text encoded per event (the bytes are
@@ -391,6 +514,7 @@ class ChunkRenderer(_Renderer):
             # Nothing sent yet: the caller gets a proper error status.
             write_error(self.call.request, run_failure_error(_reason(event)))
             return
+        self.heard(event)
         if event.type == START:
             self.stream.send(self.chunk({"role": "assistant", "content": ""}))
         elif event.type == DELTA:
@@ -403,17 +527,18 @@ class ChunkRenderer(_Renderer):
         elif event.type == COMPLETE:
             note_usage(self.call.request, event.usage)
             self.stream.send(self.chunk({}, self.finish_reason(event)))
-            if self.include_usage and event.usage is not None:
+            if self.include_usage:
                 final = self.chunk({})
                 final["choices"] = []
-                final["usage"] = openai_usage(event.usage)
+                final["usage"] = self.usage(event)
                 self.stream.send(final)
             self.stream.done()
             self.call.finish()
         elif event.type in (ERROR, CANCELLED):
             # The stream began: it ends with an error event (with the
             # usage so far of an answer cut mid-way).
-            self.stream.fail(_reason(event), openai_usage(event.usage) if event.usage is not None else None)
+            usage = openai_usage(event.usage) if event.usage is not None else None
+            self.stream.fail(run_failure_error(_reason(event)), usage)
             self.call.finish()
 
 
@@ -423,14 +548,17 @@ class ResponseRenderer(_Renderer):
     A normalized run collected into one C{chat.completion} response.
     """
 
-    def __init__(self, call: Call, work_id: str, model: str, created: int, include_usage: bool) -> None:
-        super().__init__(call, work_id, model, created, include_usage)
+    def __init__(
+        self, call: Call, work_id: str, model: str, created: int, include_usage: bool, prompt_tokens: int = 0
+    ) -> None:
+        super().__init__(call, work_id, model, created, include_usage, prompt_tokens)
         self.text: list[str] = []
         self.reasoning: list[str] = []
 
     def event(self, event: RunEventData) -> None:
         if self.call.gone:
             return
+        self.heard(event)
         if event.type == DELTA:
             self.text.append(event.text)
         elif event.type == REASONING_DELTA:
@@ -452,8 +580,7 @@ class ResponseRenderer(_Renderer):
                 "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(event)}],
             }
-            if event.usage is not None:
-                response["usage"] = openai_usage(event.usage)
+            response["usage"] = self.usage(event)
             write_json(self.call.request, 200, response)
         elif event.type in (ERROR, CANCELLED):
             write_error(self.call.request, run_failure_error(_reason(event)))
@@ -474,7 +601,15 @@ class TunnelPassthrough:
         self.path = path
         self.request = call.request
         self.event_stream = False
-        self.tail = b""
+        #: Of an event stream: the part of an event not ended yet, held
+        #: (as it came) until its blank line comes or the stream ends.
+        self.held: list[bytes] = []
+        self.held_bytes = 0
+        #: The last few bytes held, where a blank line split between two
+        #: body writes is looked for.
+        self.seam = b""
+        #: An event longer than L{MAX_HELD_EVENT} went out unended.
+        self.unended = False
         #: The usage the relayed stream reported so far.
         self.usage_so_far: Usage | None = None
         #: A provider's error answer to a caller already told it was
@@ -494,7 +629,7 @@ class TunnelPassthrough:
             if code >= 400:
                 self.refused = (code, [])
             return
-        self.request.setResponseCode(code)
+        set_status(self.request, code)
 
     def headers(self, pairs: list[tuple[str, str]]) -> None:
         """
@@ -512,8 +647,46 @@ class TunnelPassthrough:
         if self.refused is not None:
             self.refused[1].append(data)
         elif not self.call.gone and data:
+            if self.event_stream:
+                self._relay_events(data)
+            else:
+                self.request.write(data)
+
+    def _relay_events(self, data: bytes) -> None:
+        """
+        Write the whole events of an event stream, holding the part of an
+        event not ended yet: an error event the Edge may have to add must
+        never be glued to half of one (an SDK would fail to read it). The
+        common write ends on an event's end and goes out as it is; an event
+        that grows past L{MAX_HELD_EVENT} goes out as it comes rather than
+        be held without bound.
+        """
+        end = event_end(data, self.seam)
+        if end == len(data) and not self.held:
             self.request.write(data)
-            self.tail = (self.tail + data)[-2:]
+            self.unended = False
+            return
+        if end:
+            self.request.write(b"".join([*self.held, data[:end]]))
+            self.unended = False
+            self.held, self.held_bytes, self.seam = [], 0, b""
+            data = data[end:]
+            if not data:
+                return
+        self.held.append(data)
+        self.held_bytes += len(data)
+        self.seam = (self.seam + data[-3:])[-3:]
+        if self.held_bytes > MAX_HELD_EVENT:
+            self._write_held()
+            self.unended = True
+
+    def _write_held(self) -> None:
+        """
+        Write what is held of an event as it is.
+        """
+        if self.held:
+            self.request.write(b"".join(self.held))
+            self.held, self.held_bytes = [], 0
 
     def usage(self, usage: Usage) -> None:
         self.usage_so_far = usage
@@ -528,6 +701,10 @@ class TunnelPassthrough:
             self.refused = None
             self.error(RunFailure(PROVIDER_ERROR, _error_message(b"".join(parts), status), status))
             return
+        if not self.call.gone:
+            # The provider ended its stream mid-event: the caller gets
+            # what it sent.
+            self._write_held()
         self.call.finish()
 
     def error(self, failure: RunFailure) -> None:
@@ -536,8 +713,10 @@ class TunnelPassthrough:
         if self.request.startedWriting:
             if self.event_stream:
                 # Mid-stream SSE: end it the way the surface ends streams,
-                # with an error event and the end-of-stream marker.
-                if self.tail != b"\n\n":
+                # with an error event and the end-of-stream marker, after
+                # the last whole event (half of one is dropped).
+                self.held = []
+                if self.unended:
                     self.request.write(b"\n\n")
                 stream = EventStream(self.request)
                 stream.open = True
@@ -549,6 +728,36 @@ class TunnelPassthrough:
                 cut_off(self.request.channel.transport)
             return
         write_error(self.request, run_failure_error(failure))
+
+
+#: The most of one event a relayed event stream holds while it waits for
+#: the event's end (generous: an event is a chunk of an answer).
+MAX_HELD_EVENT = 16 * 1024 * 1024
+
+#: What ends an event of a server-sent event stream: a blank line (after
+#: lines ended by LF or CRLF).
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
+def event_end(data: bytes, before: bytes = b"") -> int:
+    """
+    How much of C{data}, a piece of an event stream, is whole events: the
+    index just after its last blank line, or 0. One look at its end in the
+    common case, else a search back from the end (the CRLF one only over
+    what the LF one passed).
+
+    @param before: the last bytes before C{data}, held: a blank line split
+        between them and C{data} counts (only a few bytes are joined).
+    """
+    if data.endswith(_EVENT_ENDS):
+        return len(data)
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n", max(lf, 0))
+    end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    if end or not before:
+        return end
+    seam = before[-3:] + data[:3]
+    return max(event_end(seam) - len(before[-3:]), 0)
 
 
 def _end_stream(stream: EventStream, path: str, failure: RunFailure, usage: Usage | None) -> None:
@@ -567,7 +776,7 @@ def _end_stream(stream: EventStream, path: str, failure: RunFailure, usage: Usag
             }
         stream.send_event(event, name="error")
         return
-    stream.fail(failure, openai_usage(usage) if usage is not None else None)
+    stream.fail(run_failure_error(failure), openai_usage(usage) if usage is not None else None)
 
 
 def _error_message(body: bytes, status: int) -> str:

@@ -179,6 +179,38 @@ def boolean(body: dict[str, Any], key: str, default: bool = False, param: str | 
     return value
 
 
+def integer(
+    body: dict[str, Any], key: str, default: int | None = None, minimum: int = 0, param: str | None = None
+) -> int | None:
+    """
+    C{body[key]} as an integer of at least C{minimum} (C{null} or absent is
+    C{default}). A boolean is not one, though Python counts it an C{int}.
+    """
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(param or key, f"must be an integer, not {_json_type(value)}", "invalid_" + key)
+    if value < minimum:
+        raise invalid(param or key, f"must be at least {minimum}", "invalid_" + key)
+    return value
+
+
+def number(body: dict[str, Any], key: str, low: float, high: float, param: str | None = None) -> float | None:
+    """
+    C{body[key]} as a number from C{low} to C{high} (C{null} or absent is
+    C{None}).
+    """
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(param or key, f"must be a number, not {_json_type(value)}", "invalid_" + key)
+    if not low <= value <= high:
+        raise invalid(param or key, f"must be from {low:g} to {high:g}", "invalid_" + key)
+    return value
+
+
 def mapping(body: dict[str, Any], key: str, param: str | None = None) -> dict[str, Any]:
     """
     C{body[key]} as an object (C{null} or absent is C{{}}).

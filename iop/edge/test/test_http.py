@@ -250,6 +250,24 @@ class SurfaceTests(SynchronousTestCase):
         code, _, body = self.result(self.http.get(BASE + "/v1/models"))
         self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp", "echo"])
 
+    def test_models_lists_an_adapter_one_ready_node_has(self):
+        """
+        With two ready nodes, an adapter that only one of them has can be
+        placed by its name alone, so /v1/models lists it (and not the one
+        both have).
+        """
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
+        data["nodes"][1]["adapters"].append({"name": "solo", "type": "echo", "max_concurrency": 1})
+        edge = EdgeHarness(data)
+        edge.register()
+        edge.register(token="tok-2")
+        assert edge.site is not None
+        http: Any = StubTreq(edge.site.resource)
+        d = http.get(BASE + "/v1/models")
+        edge.flush()
+        body = self.successResultOf(self.successResultOf(d).content())
+        self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["grp", "solo"])
+
     def test_models_lists_only_what_can_be_served(self):
         """
         With two ready nodes an adapter name alone cannot be placed, so

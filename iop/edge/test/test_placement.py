@@ -122,3 +122,54 @@ class PlacementTests(SynchronousTestCase):
         self.edge.flush()
         self.successResultOf(self.submit(adapter="echo"))
         self.assertEqual(self.in_use()[("n1", "p1")], 1)
+
+
+class UnknownNameTests(SynchronousTestCase):
+    """
+    A name that is no model group: 404 when no node has such an adapter,
+    however many nodes are ready; 503 when its nodes are not ready; 400
+    only when several ready nodes have it.
+    """
+
+    def setUp(self):
+        data: dict[str, Any] = copy.deepcopy(EDGE_YAML)
+        data["nodes"][0]["adapters"].append({"name": "solo", "type": "echo", "max_concurrency": 1})
+        self.edge = EdgeHarness(data)
+        self.service = self.edge.service
+
+    def refusal(self, name):
+        failure = self.failureResultOf(self.service.submit(spec(adapter=name), Recorder().for_run), ServiceError)
+        return failure.value.kind, failure.value.code
+
+    def test_unknown_name_is_404(self):
+        """
+        Not an adapter of any configured node: 404 C{model_not_found} with
+        no node, one or two ready.
+        """
+        self.assertEqual(self.refusal("nope"), ("not_found", "model_not_found"))
+        self.edge.register(token="tok-1")
+        self.assertEqual(self.refusal("nope"), ("not_found", "model_not_found"))
+        self.edge.register(token="tok-2")
+        self.assertEqual(self.refusal("nope"), ("not_found", "model_not_found"))
+
+    def test_adapter_whose_nodes_are_offline(self):
+        """
+        An adapter only nodes that are not ready have: 503, also while
+        another node is ready.
+        """
+        self.assertEqual(self.refusal("solo"), ("unavailable", "unavailable"))
+        self.edge.register(token="tok-2")
+        self.assertEqual(self.refusal("solo"), ("unavailable", "unavailable"))
+
+    def test_ambiguous_only_on_several_nodes(self):
+        """
+        An adapter of two ready nodes is a 400; one only one of them has is
+        placed there.
+        """
+        self.edge.register(token="tok-1")
+        self.edge.register(token="tok-2")
+        self.assertEqual(self.refusal("echo"), ("invalid", "model_not_found"))
+        run_id = self.successResultOf(self.service.submit(spec(adapter="solo"), Recorder().for_run))
+        dispatch = self.service.inflight.get(run_id)
+        assert dispatch is not None
+        self.assertEqual(dispatch.link.node_id, "n1")
