@@ -44,9 +44,41 @@ def test_sighup_pushes_adapter_changes(launch):
     assert echo_capacity(edge) == 2
 
     edge.config["nodes"][0]["adapters"][0]["max_concurrency"] = 2
-    edge.config["admin_keys"] = ["other"]
+    edge.config.setdefault("heartbeat", {})["interval_sec"] = 1
     edge.rewrite_config()
     edge.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: "admin_keys changed" in edge.output(), what="the refused reload to be logged")
+    wait_for(lambda: "heartbeat_interval changed" in edge.output(), what="the refused reload to be logged")
     assert echo_capacity(edge) == 2
     assert edge.running()
+
+
+def test_sighup_rotates_keys(launch):
+    """
+    Caller and admin keys apply from the next request after SIGHUP: a new
+    key is let in, a removed one is refused, and the Node stays connected.
+    """
+    node = echo_node("node-1", "tok-1")
+    edge = launch.edge({"nodes": [node], "admin_keys": ["adm"], "api_keys": ["old-key"]})
+    launch.node(edge.node_port, "tok-1")
+    edge.wait_connected("node-1")
+    since = edge.status()["nodes"][0]["connected_since"]
+    assert edge.json("GET", "/v1/models", None, {"authorization": "Bearer old-key"})[0] == 200
+
+    edge.config["api_keys"] = ["new-key"]
+    edge.config["admin_keys"] = ["new-adm"]
+    edge.rewrite_config()
+    edge.process.send_signal(signal.SIGHUP)
+
+    def rotated():
+        return edge.json("GET", "/v1/models", None, {"authorization": "Bearer new-key"})[0] == 200
+
+    wait_for(rotated, what="the new caller key to be let in")
+    status, body = edge.json("GET", "/v1/models", None, {"authorization": "Bearer old-key"})
+    assert (status, body["error"]["code"]) == (401, "invalid_api_key")
+    status, body = edge.json("POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, ADMIN)
+    assert (status, body["error"]["code"]) == (403, "admin_key_required")
+    status, _ = edge.json(
+        "POST", "/v1/nodes/node-1/commands", {"command": "capabilities"}, {"authorization": "Bearer new-adm"}
+    )
+    assert status == 200
+    assert edge.status()["nodes"][0]["connected_since"] == since

@@ -70,7 +70,7 @@ def http_site(
 ) -> EdgeSite:
     config = edge.config
     tracing = build_tracing(config.tracing) if config.tracing is not None else None
-    root = build_root(edge, config, reactor, metrics, tracing, requests.observe if requests is not None else None)
+    root = build_root(edge, reactor, metrics, tracing, requests.observe if requests is not None else None)
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, reactor=reactor)
 
 
@@ -82,7 +82,7 @@ def peer_site(edge: Edge, reactor: Any) -> EdgeSite:
     from iop.edge.cluster.forward import PeerGate
 
     config = edge.config
-    root = PeerGate(build_root(edge, config, reactor), config.cluster.secret)
+    root = PeerGate(build_root(edge, reactor), config.cluster.secret)
     return EdgeSite(root, limits=config.limits, access_log=config.access_log, per_address=False, reactor=reactor)
 
 

@@ -4,10 +4,12 @@ What a configuration reload may change while the Edge runs.
 On SIGHUP the Edge re-reads C{edge.yaml}. The adapters of configured nodes
 (their options, concurrency, new or removed adapters without providers)
 are applied at once: each ready Node whose adapters changed is pushed a
-C{ConfigRefresh}. Everything else — listeners, keys, heartbeat, the set of
-nodes and their tokens, providers and model groups — is owned by running
-objects (listening ports, the registry, the pool), so a reload that changes
-any of it is refused as a whole, naming what needs a restart.
+C{ConfigRefresh}. Caller and admin keys (C{api_keys}, C{admin_keys}) apply
+from the next request: the HTTP surfaces read them from the running
+configuration. Everything else — listeners, the metrics key, heartbeat,
+the set of nodes and their tokens, providers and model groups — is owned
+by running objects (listening ports, the registry, the pool), so a reload
+that changes any of it is refused as a whole, naming what needs a restart.
 """
 
 from dataclasses import fields
@@ -17,15 +19,18 @@ from iop.edge.config import EdgeConfig
 
 _NODE_FIELDS_NEEDING_RESTART = ("id", "token_digest", "providers")
 
+#: Top-level fields a reload applies (C{nodes} only in their adapters).
+RELOADABLE = ("nodes", "api_keys", "admin_keys")
+
 
 def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
     """
     The ids of nodes whose adapters differ between C{old} and C{new}.
 
-    @raise ConfigError: if anything but node adapters changed.
+    @raise ConfigError: if anything but node adapters or keys changed.
     """
     for field in fields(old):
-        if field.name != "nodes" and getattr(old, field.name) != getattr(new, field.name):
+        if field.name not in RELOADABLE and getattr(old, field.name) != getattr(new, field.name):
             raise ConfigError(f"{field.name} changed: restart the Edge to apply it (nothing was reloaded)")
     if [n.id for n in old.nodes] != [n.id for n in new.nodes]:
         raise ConfigError("nodes were added, removed or reordered: restart the Edge to apply it (nothing was reloaded)")

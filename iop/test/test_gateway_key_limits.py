@@ -12,6 +12,7 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.testing.edge import edge_config
 from iop.testing.gateway import BASE, GATEWAY_YAML, Gateway
 
 KEY = "limited-key"
@@ -115,3 +116,53 @@ class KeyLimitTests(SynchronousTestCase):
         self.assertEqual((len(queued), self.busy()), (1, 3))
         self.assertEqual(self.code(self.call("POST", f"/v1/runs/{queued[0].id}/cancel", {})), 200)
         self.assertEqual(self.busy(), 2)
+
+
+class KeyReloadTests(SynchronousTestCase):
+    """
+    A reload (SIGHUP) changes the keys from the next request: the surfaces
+    read them from the running configuration.
+    """
+
+    def setUp(self):
+        self.data = copy.deepcopy(GATEWAY_YAML)
+        self.data["api_keys"] = [{"key": KEY, "name": "limited", "max_concurrent": 1}]
+        self.gateway = Gateway(self.data)
+        self.node = self.gateway.node()
+
+    def code(self, key, body=None):
+        headers = {b"authorization": [b"Bearer " + key.encode()]}
+        path = "/v1/models" if body is None else "/v1/runs"
+        d = self.gateway.http.request(
+            "GET" if body is None else "POST",
+            BASE + path,
+            headers=headers,
+            data=json.dumps(body).encode() if body else None,
+        )
+        self.gateway.flush()
+        return self.successResultOf(self.gateway.read(d))[0]
+
+    def reload(self, api_keys):
+        self.data["api_keys"] = api_keys
+        self.assertEqual(self.gateway.service.reload(edge_config(self.data)), [])
+
+    def test_new_key_in_removed_key_out(self):
+        """
+        After a reload the new key is let in and the removed one is 401.
+        """
+        self.assertEqual(self.code(KEY), 200)
+        self.reload([{"key": "rotated-key", "name": "limited"}])
+        self.assertEqual((self.code("rotated-key"), self.code(KEY)), (200, 401))
+
+    def test_raised_limit_counts_work_already_running(self):
+        """
+        A key's C{max_concurrent} raised by a reload applies at once, and a
+        run admitted before it still counts: 1 running + 1 new fits under
+        2, a third does not.
+        """
+        body = {"model": "talk", "input": "one two three", "stream": False, "background": True}
+        self.assertEqual(self.code(KEY, body), 202)
+        self.assertEqual(self.code(KEY, body), 429)
+        self.reload([{"key": KEY, "name": "limited", "max_concurrent": 2}])
+        self.assertEqual(self.code(KEY, body), 202)
+        self.assertEqual(self.code(KEY, body), 429)

@@ -7,8 +7,9 @@ caller who goes away cancels that work (or leaves the queue).
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
@@ -240,6 +241,27 @@ def bearer(request: Request) -> str | None:
     return None
 
 
+class KeySet(Protocol):
+    """
+    Where L{Keys} reads the keys from: the running L{EdgeConfig} (so a
+    reloaded one's keys apply from the next request), or a fixed set.
+    """
+
+    @property
+    def api_keys(self) -> tuple[KeySpec, ...]: ...
+
+    @property
+    def admin_keys(self) -> tuple[KeySpec, ...]: ...
+
+
+@dataclass(frozen=True)
+class FixedKeys:
+    """A L{KeySet} that never changes."""
+
+    api_keys: tuple[KeySpec, ...]
+    admin_keys: tuple[KeySpec, ...]
+
+
 class Keys:
     """
     Caller and admin API keys (L{iop.edge.keys}). With no caller keys
@@ -257,9 +279,29 @@ class Keys:
         admin_keys: Iterable[KeySpec | str],
         seconds: Callable[[], float] | None = None,
     ) -> None:
-        self.api_keys = tuple(_spec(k) for k in api_keys)
-        self.admin_keys = tuple(_spec(k) for k in admin_keys)
+        fixed = FixedKeys(tuple(_spec(k) for k in api_keys), tuple(_spec(k) for k in admin_keys))
+        self._source: Callable[[], KeySet] = lambda: fixed
         self.limiter = KeyLimiter() if seconds is None else KeyLimiter(seconds)
+
+    @classmethod
+    def following(cls, source: Callable[[], KeySet], seconds: Callable[[], float] | None = None) -> "Keys":
+        """
+        Keys that are always C{source()}'s: a reload (SIGHUP) adds, removes
+        or changes keys from the next request. What a key is spending (its
+        requests in progress, its per-minute bucket) is kept by digest, so
+        it stays counted across the change.
+        """
+        keys = cls((), (), seconds)
+        keys._source = source
+        return keys
+
+    @property
+    def api_keys(self) -> tuple[KeySpec, ...]:
+        return self._source().api_keys
+
+    @property
+    def admin_keys(self) -> tuple[KeySpec, ...]:
+        return self._source().admin_keys
 
     def check_caller(self, request: Request) -> KeySpec | None:
         """

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import Resource
 
-from iop.edge.config import EdgeConfig
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import Keys, NotFound
 from iop.edge.http.native import CancelRun, Events, NodeCommands, Queue, Run, RunEvents, Runs, Status, TerminateSession
@@ -115,7 +114,6 @@ def _match(pattern: tuple[str, ...], segments: tuple[str, ...]) -> dict[str, str
 
 def build_root(
     service: EdgeAPI,
-    config: EdgeConfig,
     clock: IReactorTime,
     metrics_resource: Resource | None = None,
     tracing: RequestTracing | None = None,
@@ -125,9 +123,10 @@ def build_root(
     The caller API's routes, C{/metrics} among them when
     C{metrics_resource} is given; C{count_request} (the request metrics:
     counted whether or not C{/metrics} is served here, or behind a key)
-    and C{tracing}'s spans, when given, observe every request.
+    and C{tracing}'s spans, when given, observe every request. The keys
+    are those of C{service.config}, whichever is running.
     """
-    keys = Keys(config.api_keys, config.admin_keys, clock.seconds)
+    keys = Keys.following(lambda: service.config, clock.seconds)
     observers = [o for o in (count_request, tracing.observe if tracing is not None else None) if o is not None]
     router = Router(*observers)
     router.keys = keys
