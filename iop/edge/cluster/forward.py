@@ -20,13 +20,16 @@ long): a peer that took the request and then says nothing is noticed by
 the cluster instead. Once its membership key is gone (its lease expired:
 it stopped keeping it alive; or it left), L{Forwarder.peer_gone} ends
 every relay from that peer: one still waiting for its answer fails with
-503 C{forward_failed}; one whose answer is streaming has the peer's
-connection closed and the caller's cut off mid-answer (a chunked answer
-without its last chunk), so a stream whose peer went silent does not hold
-its caller forever, and the caller can tell it was cut. That costs little:
-a peer whose lease ended closes every Node link once etcd tells it so
-(its Nodes register again, maybe elsewhere), which ends its streams
-anyway; a native run's caller resumes with C{Last-Event-ID} at any Edge.
+503 C{forward_failed} at once; one whose answer is streaming is given
+L{LEFT_GRACE_SEC} to end, then has the peer's connection closed and the
+caller's cut off mid-answer (a chunked answer without its last chunk), so
+a stream whose peer went silent does not hold its caller forever, and the
+caller can tell it was cut. The grace is for a peer that left cleanly: a
+draining Edge leaves once every answer is written, not once a slow
+caller has read it, and flushes its connections for a while after. A
+peer whose lease ended closes every Node link once etcd tells it so (its
+Nodes register again, maybe elsewhere), which ends its streams anyway; a
+native run's caller resumes with C{Last-Event-ID} at any Edge.
 
 This is a surface's helper (it speaks HTTP); the service only decides
 that a request goes elsewhere.
@@ -36,7 +39,7 @@ import hmac
 from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -68,6 +71,13 @@ _DROP_REQUEST = ("host", "content-length", PEER_HEADER.decode())
 #: answers its own queue timeout; one the owner never answers ends when
 #: the owner leaves the cluster (L{Forwarder.peer_gone}).
 CONNECT_TIMEOUT_SEC = 10.0
+
+#: How long an answer streaming from a peer that left the cluster may
+#: still take to end before it is cut off. A peer that drains leaves once
+#: its answers are written and then flushes its connections for 5 s
+#: (C{iop.edge.drain.FLUSH_TIMEOUT_SEC}) before it closes them: what it
+#: wrote within that reaches the caller whole.
+LEFT_GRACE_SEC = 10.0
 
 
 class PeerGate(Resource):
@@ -133,7 +143,7 @@ class Forwarder:
         headers.addRawHeader(PEER_HEADER, self.secret)
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
-        relay = _Relay(request, forward, self._forget)
+        relay = _Relay(request, forward, self._forget, self.reactor)
         self.relays.setdefault(forward.edge_id, set()).add(relay)
         d = self.agent.request(request.method, url, headers, BytesBody(body))
         relay.pending = d
@@ -156,7 +166,8 @@ class Forwarder:
         """
         Edge C{edge_id} left the cluster (its membership key is gone):
         every relay from it ends. One still waiting for its answer fails
-        with 503 C{forward_failed}; one streaming it is cut off.
+        with 503 C{forward_failed}; one streaming it is cut off unless it
+        ends within L{LEFT_GRACE_SEC}.
         """
         for relay in list(self.relays.get(edge_id, ())):
             relay.peer_gone()
@@ -174,13 +185,17 @@ class _Relay(Protocol):
 
     log = Logger()
 
-    def __init__(self, request: EdgeRequest, forward: Forward, forget: Callable[["_Relay"], object]) -> None:
+    def __init__(
+        self, request: EdgeRequest, forward: Forward, forget: Callable[["_Relay"], object], clock: IReactorTime
+    ) -> None:
         self.request = request
         self.forward = forward
         self.forget = forget
+        self.clock = clock
         self.pending: Deferred[IResponse] | None = None
         self.over = False
         self.why: str | None = None
+        self.cut_timer: IDelayedCall | None = None
 
     def _end(self) -> bool:
         """
@@ -190,6 +205,8 @@ class _Relay(Protocol):
         if self.over:
             return False
         self.over = True
+        if self.cut_timer is not None and self.cut_timer.active():
+            self.cut_timer.cancel()
         self.forget(self)
         return True
 
@@ -204,20 +221,31 @@ class _Relay(Protocol):
     def peer_gone(self) -> None:
         """
         The peer left the cluster. Still waiting for its answer: give up
-        on it (503). Its answer streaming: close the peer's connection and
-        cut the caller's, with no end of the answer written (a chunked one
-        lacks its last chunk), so the caller sees it truncated: nothing
-        else would end it if the peer's connection stays up, silent.
+        on it (503). Its answer streaming: let it end within
+        L{LEFT_GRACE_SEC}, else L{cut}.
         """
         if self.pending is not None and not self.pending.called:
             self.why = "it left the cluster (its etcd lease ended) before it answered"
             self.pending.cancel()
             return
+        if not self.over and self.cut_timer is None:
+            self.cut_timer = self.clock.callLater(LEFT_GRACE_SEC, self.cut)
+
+    def cut(self) -> None:
+        """
+        The answer of a peer that left did not end in time: close the
+        peer's connection and cut the caller's, with no end of the answer
+        written (a chunked one lacks its last chunk), so the caller sees it
+        truncated: nothing else would end it if the peer's connection
+        stays up, silent.
+        """
         if not self._end():
             return
         self.log.warn(
-            "forwarded answer from Edge {edge} cut off: it left the cluster (its etcd lease ended) while it streamed",
+            "forwarded answer from Edge {edge} cut off: it left the cluster (its etcd lease ended)"
+            " and the answer did not end within {grace:.0f} s",
             edge=self.forward.edge_id,
+            grace=LEFT_GRACE_SEC,
         )
         release_producer(self.request)
         if self.transport is not None:

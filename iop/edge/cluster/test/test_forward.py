@@ -3,7 +3,7 @@ Requests proxied to another Edge (L{iop.edge.cluster.forward}): once a
 peer leaves the cluster (its membership key gone), a request it took and
 never answered is given up on with 503 C{forward_failed}, and an answer
 it was streaming is cut off (the caller's connection closed without the
-answer's end); nothing is kept of either.
+answer's end) unless it ends within a grace; nothing is kept of either.
 """
 
 import json
@@ -19,14 +19,14 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseFailed
+from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 from zope.interface import implementer
 
-from iop.edge.cluster.forward import Forwarder
+from iop.edge.cluster.forward import LEFT_GRACE_SEC, Forwarder
 from iop.edge.cluster.test.support import SECRET, Answer, ClusterCase
 from iop.edge.seam import Forward
 
@@ -78,7 +78,8 @@ class Caller(DummyRequest):
 class ForwarderTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.peers = SilentPeer()
-        self.forwarder = Forwarder(SECRET, Clock(), self.peers)
+        self.clock = Clock()
+        self.forwarder = Forwarder(SECRET, self.clock, self.peers)
 
     def proxy(self, edge_id: str = "edge-b") -> Caller:
         request = Caller()
@@ -106,12 +107,13 @@ class ForwarderTests(SynchronousTestCase):
 
     def test_streaming_answer_cut_when_the_peer_goes(self) -> None:
         """
-        An answer streaming from a peer that left the cluster is cut: the
-        peer's connection is closed, the caller's aborted without the
-        answer's end (never finished), with one line logged saying why;
-        nothing is kept of it, and what comes after (the peer's bytes and
-        end, the caller's connection lost, the peer gone again) changes
-        nothing. A stream from another peer goes on.
+        An answer streaming from a peer that left the cluster and that does
+        not end within LEFT_GRACE_SEC is cut: the peer's connection is
+        closed, the caller's aborted without the answer's end (never
+        finished), with one line logged saying why; nothing is kept of it,
+        and what comes after (the peer's bytes and end, the caller's
+        connection lost, the peer gone again) changes nothing. A stream
+        from another peer goes on.
         """
         request = self.proxy("edge-b")
         other = self.proxy("edge-c")
@@ -121,6 +123,11 @@ class ForwarderTests(SynchronousTestCase):
         self.assertEqual(set(self.forwarder.relays), {"edge-b", "edge-c"})
         with capturedLogs() as events:
             self.forwarder.peer_gone("edge-b")
+            self.forwarder.peer_gone("edge-b")  # (told twice: one grace)
+            self.clock.advance(LEFT_GRACE_SEC - 0.1)
+            self.assertFalse(request.channel.transport.disconnected)
+            self.assertEqual(set(self.forwarder.relays), {"edge-b", "edge-c"})
+            self.clock.advance(0.1)
         lines = [formatEvent(event) for event in events]
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("Edge edge-b cut off: it left the cluster", lines[0])
@@ -138,6 +145,25 @@ class ForwarderTests(SynchronousTestCase):
         self.assertEqual(request.finished, 0)
         self.assertEqual((other.finished, other.written), (0, [b"data: other\n\n"]))
         self.assertFalse(other.channel.transport.disconnected)
+
+    def test_answer_that_ends_within_the_grace_is_whole(self) -> None:
+        """
+        A peer that left cleanly (a drain leaves once its answers are
+        written) still delivers what it wrote: an answer that ends within
+        LEFT_GRACE_SEC of the peer's going reaches the caller whole and
+        finished, and no cut is left pending.
+        """
+        request = self.proxy("edge-b")
+        response = Answer([b"data: first\n\n"], ends=False, content_type=b"text/event-stream")
+        self.peers.asked[0][1].callback(response)
+        self.forwarder.peer_gone("edge-b")
+        self.clock.advance(LEFT_GRACE_SEC / 2)
+        response.protocol.dataReceived(b"data: [DONE]\n\n")
+        response.protocol.connectionLost(Failure(ResponseDone()))
+        self.assertEqual(request.written, [b"data: first\n\n", b"data: [DONE]\n\n"])
+        self.assertEqual(request.finished, 1)
+        self.assertFalse(request.channel.transport.disconnected)
+        self.assertEqual((self.forwarder.relays, self.clock.getDelayedCalls()), ({}, []))
 
     def test_answered_or_failed_kept_no_more(self) -> None:
         """
@@ -192,8 +218,8 @@ class PeerLeavesTests(ClusterCase):
     def test_stream_cut_off_when_its_lease_expires(self) -> None:
         """
         A stream forwarded from A to B, whose connection then stays up and
-        says nothing, is cut at A's caller once B's lease has expired: the
-        caller has the bytes relayed and then a truncated body (its last
+        says nothing, is cut at A's caller once B's lease has expired and
+        LEFT_GRACE_SEC has passed: the caller has the bytes relayed and then a truncated body (its last
         chunk never came), not an end.
         """
         self.b.register("tok-1")
@@ -221,6 +247,9 @@ class PeerLeavesTests(ClusterCase):
         self.advance(2)
         http.flush()
         self.assertEqual(self.states_seen(self.a)["edge-b"], "down")
+        self.assertNoResult(collected)  # (the grace a clean leave needs)
+        self.advance(LEFT_GRACE_SEC)
+        http.flush()
         failure = self.failureResultOf(collected, ResponseFailed)
         # The chunked decoder missed the last chunk: the caller can tell.
         self.assertTrue([reason for reason in failure.value.reasons if reason.check(_DataLoss)])
