@@ -76,6 +76,8 @@ def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
         result["images"] = images
     calls: list[dict[str, Any]] = []
     for call in message.get("tool_calls") or ():
+        if (call or {}).get("type", "function") != "function":
+            continue  # (a custom tool call: Ollama has none)
         function = (call or {}).get("function") or {}
         arguments = function.get("arguments")
         try:

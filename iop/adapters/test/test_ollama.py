@@ -12,7 +12,7 @@ from zope.interface.verify import verifyObject
 
 from iop.adapters import streams
 from iop.adapters.interface import IAdapter, NotSupported, RunInput, TunnelInput
-from iop.adapters.ollama import OllamaAdapter
+from iop.adapters.ollama import OllamaAdapter, _ollama_message
 from iop.adapters.streams import ProviderError
 from iop.adapters.test.providers import Events, Routes, Script, moment, serve
 from iop.run import INCOMPLETE, RunFailure, Usage
@@ -352,3 +352,24 @@ class OllamaTests(TestCase):
         adapter = OllamaAdapter("ollama", 1, {"base_url": "http://127.0.0.1:1"}, reactor)
         error = yield self.assertFailure(adapter.command("ollama_show", {}), ValueError)
         self.assertIn("args.model", str(error))
+
+
+class MessageTests(TestCase):
+    def test_tool_calls(self) -> None:
+        """
+        An assistant's function calls go to Ollama with their arguments as
+        objects; a custom tool call (free-form input, which Ollama has no
+        form for) is left out rather than sent as a nameless function.
+        """
+        message = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+                {"id": "c2", "type": "custom", "custom": {"name": "grep", "input": "-r x"}},
+            ],
+        }
+        self.assertEqual(
+            _ollama_message(message),
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+        )

@@ -189,13 +189,23 @@ def read_json(request: EdgeRequest, max_bytes: int) -> dict[str, Any]:
     return body
 
 
-def caller_headers(request: Request) -> list[tuple[str, str]]:
+def caller_headers(request: Request, streamed: bool = False) -> list[tuple[str, str]]:
     """
     The caller's request headers that travel on to a provider through a
     tunnel (see L{iop.httpheaders}), with the Edge's own trace context in
     place of the caller's when tracing is on (L{iop.edge.tracing}).
+
+    @param streamed: the request asks for an event stream: its
+        C{Accept-Encoding} stays here, so the provider answers it
+        uncompressed. Compression would hold each event in the provider's
+        compressor, and the Edge writes a stream by whole events: it must
+        see where one ends, to end a stream cut mid-way with an error event
+        (and a caller told its place in the queue has its headers already,
+        none of them a content coding).
     """
     pairs = caller_request_headers(header_pairs(request.requestHeaders))
+    if streamed:
+        pairs = [(name, value) for name, value in pairs if name.lower() != "accept-encoding"]
     own = getattr(request, "traceparent", None)
     if not own:
         return pairs
@@ -676,6 +686,9 @@ class Call:
 
         def on_queued(position: int, eta_ms: int) -> None:
             if not (self.gone or self.request.finished):
+                if not self.request.startedWriting:
+                    # (The headers go with the first word of the queue.)
+                    identify(self.request)
                 tell(stream, position, eta_ms)
 
         return on_queued

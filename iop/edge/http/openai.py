@@ -110,8 +110,11 @@ def text_of(content: object, param: str = "content") -> str:
 
 def _tool_calls(value: object, param: str) -> list[dict[str, Any]]:
     """
-    An assistant message's C{tool_calls}, checked: each with an C{id} and a
-    C{function} with a C{name} and C{arguments} (a JSON text).
+    An assistant message's C{tool_calls}, checked: each with an C{id} and,
+    of C{type} C{function} (the default), a C{function} with a C{name} and
+    C{arguments} (a JSON text); a call of another type (C{custom}: a
+    C{custom} with C{name} and C{input}) is the provider's to read, and is
+    kept as it is.
     """
     if not isinstance(value, list):
         raise invalid(param, "must be a list of tool calls", "invalid_messages")
@@ -120,6 +123,10 @@ def _tool_calls(value: object, param: str) -> list[dict[str, Any]]:
         where = f"{param}[{i}]"
         if not isinstance(call, dict):
             raise invalid(where, "must be an object", "invalid_messages")
+        kind = string(call, "type", "function", param=where + ".type")
+        if kind != "function":
+            calls.append(call)
+            continue
         function = mapping(call, "function", where + ".function")
         calls.append(
             {
@@ -322,7 +329,7 @@ class ChatCompletions(JSONResource):
     def handle_POST(self, request: EdgeRequest) -> int:
         body = self.read_json(request)
         chat = parse_chat(body)
-        headers = caller_headers(request)
+        headers = caller_headers(request, streamed=chat.stream)
         background = background_requested(request)
         spec = RunSpec(
             messages=chat.messages,
@@ -332,7 +339,7 @@ class ChatCompletions(JSONResource):
             tunnel=TunnelSpec("POST", "/chat/completions", headers, body, getattr(request, "raw_body", None)),
             background=background,
         )
-        if chat.n != 1 and not self.may_tunnel(spec):
+        if chat.n != 1 and self.answers_one_choice(spec):
             # Said before the request waits for room: nothing it could be
             # placed on relays n.
             raise _one_choice()
@@ -363,14 +370,18 @@ class ChatCompletions(JSONResource):
 
         return call.submit(spec, listener_for, on_queued)
 
-    def may_tunnel(self, spec: RunSpec) -> bool:
+    def answers_one_choice(self, spec: RunSpec) -> bool:
         """
-        Whether C{spec} may travel as a tunnel: it is no background run, and
-        a provider it may be placed on takes it as one (the service's own
-        choice, L{RunSpec.tunnels_on}, asked of each).
+        Whether C{spec} can only be answered with one choice: it is a
+        background run, or no provider it may be placed on takes it as a
+        tunnel (the service's own choice, L{RunSpec.tunnels_on}, asked of
+        each). A model no provider serves is left to placement, which
+        answers 404 C{model_not_found}.
         """
         types = adapter_types(self.service.config, spec.model or "")
-        return not spec.background and any(spec.tunnels_on(t) for t in types)
+        if not types:
+            return False
+        return spec.background or not any(spec.tunnels_on(t) for t in types)
 
 
 def _one_choice() -> HTTPError:
@@ -615,6 +626,9 @@ class TunnelPassthrough:
         #: A provider's error answer to a caller already told it was
         #: queued: C{(status, body parts)}, ended as an SSE error event.
         self.refused: tuple[int, list[bytes]] | None = None
+        #: The names of the provider's headers set on the response: an
+        #: error the Edge answers before any body byte goes without them.
+        self.relayed_headers: list[str] = []
 
     def use_producer(self, producer: ReceiveWindow) -> None:
         self.call.use_producer(producer)
@@ -639,8 +653,15 @@ class TunnelPassthrough:
         """
         if self.call.gone or self.request.startedWriting:
             return
-        for name, value in relay_response_headers(self.request, pairs):
-            if name.lower() == "content-type" and value.lower().startswith("text/event-stream"):
+        relayed = relay_response_headers(self.request, pairs)
+        self.relayed_headers = [name for name, _ in relayed]
+        coded = any(
+            name.lower() == "content-encoding" and value.strip().lower() != "identity" for name, value in relayed
+        )
+        for name, value in relayed:
+            # A compressed event stream is relayed as any body: its events'
+            # ends cannot be seen in it.
+            if name.lower() == "content-type" and value.lower().startswith("text/event-stream") and not coded:
                 self.event_stream = True
 
     def body(self, data: bytes) -> None:
@@ -727,6 +748,10 @@ class TunnelPassthrough:
                 # left is an aborted response.
                 cut_off(self.request.channel.transport)
             return
+        for name in self.relayed_headers:
+            # (Its Content-Encoding or Content-Length would misdescribe the
+            # Edge's own error.)
+            self.request.responseHeaders.removeHeader(name)
         write_error(self.request, run_failure_error(failure))
 
 
@@ -735,16 +760,16 @@ class TunnelPassthrough:
 MAX_HELD_EVENT = 16 * 1024 * 1024
 
 #: What ends an event of a server-sent event stream: a blank line (after
-#: lines ended by LF or CRLF).
-_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+#: lines ended by LF, CRLF or CR).
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
 def event_end(data: bytes, before: bytes = b"") -> int:
     """
     How much of C{data}, a piece of an event stream, is whole events: the
     index just after its last blank line, or 0. One look at its end in the
-    common case, else a search back from the end (the CRLF one only over
-    what the LF one passed).
+    common case, else a search back from the end (the CRLF and CR ones
+    only over what the LF one passed, and only in a stream with a CR).
 
     @param before: the last bytes before C{data}, held: a blank line split
         between them and C{data} counts (only a few bytes are joined).
@@ -752,8 +777,11 @@ def event_end(data: bytes, before: bytes = b"") -> int:
     if data.endswith(_EVENT_ENDS):
         return len(data)
     lf = data.rfind(b"\n\n")
-    crlf = data.rfind(b"\r\n\r\n", max(lf, 0))
-    end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    end = lf + 2 if lf >= 0 else 0
+    if data.find(b"\r", max(lf, 0)) >= 0:
+        crlf = data.rfind(b"\r\n\r\n", max(lf, 0))
+        cr = data.rfind(b"\r\r", max(lf, 0))
+        end = max(end, crlf + 4 if crlf >= 0 else 0, cr + 2 if cr >= 0 else 0)
     if end or not before:
         return end
     seam = before[-3:] + data[:3]

@@ -62,7 +62,13 @@ class TunnelledEndpoint(JSONResource):
             messages=[],
             model=model,
             adapter=model,
-            tunnel=TunnelSpec("POST", self.path, caller_headers(request), body, getattr(request, "raw_body", None)),
+            tunnel=TunnelSpec(
+                "POST",
+                self.path,
+                caller_headers(request, streamed=body.get("stream") is True),
+                body,
+                getattr(request, "raw_body", None),
+            ),
             runs=False,
             size=_size(body.get("prompt", body.get("input"))),
         )

@@ -183,6 +183,75 @@ class TunnelledStreamTests(OpenAITestCase):
         self.assertEqual(event_end(b"\ndata: b", b"a\n"), 1)
         self.assertEqual(event_end(b"\n\r\ndata", b"a\r"), 3)
         self.assertEqual(event_end(b"data", b"a\n"), 0)
+        self.assertEqual(event_end(b"data: a\r\rdata: b"), 9)
+        self.assertEqual(event_end(b"data: a\r\r"), 9)
+        self.assertEqual(event_end(b"\rdata: b", b"a\r"), 1)
+
+    def test_cr_events_go_as_they_come(self) -> None:
+        """
+        Events of CR-ended lines (which SSE allows) are written as each
+        ends, not held to the stream's end.
+        """
+        d, sink = self.start()
+        sink.body(CHUNK.replace(b"\n", b"\r"))
+        self.gateway.flush()
+        self.assertTrue(self.gateway.requests[-1].startedWriting)
+        self.cut()
+        self.assertTrue(self.result(d)[2].startswith(CHUNK.replace(b"\n", b"\r")))
+
+    def test_compressed_stream_relayed_as_it_comes(self) -> None:
+        """
+        A compressed event stream (a provider that compressed it anyway)
+        is relayed as any body, each piece as it comes: its events' ends
+        cannot be seen in it, and holding it would hold the whole answer.
+        """
+        self.chat(model="big", stream=True)
+        sink = self.tunnel()
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream"), ("content-encoding", "gzip")])
+        sink.body(b"\x1f\x8b\x08\x00piece")
+        self.gateway.flush()
+        self.assertTrue(self.gateway.requests[-1].startedWriting)
+
+    def test_error_before_the_body_drops_the_providers_headers(self) -> None:
+        """
+        An error the Edge answers after the provider's headers but before
+        any body byte (half an event came, held) is the Edge's own JSON:
+        none of the provider's headers (a length, a content coding)
+        describes it.
+        """
+        d = self.chat(model="big", stream=True)
+        sink = self.tunnel()
+        sink.status(200)
+        sink.headers([("content-type", "text/event-stream"), ("content-length", "900"), ("x-served-by", "p")])
+        sink.body(b'data: {"half')
+        self.gateway.flush()
+        self.assertEqual(self.gateway.requests[-1].responseHeaders.getRawHeaders(b"x-served-by"), [b"p"])
+        self.cut()
+        code, _, body = self.result(d)
+        self.assertEqual((code, json.loads(body)["error"]["code"]), (503, "node_disconnected"))
+        # (As written: the test's client marks every answer it decoded.)
+        headers = self.gateway.requests[-1].responseHeaders
+        self.assertEqual(headers.getRawHeaders(b"content-type"), [b"application/json"])
+        self.assertEqual(headers.getRawHeaders(b"content-length"), [str(len(body)).encode()])
+        self.assertIsNone(headers.getRawHeaders(b"content-encoding"))
+        self.assertIsNone(headers.getRawHeaders(b"x-served-by"))
+
+    def test_streamed_request_asks_for_no_compression(self) -> None:
+        """
+        A streamed request goes to the provider without the caller's
+        C{Accept-Encoding} (the SDKs send gzip), so its events come as
+        they are written; a request answered whole keeps it.
+        """
+        for stream in (True, False):
+            self.gateway.http.post(
+                gateway.BASE + "/v1/chat/completions",
+                json={"model": "big", "messages": HI, "stream": stream},
+                headers={"accept-encoding": "gzip, deflate"},
+            )
+            self.gateway.flush()
+            names = [name.lower() for name, _ in self.node.adapter("llm").tunnels[-1][0].headers]
+            self.assertEqual("accept-encoding" in names, not stream, names)
 
 
 class OneChoiceTests(OpenAITestCase):
@@ -212,6 +281,14 @@ class OneChoiceTests(OpenAITestCase):
         self.gateway.flush()
         self.assertEqual(self.error(background)[1]["code"], "unsupported_n")
         self.assertEqual((self.node.adapter("llm").runs, self.gateway.service.runs.records()), ([], []))
+
+    def test_unknown_model_is_404(self) -> None:
+        """
+        A model nothing serves is 404 C{model_not_found} whatever its C{n}.
+        """
+        for n in (1, 2):
+            code, error = self.error(self.chat(model="nothing", n=n))
+            self.assertEqual((code, error["code"]), (404, "model_not_found"))
 
     def test_tunnels_relay_n(self) -> None:
         """
@@ -299,6 +376,10 @@ class EstimatedUsageTests(OpenAITestCase):
         self.assertEqual(usage, {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7})
 
 
+#: A call of a custom tool (free-form input), in an assistant message.
+CUSTOM_CALL = {"id": "c1", "type": "custom", "custom": {"name": "grep", "input": "-r x"}}
+
+
 class ParameterTests(OpenAITestCase):
     BAD: list[tuple[str, dict[str, Any]]] = [
         ("max_tokens", {"max_tokens": "abc"}),
@@ -353,11 +434,13 @@ class ParameterTests(OpenAITestCase):
             "stream_options": {"include_usage": True},
             "top_k": 20,
             "chat_template_kwargs": {"enable_thinking": False},
-            "messages": [{"role": r, "content": "x"} for r in ("developer", "system", "user", "assistant", "tool")],
+            "messages": [{"role": r, "content": "x"} for r in ("developer", "system", "user", "assistant", "tool")]
+            + [{"role": "assistant", "content": None, "tool_calls": [CUSTOM_CALL]}],
         }
         self.chat(model="big", **fields)
         sent = json.loads(self.node.adapter("llm").tunnels[-1][0].body)
         self.assertEqual((sent["top_k"], sent["chat_template_kwargs"]), (20, {"enable_thinking": False}))
+        self.assertEqual(sent["messages"][-1]["tool_calls"], [CUSTOM_CALL])
         self.chat(model="local", **dict(fields, stop="END"))
         self.assertEqual(self.manual_run()[0].options["top_k"], 20)
 
@@ -374,6 +457,17 @@ class RequestIdTests(OpenAITestCase):
         self.gateway.advance(1)
         _, headers, _ = self.result(d)
         self.assertEqual(self.request_ids(headers), headers.getRawHeaders(b"x-iop-run-id"))
+
+    def test_queued_stream(self) -> None:
+        """
+        A streamed answer told its place in the queue (its headers go with
+        the first word of it) has an C{x-request-id} too.
+        """
+        self.fill()
+        d = self.chat(model="talk", stream=True)
+        self.gateway.advance(6)
+        (request_id,) = self.request_ids(self.result(d)[1])
+        self.assertTrue(request_id.startswith(b"req-"), request_id)
 
     def test_own_errors(self) -> None:
         """
