@@ -215,18 +215,7 @@ class TokenBudgets:
         tenant = ticket.tenant
         now = self.seconds()
         taken: list[tuple[_Bucket, int]] = []
-        for label, size, period in (
-            ("minute", tenant.tokens_per_minute, MINUTE),
-            ("day", tenant.tokens_per_day, DAY),
-        ):
-            if size is None:
-                continue
-            bucket = self._buckets.get((tenant.name, label))
-            if bucket is None:
-                bucket = self._buckets[(tenant.name, label)] = _Bucket(size, period, now)
-            elif bucket.size != size:
-                bucket.resize(size, now)
-            bucket.refill(now)
+        for label, size, bucket in self._current(tenant, now):
             amount = min(ticket.cost, size)
             short = bucket.shortfall(amount)
             if short > 0:
@@ -249,15 +238,33 @@ class TokenBudgets:
 
         ticket.on_settle(spend)
 
-    def remaining(self, name: str) -> dict[str, int]:
+    def remaining(self, tenant: Tenant) -> dict[str, int]:
         """
-        What is left of C{name}'s budgets now, less reservations (for
-        status), by period.
+        What is left of C{tenant}'s budgets now, less reservations (for
+        status), by period: of the budgets it has now (a reload may have
+        changed or removed them).
         """
-        now = self.seconds()
-        left = {}
-        for (tenant, label), bucket in self._buckets.items():
-            if tenant == name:
-                bucket.refill(now)
-                left[label] = int(bucket.level - bucket.reserved)
-        return left
+        return {
+            label: int(bucket.level - bucket.reserved) for label, _, bucket in self._current(tenant, self.seconds())
+        }
+
+    def _current(self, tenant: Tenant, now: float) -> list[tuple[str, int, "_Bucket"]]:
+        """
+        C{(label, size, bucket)} of each budget C{tenant} has, its bucket
+        made (full) or resized to the budget's size and refilled to C{now}.
+        """
+        current = []
+        for label, size, period in (
+            ("minute", tenant.tokens_per_minute, MINUTE),
+            ("day", tenant.tokens_per_day, DAY),
+        ):
+            if size is None:
+                continue
+            bucket = self._buckets.get((tenant.name, label))
+            if bucket is None:
+                bucket = self._buckets[(tenant.name, label)] = _Bucket(size, period, now)
+            elif bucket.size != size:
+                bucket.resize(size, now)
+            bucket.refill(now)
+            current.append((label, size, bucket))
+        return current

@@ -166,3 +166,15 @@ class KeyReloadTests(SynchronousTestCase):
         self.reload([{"key": KEY, "name": "limited", "max_concurrent": 2}])
         self.assertEqual(self.code(KEY, body), 202)
         self.assertEqual(self.code(KEY, body), 429)
+
+    def test_limit_given_by_reload_counts_work_already_running(self):
+        """
+        A key without a C{max_concurrent} has its running work counted all
+        the same: a reload that gives it one (here 1, with a run going) has
+        it refuse the next at once.
+        """
+        self.reload([{"key": KEY, "name": "limited"}])
+        body = {"model": "talk", "input": "one two three", "stream": False, "background": True}
+        self.assertEqual(self.code(KEY, body), 202)
+        self.reload([{"key": KEY, "name": "limited", "max_concurrent": 1}])
+        self.assertEqual(self.code(KEY, body), 429)

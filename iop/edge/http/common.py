@@ -353,12 +353,15 @@ class Keys:
         Hold C{request} to the limits of its key: C{requests_per_minute}
         (unless not C{per_minute}), and when it C{runs_work},
         C{max_concurrent} until it finishes or until the background run it
-        started ends (L{hold_until_ended}).
+        started ends (L{hold_until_ended}); such work is counted even for
+        a key without a C{max_concurrent}, which a reload may give it.
 
         @raise RateLimited: if the key is over a limit.
         """
-        if spec.max_concurrent is None and (spec.requests_per_minute is None or not per_minute):
+        if not runs_work and (spec.requests_per_minute is None or not per_minute):
             return
+        # Work is counted whatever the key's limits: a reload that gives it
+        # a max_concurrent counts what it has running already.
         release: Callable[[], None] = self.limiter.admit(spec, runs_work, per_minute)
         request.key_hold = release
 

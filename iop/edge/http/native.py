@@ -556,7 +556,7 @@ class Queue(JSONResource):
             return {"queued": waiting, "by_key": by_key}
         tenant = key.tenant() if key is not None else Tenant()
         answer: dict[str, Any] = {"key": tenant.name, "queued": self.service.queue(tenant.name)}
-        budgets = self.service.budgets.remaining(tenant.name)
+        budgets = self.service.budgets.remaining(tenant)
         if budgets:
             answer["tokens_left"] = budgets
         return answer

@@ -324,9 +324,9 @@ class BudgetTests(SynchronousTestCase):
         self.assertEqual(refused.retry_after, 10)  # 100 tokens short at 10 per second
         first.settle(100)  # it cost less than reserved
         budgets.reserve(Ticket(tenant, 300))
-        self.assertEqual(budgets.remaining("t"), {"minute": 200})
+        self.assertEqual(budgets.remaining(tenant), {"minute": 200})
         clock.advance(30)  # refilled to the full 600, of which 300 reserved
-        self.assertEqual(budgets.remaining("t"), {"minute": 300})
+        self.assertEqual(budgets.remaining(tenant), {"minute": 300})
 
     def test_day_budget_and_unbudgeted(self):
         """
@@ -358,13 +358,13 @@ class BudgetTests(SynchronousTestCase):
         spent.settle(900)
         held = Ticket(Tenant("t", tokens_per_minute=1000), 50)
         budgets.reserve(held)
-        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=1000)), {"minute": 50})
         self.assertRaises(BudgetExceeded, budgets.reserve, Ticket(Tenant("t", tokens_per_minute=1200), 100))
-        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=1200)), {"minute": 50})
         budgets.reserve(Ticket(Tenant("t", tokens_per_minute=60), 10))  # 100 left, at most 60
-        self.assertEqual(budgets.remaining("t"), {"minute": 0})
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=60)), {"minute": 0})
         held.settle(0)
-        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=60)), {"minute": 50})
 
     def test_unreported_answer_costs_its_estimate(self):
         """
@@ -382,9 +382,9 @@ class BudgetTests(SynchronousTestCase):
             ticket = Ticket(tenant, 100)
             budgets.reserve(ticket)
             ticket.charged = granted
-            before = budgets.remaining("t")["minute"] + 100
+            before = budgets.remaining(tenant)["minute"] + 100
             ticket.settle_usage(usage, status)
-            return before - budgets.remaining("t")["minute"]
+            return before - budgets.remaining(tenant)["minute"]
 
         self.assertEqual(spent(None, COMPLETE), 100)
         self.assertEqual(spent(None, CANCELLED), 100)
@@ -401,7 +401,20 @@ class BudgetTests(SynchronousTestCase):
         budgets.reserve(capped)
         capped.charged = True
         capped.settle_usage(None, COMPLETE)
-        self.assertEqual(budgets.remaining("roomy"), {"minute": 100_000 - 150})
+        self.assertEqual(budgets.remaining(roomy), {"minute": 100_000 - 150})
+
+    def test_remaining_of_the_budgets_it_has(self):
+        """
+        What is left is told of the budgets the key has now: a budget a
+        reload made smaller is at most its new size, one it removed is not
+        told; a budget not used yet is full.
+        """
+        budgets = TokenBudgets(Clock().seconds)
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_day=500)), {"day": 500})
+        budgets.reserve(Ticket(Tenant("t", tokens_per_minute=1000), 10))
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=1000)), {"minute": 990})
+        self.assertEqual(budgets.remaining(Tenant("t", tokens_per_minute=100)), {"minute": 90})
+        self.assertEqual(budgets.remaining(Tenant("t")), {})
 
     def test_settle_once(self):
         """
@@ -415,7 +428,7 @@ class BudgetTests(SynchronousTestCase):
         budgets.reserve(ticket)
         ticket.settle(50)
         ticket.settle(50)
-        self.assertEqual(budgets.remaining("t"), {"minute": 50})
+        self.assertEqual(budgets.remaining(tenant), {"minute": 50})
 
     def test_usage_tokens(self):
         """
