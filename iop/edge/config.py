@@ -445,8 +445,9 @@ def _fill_capacity(
     adapter never promise more than it takes: for every adapter, the sum of
     C{normal + long} over the providers naming it must not exceed its
     C{max_concurrency} (the Node's gate would refuse the rest). A provider
-    without C{normal} takes what the adapter's other providers leave; at
-    most one provider per adapter may leave it out.
+    without C{normal} takes what the adapter's other providers leave (and
+    follows the adapter's C{max_concurrency} on a reload); at most one
+    provider per adapter may leave it out.
     """
     providers = []
     promised: dict[str, int] = {}
@@ -459,8 +460,10 @@ def _fill_capacity(
                     f"several providers of adapter {adapter.name} leave capacity.normal out: give each its own",
                 )
             others = sum(d[3] + (d[2] or 0) for d in siblings if d[0] != provider_id)
-            normal = max(adapter.max_concurrency - others - long, 0)
-        promised[adapter.name] = promised.get(adapter.name, 0) + normal + long
+            taken = max(adapter.max_concurrency - others - long, 0)
+        else:
+            taken = normal
+        promised[adapter.name] = promised.get(adapter.name, 0) + taken + long
         if promised[adapter.name] > adapter.max_concurrency:
             raise section.error(
                 "capacity",
@@ -473,8 +476,9 @@ def _fill_capacity(
                 provider_id=provider_id,
                 adapter=adapter.name,
                 adapter_type=adapter.type,
-                capacity_normal=normal,
+                capacity_normal=taken,
                 capacity_long=long,
+                follows_adapter=normal is None,
             )
         )
     return tuple(providers)

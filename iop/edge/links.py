@@ -479,11 +479,15 @@ class NodeLinks:
     def _update_capacity(self, node_id: str) -> None:
         """
         Size the resources of the adapters no provider names (direct work)
-        on C{node_id} as its configuration says.
+        on C{node_id}, and of its providers that take their capacity from
+        their adapter's C{max_concurrency}, as its configuration says.
         """
         node = self._config().node(node_id)
         if node is not None:
             self.pool.set_implicit(node_id, node.implicit_resources())
+            for provider in node.providers:
+                if provider.follows_adapter:
+                    self.pool.update_capacity(provider)
 
     def _refresh_answered(
         self, outcome: messages.NodeCommandResponse | Failure, link: NodeLink, payload: messages.NodeConfigPayload

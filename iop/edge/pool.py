@@ -139,6 +139,9 @@ class ProviderSpec:
     @ivar adapter_type: C{echo}, C{openai_compat}, C{vllm}, C{ollama} or C{cli}.
     @ivar implicit: not configured as a provider: the resource of an adapter
         no provider names, which direct work leases.
+    @ivar follows_adapter: configured without C{capacity.normal}: its
+        normal capacity is what its adapter's C{max_concurrency} leaves, and
+        follows it when a reload changes it.
     """
 
     node_id: str
@@ -148,6 +151,7 @@ class ProviderSpec:
     capacity_normal: int
     capacity_long: int
     implicit: bool = False
+    follows_adapter: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

@@ -3,7 +3,8 @@ What a configuration reload may change while the Edge runs.
 
 On SIGHUP the Edge re-reads C{edge.yaml}. The adapters of configured nodes
 (their options, concurrency, new or removed adapters without providers)
-are applied at once: each ready Node whose adapters changed is pushed a
+are applied at once (with the capacity of a provider that takes it from
+its adapter's C{max_concurrency}): each ready Node whose adapters changed is pushed a
 C{ConfigRefresh}. Caller and admin keys (C{api_keys}, C{admin_keys}) apply
 from the next request: the HTTP surfaces read them from the running
 configuration. Everything else — listeners, the metrics key, heartbeat,
@@ -12,10 +13,11 @@ by running objects (listening ports, the registry, the pool), so a reload
 that changes any of it is refused as a whole, naming what needs a restart.
 """
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from iop.config import ConfigError
 from iop.edge.config import EdgeConfig
+from iop.edge.pool import ProviderSpec
 
 _NODE_FIELDS_NEEDING_RESTART = ("id", "token_digest", "providers")
 
@@ -37,7 +39,7 @@ def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
     changed = []
     for before, after in zip(old.nodes, new.nodes, strict=True):
         for name in _NODE_FIELDS_NEEDING_RESTART:
-            if getattr(before, name) != getattr(after, name):
+            if _as_declared(getattr(before, name)) != _as_declared(getattr(after, name)):
                 shown = "token" if name == "token_digest" else name
                 raise ConfigError(
                     f"nodes[{before.id}].{shown} changed: restart the Edge to apply it (nothing was reloaded)"
@@ -45,3 +47,14 @@ def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
         if before.adapters != after.adapters:
             changed.append(after.id)
     return changed
+
+
+def _as_declared(value: object) -> object:
+    """
+    A node's field as the operator wrote it: a provider without
+    C{capacity.normal} has it from its adapter's C{max_concurrency}, which
+    a reload may change (L{iop.edge.links.NodeLinks} resizes it).
+    """
+    if isinstance(value, tuple) and all(isinstance(p, ProviderSpec) for p in value):
+        return tuple(replace(p, capacity_normal=0) if p.follows_adapter else p for p in value)
+    return value

@@ -713,6 +713,50 @@ class ReloadTests(SynchronousTestCase):
         self.assertEqual(self.edge.service.links.config_payload("n1").adapters[0].max_concurrency, 2)
 
 
+class FollowingCapacityTests(SynchronousTestCase):
+    """
+    A provider configured without C{capacity.normal} takes what its
+    adapter's C{max_concurrency} leaves, and follows it on a reload.
+    """
+
+    def config(self, max_concurrency, normal=None):
+        data = copy.deepcopy(EDGE_YAML)
+        node = data["nodes"][0]
+        node["adapters"][0]["max_concurrency"] = max_concurrency
+        node["providers"][0]["capacity"] = {"long": 1} if normal is None else {"normal": normal, "long": 1}
+        return data
+
+    def p1(self, edge):
+        (provider,) = edge.service.status()["nodes"][0]["providers"]
+        return provider["capacity"]
+
+    def test_follows_max_concurrency_once_applied(self):
+        """
+        Raising the adapter's max_concurrency (2 to 5) is a reload, not a
+        restart: once the Node applied it, the provider's normal capacity
+        is what is left (4).
+        """
+        edge = EdgeHarness(self.config(2))
+        node, pump, _ = edge.register(token="tok-1")
+        self.assertEqual(self.p1(edge), {"normal": 1, "long": 1})
+        self.assertEqual(edge.service.reload(edge_config(self.config(5))), ["n1"])
+        pump.flush()
+        self.assertEqual(self.p1(edge), {"normal": 1, "long": 1})  # (the Node's gate is still 2)
+        (refresh,) = node.of("config_refresh")
+        node.connection.send(messages.command_result(refresh.request_id, '{"applied": ["echo"]}'))
+        pump.flush()
+        self.assertEqual(self.p1(edge), {"normal": 4, "long": 1})
+
+    def test_declared_capacity_still_needs_a_restart(self):
+        """
+        A provider's capacity the operator wrote is the provider's: changing
+        it, or writing one where there was none, is refused.
+        """
+        edge = EdgeHarness(self.config(2))
+        error = self.assertRaises(ConfigError, edge.service.reload, edge_config(self.config(2, normal=1)))
+        self.assertIn("nodes[n1].providers changed", str(error))
+
+
 class ReconcileTests(SynchronousTestCase):
     """
     Background runs a Node kept across a lost link (wire version 4), and
