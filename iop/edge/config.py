@@ -376,16 +376,22 @@ def _node(section: Section) -> NodeSpec:
     return NodeSpec(id=node_id, token_digest=digest, adapters=adapters, providers=providers)
 
 
+#: The largest C{max_concurrency} the wire carries (a uint32).
+MAX_UINT32 = 2**32 - 1
+
+
 def _adapter(section: Section) -> AdapterSpec:
     name = section.get("name", str)
     kind = section.get("type", str)
     if kind not in ADAPTER_TYPES:
         raise section.error("type", f"unknown adapter type {kind!r} (known: {', '.join(sorted(ADAPTER_TYPES))})")
     concurrency = section.get("max_concurrency", int, 1)
-    if concurrency < 1:
-        raise section.error("max_concurrency", "must be at least 1")
+    if not 1 <= concurrency <= MAX_UINT32:
+        raise section.error("max_concurrency", f"must be from 1 to {MAX_UINT32}")
     options = {k: v for k, v in section.data.items() if k not in COMMON_KEYS}
     try:
+        # As the Node gets them: JSON (where a YAML key such as 123, a
+        # number, is a string, so the keys sort when the payload is made).
         sent = json.loads(json.dumps(options))
     except (TypeError, ValueError) as e:
         raise section.error("options", f"not representable as JSON: {e}") from None
@@ -396,7 +402,7 @@ def _adapter(section: Section) -> AdapterSpec:
         check_adapter(name, kind, concurrency, sent)
     except AdapterConfigError as e:
         raise section.error(e.key, e.problem) from None
-    return AdapterSpec(name=name, type=kind, max_concurrency=concurrency, options=options)
+    return AdapterSpec(name=name, type=kind, max_concurrency=concurrency, options=sent)
 
 
 def _server_endpoint(section: Section, name: str, description: str | None) -> None:

@@ -3,13 +3,14 @@ edge.yaml validation: every mistake is refused with the key named.
 """
 
 import copy
+import json
 import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, Section
 from iop.edge.config import load, parse, token_digest
-from iop.testing.edge import EDGE_YAML
+from iop.testing.edge import EDGE_YAML, EdgeHarness
 
 
 def parsed(mutate):
@@ -123,6 +124,27 @@ class EdgeConfigTests(SynchronousTestCase):
         self.assert_refused(
             lambda d: d["nodes"][0]["adapters"][0].update(type="ollama", base_url="http://h", usage="always"),
             "nodes[0].adapters[0].usage: is an unknown key for type ollama",
+        )
+
+    def test_options_as_the_node_gets_them(self):
+        """
+        Options are kept as the Node gets them, JSON: a header YAML reads
+        with a number for its name has it as a string, and the Node's
+        configuration is made of them (it failed at every registration).
+        A max_concurrency the wire cannot carry is refused.
+        """
+        data = copy.deepcopy(EDGE_YAML)
+        data["nodes"][0]["adapters"][0].update(
+            type="openai_compat", base_url="http://h/v1", headers={"X-Team": "a", 123: "b"}
+        )
+        edge = EdgeHarness(data)
+        self.assertEqual(edge.config.nodes[0].adapters[0].options["headers"], {"X-Team": "a", "123": "b"})
+        node, _, _ = edge.register(token="tok-1", ready=False)
+        (answer,) = node.of("register_response")
+        self.assertEqual(json.loads(answer.config.adapters[0].options_json)["headers"], {"123": "b", "X-Team": "a"})
+        self.assert_refused(
+            lambda d: d["nodes"][0]["adapters"][0].update(max_concurrency=2**32),
+            "nodes[0].adapters[0].max_concurrency: must be from 1 to 4294967295",
         )
 
     def test_adapter_not_started(self):
