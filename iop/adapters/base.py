@@ -120,9 +120,9 @@ class AdapterBase:
         required: bool = False,
     ) -> Any:
         """
-        One type-specific option, checked; errors name the key. C{key} must
-        be declared in L{OPTIONS}, which keeps the declaration what the
-        adapter reads.
+        One type-specific option, checked (C{bool} is never taken for a
+        number); errors name the key. C{key} must be declared in
+        L{OPTIONS}, which keeps the declaration what the adapter reads.
         """
         assert key in self.OPTIONS, f"{self.__class__.__name__} reads option {key!r} not declared in its OPTIONS"
         if key not in self.options:
@@ -130,7 +130,11 @@ class AdapterBase:
                 raise AdapterConfigError(self.name, key, f"is required for type {self.type}")
             return default
         value = self.options[key]
-        if kind is not None and not isinstance(value, kind):
+        if kind is None:
+            return value
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # (A YAML true is a Python int: never a number here.)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise AdapterConfigError(self.name, key, f"has the wrong type: {value!r}")
         return value
 

@@ -100,6 +100,7 @@ class EdgeConfigTests(SynchronousTestCase):
         for changes, key, fragment in (
             ({"delay_ms": "fast"}, "nodes[1].adapters[0].delay_ms", "has the wrong type: 'fast'"),
             ({"delay_ms": -1}, "nodes[1].adapters[0].delay_ms", "must not be negative"),
+            ({"delay_ms": True}, "nodes[1].adapters[0].delay_ms", "has the wrong type: True"),
             ({"type": "cli", "command": ["agent"], "timeout_sec": 0}, "nodes[1].adapters[0].timeout_sec", "positive"),
             ({"type": "vllm", "base_url": "http://h/v1", "stall_timeout_sec": -1}, "stall_timeout_sec", "seconds"),
             ({"type": "openai_compat", "base_url": "http://h/v1", "usage": "sometimes"}, "usage", "as_asked"),
