@@ -193,6 +193,11 @@ class CancelTests(IsolationTestCase):
         )
         self.gateway.advance(1)
         self.assertEqual(self.status(run_id), "cancelled")
+        # Ended: a second cancel is a conflict saying so (Bob's still 404).
+        code, body = self.json(self.call("POST", f"/v1/runs/{run_id}/cancel", ALICE))
+        self.assertEqual((code, body["error"]["code"]), (409, "run_finished"))
+        self.assertIn("already ended (cancelled)", body["error"]["message"])
+        self.assert_hidden(self.call("POST", f"/v1/runs/{run_id}/cancel", BOB), run_id)
 
     def test_cancel_queued_run(self):
         """
