@@ -305,9 +305,9 @@ class Dispatch:
         """
         A frame of this work came from the Node (C{first_byte_ms}: what
         the first one says of the back end's time): its caller request's
-        L{Timing} notes the first.
+        L{Timing} notes the first and the latest.
         """
-        if self.timing is not None and self.timing.answered is None:
+        if self.timing is not None:
             self.timing.heard(self.tracker.clock.seconds(), first_byte_ms)
 
     def send(self, message: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 
 from iop.edge.bus import EventBus
 from iop.edge.http.request import EdgeRequest, method_label
@@ -35,6 +36,9 @@ TOKEN_KINDS = (
 )
 
 #: The routes whose time to first byte is measured: those that run work.
+#: The C{code} of a request whose caller went away before any answer.
+CALLER_GONE = "499"
+
 TIMED_ROUTES = frozenset({"/v1/chat/completions", "/v1/runs"})
 
 TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -111,7 +115,7 @@ class _ServiceCollector:
                     in_use.add_metric(labels, provider["in_use"][klass])
                     capacity.add_metric(labels, provider["capacity"][klass])
         queued = GaugeMetricFamily("iop_edge_queued", "Requests waiting for capacity", labels=["model_group"])
-        for group in status["model_groups"]:
+        for group in (*status["model_groups"], *status.get("direct_queues", ())):
             queued.add_metric([group["name"]], group["queued"])
         inflight = GaugeMetricFamily("iop_edge_in_flight", "Runs and tunnels in flight")
         inflight.add_metric([], len(self.service.inflight))
@@ -229,10 +233,13 @@ class HTTPMetrics:
         method = method_label(request)
         if route in TIMED_ROUTES:
             self._time_first_write(route, request, self.clock.seconds())
-        request.notifyFinish().addBoth(lambda _: self._ended(route, method, request))
+        request.notifyFinish().addBoth(lambda outcome: self._ended(route, method, request, outcome))
 
-    def _ended(self, route: str, method: str, request: EdgeRequest) -> None:
-        self.requests.labels(route, method, str(request.code)).inc()
+    def _ended(self, route: str, method: str, request: EdgeRequest, outcome: object) -> None:
+        # A caller who went away before any answer got none: not the 200
+        # twisted.web's request starts with (499, as nginx says it).
+        gone = isinstance(outcome, Failure) and not request.startedWriting
+        self.requests.labels(route, method, CALLER_GONE if gone else str(request.code)).inc()
         refused = getattr(request, "refused", None)
         if refused is not None:
             self.refused[refused] = self.refused.get(refused, 0) + 1
@@ -241,9 +248,12 @@ class HTTPMetrics:
             self.gateway.labels(route).observe(gateway)
 
     def _time_first_write(self, route: str, request: EdgeRequest, arrived: float) -> None:
-        # Shadow this one request's write until its first call, then
+        # Shadow this one request's write until its first call that is an
+        # answer's (not a stream's word of its place in the queue), then
         # remove the shadow: later writes go straight to twisted.web.
         def first_write(data: bytes) -> None:
+            if getattr(request, "waiting", False):
+                return type(request).write(request, data)
             del request.write
             if request.code < 400:
                 self.ttfb.labels(route).observe(self.clock.seconds() - arrived)

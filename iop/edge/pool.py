@@ -690,7 +690,14 @@ class ProviderPool:
             if self._in_panic(group):
                 entry["panic"] = True
             groups.append(entry)
-        return {"providers": providers, "model_groups": groups}
+        # The lines of direct work (an adapter named as the model, or an
+        # explicit node), as /v1/queue names them: NODE/ADAPTER.
+        direct = [
+            {"name": queue.name, "queued": len(queue.waiters)}
+            for key, queue in self._queues.items()
+            if isinstance(key, tuple)
+        ]
+        return {"providers": providers, "model_groups": groups, "direct_queues": direct}
 
     def _in_panic(self, group: ModelGroupSpec) -> bool:
         """

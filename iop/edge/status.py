@@ -14,8 +14,9 @@ from iop.edge.registry import NodeRegistry
 
 def snapshot(config: EdgeConfig, registry: NodeRegistry, pool: ProviderPool, inflight: Inflight) -> dict[str, Any]:
     """
-    Every configured node (connected or not) with its providers, and every
-    model group with its queue length.
+    Every configured node (connected or not) with its providers, every
+    model group with its queue length, and the length of each line of
+    direct work that ever had a waiter.
     """
     state = pool.snapshot()
     providers_by_node: dict[str, list[dict[str, Any]]] = {}
@@ -43,7 +44,7 @@ def snapshot(config: EdgeConfig, registry: NodeRegistry, pool: ProviderPool, inf
         elif node.id in registry.last_seen:
             entry["last_seen"] = registry.last_seen[node.id]
         nodes.append(entry)
-    return {"nodes": nodes, "model_groups": state["model_groups"]}
+    return {"nodes": nodes, "model_groups": state["model_groups"], "direct_queues": state["direct_queues"]}
 
 
 def seen_by(status: dict[str, Any], sees_all: bool) -> dict[str, Any]:

@@ -4,9 +4,11 @@ the histogram of the gateway's own time (docs/edge.md, "Server-Timing").
 
 A L{Timing} is made with the request and marked as the request passes
 each stage: handed to the service (it may wait for capacity), placed (a
-lease was granted), sent to the Node, and answered (the Node's first
-frame, which says how long the back end took to answer as the Node saw
-it). When the answer's headers go out, what was marked by then becomes
+lease was granted), sent to the Node, answered (the Node's first frame,
+which says how long the back end took to answer as the Node saw it), and
+heard last (the Node's latest frame); or, at an Edge of a cluster that
+sent it to the Edge that serves it, forwarded. When the answer's headers
+go out, what was marked by then becomes
 
   - C{queue}: from submission to the lease (waiting for capacity);
   - C{place}: from the lease until the request was on its way to the Node;
@@ -14,6 +16,11 @@ it). When the answer's headers go out, what was marked by then becomes
     Node's own work: the round trip less the provider's part);
   - C{provider}: the back end's time to its first answer, as the Node
     measured it;
+  - C{generate}: from the Node's first frame to its latest, of an answer
+    whose headers go out once it is whole (a non-streamed one): the back
+    end's generation, which is no time of the Edge's;
+  - C{forward}: the Edge of the cluster that served it (whose own
+    C{Server-Timing} comes before), from the forward to its headers;
   - C{edge}: everything else the Edge spent (reading, checking and
     rendering), the gateway's own time.
 
@@ -38,6 +45,8 @@ class Timing:
     placed: float | None = None
     sent: float | None = None
     answered: float | None = None
+    last_heard: float | None = None
+    forwarded: float | None = None
     first_byte_ms: float = 0.0
 
     def place(self, now: float) -> None:
@@ -47,15 +56,19 @@ class Timing:
         self.placed = now
         self.sent = None
         self.answered = None
+        self.last_heard = None
 
     def heard(self, now: float, first_byte_ms: float) -> None:
         """
-        A frame of the placed work came back from the Node; only the first
-        counts.
+        A frame of the placed work came back from the Node: the first is its
+        answer, and the latest ends what it generated.
         """
-        if self.answered is None and self.sent is not None:
+        if self.sent is None:
+            return
+        if self.answered is None:
             self.answered = now
             self.first_byte_ms = first_byte_ms
+        self.last_heard = now
 
     def parts(self, now: float) -> list[tuple[str, float]]:
         """
@@ -71,6 +84,10 @@ class Timing:
             round_trip = self.answered - self.sent
             provider = min(max(self.first_byte_ms / 1000, 0.0), round_trip)
             parts += [("node", round_trip - provider), ("provider", provider)]
+            if self.last_heard is not None and self.last_heard > self.answered:
+                parts.append(("generate", self.last_heard - self.answered))
+        if self.forwarded is not None:
+            parts.append(("forward", now - self.forwarded))
         if self.arrived is not None:
             spent = sum(seconds for _, seconds in parts)
             parts.append(("edge", max(now - self.arrived - spent, 0.0)))
@@ -88,5 +105,5 @@ def server_timing(parts: list[tuple[str, float]]) -> str:
     """
     The C{Server-Timing} header value for C{parts}.
     """
-    described = {"provider": ';desc="first byte"'}
+    described = {"provider": ';desc="first byte"', "generate": ';desc="rest of the answer"'}
     return ", ".join(f"{name};dur={ms:.3f}{described.get(name, '')}" for name, ms in parts)

@@ -144,6 +144,9 @@ class Forwarder:
         url = forward.url.encode("utf-8") + request.uri
         self.log.debug("forwarding {uri} to Edge {edge}", uri=request.uri, edge=forward.edge_id)
         relay = _Relay(request, forward, self._forget, self.reactor)
+        timing = getattr(request, "timing", None)
+        if timing is not None:
+            timing.forwarded = self.reactor.seconds()
         self.relays.setdefault(forward.edge_id, set()).add(relay)
         d = self.agent.request(request.method, url, headers, BytesBody(body))
         relay.pending = d

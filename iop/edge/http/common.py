@@ -641,6 +641,7 @@ class Call:
 
     def _started(self, work_id: str) -> None:
         self.work_id = work_id
+        self.request.waiting = False
         dispatch = self.service.inflight.for_caller(work_id)
         if dispatch is not None:
             note(self.request, id=work_id, node=dispatch.placement.node_id, provider=dispatch.placement.provider_id)
@@ -692,6 +693,7 @@ class Call:
                 if not self.request.startedWriting:
                     # (The headers go with the first word of the queue.)
                     identify(self.request)
+                self.request.waiting = True
                 tell(stream, position, eta_ms)
 
         return on_queued

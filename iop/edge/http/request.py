@@ -53,6 +53,9 @@ class EdgeRequest(Request):
         C{iop_edge_gateway_seconds} (C{None} until the headers are sent).
     @ivar traceparent: the trace context of its span, when tracing is on
         (L{iop.edge.tracing}).
+    @ivar waiting: a stream told its place in the queue whose work has not
+        started: what it writes is the queue's word, not the answer's
+        first byte (C{iop_edge_http_ttfb_seconds}).
     """
 
     path_params: dict[str, str]
@@ -70,6 +73,7 @@ class EdgeRequest(Request):
         self.notes: dict[str, object] = {}
         self.timing = Timing()
         self.gateway_seconds: float | None = None
+        self.waiting = False
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         self.arrived = self.timing.arrived = self._clock().seconds()

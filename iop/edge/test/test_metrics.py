@@ -5,6 +5,7 @@ disconnect causes, and the gauges read from the live service.
 """
 
 import copy
+import json
 
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
@@ -93,6 +94,47 @@ class EdgeMetricsTests(SynchronousTestCase):
             dict(labels).get("method") for (name, labels) in self.samples() if name == "iop_edge_http_requests_total"
         }
         self.assertEqual(methods, {"_OTHER"})
+
+    def test_caller_gone_before_an_answer(self):
+        """
+        A request whose caller went away before any answer is counted with
+        code 499 (nginx's "client closed request"), not as a 200.
+        """
+        self.gateway.post("/v1/chat/completions", {"model": "big", "messages": [{"role": "user", "content": "x"}]})
+        self.gateway.hang_up()
+        self.assertEqual(
+            self.value("iop_edge_http_requests_total", route="/v1/chat/completions", method="POST", code="499"), 1
+        )
+        self.assertIsNone(
+            self.value("iop_edge_http_requests_total", route="/v1/chat/completions", method="POST", code="200")
+        )
+
+    def test_queue_words_are_no_first_byte(self):
+        """
+        A stream told its place in the queue has its first byte when its
+        answer comes, not with the queue's word; one that never got room
+        (queue timeout) has none.
+        """
+        words = [{"role": "user", "content": " ".join(f"w{i}" for i in range(200))}]
+        for _ in range(3):
+            self.gateway.post("/v1/chat/completions", {"model": "talk", "stream": True, "messages": words})
+        self.assertTrue(self.gateway.requests[-1].startedWriting)  # (its ": queued" comment)
+        self.assertEqual(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/chat/completions"), 2)
+        self.gateway.advance(11)
+        self.assertEqual(self.value("iop_edge_refusals_total", reason="queue_timeout"), 1)
+        self.assertEqual(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/chat/completions"), 2)
+
+    def test_direct_work_waiting_is_counted(self):
+        """
+        Work for an adapter named as the model waits in its node's line of
+        direct work, counted as C{NODE/ADAPTER} in C{iop_edge_queued} and in
+        the status's C{direct_queues}.
+        """
+        for _ in range(3):
+            self.gateway.post("/v1/runs", {"model": "echo", "input": TEXT})
+        self.assertEqual(self.value("iop_edge_queued", model_group="n1/echo"), 1)
+        status = self.successResultOf(self.gateway.read(self.gateway.get("/v1/status")))[2]
+        self.assertEqual(json.loads(status)["direct_queues"], [{"name": "n1/echo", "queued": 1}])
 
     def test_errors_are_not_timed(self):
         """

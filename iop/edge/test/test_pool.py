@@ -518,6 +518,7 @@ class LifecycleTests(PoolTestCase):
                     },
                 ],
                 "model_groups": [{"name": "m", "queued": 1}, {"name": "o", "queued": 0}],
+                "direct_queues": [],
             },
         )
 

@@ -50,6 +50,33 @@ class TimingTests(SynchronousTestCase):
         timing.heard(0.9, 700.0)
         self.assertEqual((timing.answered, timing.first_byte_ms), (0.2, 50.0))
 
+    def test_answer_sent_whole(self):
+        """
+        An answer whose headers go out once it is whole (non-streamed): the
+        time from the Node's first frame to its last is C{generate}, the
+        back end's, not the Edge's.
+        """
+        timing = Timing(arrived=0.0, submitted=0.0)
+        timing.place(0.0)
+        timing.sent = 0.0
+        timing.heard(0.1, 50.0)
+        timing.heard(1.0, 0.0)
+        timing.heard(2.1, 0.0)
+        parts = dict(timing.parts(2.102))
+        self.assertEqual(list(parts), ["queue", "place", "node", "provider", "generate", "edge"])
+        self.assertAlmostEqual(parts["generate"], 2000.0, places=6)
+        self.assertAlmostEqual(parts["edge"], 2.0, places=6)
+        self.assertAlmostEqual(timing.gateway_seconds(2.102), 0.002, places=9)
+
+    def test_forwarded(self):
+        """
+        At an Edge that forwarded the request to the Edge serving it, the
+        time from the forward on is C{forward}, not its own.
+        """
+        timing = Timing(arrived=0.0, forwarded=0.001)
+        self.assertEqual([(n, round(ms, 6)) for n, ms in timing.parts(3.0)], [("forward", 2999.0), ("edge", 1.0)])
+        self.assertAlmostEqual(timing.gateway_seconds(3.0), 0.001, places=9)
+
     def test_provider_never_more_than_the_round_trip(self):
         """
         A Node whose clock says the provider took longer than the whole
@@ -148,4 +175,6 @@ class MarksTests(SynchronousTestCase):
         self.assertNotIn(None, marks)
         self.assertEqual(marks, sorted(marks))
         self.assertGreaterEqual(timing.first_byte_ms, 0.0)
+        assert timing.last_heard is not None and timing.answered is not None
+        self.assertGreaterEqual(timing.last_heard, timing.answered)
         self.assertEqual([name for name, _ in timing.parts(gateway.clock.seconds())][-1], "edge")

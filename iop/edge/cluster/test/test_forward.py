@@ -29,6 +29,7 @@ from zope.interface import implementer
 from iop.edge.cluster.forward import LEFT_GRACE_SEC, Forwarder
 from iop.edge.cluster.test.support import SECRET, Answer, ClusterCase
 from iop.edge.seam import Forward
+from iop.edge.timing import Timing
 
 BASE = "http://edge.example"
 
@@ -145,6 +146,17 @@ class ForwarderTests(SynchronousTestCase):
         self.assertEqual(request.finished, 0)
         self.assertEqual((other.finished, other.written), (0, [b"data: other\n\n"]))
         self.assertFalse(other.channel.transport.disconnected)
+
+    def test_forward_marked_for_server_timing(self) -> None:
+        """
+        The forward is marked on the request's timing: what follows is the
+        serving Edge's time (C{forward}), not this one's.
+        """
+        request = Caller()
+        request.timing = Timing(arrived=0.0)  # type: ignore[attr-defined]
+        self.clock.advance(2)
+        self.forwarder.proxy(request, Forward("edge-b", "http://edge-b.example", "test"))  # type: ignore[arg-type]
+        self.assertEqual(request.timing.forwarded, 2.0)  # type: ignore[attr-defined]
 
     def test_answer_that_ends_within_the_grace_is_whole(self) -> None:
         """
