@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from support.daemons import echo_node
-from support.probes import closed_by_peer, frame
+from support.probes import closed_by_peer, frame, refused_at_once
 
 from iop.protocols import messages
 from iop.protocols.wire import WIRE_VERSION
@@ -29,7 +29,7 @@ def fleet(tmp_path):
     return out
 
 
-def tls_edge(launch, fleet):
+def tls_edge(launch, fleet, **extra):
     config = {
         "nodes": [echo_node("node-1", "tok-1"), echo_node("node-2", "tok-2")],
         "node_tls": {
@@ -37,6 +37,7 @@ def tls_edge(launch, fleet):
             "private_key": os.path.join(fleet, "edge.key"),
             "client_ca": os.path.join(fleet, "ca.pem"),
         },
+        **extra,
     }
     return launch.edge(config)
 
@@ -98,3 +99,18 @@ def test_no_client_certificate(launch, fleet):
         sock.sendall(frame(messages.register_request("tok-1", WIRE_VERSION)))
         assert closed_by_peer(sock)
     assert edge.node_connected("node-1") is False
+
+
+def test_refused_at_the_doors_closed_at_once(launch, fleet):
+    """
+    With TLS on the Node port, a connection the limits refuse (every
+    place and the hall taken) is closed at once, as without TLS: Twisted's
+    TLS wrapper used to keep it open, for ever, a descriptor each.
+    """
+    edge = tls_edge(launch, fleet, limits={"max_unregistered_connections": 1, "max_unregistered_per_address": 1})
+    held = [socket.create_connection(("127.0.0.1", edge.node_port), timeout=5) for _ in range(6)]
+    try:
+        assert all(refused_at_once(edge.node_port, timeout=2.0) for _ in range(5))
+    finally:
+        for sock in held:
+            sock.close()

@@ -10,7 +10,6 @@ from typing import Any
 
 from twisted.application import strports
 from twisted.application.service import IService
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.web.resource import Resource
 
 from iop.edge.http.common import RequireKey
@@ -19,6 +18,7 @@ from iop.edge.http.site import EdgeSite
 from iop.edge.metrics import HTTPMetrics, build_metrics
 from iop.edge.nodeport import NodePortFactory
 from iop.edge.nodetls import context_factory
+from iop.edge.tlsdoors import RefusingTLSFactory, endpoint_wraps
 from iop.edge.tracing import build_tracing
 
 #: The L{iop.edge.service.EdgeService} the children are for: not imported,
@@ -100,22 +100,27 @@ def add_listeners(
     metrics_listener = None
     if metrics is not None and config.listen_metrics is not None:
         metrics_site = EdgeSite(Router.only("/metrics", metrics), limits=config.limits, reactor=reactor)
+        metrics_site.refuse_with_protocol = endpoint_wraps(config.listen_metrics)
         metrics_listener = strports.service(config.listen_metrics, metrics_site, reactor=reactor)
         metrics_listener.setServiceParent(edge)
         metrics = None
     edge.node_port = node_factory(edge, reactor)
+    edge.node_port.refuse_with_protocol = endpoint_wraps(config.listen_nodes)
     factory = edge.node_port
     if config.node_tls is not None:
         # Mutual TLS over the plain endpoint: client certificates required.
-        factory = TLSMemoryBIOFactory(context_factory(config.node_tls), False, factory)
+        factory = RefusingTLSFactory(context_factory(config.node_tls), False, factory)
     nodes = strports.service(with_backlog(config.listen_nodes), factory, reactor=reactor)
     nodes.setServiceParent(edge)
     edge.site = http_site(edge, reactor, metrics, requests)
+    edge.site.refuse_with_protocol = endpoint_wraps(config.listen_http)
     http = strports.service(with_backlog(config.listen_http), edge.site, reactor=reactor)
     http.setServiceParent(edge)
     peer = None
     if config.listen_peer is not None:
-        peer = strports.service(with_backlog(config.listen_peer), peer_site(edge, reactor), reactor=reactor)
+        site = peer_site(edge, reactor)
+        site.refuse_with_protocol = endpoint_wraps(config.listen_peer)
+        peer = strports.service(with_backlog(config.listen_peer), site, reactor=reactor)
         peer.setServiceParent(edge)
     console = None
     if config.manhole is not None:

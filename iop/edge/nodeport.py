@@ -35,6 +35,7 @@ from iop.edge.config import EdgeConfig
 from iop.edge.connection import EdgeNodeConnection
 from iop.edge.doors import EVICTED, FULL, LINE_FULL, Doors, Ticket
 from iop.edge.throttle import LogThrottle
+from iop.edge.tlsdoors import Refused
 from iop.protocols.wire import Heartbeat, WireProtocol
 
 if TYPE_CHECKING:
@@ -136,7 +137,12 @@ class NodePortFactory(Factory):
         (inside, waiting in a line or in the hall), with their places.
     @ivar refused: connections refused or closed before registering, by
         reason (L{REASONS}, L{WAITED_OUT}).
+    @ivar refuse_with_protocol: the listener's endpoint wraps each
+        connection (C{ssl:}): a refused one gets a L{Refused} protocol,
+        not none (L{iop.edge.tlsdoors}).
     """
+
+    refuse_with_protocol = False
 
     def __init__(self, links: "NodeLinks", config: Callable[[], EdgeConfig], clock: IReactorTime) -> None:
         self.links = links
@@ -168,7 +174,7 @@ class NodePortFactory(Factory):
         if ticket is None:
             # No protocol: the port closes the socket at once, before any
             # TLS handshake or read, and holds no descriptor for it.
-            return None
+            return Refused() if self.refuse_with_protocol else None
         wire.ticket = ticket
         self.unregistered[connection] = ticket
         return wire

@@ -28,6 +28,7 @@ from iop.edge.http.limits import LimitedChannel
 from iop.edge.http.request import EdgeRequest
 from iop.edge.limits import Limits
 from iop.edge.throttle import LogThrottle
+from iop.edge.tlsdoors import Refused
 
 
 class _TrackedChannel(LimitedChannel):
@@ -87,6 +88,10 @@ class EdgeSite(Site):
     requestFactory = EdgeRequest
 
     access = Logger(namespace="iop.edge.access")
+
+    #: The listener's endpoint wraps each connection (C{ssl:}): a refused
+    #: one gets a L{Refused} protocol, not none (L{iop.edge.tlsdoors}).
+    refuse_with_protocol = False
 
     def __init__(
         self,
@@ -174,7 +179,7 @@ class EdgeSite(Site):
         channel = cast(_TrackedChannel, super().buildProtocol(addr))
         channel.ticket = self.doors.arrive(getattr(addr, "host", None), channel.go_in, channel.put_out)
         if channel.ticket is None:
-            return None
+            return Refused() if self.refuse_with_protocol else None
         return channel
 
     def close_connections(self, clock: IReactorTime, timeout: float) -> Deferred[None]:
