@@ -33,8 +33,14 @@ class Options(usage.Options):
 def reload(edge: "EdgeService", path: str, why: str) -> None:
     """
     Re-read C{edge.yaml} and apply what can change while running (see
-    L{iop.edge.reload}); a bad or too-large change is logged and ignored.
+    L{iop.edge.reload}); a bad or too-large change is logged and ignored,
+    and so is any while the Edge drains (the Nodes it lets go would
+    rebuild adapters for nothing, and the drain would wait for their
+    answers).
     """
+    if edge.drain.draining:
+        log.warn("{why}: not reloading {path}: the Edge is draining", why=why, path=path)
+        return
     log.info("{why}: reloading {path}", why=why, path=path)
     try:
         edge.reload(edge_config.load(path))

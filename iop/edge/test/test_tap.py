@@ -6,6 +6,7 @@ and a bad configuration refused before anything listens.
 import signal
 
 from twisted.application.service import IServiceMaker, ServiceMaker
+from twisted.logger import capturedLogs, formatEvent
 from twisted.plugin import getPlugins
 from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase
@@ -13,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge import tap
 from iop.edge.listeners import with_backlog
 from iop.edge.service import EdgeService
+from iop.testing.edge import EdgeHarness
 
 EDGE_YAML = """
 listen: {nodes: "tcp:0:interface=127.0.0.1", http: "tcp:0:interface=127.0.0.1"}
@@ -63,6 +65,24 @@ class TapTests(SynchronousTestCase):
         message = str(caught.exception.code)
         self.assertIn("shutdown_grace_sec", message)
         self.assertNotIn("\n", message)
+
+
+class ReloadTests(SynchronousTestCase):
+    def test_not_while_draining(self):
+        """
+        A SIGHUP while the Edge drains is logged and ignored: nothing is
+        read, applied or pushed to the Nodes it is letting go.
+        """
+        edge = EdgeHarness()
+        node, pump, _ = edge.register(token="tok-1")
+        edge.service.drain.draining = True
+        with capturedLogs() as events:
+            tap.reload(edge.service, "/no/such/edge.yaml", "SIGHUP")
+        pump.flush()
+        self.assertEqual(
+            [formatEvent(e) for e in events], ["SIGHUP: not reloading /no/such/edge.yaml: the Edge is draining"]
+        )
+        self.assertEqual(node.of("config_refresh"), [])
 
 
 class BacklogTests(SynchronousTestCase):
