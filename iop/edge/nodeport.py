@@ -37,6 +37,7 @@ from iop.edge.doors import EVICTED, FULL, LINE_FULL, Doors, Ticket
 from iop.edge.throttle import LogThrottle
 from iop.edge.tlsdoors import Refused
 from iop.protocols.wire import Heartbeat, WireProtocol
+from iop.tlserrors import tls_failure
 
 if TYPE_CHECKING:
     from iop.edge.links import NodeLinks
@@ -124,6 +125,11 @@ class _DoorWire(WireProtocol):
         if self._wait is not None and self._wait.active():
             self._wait.cancel()
         self._wait = None
+        tls = tls_failure(reason)
+        if tls is not None and self.connection.link is None:
+            # (Refused at the handshake: a certificate missing, untrusted
+            # or expired; the Node is told no more than OpenSSL's alert.)
+            self.port.tls_failures.note(peer=self.ticket.host or "?", reason=tls)
         super().connectionLost(reason)
 
 
@@ -155,6 +161,9 @@ class NodePortFactory(Factory):
             clock,
             "node port: {count} connection(s) refused or closed before registering so far; the last: {reason}"
             " (limits.max_unregistered_connections, limits.max_unregistered_per_address, register_timeout_sec)",
+        )
+        self.tls_failures = LogThrottle(
+            clock, "node port: {count} TLS handshake(s) failed so far (node_tls); the last, from {peer}: {reason}"
         )
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:

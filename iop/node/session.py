@@ -54,6 +54,7 @@ from iop.run import (
     RunEventData,
     RunFailure,
 )
+from iop.tlserrors import tls_failure
 
 
 class RetryableRefusal(Exception):
@@ -185,7 +186,10 @@ class NodeSession:
         # The Edge forgets a pending link with its connection: an adapter
         # start still pending serves no one and must not hold the host.
         self._abandon_configuration()
-        why = (self.wire.close_reason if self.wire is not None else None) or reason.getErrorMessage()
+        tls = tls_failure(reason)
+        why = (self.wire.close_reason if self.wire is not None else None) or (
+            f"the TLS handshake with the Edge failed: {tls}" if tls else reason.getErrorMessage()
+        )
         if previous == READY:
             # An unexpected loss is logged by the supervisor with its retry.
             if self._closing:

@@ -8,10 +8,11 @@ registration. All in memory, on the Edge's own factory.
 import copy
 import struct
 
+from OpenSSL import SSL
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
-from twisted.logger import capturedLogs
+from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -172,6 +173,28 @@ class CapTests(SynchronousTestCase):
         self.assertEqual(hall[1][1].producerState, "paused")
         self.register(edge, hall[0][0], token="tok-2")
         self.assertEqual(hall[0][0].receiver.state, "pending")
+
+    def test_failed_tls_handshake_is_logged(self):
+        """
+        A connection that closes at its TLS handshake (a client certificate
+        missing, untrusted or expired) is logged with its peer and
+        OpenSSL's reason in words, one line for many; a registered one's
+        loss is not such a line.
+        """
+        edge = harness()
+        refused = Failure(SSL.Error([("SSL routines", "", "certificate verify failed")]))
+        with capturedLogs() as events:
+            for _ in range(3):
+                protocol, _ = self.connect_raw(edge, STRANGER)
+                protocol.connectionLost(refused)
+        lines = [formatEvent(e) for e in events if "TLS handshake" in e["log_format"]]
+        self.assertEqual(
+            lines,
+            [
+                "node port: 1 TLS handshake(s) failed so far (node_tls); the last, from 192.0.2.66: certificate verify failed"
+            ],
+        )
+        self.assertEqual(edge.service.node_port.tls_failures.count, 3)
 
     def test_waiting_until_the_registration_deadline(self):
         """

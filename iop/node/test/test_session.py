@@ -6,8 +6,10 @@ accepts in which state.
 
 import json
 
+from OpenSSL import SSL
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.host import AdapterHost
@@ -230,6 +232,21 @@ class HandshakeTests(SynchronousTestCase):
         failure = self.failureResultOf(session.ready, RetryableRefusal)
         self.assertIn("connection lost during registration", str(failure.value))
         self.successResultOf(session.lost)
+
+    def test_failed_tls_handshake_in_words(self):
+        """
+        A connection the Edge closed at the TLS handshake says so in words
+        (OpenSSL's reason), not as a list of tuples.
+        """
+        session, pump = connect(make_context(), FakeEdge())
+        pump.flush()
+        assert session.wire is not None
+        session.wire.connectionLost(Failure(SSL.Error([("SSL routines", "", "tlsv1 alert unknown ca")])))
+        failure = self.failureResultOf(session.ready, RetryableRefusal)
+        self.assertEqual(
+            str(failure.value),
+            "connection lost during registration: the TLS handshake with the Edge failed: tlsv1 alert unknown ca",
+        )
 
     def test_work_before_ready_is_a_protocol_violation(self):
         """
