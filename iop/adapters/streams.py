@@ -545,6 +545,9 @@ def read_body(
     stalled: Failure | None = None
     paused = False
     grace: IDelayedCall | None = None
+    #: The answer is whole but the read is paused: the grace starts when
+    #: reading resumes (what follows waits unread meanwhile).
+    grace_due = False
 
     def cancel(result: "defer.Deferred[IResponse]") -> None:
         nonlocal cancelled
@@ -608,9 +611,7 @@ def read_body(
                 # The answer is whole: only the grace bounds what follows.
                 if watch is not None:
                     watch.stop()
-                if grace is not None and grace.active():
-                    grace.cancel()
-                grace = clock.callLater(FINISH_GRACE_SEC, finished)
+                start_grace()
 
         # deliverBody may hand over buffered data at once, so the chunk
         # callable must exist before it is called.
@@ -621,16 +622,34 @@ def read_body(
         elif on_producer is not None:
             on_producer(_BodyProducer(pause, resume, reader.abort))
 
+    def start_grace() -> None:
+        """
+        Give what follows a whole answer (its usage, C{[DONE]})
+        L{FINISH_GRACE_SEC} of reading: from now, or from when a paused
+        read resumes (a slow caller is no silent provider).
+        """
+        nonlocal grace, grace_due
+        assert clock is not None
+        if grace is not None and grace.active():
+            grace.cancel()
+        grace = None
+        grace_due = paused
+        if not paused:
+            grace = clock.callLater(FINISH_GRACE_SEC, finished)
+
     # pause and resume are only handed out (as a _BodyProducer) once the
     # reader exists.
     def pause() -> None:
-        nonlocal paused
+        nonlocal paused, grace, grace_due
         assert reader is not None
         if paused or result.called:
             return
         paused = True
         if watch is not None:
             watch.pause()
+        if grace is not None and grace.active():
+            grace.cancel()
+            grace, grace_due = None, True
         if reader.body_transport is not None:
             reader.body_transport.pauseProducing()
 
@@ -642,6 +661,8 @@ def read_body(
         paused = False
         if watch is not None:
             watch.resume()
+        if grace_due:
+            start_grace()
         if reader.body_transport is not None:
             reader.body_transport.resumeProducing()
 

@@ -76,3 +76,33 @@ class PauseTests(OpenAICompatTestCase):
         producer.resumeProducing()
         yield d
         self.assertEqual(b"".join(sink.bodies), b"".join(sse(chunk(content="a"), chunk(content="b"))))
+
+    @defer.inlineCallbacks
+    def test_grace_after_the_answer_waits_for_reading(self):
+        """
+        The grace after a whole answer (its finish reason seen) bounds the
+        provider's silence, not a slow caller's: paused past it, the usage
+        chunk that waits unread is still read once the caller takes more,
+        and the run completes with it.
+        """
+        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="hi", finish="stop"), done=False), hold=True)
+        adapter = self.adapter(script)
+        adapter.clock = Clock()
+        events = FlowEvents()
+        first = events.first("delta")
+        d = adapter.execute(run_input(), events)
+        yield first
+        yield moment()
+        (producer,) = events.producers
+        producer.pauseProducing()
+        script.write(*sse(chunk(usage=usage)))
+        yield moment()
+        adapter.clock.advance(3)
+        self.assertNoResult(d)
+        producer.resumeProducing()
+        yield moment()
+        adapter.clock.advance(3)
+        yield d
+        last = events.events[-1]
+        self.assertEqual((last.type, last.usage.output_tokens if last.usage else None), ("complete", 7))
