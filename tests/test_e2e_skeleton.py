@@ -182,7 +182,8 @@ def server_timing(headers):
 def test_server_timing(pair):
     """
     An answer says where its time went: queue, place, node, the
-    provider's first byte and the Edge's own, all measured; the gateway's
+    provider's first byte, the rest of an answer sent whole and the
+    Edge's own, all measured; the gateway's
     own time has its histogram. A request the Edge answers itself has only
     its own time.
     """
@@ -192,10 +193,12 @@ def test_server_timing(pair):
     )
     assert status == 200
     parts = server_timing(headers)
-    assert list(parts) == ["queue", "place", "node", "provider", "edge"]
+    assert list(parts) == ["queue", "place", "node", "provider", "generate", "edge"]
     assert all(ms >= 0 for ms in parts.values())
     # The Node measured the back end's first answer (echo's start event).
     assert parts["provider"] > 0
+    # Answered whole: echo's words (20 ms apart) are the back end's time.
+    assert parts["generate"] >= 20
     _, headers, _ = edge.request("GET", "/v1/models")
     assert list(server_timing(headers)) == ["edge"]
     _, _, body = edge.request("GET", "/metrics")
