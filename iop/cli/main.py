@@ -154,10 +154,19 @@ def cmd_runs(ctx: Context) -> int:
         ctx.print_json(data)
     else:
         ctx.out.print(render.runs_table(runs))
+    missing = data.get("incomplete") if isinstance(data, dict) else None
+    if missing:
+        # (The Edge could not ask these nodes: their stored runs are not in the list.)
+        ctx.err.print(f"not listed: the runs stored on {', '.join(map(str, missing))} (not reachable now)", style="yellow")
     return OK
 
 
 def run_path(run_id: str) -> str:
+    """
+    @raise CLIError: for an empty id (L{USAGE}): it would name the list.
+    """
+    if not run_id.strip():
+        raise CLIError("a run id is required (see iop runs)", USAGE)
     return "/v1/runs/" + urllib.parse.quote(run_id, safe="")
 
 
@@ -171,6 +180,8 @@ def cmd_run(ctx: Context) -> int:
     ctx.out.print(render.run_table(run))
     if run.get("output"):
         ctx.stdout.write(run["output"] + "\n")
+    if run.get("output_partial"):
+        ctx.err.print("the output above is partial: part of it could not be read from its nodes", style="yellow")
     return OK
 
 

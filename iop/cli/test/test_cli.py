@@ -202,6 +202,19 @@ class BadAnswerTests(SynchronousTestCase):
             self.assertEqual(code, FAILED)
             self.assertIn("the Edge's run history is not a list of runs: null", err)
 
+    def test_runs_of_a_node_not_asked(self):
+        """
+        A listing the Edge says is incomplete (a node it could not ask)
+        says so on stderr, naming the node, and still succeeds.
+        """
+        connection = FakeConnection()
+        raw = FakeRaw(b'{"runs": [{"id": "run-1", "status": "complete"}], "incomplete": ["node-1"]}')
+        self.patch(EdgeClient, "request", lambda self, method, path, **kwargs: answer(raw, connection))
+        out, err = io.StringIO(), io.StringIO()
+        self.assertEqual(main(["runs"], {}, out, err), 0)
+        self.assertIn("run-1", out.getvalue())
+        self.assertIn("not listed: the runs stored on node-1 (not reachable now)", err.getvalue())
+
     def test_run_not_object(self):
         """
         One run that is not an object is a bad answer.
@@ -234,6 +247,15 @@ class ArgumentTests(SynchronousTestCase):
         out = io.StringIO()
         main(["token-hash", "s3cret", "--json"], {}, out, io.StringIO())
         self.assertEqual(json.loads(out.getvalue()), {"sha256": hashlib.sha256(b"s3cret").hexdigest()})
+
+    def test_empty_run_id(self):
+        """
+        An empty run id is a usage error before any request (it would
+        name the list of runs).
+        """
+        err = io.StringIO()
+        self.assertEqual(main(["run", " "], {}, io.StringIO(), err), USAGE)
+        self.assertIn("a run id is required", err.getvalue())
 
     def test_bad_args_json(self):
         """
