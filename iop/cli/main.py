@@ -157,7 +157,9 @@ def cmd_runs(ctx: Context) -> int:
     missing = data.get("incomplete") if isinstance(data, dict) else None
     if missing:
         # (The Edge could not ask these nodes: their stored runs are not in the list.)
-        ctx.err.print(f"not listed: the runs stored on {', '.join(map(str, missing))} (not reachable now)", style="yellow")
+        ctx.err.print(
+            f"not listed: the runs stored on {', '.join(map(str, missing))} (not reachable now)", style="yellow"
+        )
     return OK
 
 
