@@ -198,6 +198,12 @@ class CancelTests(IsolationTestCase):
         self.assertEqual((code, body["error"]["code"]), (409, "run_finished"))
         self.assertIn("already ended (cancelled)", body["error"]["message"])
         self.assert_hidden(self.call("POST", f"/v1/runs/{run_id}/cancel", BOB), run_id)
+        # Forgotten by the Edge (run_log.max_age_sec), read from the store.
+        self.gateway.advance(601)
+        self.assertIsNone(self.gateway.service.runs.get(run_id))
+        code, body = self.json(self.call("POST", f"/v1/runs/{run_id}/cancel", ALICE))
+        self.assertEqual((code, body["error"]["code"]), (409, "run_finished"))
+        self.assert_hidden(self.call("POST", f"/v1/runs/{run_id}/cancel", BOB), run_id)
 
     def test_cancel_queued_run(self):
         """

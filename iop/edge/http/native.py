@@ -58,7 +58,7 @@ from iop.edge.http.notes import note_usage
 from iop.edge.http.openai import RUN_ID_HEADER, parse_messages
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError, boolean, invalid, mapping, string
-from iop.edge.runs import Follower, event_json, visible
+from iop.edge.runs import Follower, event_json
 from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.status import seen_by
@@ -468,8 +468,8 @@ class CancelRun(JSONResource):
     """
     Cancel a run of the caller's key (any run, for an admin key); another
     key's is a 404, as if it were not in flight. One that ended already
-    (and is still on record here) is a 409 C{run_finished} saying how it
-    ended: nothing was cancelled.
+    (as this Edge remembers it, or as its Node's store has it) is a 409
+    C{run_finished} saying how it ended: nothing was cancelled.
     """
 
     def handle_POST(self, request: EdgeRequest) -> object:
@@ -477,12 +477,20 @@ class CancelRun(JSONResource):
         owner = run_owner(request)
         if self.service.cancel(run_id, owner):
             return {"run_id": run_id, "cancelling": True}
-        record = self.service.runs.get(run_id)
-        if record is not None and record.done and visible(owner, record.caller):
-            raise HTTPError("conflict", f"run {run_id} already ended ({record.status})", code="run_finished")
-        # (Another Edge of the cluster may hold it.)
         missing = Failure(HTTPError("not_found", f"no run {run_id} is in flight", code="run_not_found"))
-        return anywhere.proxy_to_holder(self.service, request, run_id, missing)
+
+        def read(run: dict[str, Any]) -> object:
+            if run.get("status") in TERMINAL_TYPES:
+                raise HTTPError("conflict", f"run {run_id} already ended ({run['status']})", code="run_finished")
+            return not_read(missing)
+
+        def not_read(failure: Failure) -> object:
+            # (Another Edge of the cluster may hold it.)
+            failure.trap(ServiceError)
+            return anywhere.proxy_to_holder(self.service, request, run_id, missing)
+
+        # Ended, as this Edge remembers it or its Node's store has it.
+        return self.service.get_run(run_id, owner, may_forward=False).addCallbacks(read, not_read)
 
 
 class Status(JSONResource):
