@@ -15,7 +15,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from twisted.internet.defer import Deferred
@@ -185,7 +185,8 @@ class ChatEvents:
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.began = False
-        self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"} as they stream in
+        self.calls: dict[int, _PendingCall] = {}  # by index, as they stream in
+        self._call_chars = 0
         self.framing = ChatResponse.for_response(self.chunk, response)
         #: Whether a chunk with C{choices} came (a whole answer must have them).
         self._choices = False
@@ -223,9 +224,9 @@ class ChatEvents:
             call = self.calls[index]
             # (Cleaned once joined: a character may be split between pieces.)
             tool_call = ToolCall(
-                clean_text(call["id"]) or f"call_{index}",
-                clean_text(call["name"]),
-                clean_text(call["arguments"]) or "{}",
+                clean_text(call.id) or f"call_{index}",
+                clean_text("".join(call.name)),
+                clean_text("".join(call.arguments)) or "{}",
             )
             self.emit(RunEventData(TOOL_CALL, tool_call=tool_call))
         return self.usage
@@ -277,16 +278,35 @@ class ChatEvents:
         index = call.get("index")
         if not isinstance(index, int) or isinstance(index, bool):
             index = position
-        entry = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        entry = self.calls.setdefault(index, _PendingCall())
         function = call.get("function")
         if not isinstance(function, dict):
             function = {}
         if isinstance(call.get("id"), str):
-            entry["id"] = call["id"]
-        if isinstance(function.get("name"), str):
-            entry["name"] += function["name"]
-        if isinstance(function.get("arguments"), str):
-            entry["arguments"] += function["arguments"]
+            entry.id = call["id"]
+        for pieces, piece in ((entry.name, function.get("name")), (entry.arguments, function.get("arguments"))):
+            if isinstance(piece, str) and piece:
+                self._call_chars += len(piece)
+                if self._call_chars > MAX_TOOL_CALL_CHARS:
+                    raise broken_answer(f"provider's tool calls exceed {MAX_TOOL_CALL_CHARS} characters")
+                pieces.append(piece)
+
+
+#: The most characters of tool calls (names and arguments) one answer may
+#: stream: what a wire frame carries whatever their UTF-8 (16 MiB / 4).
+MAX_TOOL_CALL_CHARS = 4 * 1024 * 1024
+
+
+@dataclass
+class _PendingCall:
+    """
+    A streamed tool call being put together: its pieces, joined once at
+    the end (joining as they come is quadratic in a long call).
+    """
+
+    id: str = ""
+    name: list[str] = field(default_factory=list)
+    arguments: list[str] = field(default_factory=list)
 
 
 class TunnelObserver:

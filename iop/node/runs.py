@@ -36,6 +36,7 @@ from iop.node.stats import UsageBook
 from iop.node.store import Store
 from iop.node.work import Inflight, Refused, Work, admit, record_safely
 from iop.protocols.convert import event_to_wire, usage_to_wire
+from iop.protocols.wire import MAX_FRAME_BYTES, FrameTooLarge
 from iop.run import (
     ADAPTER_ERROR,
     CANCELLED,
@@ -151,14 +152,34 @@ def encoded(run_id: str, seq: int, event: RunEventData, first_byte_ms: float = 0
 
     @return: C{(message, the event it holds)}.
     @raise Exception: what the encoding raises for an event that cannot be
-        encoded even so (C{TypeError}, C{ValueError}).
+        encoded even so (C{TypeError}, C{ValueError}), or L{FrameTooLarge}
+        for one no frame can carry.
     """
     _texts_are_text(event)
     try:
-        return event_to_wire(run_id, seq, event, first_byte_ms), event
+        message = event_to_wire(run_id, seq, event, first_byte_ms)
     except UnicodeEncodeError:
         event = _cleaned(event)
-        return event_to_wire(run_id, seq, event, first_byte_ms), event
+        message = event_to_wire(run_id, seq, event, first_byte_ms)
+    _fits(message, event)
+    return message, event
+
+
+#: The most a C{RunEvent} may take: a frame, less its envelope's few bytes.
+MAX_EVENT_BYTES = MAX_FRAME_BYTES - 64
+
+
+def _fits(message: Message, event: RunEventData) -> None:
+    """
+    @raise FrameTooLarge: C{message} would not fit in one frame (a tool call
+        of megabytes of arguments; a text delta is joined up to a bound
+        that fits, so its size is only reckoned when its text is long).
+    """
+    if event.type in (DELTA, REASONING_DELTA) and len(event.text or "") < MAX_EVENT_BYTES // 4:
+        return
+    size = message.ByteSize()
+    if size > MAX_EVENT_BYTES:
+        raise FrameTooLarge(f"its RunEvent of {size} bytes exceeds {MAX_EVENT_BYTES}")
 
 
 def _texts_are_text(event: RunEventData) -> None:

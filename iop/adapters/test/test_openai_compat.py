@@ -95,6 +95,26 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertEqual(sent[1], {"role": "tool", "content": "42", "tool_call_id": "c0"})
 
     @defer.inlineCallbacks
+    def test_tool_calls_bounded(self):
+        """
+        Tool calls streaming more than MAX_TOOL_CALL_CHARS of arguments are
+        a broken answer (they could not be sent, and would grow without
+        bound): the run fails, not holding them (before any event: the
+        calls go out only at the answer's end).
+        """
+        self.patch(openai_compat, "MAX_TOOL_CALL_CHARS", 10)
+        piece = {
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "123456"}}]}}]
+        }
+        script = Script(headers=SSE_HEADERS, chunks=[b"data: " + json.dumps(piece).encode() + b"\n\n"] * 2)
+        events = Events()
+        yield self.adapter(script).execute(RunInput(run_id="r1", target="m", messages=[]), events)
+        error = events.events[-1].error
+        assert error is not None
+        self.assertEqual((events.types(), error.code), (["error"], "provider_error"))
+        self.assertIn("tool calls exceed 10 characters", error.message)
+
+    @defer.inlineCallbacks
     def test_streaming_text(self):
         """
         A streamed completion becomes start, the non-empty content of a

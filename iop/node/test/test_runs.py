@@ -12,6 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import run_input
 from iop.protocols import messages
+from iop.protocols.wire import FrameTooLarge
 from iop.run import (
     COMPLETE,
     DELTA,
@@ -478,6 +479,20 @@ class UnsendableEventTests(SynchronousTestCase):
         self.assertEqual([(e.type, e.text) for e in got][:2], [("start", ""), ("delta", "before")])
         self.assertEqual(len(got), 3)
         self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+
+    def test_event_no_frame_carries(self):
+        """
+        An event larger than a frame (a tool call of 17 MiB of arguments)
+        ends the run as unsendable: never a C{complete} that lacks it.
+        """
+        emit, d = self.start()
+        emit(RunEventData(START))
+        emit(RunEventData(TOOL_CALL, tool_call=ToolCall("c1", "f", '{"a": "' + "x" * (17 * 1024 * 1024) + '"}')))
+        emit(RunEventData(COMPLETE, finish_reason="tool_calls"))
+        self.pump.flush()
+        got = self.assert_ended_unsendable("r1", "tool_call")
+        self.assertEqual([e.type for e in got], ["start", "error"])
+        self.assertEqual(len(self.flushLoggedErrors(FrameTooLarge)), 1)
 
     def test_text_of_the_wrong_type(self):
         """
