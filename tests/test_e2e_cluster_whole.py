@@ -101,6 +101,8 @@ def resume(edges, run_id, into, timeout=30.0):
     Follow C{run_id}'s events after the last one in C{into}, at the first
     of C{edges} that has them, again after every cut, until its terminal.
     """
+    if into and into[-1][1]["type"] in TERMINALS:
+        return edges[0]  # (cut after its terminal: nothing is missing, and a resume would tell it again)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for edge in edges:

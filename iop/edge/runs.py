@@ -428,7 +428,7 @@ def read_attempts(fetch: Fetch, run_id: str, attempts: Sequence[Attempt], after:
 class Follower:
     """
     One reader of a run's events (an SSE response), given each event once,
-    in seq order, after C{after}.
+    in seq order, after C{after}; and the terminal, whatever C{after}.
 
     While it catches up from the Node's store (its log in memory no longer
     goes back far enough) live events are held, and released behind the
@@ -451,9 +451,12 @@ class Follower:
         if self.closed:
             return
         if seq <= self.after:
-            # A resume point past the terminal (a bogus Last-Event-ID):
-            # the run is over all the same.
+            # A resume point at or past the terminal (a reader that saw it,
+            # or one whose last id the Node's store gave the terminal after
+            # a crash lost its last events): it is told how the run ended,
+            # so that a resumed stream always ends with its terminal.
             if payload.get("type") in TERMINAL_TYPES and not self.catching_up:
+                self.write(seq, payload)
                 self.close()
             return
         if self.catching_up:
@@ -810,7 +813,9 @@ class RunBook:
             )
             d = defer.succeed(unread)
         else:
-            d = read_attempts(self.fetch, run_id, attempts, after)
+            # (From one before: the event at the resume point, when it is
+            # the terminal, is told again.)
+            d = read_attempts(self.fetch, run_id, attempts, max(after - 1, 0))
 
         def fetched(back: ReadBack) -> Follower | Failure:
             if not back.rows:
