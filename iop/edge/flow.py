@@ -22,7 +22,9 @@ from zope.interface import implementer
 
 from iop.protocols import messages
 
-#: How long a caller may take nothing of a stream before it is cut off.
+#: How long a caller's connection may stay undrained (the stream paused:
+#: twisted.web resumes it once all that was written is taken) before it is
+#: cut off.
 STALL_TIMEOUT_SEC = 60.0
 #: What a window that opened wide grants at a time.
 WIDE_GRANT_BYTES = 1 << 30
