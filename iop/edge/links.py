@@ -316,6 +316,10 @@ class NodeLinks:
             background=True,
             caller=run.caller or None,
         )
+        if run.started_at > 0:
+            # Listed from when it began, not from when it came back. (Its
+            # model group is not known here: the Node never had it.)
+            record.created_at = run.started_at
         self.inflight.runs.started(record)
         placement = Placement(link, run.adapter, self._adapter_type(link.node_id, run.adapter), run.target)
         return RunDispatch(self.inflight, run.run_id, placement, Unheard(), run.run_id, record)

@@ -87,7 +87,13 @@ class DetachedRuns:
         """
         runs = [
             messages.reconciled_run(
-                relay.run_id, relay.hosted.name, relay.request.target, relay.status, relay.seq, relay.request.caller
+                relay.run_id,
+                relay.hosted.name,
+                relay.request.target,
+                relay.status,
+                relay.seq,
+                relay.request.caller,
+                relay.arrived,
             )
             for relay in self._runs.values()
         ]

@@ -327,12 +327,21 @@ def run_resume(run_id: str, after_seq: int) -> RunResume:
     return iop_pb2.RunResume(run_id=run_id, after_seq=after_seq)
 
 
-def reconciled_run(run_id: str, adapter: str, target: str, status: str, last_seq: int, caller: str) -> ReconciledRun:
+def reconciled_run(
+    run_id: str, adapter: str, target: str, status: str, last_seq: int, caller: str, started_at: float = 0.0
+) -> ReconciledRun:
     """
-    One background run a Node kept across a lost link, as it reports it.
+    One background run a Node kept across a lost link, as it reports it
+    (C{started_at}: when the Node took it, seconds since the epoch).
     """
     return iop_pb2.ReconciledRun(
-        run_id=run_id, adapter=adapter, target=target, status=status, last_seq=last_seq, caller=caller
+        run_id=run_id,
+        adapter=adapter,
+        target=target,
+        status=status,
+        last_seq=last_seq,
+        caller=caller,
+        started_at=started_at,
     )
 
 

@@ -805,6 +805,17 @@ class ReconcileTests(SynchronousTestCase):
         self.assertEqual(self.service.pool.active_leases(), [])
         self.successResultOf(self.service.inflight.when_idle())
 
+    def test_adopted_run_listed_from_its_start(self):
+        """
+        A run this Edge never heard of (it restarted) is on record from
+        when the Node took it, not from when it came back.
+        """
+        self.edge.advance(5000)
+        self.come_back(messages.reconciled_run("run-x", "echo", "t1", "running", 3, "alice", 1000.0))
+        record = self.service.runs.get("run-x")
+        assert record is not None
+        self.assertEqual((record.created_at, record.caller), (1000.0, "alice"))
+
     def test_run_reported_twice(self):
         """
         A run named twice in one C{RunReconcile} is taken back once: one

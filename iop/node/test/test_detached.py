@@ -6,6 +6,7 @@ the Node stops; an older Edge gets the old behaviour.
 """
 
 from twisted.internet import defer
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.runs import Resumed
@@ -56,8 +57,12 @@ class DetachTests(SynchronousTestCase):
         """
         A lost link cancels foreground runs but keeps background ones
         running (their slot held); the next session reports them, with
-        their status and last seq, before its ready.
+        their status, last seq and start, before its ready.
         """
+        clock = self.context.host.reactor
+        assert isinstance(clock, Clock)
+        clock.advance(1234)
+        took = clock.seconds()
         emit, _ = self.start("bg")
         self.start("fg", background=False)
         self.lose()
@@ -71,6 +76,7 @@ class DetachTests(SynchronousTestCase):
         self.assertEqual(
             (reported.run_id, reported.adapter, reported.status, reported.last_seq), ("bg", "manual", "running", 3)
         )
+        self.assertEqual(reported.started_at, took)
 
     def test_resumed_from_the_store(self):
         """
