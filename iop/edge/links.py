@@ -39,7 +39,7 @@ from iop.edge.spec import new_id
 from iop.protocols import messages
 from iop.protocols.convert import event_from_wire
 from iop.protocols.wire import DRAINING_WIRE_VERSION, OLDEST_WIRE_VERSION, WIRE_VERSION, WireProtocol
-from iop.run import NODE_DISCONNECTED, NODE_RESTARTED
+from iop.run import ERROR, NODE_DISCONNECTED, NODE_RESTARTED
 
 #: How long a Node may take to acknowledge a config refresh.
 REFRESH_TIMEOUT_SEC = 30.0
@@ -262,8 +262,11 @@ class NodeLinks:
             found = self.inflight.take_detached(link.node_id, run.run_id)
             # Only runs outlive their link (Dispatch.outlives_link).
             dispatch = found if isinstance(found, RunDispatch) else None
-            if dispatch is None and self.inflight.runs.for_wire(run.run_id) is not None:
-                link.send_quietly(messages.cancel_run(run.run_id))
+            ended = self.inflight.runs.for_wire(run.run_id) if dispatch is None else None
+            if ended is not None:
+                # Ended here meanwhile: on the Node too, as the Edge said.
+                verdict = ended.error if ended.status == ERROR and ended.error else {}
+                link.send_quietly(messages.cancel_run(run.run_id, verdict.get("code", ""), verdict.get("message", "")))
                 continue
             adopt: _Adoption | None = None
             if run.status == RUNNING:

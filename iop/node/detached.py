@@ -25,6 +25,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from iop.protocols import messages
+from iop.run import CANCELLED
 
 if TYPE_CHECKING:
     from iop.node.runs import RunRelay
@@ -99,15 +100,16 @@ class DetachedRuns:
         ]
         return messages.run_reconcile(runs)
 
-    def cancel(self, run_id: str, reason: str) -> bool:
+    def cancel(self, run_id: str, reason: str, code: str = CANCELLED) -> bool:
         """
-        The Edge does not want C{run_id} back: cancel it (if it still runs)
-        and forget it. @return: whether it was kept here.
+        The Edge does not want C{run_id} back: cancel it (if it still runs;
+        with the Edge's C{code} when it ended it with an error) and forget
+        it. @return: whether it was kept here.
         """
         relay = self.take(run_id)
         if relay is None:
             return False
-        relay.cancel(reason)
+        relay.cancel(reason, code)
         return True
 
     def cancel_all(self, reason: str) -> None:

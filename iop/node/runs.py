@@ -348,6 +348,10 @@ class RunRelay(Work):
         self.end(self._send_terminal, event)
 
     def _send_terminal(self, event: RunEventData) -> None:
+        if event.type == CANCELLED and self.cancel_reason and self.cancel_code != CANCELLED:
+            # Cancelled with the Edge's verdict (the link was lost): the
+            # error the Edge gave its caller, not a cancel.
+            event = RunEventData(ERROR, usage=event.usage, error=RunFailure(self.cancel_code, self.cancel_reason))
         # What went out: a plain error when the adapter's terminal could not.
         event = self._send(event)
         self.terminal = event.type

@@ -44,8 +44,10 @@ from iop.protocols.wire import (
     peer_wire_version,
 )
 from iop.run import (
+    CANCELLED,
     ERROR,
     FAILED,
+    NODE_DISCONNECTED,
     NOT_SUPPORTED,
     REFRESH_REFUSED,
     UNKNOWN_ADAPTER,
@@ -196,7 +198,8 @@ class NodeSession:
                 self.log.info("connection to the Edge closed: {why}", why=why)
             self.context.transport.connected = False
             self._keep_background_runs()
-            self.inflight.cancel_all("connection to the Edge lost")
+            # As the Edge ended them for its callers: node_disconnected.
+            self.inflight.cancel_all("connection to the Edge lost", NODE_DISCONNECTED)
             self.commands.cancel_all()
         elif previous != REFUSED:
             self._settle(RetryableRefusal(f"connection lost during registration: {why}"))
@@ -425,7 +428,9 @@ class NodeSession:
         elif request.kind == messages.CANCEL_COMMAND:
             self.commands.cancel(request.request_id)
         elif not self.inflight.cancel(request.run_id) and not self.context.detached.cancel(
-            request.run_id, "the Edge did not take it back"
+            request.run_id,
+            request.error_message or "the Edge did not take it back",
+            request.error_code or CANCELLED,
         ):
             self.log.debug("cancel for {run_id}, which is not in flight: ignored", run_id=request.run_id)
 

@@ -163,7 +163,7 @@ class TunnelRelay(Work):
 
     def _ended(self, result: object) -> None:
         if self.cancel_reason:
-            self._finish(error=messages.run_error(CANCELLED, self.cancel_reason))
+            self._finish(error=messages.run_error(self.cancel_code, self.cancel_reason))
         else:
             self._finish(end=True)
 
@@ -171,7 +171,7 @@ class TunnelRelay(Work):
         if self.finished:
             return
         if self.cancel_reason or failure.check(defer.CancelledError):
-            self._finish(error=messages.run_error(CANCELLED, self.cancel_reason or "cancelled"))
+            self._finish(error=messages.run_error(self.cancel_code, self.cancel_reason or "cancelled"))
         elif failure.check(NotSupported):
             self._finish(error=messages.run_error(TUNNEL_NOT_SUPPORTED, str(failure.value)))
         else:

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 
 from iop.node.flow import Message, SendWindow
 from iop.node.gate import Slot
-from iop.run import CAPACITY_EXCEEDED, NODE_DRAINING, UNKNOWN_ADAPTER
+from iop.run import CANCELLED, CAPACITY_EXCEEDED, NODE_DRAINING, UNKNOWN_ADAPTER
 
 if TYPE_CHECKING:
     from iop.node.host import AdapterHost, Hosted
@@ -92,9 +92,12 @@ class Inflight:
         work.cancel(reason)
         return True
 
-    def cancel_all(self, reason: str | None = None) -> None:
+    def cancel_all(self, reason: str | None = None, code: str = CANCELLED) -> None:
+        """
+        Cancel every run and tunnel (C{code}: see L{Work.cancel}).
+        """
         for work in list(self._work.values()):
-            work.cancel(reason)
+            work.cancel(reason, code)
 
     def works(self) -> "list[Work]":
         """
@@ -170,6 +173,7 @@ class Work:
         self.finished = False
         self.deferred: Deferred[Any] | None = None
         self.cancel_reason: str | None = None
+        self.cancel_code = CANCELLED
         self._stopped = False
         self.arrived = manager.host.reactor.seconds()
         manager.inflight.add(work_id, self)
@@ -205,15 +209,19 @@ class Work:
         """
         raise NotImplementedError
 
-    def cancel(self, reason: str | None = None) -> None:
+    def cancel(self, reason: str | None = None, code: str = CANCELLED) -> None:
         """
-        Cancel the adapter's work; the terminal will say it was cancelled.
+        Cancel the adapter's work; the terminal will say it was cancelled
+        — or, with another C{code}, be an C{error} of that code: the
+        verdict the Edge gave its caller (C{node_disconnected}, when the
+        link was lost), so that the store reads back as the Edge said.
         """
         # What waits for credit is not wanted any more; the terminal is.
         self.flow.abandon()
         if self.finished or self.deferred is None:
             return
         self.cancel_reason = reason or "cancelled by the Edge"
+        self.cancel_code = code
         self.deferred.cancel()
 
     def stop(self) -> None:

@@ -355,11 +355,12 @@ def run_reconcile(runs: Iterable[ReconciledRun]) -> RunReconcile:
 # ---- cancelling ------------------------------------------------------------------
 
 
-def cancel_run(run_id: str) -> CancelRequest:
+def cancel_run(run_id: str, error_code: str = "", error_message: str = "") -> CancelRequest:
     """
-    Cancel run or tunnel C{run_id}.
+    Cancel run or tunnel C{run_id}; with C{error_code}, it ends with that
+    error (the one the Edge ended it with already) instead of cancelled.
     """
-    return iop_pb2.CancelRequest(kind=CANCEL_RUN, run_id=run_id)
+    return iop_pb2.CancelRequest(kind=CANCEL_RUN, run_id=run_id, error_code=error_code, error_message=error_message)
 
 
 def terminate_session(request_id: str, adapter: str, target: str, session_id: str, caller: str) -> CancelRequest:

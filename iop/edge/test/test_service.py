@@ -798,12 +798,36 @@ class ReconcileTests(SynchronousTestCase):
         self.assertEqual(record.status, "cancelled")
         self.assertEqual(self.service.inflight.detached_on("n1"), [])
         back, back_pump = self.come_back(messages.reconciled_run(run, "echo", "t1", "running", 1, ""))
-        self.assertEqual([m.run_id for m in back.of("cancel_request")], [run])
+        self.assertEqual([(m.run_id, m.error_code) for m in back.of("cancel_request")], [(run, "")])
         self.assertEqual(back.of("run_resume"), [])
         back.connection.send(messages.run_event(run_id=run, seq=2, type="cancelled"))
         back_pump.flush()
         self.assertEqual(self.service.pool.active_leases(), [])
         self.successResultOf(self.service.inflight.when_idle())
+
+    def test_not_back_in_time_ends_there_as_here(self):
+        """
+        A background run whose Node did not come back within
+        reattach_timeout_sec ended here with node_disconnected; when the
+        Node reports it later, it is cancelled there with that verdict
+        (so its store reads back as the Edge said), where a run cancelled
+        here is plainly cancelled (above).
+        """
+        node, pump, edge_protocol = self.edge.register()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", background=True)
+        run = self.successResultOf(self.service.submit(spec, Recorder().for_run))
+        node.connection.send(messages.run_event(run_id=run, seq=1, type="start"))
+        pump.flush()
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.edge.advance(self.service.config.reattach_timeout_sec + 1)
+        record = self.service.runs.get(run)
+        assert record is not None and record.error is not None
+        self.assertEqual((record.status, record.error["code"]), ("error", "node_disconnected"))
+        back, _ = self.come_back(messages.reconciled_run(run, "echo", "t1", "running", 1, ""))
+        (cancel,) = back.of("cancel_request")
+        self.assertEqual((cancel.run_id, cancel.error_code), (run, "node_disconnected"))
+        self.assertEqual(cancel.error_message, record.error["message"])
 
     def test_adopted_run_listed_from_its_start(self):
         """

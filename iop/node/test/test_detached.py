@@ -176,6 +176,20 @@ class DetachTests(SynchronousTestCase):
         [event] = edge.of("run_event")
         self.assertEqual((event.run_id, event.seq, event.error.code), ("gone", 5, "unknown_run"))
 
+    def test_ended_with_the_edges_verdict(self):
+        """
+        A kept run the Edge ended already with an error (its link was not
+        back in time) is cancelled with that error: the store reads back
+        as the Edge told its caller, not as a cancel.
+        """
+        self.start("bg")
+        self.lose()
+        session, edge, pump = self.reconnect()
+        edge.wire.send(messages.cancel_run("bg", "node_disconnected", "node n1 did not come back within 120s"))
+        pump.flush()
+        self.assertEqual(self.store.ends[-1], ("bg", "error", "node n1 did not come back within 120s"))
+        self.assertEqual(self.store.rows["bg"]["error_code"], "node_disconnected")
+
     def test_older_edge_cancels(self):
         """
         With an Edge of wire version 3 (it could never ask for them back)

@@ -281,4 +281,5 @@ class ServiceStopTests(SynchronousTestCase):
         self.pump.flush()
         self.edge.lose_connection()
         self.assert_stopped(stopped)
-        self.assertEqual(self.store.ends, [("r1", "cancelled", "connection to the Edge lost")])
+        # (Ended as the Edge ended it for its caller: node_disconnected.)
+        self.assertEqual(self.store.ends, [("r1", "error", "connection to the Edge lost")])

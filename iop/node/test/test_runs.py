@@ -314,7 +314,8 @@ class DisconnectTests(SynchronousTestCase):
     def test_loss_cancels_in_flight(self):
         """
         Losing the connection cancels every run of the session, frees its
-        slots, and sends nothing (the terminal could not be delivered).
+        slots, and sends nothing (the terminal could not be delivered); the
+        store has them end as the Edge ended them, C{node_disconnected}.
         """
         store = RecordingStore()
         session, edge, pump, context = ready_node(store=store)
@@ -328,10 +329,12 @@ class DisconnectTests(SynchronousTestCase):
         self.assertEqual(sorted(adapter.cancelled), ["r1", "r2"])
         self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)
         self.assertEqual(len(session.inflight), 0)
+        # Stored as the Edge ended them for their callers.
         self.assertEqual(
             sorted(store.ends),
-            [("r1", "cancelled", "connection to the Edge lost"), ("r2", "cancelled", "connection to the Edge lost")],
+            [("r1", "error", "connection to the Edge lost"), ("r2", "error", "connection to the Edge lost")],
         )
+        self.assertEqual({store.rows[r]["error_code"] for r in ("r1", "r2")}, {"node_disconnected"})
 
     def test_shutdown_cancels_and_tells(self):
         """
