@@ -34,15 +34,14 @@ class FlowSink(TunnelRecorder):
 
 class PauseTests(OpenAICompatTestCase):
     @defer.inlineCallbacks
-    def test_paused_run_does_not_time_out(self):
+    def paused_run(self, first_chunk, **options):
         """
-        A normalized run hands over its body's producer; while it is
-        paused, a provider silent for longer than idle_timeout_sec is not
-        timed out; resumed, the idle timer runs again (and the run, which
-        had begun, ends C{incomplete}).
+        A normalized run whose provider sent C{first_chunk} and holds its
+        connection open, its body's producer paused after the first delta.
+        @return: C{(script, adapter, events, run's Deferred, producer)}.
         """
-        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="first"), done=False), hold=True)
-        adapter = self.adapter(script, idle_timeout_sec=30)
+        script = Script(headers=SSE_HEADERS, chunks=sse(first_chunk, done=False), hold=True)
+        adapter = self.adapter(script, **options)
         adapter.clock = Clock()
         events = FlowEvents()
         first = events.first("delta")
@@ -51,6 +50,17 @@ class PauseTests(OpenAICompatTestCase):
         yield moment()
         (producer,) = events.producers
         producer.pauseProducing()
+        return script, adapter, events, d, producer
+
+    @defer.inlineCallbacks
+    def test_paused_run_does_not_time_out(self):
+        """
+        A normalized run hands over its body's producer; while it is
+        paused, a provider silent for longer than idle_timeout_sec is not
+        timed out; resumed, the idle timer runs again (and the run, which
+        had begun, ends C{incomplete}).
+        """
+        script, adapter, events, d, producer = yield self.paused_run(chunk(content="first"), idle_timeout_sec=30)
         adapter.clock.advance(300)
         self.assertEqual(events.types(), ["start", "delta"])
         producer.resumeProducing()
@@ -86,16 +96,7 @@ class PauseTests(OpenAICompatTestCase):
         and the run completes with it.
         """
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
-        script = Script(headers=SSE_HEADERS, chunks=sse(chunk(content="hi", finish="stop"), done=False), hold=True)
-        adapter = self.adapter(script)
-        adapter.clock = Clock()
-        events = FlowEvents()
-        first = events.first("delta")
-        d = adapter.execute(run_input(), events)
-        yield first
-        yield moment()
-        (producer,) = events.producers
-        producer.pauseProducing()
+        script, adapter, events, d, producer = yield self.paused_run(chunk(content="hi", finish="stop"))
         script.write(*sse(chunk(usage=usage)))
         yield moment()
         adapter.clock.advance(3)
