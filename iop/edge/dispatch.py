@@ -305,9 +305,10 @@ class Dispatch:
         """
         A frame of this work came from the Node (C{first_byte_ms}: what
         the first one says of the back end's time): its caller request's
-        L{Timing} notes the first and the latest.
+        L{Timing} notes the first (the terminal is noted by L{finish}:
+        no clock is read for the frames between).
         """
-        if self.timing is not None:
+        if self.timing is not None and self.timing.answered is None:
             self.timing.heard(self.tracker.clock.seconds(), first_byte_ms)
 
     def send(self, message: Any) -> None:
@@ -503,6 +504,8 @@ class RunDispatch(Dispatch):
         if event.type == COMPLETE:
             self.placement.record_success()
         if event.type in TERMINAL_TYPES:
+            if self.timing is not None:
+                self.timing.heard(self.tracker.clock.seconds(), 0.0)
             self.finish()
             if failure is not None:
                 self.log.warn(

@@ -6,7 +6,7 @@ A L{Timing} is made with the request and marked as the request passes
 each stage: handed to the service (it may wait for capacity), placed (a
 lease was granted), sent to the Node, answered (the Node's first frame,
 which says how long the back end took to answer as the Node saw it), and
-heard last (the Node's latest frame); or, at an Edge of a cluster that
+ended (the Node's terminal frame); or, at an Edge of a cluster that
 sent it to the Edge that serves it, forwarded. When the answer's headers
 go out, what was marked by then becomes
 
@@ -16,7 +16,7 @@ go out, what was marked by then becomes
     Node's own work: the round trip less the provider's part);
   - C{provider}: the back end's time to its first answer, as the Node
     measured it;
-  - C{generate}: from the Node's first frame to its latest, of an answer
+  - C{generate}: from the Node's first frame to its terminal, of an answer
     whose headers go out once it is whole (a non-streamed one): the back
     end's generation, which is no time of the Edge's;
   - C{forward}: the Edge of the cluster that served it (whose own
