@@ -257,6 +257,11 @@ class ChatEvents:
             content = part.get("content")
             if isinstance(content, str) and content:
                 self.emit(RunEventData(DELTA, text=content))
+            # A model's refusal (OpenAI's structured outputs) is its answer's
+            # text: a run has no other place for it.
+            refusal = part.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self.emit(RunEventData(DELTA, text=refusal))
             calls = part.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _wrong_shape("tool_calls", "a list")

@@ -95,6 +95,23 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertEqual(sent[1], {"role": "tool", "content": "42", "tool_call_id": "c0"})
 
     @defer.inlineCallbacks
+    def test_refusal_is_text(self):
+        """
+        A model's refusal (streamed C{delta.refusal}, or a whole answer's
+        C{message.refusal}) is the run's answer text, not an empty one.
+        """
+        streamed = sse({"choices": [{"index": 0, "delta": {"refusal": "I can't help"}, "finish_reason": "stop"}]})
+        whole = json.dumps({"choices": [{"index": 0, "message": {"content": None, "refusal": "No."}}]}).encode()
+        for headers, chunks, text in (
+            (SSE_HEADERS, streamed, "I can't help"),
+            ([("content-type", "application/json")], [whole], "No."),
+        ):
+            events = Events()
+            yield self.adapter(Script(headers=headers, chunks=chunks)).execute(run_input(), events)
+            self.assertEqual([(e.type, e.text) for e in events.events if e.type == "delta"], [("delta", text)])
+            self.assertEqual(events.types()[-1], "complete")
+
+    @defer.inlineCallbacks
     def test_tool_calls_bounded(self):
         """
         Tool calls streaming more than MAX_TOOL_CALL_CHARS of arguments are
