@@ -482,15 +482,15 @@ class CancelRun(JSONResource):
         def read(run: dict[str, Any]) -> object:
             if run.get("status") in TERMINAL_TYPES:
                 raise HTTPError("conflict", f"run {run_id} already ended ({run['status']})", code="run_finished")
-            return not_read(missing)
-
-        def not_read(failure: Failure) -> object:
             # (Another Edge of the cluster may hold it.)
-            failure.trap(ServiceError)
             return anywhere.proxy_to_holder(self.service, request, run_id, missing)
 
-        # Ended, as this Edge remembers it or its Node's store has it.
-        return self.service.get_run(run_id, owner, may_forward=False).addCallbacks(read, not_read)
+        def unread(failure: Failure) -> dict[str, Any]:
+            failure.trap(ServiceError)
+            return {}  # (no status: asked of the other Edges, or not found)
+
+        # Ended, as this Edge remembers it or its Node's store has it?
+        return self.service.get_run(run_id, owner, may_forward=False).addErrback(unread).addCallback(read)
 
 
 class Status(JSONResource):
