@@ -178,6 +178,11 @@ class _RunProcess(ProcessProtocol):
     C{pipe_grace} seconds to close the pipes and go, then the group is
     killed and the pipes closed. Only then do L{when_ended}'s waiters fire.
 
+    C{timeout} (seconds, or C{None}) bounds the command itself: it runs
+    from the start until the command exits, and not while the caller is
+    not taking the stream (the command is blocked on its full pipe then,
+    which is the caller's time, not the tool's).
+
     @ivar outcome: why the adapter stopped it (C{cancelled}, C{timeout},
         C{terminated}, C{stopped}), or C{None}.
     @ivar end: once the run is over, why the command ended
@@ -188,7 +193,9 @@ class _RunProcess(ProcessProtocol):
 
     log = Logger()
 
-    def __init__(self, emit: Emit, stdin: bytes, clock: IReactorTime, grace: float, pipe_grace: float) -> None:
+    def __init__(
+        self, emit: Emit, stdin: bytes, clock: IReactorTime, grace: float, pipe_grace: float, timeout: float | None
+    ) -> None:
         self.emit = emit
         self.stdin = stdin
         self.clock = clock
@@ -213,6 +220,10 @@ class _RunProcess(ProcessProtocol):
         self._kill_call: IDelayedCall | None = None
         self._linger_call: IDelayedCall | None = None
         self._poll_call: IDelayedCall | None = None
+        self._timeout_call: IDelayedCall | None = None
+        #: The rest of C{timeout} while paused (C{None}: not paused, or no
+        #: timeout left to run).
+        self._timeout_left = timeout
 
     @property
     def _process(self) -> _ProcessTransport:
@@ -225,14 +236,28 @@ class _RunProcess(ProcessProtocol):
         self.pid = self._process.pid
         self._process.write(self.stdin)
         self._process.closeStdin()
+        self._run_timeout()
         register_output(self.emit, self)
+
+    def _run_timeout(self) -> None:
+        if self._timeout_left is not None and not self._exited:
+            self._timeout_call = self.clock.callLater(self._timeout_left, self.stop, "timeout")
+        self._timeout_left = None
+
+    def _hold_timeout(self) -> None:
+        call, self._timeout_call = self._timeout_call, None
+        if call is not None and call.active():
+            self._timeout_left = max(0.0, call.getTime() - self.clock.seconds())
+            call.cancel()
 
     def pauseProducing(self) -> None:
         self._paused = True
+        self._hold_timeout()
         self._process.pauseProducing()
 
     def resumeProducing(self) -> None:
         self._paused = False
+        self._run_timeout()
         self._process.resumeProducing()
         if self._linger_call is not None and self._linger_call.active():
             # What the command wrote while the caller was not taking it
@@ -318,6 +343,10 @@ class _RunProcess(ProcessProtocol):
 
     def processExited(self, reason: Failure) -> None:
         self._exited = True
+        # The command ended in time: what it left is bounded by the
+        # pipes' grace, not by timeout_sec.
+        self._hold_timeout()
+        self._timeout_left = None
         if self.outcome is not None:
             # Children of a stopped process may hold its pipes open; we
             # are not waiting for their output. What is left of its group
@@ -366,7 +395,7 @@ class _RunProcess(ProcessProtocol):
             if self._poll_call is None or not self._poll_call.active():
                 self._poll_call = self.clock.callLater(_GROUP_POLL_SEC, self._check)
             return
-        for call in (self._kill_call, self._linger_call, self._poll_call):
+        for call in (self._kill_call, self._linger_call, self._poll_call, self._timeout_call):
             if call is not None and call.active():
                 call.cancel()
         self.end = self._closed
@@ -556,7 +585,7 @@ class CLIAdapter(AdapterBase):
             emit(_error(SPAWN_FAILED, f"cannot start {argv[0]}: a NUL in its arguments or environment"))
             return defer.succeed(None)
         process = _RunProcess(
-            emit, _text(run.last_user_text()).encode("utf-8"), self.reactor, self.grace, self.pipe_grace
+            emit, _text(run.last_user_text()).encode("utf-8"), self.reactor, self.grace, self.pipe_grace, self.timeout
         )
         try:
             self.reactor.spawnProcess(
@@ -584,13 +613,8 @@ class CLIAdapter(AdapterBase):
         emit(RunEventData(START))
 
         result: defer.Deferred[None] = defer.Deferred(lambda d: process.stop("cancelled"))
-        timer = None
-        if self.timeout:
-            timer = self.reactor.callLater(self.timeout, process.stop, "timeout")
 
         def ended(reason: BaseException) -> None:
-            if timer is not None and timer.active():
-                timer.cancel()
             self.running.pop(run.run_id, None)
             if session is not None and session.process is process:
                 session.process = None
@@ -648,22 +672,31 @@ class CLIAdapter(AdapterBase):
 
     def terminate_session(self, target: str, session_id: str) -> "defer.Deferred[dict[str, bool]]":
         """
-        Forget the session, stopping its running process first.
+        Forget the session, stopping its running process first. The
+        session stays known (listed as running) until that process is
+        gone, so that a run continuing it meanwhile waits for the process
+        (L{_after}) instead of starting beside it.
 
         @return: a Deferred firing with C{{"terminated": bool}} (whether
             the session existed) once its process is gone.
         """
         if not self.sessions_enabled:
             return super().terminate_session(target, session_id)
-        session = self.sessions.pop(session_id, None)
+        session = self.sessions.get(session_id)
         if session is None:
             return defer.succeed({"terminated": False})
         self.log.info("adapter {adapter} terminating session {session_id}", adapter=self.name, session_id=session_id)
+
+        def forget(_: object = None) -> dict[str, bool]:
+            if self.sessions.get(session_id) is session:
+                del self.sessions[session_id]
+            return {"terminated": True}
+
         if session.process is None:
-            return defer.succeed({"terminated": True})
+            return defer.succeed(forget())
         process = session.process
         process.stop("terminated")
-        return process.when_ended().addCallback(lambda _: {"terminated": True})
+        return process.when_ended().addCallback(forget)
 
     def command(self, name: str, args: dict[str, Any], progress: Progress | None = None) -> "defer.Deferred[Any]":
         if name == "session_list" and self.sessions_enabled:

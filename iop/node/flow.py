@@ -78,10 +78,22 @@ class SendWindow:
         frames are dropped, the others (headers, usage, the terminal) go
         out now, and from here on nothing is held back.
         """
+        self._release(keep_body=False)
+
+    def flush(self) -> None:
+        """
+        The stream ended by itself but its rest waits for credit, and
+        nothing may wait any more (a drain's grace passed): everything
+        queued goes out now, body and all, so that its success terminal
+        never follows a cut body; from here on nothing is held back.
+        """
+        self._release(keep_body=True)
+
+    def _release(self, keep_body: bool) -> None:
         queued, self.queue = self.queue, deque()
         self.credit = None
         for message, size in queued:
-            if not size:
+            if keep_body or not size:
                 self._send(message)
         self._resume()
         self._check_idle()

@@ -216,7 +216,9 @@ class NodeSession:
             return
         kept = 0
         for work in self.inflight.works():
-            if isinstance(work, RunRelay) and work.background and not work.finished:
+            # One that ended but whose rest still waits for credit goes
+            # too: its rest is replayed from the store when resumed.
+            if isinstance(work, RunRelay) and work.background:
                 self.context.detached.keep(work)
                 kept += 1
         if kept:

@@ -216,9 +216,14 @@ class Work:
         verdict the Edge gave its caller (C{node_disconnected}, when the
         link was lost), so that the store reads back as the Edge said.
         """
+        if self.finished:
+            # Its terminal is decided and queued: whatever waits for credit
+            # goes out with it, or a success would end a cut body.
+            self.flow.flush()
+            return
         # What waits for credit is not wanted any more; the terminal is.
         self.flow.abandon()
-        if self.finished or self.deferred is None:
+        if self.deferred is None:
             return
         self.cancel_reason = reason or "cancelled by the Edge"
         self.cancel_code = code

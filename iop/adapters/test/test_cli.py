@@ -270,6 +270,24 @@ class RunTests(CLITestCase):
         self.assertEqual(events.events[-1].error.code, "timeout")
 
     @defer.inlineCallbacks
+    def test_paused_time_is_not_the_commands(self):
+        """
+        While the caller is not taking the stream (the command blocked on
+        its full pipe), timeout_sec does not run: a command whose own time
+        is short completes, however long the caller paused.
+        """
+        code = "import sys; sys.stdout.write('x' * 1_000_000); sys.stdout.flush()"
+        adapter = self.adapter(**python(code, timeout_sec=0.5))
+        events = PausingEvents()
+        d = adapter.execute(run_input(), events)
+        yield events.first("delta")
+        yield task.deferLater(reactor, 1.0, lambda: None)
+        adapter.running["r1"].resumeProducing()
+        yield within(d)
+        self.assertEqual(events.types()[-1], "complete")
+        self.assertEqual(len(events.text()), 1_000_000)
+
+    @defer.inlineCallbacks
     def test_stop(self):
         """
         Stopping the adapter stops running processes and fires once they
@@ -373,6 +391,20 @@ class ProcessGroupTests(CLITestCase):
         yield within(d)
         yield assert_dies(self, child)
         self.assertEqual(events.events[-1].error.code, "timeout")
+
+    @defer.inlineCallbacks
+    def test_timeout_ends_with_the_command(self):
+        """
+        timeout_sec bounds the command: once it has exited in time, what
+        it left holding its pipes is killed after their grace, and the run
+        completes rather than timing out.
+        """
+        adapter = self.leaving_adapter(SPAWNS_AND_EXITS, timeout_sec=0.3)
+        adapter.pipe_grace = 0.6
+        d, events, process, child = yield self.leaving(adapter)
+        yield within(d)
+        self.assertEqual(events.types(), ["start", "delta", "complete"])
+        yield assert_dies(self, child)
 
     @defer.inlineCallbacks
     def test_stop_kills_the_group(self):
@@ -634,6 +666,39 @@ class SessionTests(CLITestCase):
         self.assertEqual(events.events[-1].error.code, "session_terminated")
         self.assertEqual((yield adapter.command("session_list", {})), [])
         self.assertEqual((yield adapter.terminate_session("", "s1")), {"terminated": False})
+
+    @defer.inlineCallbacks
+    def test_terminated_session_runs_again_once_gone(self):
+        """
+        A run on a session being terminated waits until the terminated
+        process has gone (it may take its time to save its state): the
+        tool never has two processes in one session, even with seats
+        free.
+        """
+        saver = (
+            "import signal, sys, time\n"
+            "def term(*a):\n    time.sleep(0.5); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+            "print('ready', flush=True); time.sleep(600)\n"
+        )
+        adapter = self.adapter(**python(saver, sessions=True, grace_sec=3))
+        d, events, process = yield running(adapter, run_input(session_id="s1"))
+        terminated = adapter.terminate_session("", "s1")
+        again = Events()
+        started = again.first("start")
+        second = adapter.execute(run_input(session_id="s1", run_id="r2"), again)
+        yield within(started)
+        self.assertIsNotNone(process.end)
+        self.assertEqual((yield terminated), {"terminated": True})
+        self.assertEqual(events.events[-1].error.code, "session_terminated")
+        [listed] = yield adapter.command("session_list", {})
+        self.assertEqual((listed["runs"], listed["running"]), (1, True))
+        process2 = adapter.running["r2"]
+        yield task.deferLater(reactor, 0, lambda: None)  # out of the callbacks that started it
+        second.cancel()
+        self.failureResultOf(second, defer.CancelledError)
+        yield within(process2.when_ended())
+        yield d
 
     @defer.inlineCallbacks
     def test_busy_session(self):

@@ -117,6 +117,32 @@ class DetachTests(SynchronousTestCase):
         pump.flush()
         self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(2, "delta"), (3, "complete")])
 
+    def test_ended_while_its_rest_waited_for_credit(self):
+        """
+        A background run that ended while its last events still waited
+        for credit is kept too when the link goes: reported ended, and
+        resumed, its rest comes from the store.
+        """
+        request = run_request("bg", background=True)
+        request.window_bytes = 10
+        self.edge.connection.send(request)
+        self.pump.flush()
+        _, emit, d = self.adapter.runs[-1]
+        emit(RunEventData(START))
+        for _ in range(3):
+            emit(RunEventData(DELTA, text="abcdefghijkl"))
+        emit(RunEventData(COMPLETE))
+        d.callback(None)
+        self.pump.flush()
+        self.assertEqual([e.seq for e in self.edge.of("run_event")], [1, 2])
+        self.lose()
+        self.assertIn("bg", self.context.detached)
+        session, edge, pump = self.reconnect()
+        self.assertEqual([(r.run_id, r.status) for r in edge.of("run_reconcile")[0].runs], [("bg", "complete")])
+        edge.wire.send(messages.run_resume(run_id="bg", after_seq=2))
+        pump.flush()
+        self.assertEqual([(e.seq, e.type) for e in edge.of("run_event")], [(3, "delta"), (4, "delta"), (5, "complete")])
+
     def test_ended_while_away_store_failed(self):
         """
         A run that ended while detached, resumed when its store cannot be

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.node.config import NodeConfig, ReconnectPolicy
 from iop.node.service import SHUTDOWN_REASON, NodeService
 from iop.protocols import messages
-from iop.run import NODE_DRAINING
+from iop.run import DELTA, NODE_DRAINING, RunEventData
 from iop.testing.node import (
     TOKEN,
     FakeEdge,
@@ -106,6 +106,38 @@ class SessionDrainTests(SynchronousTestCase):
         self.pump.flush()
         [frame] = self.edge.of("provider_tunnel_frame")
         self.assertEqual((frame.error.code, frame.error.message), ("cancelled", REASON))
+
+    def test_finished_work_waiting_for_credit_is_sent_whole(self):
+        """
+        Work that ended by itself but whose rest still waits for credit
+        (a slow caller) is not cut when the grace passes: its whole body
+        goes out before its success terminal, seqs without a gap.
+        """
+        run = run_request("r1")
+        run.window_bytes = 10
+        tunnel = tunnel_request("t1")
+        tunnel.window_bytes = 100
+        self.start(run, tunnel)
+        _, emit, run_done = self.adapter.runs[0]
+        for _ in range(4):
+            emit(RunEventData(DELTA, text="abcdefgh"))
+        run_done.callback(None)
+        _, sink, tunnel_done = self.adapter.tunnels[0]
+        sink.status(200)
+        for _ in range(5):
+            sink.body(b"y" * 100)
+        tunnel_done.callback(None)
+        self.pump.flush()
+        drained = self.session.drain(0.5, REASON)
+        self.elapse(1)
+        self.successResultOf(drained)
+        events = self.edge.of("run_event")
+        self.assertEqual([e.type for e in events], ["delta"] * 4 + ["complete"])
+        self.assertEqual([e.seq for e in events], [1, 2, 3, 4, 5])
+        frames = self.edge.of("provider_tunnel_frame")
+        self.assertEqual([f.WhichOneof("frame") for f in frames], ["status"] + ["body"] * 5 + ["end"])
+        self.assertEqual([f.seq for f in frames], list(range(1, 8)))
+        self.assertEqual(self.adapter.cancelled, [])
 
     def test_hurry_ends_at_once(self):
         """

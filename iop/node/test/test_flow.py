@@ -72,6 +72,23 @@ class SendWindowTests(SynchronousTestCase):
         flow.send("late", 1000)
         self.assertEqual(self.sent[-1], "late")
 
+    def test_flush(self):
+        """
+        Flushing (work that already ended, cancelled while its rest waits)
+        sends everything queued, body too, and lifts the limit.
+        """
+        flow = SendWindow(self.sent.append, 10)
+        flow.register_producer(self.producer)
+        idle = []
+        flow.send("a", 20)
+        flow.send("b", 20)
+        flow.send("end", 0)
+        flow.when_idle(lambda: idle.append(True))
+        flow.flush()
+        self.assertEqual(self.sent, ["a", "b", "end"])
+        self.assertEqual(idle, [True])
+        self.assertEqual(self.producer.calls, ["pause", "resume"])
+
     def test_producer_registered_while_blocked(self):
         """
         A producer registered while frames wait is paused at once.
