@@ -94,7 +94,17 @@ class NodeCommands:
         message = messages.command_request(
             request_id, command, adapter, json.dumps(args or {}), stream=progress is not None
         )
-        on_progress = None if progress is None else (lambda update: progress(jsontext.loads(update.result_json)))
+
+        def on_progress(update: messages.NodeCommandResponse) -> None:
+            assert progress is not None
+            try:
+                parsed = jsontext.loads(update.result_json)
+            except ValueError:
+                raise ServiceError(
+                    "failed", f"node {node_id} sent {command} progress that is not JSON", code="protocol_error"
+                ) from None
+            progress(parsed)
+
         abort = messages.cancel_command(request_id)
 
         def answered(response: messages.NodeCommandResponse) -> Any:
@@ -110,7 +120,14 @@ class NodeCommands:
                     "failed", f"node {node_id} answered {command} with a result that is not JSON", code="protocol_error"
                 ) from None
 
-        d = self._ask(node_id, message, request_id, self._config().command_timeout(command), on_progress, abort)
+        d = self._ask(
+            node_id,
+            message,
+            request_id,
+            self._config().command_timeout(command),
+            None if progress is None else on_progress,
+            abort,
+        )
         return d.addCallback(answered)
 
     def terminate_session(

@@ -10,11 +10,14 @@ answers, the Node's draining notice; a repeated ready is acknowledged). Anything
 violation.
 
 Until its registration is accepted a connection is a stranger's: it has
-the small pre-registration frame limit its L{iop.edge.nodeport} gave it
-and a deadline (C{register_timeout_sec}) after which it is closed however
-much it pings. Acceptance lifts both.
+the small pre-registration frame limit its L{iop.edge.nodeport} gave it,
+a budget of frames (L{preauth_frames}; its pings are not answered) and a
+deadline (C{register_timeout_sec}) after which it is closed however much
+it pings. Acceptance lifts all three. Its refusal, or its close, is
+counted and logged at a bounded rate by the port, not line by line.
 """
 
+import math
 from typing import Any, Protocol
 
 from google.protobuf.message import Message
@@ -36,6 +39,25 @@ class _Port(Protocol):
     """
 
     def settled(self, connection: "EdgeNodeConnection") -> None: ...
+
+    def note_refused(self, reason: str, detail: str | None = None) -> None: ...
+
+
+#: A connection closed at its registration deadline (the C{reason} label
+#: of C{iop_edge_refusals_total}).
+WAITED_OUT = "register_timeout_sec"
+
+
+def preauth_frames(register_timeout: float | None) -> int | None:
+    """
+    How many frames a connection may send before its registration is
+    accepted: its C{RegisterRequest}, and pings (a Node pings every 2 s
+    until it is given its heartbeat) through the whole deadline, at one a
+    second, with room to spare. C{None} (no deadline): no budget.
+    """
+    if register_timeout is None:
+        return None
+    return 4 + math.ceil(register_timeout)
 
 
 _READY_MESSAGES = {"run_event", "provider_tunnel_frame", "node_command_response", "cancel_response", "node_draining"}
@@ -77,12 +99,13 @@ class EdgeNodeConnection:
 
     def wire_connected(self, wire: WireProtocol) -> None:
         self.wire = wire
+        wire.limit_frames(preauth_frames(self.register_timeout))
         if self.register_timeout is not None:
             self._deadline = wire.clock.callLater(self.register_timeout, self._not_registered)
 
     def _not_registered(self) -> None:
         self._deadline = None
-        self.wire.drop(f"no accepted registration within {self.register_timeout:g}s (register_timeout_sec)")
+        self.wire.drop(f"no accepted registration within {self.register_timeout:g}s (register_timeout_sec)", WAITED_OUT)
 
     def _settled(self) -> None:
         if self._deadline is not None and self._deadline.active():
@@ -127,10 +150,13 @@ class EdgeNodeConnection:
         if self.link is None:
             # Still a stranger until it is gone: the deadline stays.
             self.state = "refused"
+            if self.port is not None:
+                self.port.note_refused(messages.reject_code_name(response.code).lower(), response.reason)
             self.wire.close(response.reason)
         else:
             self.state = "pending"
             self.wire.set_frame_limit(MAX_FRAME_BYTES)
+            self.wire.limit_frames(None)
             self._settled()
 
     def _certificate_mismatch(self, token: str) -> str | None:

@@ -13,15 +13,16 @@ from collections.abc import Callable
 from google.protobuf.message import Message
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
 
 from iop.edge.dispatch import Dispatch, TunnelDispatch
 from iop.edge.registry import NodeLink
 from iop.edge.runs import RunBook
 from iop.run import RunEventData, RunFailure
 
-#: A node command waiting for its answer: its link, its Deferred and
-#: what to call with each progress answer.
-_Request = tuple[NodeLink, "defer.Deferred[Message]", Callable[[Message], object] | None]
+#: A node command waiting for its answer: its link, its Deferred, what to
+#: call with each progress answer, and what tells the Node to stop it.
+_Request = tuple[NodeLink, "defer.Deferred[Message]", Callable[[Message], object] | None, Callable[[], None] | None]
 
 
 class Inflight:
@@ -178,7 +179,7 @@ class Inflight:
             self._check_idle()
 
         d: defer.Deferred[Message] = defer.Deferred(cancel)
-        self._requests[request_id] = (link, d, on_progress)
+        self._requests[request_id] = (link, d, on_progress, on_cancel)
         return d
 
     def answered(self, link: NodeLink, request_id: str, result: Message) -> None:
@@ -189,10 +190,21 @@ class Inflight:
         pending = self._requests.get(request_id)
         if pending is None or pending[0] is not link:
             return
-        _, d, on_progress = pending
+        _, d, on_progress, on_cancel = pending
         if getattr(result, "progress", False):
             if on_progress is not None:
-                on_progress(result)
+                try:
+                    on_progress(result)
+                except Exception:
+                    # An update that cannot be taken (not JSON, or its
+                    # consumer failed) fails this command alone, and the
+                    # Node is told to stop it; the link is not at fault.
+                    failure = Failure()
+                    del self._requests[request_id]
+                    if on_cancel is not None:
+                        on_cancel()
+                    d.errback(failure)
+                    self._check_idle()
             return
         del self._requests[request_id]
         d.callback(result)
@@ -209,7 +221,7 @@ class Inflight:
         """
         Fail every pending request (of C{link} only, if given) with C{error}.
         """
-        for request_id, (request_link, d, _) in list(self._requests.items()):
+        for request_id, (request_link, d, _, _) in list(self._requests.items()):
             if link is None or request_link is link:
                 del self._requests[request_id]
                 d.errback(error)

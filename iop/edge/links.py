@@ -173,7 +173,10 @@ class NodeLinks:
 
     def _refused(self, node: NodeSpec | None, code: int, reason: str) -> messages.RegisterResponse:
         self.bus.node_event(node.id if node else "", lifecycle.REJECTED, reason=reason)
-        self.log.warn("registration refused: {reason}", reason=reason)
+        if node is not None:
+            # (A stranger's refusal is the Node port's to count and log,
+            # at a bounded rate.)
+            self.log.warn("registration refused: {reason}", reason=reason)
         return messages.register_refused(code, reason, WIRE_VERSION)
 
     def config_payload(self, node_id: str) -> messages.NodeConfigPayload:

@@ -19,9 +19,12 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.conch import manhole, manhole_ssh
 from twisted.conch.checkers import InMemorySSHKeyDB, SSHPublicKeyChecker
 from twisted.conch.insults import insults
+from twisted.conch.interfaces import IConchUser
 from twisted.conch.ssh import keys
 from twisted.cred import portal
+from twisted.internet.error import ProcessTerminated
 from twisted.internet.interfaces import IReactorCore
+from twisted.python.failure import Failure
 
 from iop.edge.config import ManholeSpec
 from iop.edge.sshkeys import host_key
@@ -36,25 +39,50 @@ class _Shell(Protocol):
     def loseConnection(self) -> None: ...
 
 
+class _Command(Protocol):
+    """
+    What a session is given to answer a command with (conch's
+    C{SSHSessionProcessProtocol}): standard error, and the command's end.
+    """
+
+    def errReceived(self, data: bytes) -> None: ...
+
+    def processEnded(self, reason: Failure | None = None) -> None: ...
+
+
+#: What C{ssh host 'command'} is told (on its standard error, exit status 1).
+NO_COMMANDS = b"iop console: commands are not run this way; connect without one for the Python console\r\n"
+
+
 class ConsoleSession(manhole_ssh.TerminalSession):
     """
     Conch's terminal session, finished for what an operator's client does:
     a session without a pseudo-terminal (input piped into C{ssh}) gets an
     80x24 screen instead of failing, and the end of that input closes the
     session instead of logging C{NotImplementedError}; a resized window
-    is taken as it is.
+    reaches the running console; a command (C{ssh host 'pool'}) is
+    refused with one line and exit status 1, not a logged traceback.
     """
 
     width = 80
     height = 24
     protocol: _Shell | None = None
+    console: insults.ServerProtocol | None = None
 
     def openShell(self, proto: _Shell) -> None:
         self.protocol = proto
-        super().openShell(proto)
+        self.console = self.chainedProtocolFactory()
+        self.transportFactory(proto, self.console, IConchUser(self.original), self.width, self.height)
+
+    def execCommand(self, proto: _Command, cmd: bytes) -> None:
+        proto.errReceived(NO_COMMANDS)
+        proto.processEnded(Failure(ProcessTerminated(exitCode=1)))
 
     def windowChanged(self, newWindowSize: tuple[int, int, int, int]) -> None:
         self.height, self.width = newWindowSize[:2]
+        terminal = None if self.console is None else self.console.terminalProtocol
+        if terminal is not None:
+            terminal.terminalSize(self.width, self.height)
 
     def eofReceived(self) -> None:
         if self.protocol is not None:

@@ -11,6 +11,7 @@ conf/prometheus/alerts.yml (tests/test_dashboards.py checks every name
 they use against a live scrape).
 """
 
+import collections
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -129,7 +130,10 @@ class _ServiceCollector:
         C{address_wait_timeout}, C{header_timeout_sec},
         C{body_timeout_sec}), the Node port's
         (C{max_unregistered_connections}, C{max_unregistered_per_address},
-        C{node_port_line_evicted}, C{register_timeout_sec}) and work
+        C{node_port_line_evicted}, C{register_timeout_sec},
+        C{unknown_token} and the other refused registrations' codes, a
+        stranger's C{frame_too_large}, C{too_many_frames},
+        C{protocol_error}, C{heartbeat_timeout}) and work
         refused by error code (C{queue_full}, C{token_budget_exceeded},
         ...); and the HTTP and Node-port connections that waited unread.
         """
@@ -153,19 +157,19 @@ class _ServiceCollector:
         node_waiting = GaugeMetricFamily(
             "iop_edge_node_port_waiting_connections", "Unregistered Node connections waiting unread now"
         )
-        for reason, count in sorted(self.refused.items()):
-            refusals.add_metric([reason], count)
+        # (Summed by reason: a reason two sources share is one sample.)
+        by_reason = collections.Counter(self.refused)
         site, node_port = self.service.site, self.service.node_port
         if site is not None:
-            for reason, count in sorted(site.refused.items()):
-                refusals.add_metric([reason], count)
+            by_reason.update(site.refused)
             waits.add_metric([], site.doors.waits)
             waiting.add_metric([], site.doors.waiting)
         if node_port is not None:
-            for reason, count in sorted(node_port.refused.items()):
-                refusals.add_metric([reason], count)
+            by_reason.update(node_port.refused)
             node_waits.add_metric([], node_port.doors.waits)
             node_waiting.add_metric([], node_port.doors.waiting + node_port.doors.in_hall)
+        for reason, count in sorted(by_reason.items()):
+            refusals.add_metric([reason], count)
         return [refusals, waits, waiting, node_waits, node_waiting]
 
     def _health(self) -> list[Metric]:

@@ -32,7 +32,7 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 
 from iop.edge.config import EdgeConfig
-from iop.edge.connection import EdgeNodeConnection
+from iop.edge.connection import WAITED_OUT, EdgeNodeConnection
 from iop.edge.doors import EVICTED, FULL, LINE_FULL, Doors, Ticket
 from iop.edge.throttle import LogThrottle
 from iop.edge.tlsdoors import Refused
@@ -53,8 +53,6 @@ REASONS = {
     LINE_FULL: "max_unregistered_per_address",
     EVICTED: "node_port_line_evicted",
 }
-#: A waiting connection closed at its registration deadline.
-WAITED_OUT = "register_timeout_sec"
 
 
 class _Socket(Shape):
@@ -121,6 +119,13 @@ class _DoorWire(WireProtocol):
         self.port.note_refused(WAITED_OUT)
         self.put_out()
 
+    def note_drop(self, reason: str, kind: str) -> None:
+        if self.connection.link is not None:
+            super().note_drop(reason, kind)
+        else:
+            # A stranger's: counted, and logged at a bounded rate.
+            self.port.note_refused(kind, f"{self.ticket.host or '?'}: {reason}")
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._wait is not None and self._wait.active():
             self._wait.cancel()
@@ -142,7 +147,7 @@ class NodePortFactory(Factory):
     @ivar unregistered: the connections without an accepted registration
         (inside, waiting in a line or in the hall), with their places.
     @ivar refused: connections refused or closed before registering, by
-        reason (L{REASONS}, L{WAITED_OUT}).
+        reason (see L{note_refused}).
     @ivar refuse_with_protocol: the listener's endpoint wraps each
         connection (C{ssl:}): a refused one gets a L{Refused} protocol,
         not none (L{iop.edge.tlsdoors}).
@@ -200,10 +205,12 @@ class NodePortFactory(Factory):
     def _refused_at_doors(self, reason: str) -> None:
         self.note_refused(REASONS[reason])
 
-    def note_refused(self, reason: str) -> None:
+    def note_refused(self, reason: str, detail: str | None = None) -> None:
         """
         Count (and log, at a bounded rate) a connection refused or closed
-        before it registered, by C{reason}.
+        before it registered, by C{reason} (a short label: L{REASONS},
+        L{WAITED_OUT}, a C{RejectCode} in lower case, or a kind of
+        L{WireProtocol.drop}); C{detail} is what the log line says of it.
         """
         self.refused[reason] += 1
-        self.refusals.note(reason=reason)
+        self.refusals.note(reason=detail or reason)

@@ -33,7 +33,7 @@ from iop.edge.config import EdgeConfig
 from iop.edge.dispatch import Placement
 from iop.edge.errors import ServiceError
 from iop.edge.pool import Lease, NoLiveProvider, ProviderPool, ProviderSpec, QueueFull, QueueTimeout
-from iop.edge.registry import NodeRegistry
+from iop.edge.registry import NodeLink, NodeRegistry
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
 
@@ -138,7 +138,7 @@ class Placer:
         if not having:
             raise ServiceError("not_found", f"no model group or adapter is called {adapter!r}", code="model_not_found")
         ready = (self.registry.ready_link(node.id) for node in having)
-        links = [link for link in ready if link is not None and not link.draining]
+        links = [link for link in ready if link is not None and not link.draining and _runs(link, adapter)]
         if not links:
             raise ServiceError("unavailable", f"no node with the adapter {adapter!r} is ready", code="unavailable")
         if len(links) > 1:
@@ -162,7 +162,16 @@ class Placer:
             )
         if not spec.serves(configured.type):
             raise _cannot_serve(f"adapter {adapter!r} ({configured.type})", spec)
-        return self.pool.acquire_direct(node_id, adapter, ticket=ticket)
+        try:
+            return self.pool.acquire_direct(node_id, adapter, ticket=ticket)
+        except KeyError:
+            # Configured by a reload the node has not applied (yet, or it
+            # refused it): nothing of it to lease.
+            raise ServiceError(
+                "unavailable",
+                f"node {node_id} does not run the adapter {adapter!r}: its configuration refresh is not applied",
+                code="unavailable",
+            ) from None
 
     def _from_lease(self, lease: Lease, spec: RunSpec) -> Placement:
         link = self.registry.ready_link(lease.node_id)
@@ -206,6 +215,14 @@ class Placer:
             assert isinstance(failure.value, QueueFull)
             raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)
         return failure
+
+
+def _runs(link: NodeLink, adapter: str) -> bool:
+    """
+    Whether C{link}'s Node confirmed it runs C{adapter} (at registration,
+    or by applying a refresh).
+    """
+    return any(running["name"] == adapter for running in link.adapters)
 
 
 def _cannot_serve(what: str, spec: RunSpec) -> ServiceError:

@@ -24,6 +24,17 @@ _NODE_FIELDS_NEEDING_RESTART = ("id", "token_digest", "providers")
 #: Top-level fields a reload applies (C{nodes} only in their adapters).
 RELOADABLE = ("nodes", "api_keys", "admin_keys")
 
+#: The edge.yaml keys of the fields not named as their key.
+_YAML_KEYS = {
+    "listen_nodes": "listen.nodes",
+    "listen_http": "listen.http",
+    "listen_metrics": "listen.metrics",
+    "listen_peer": "listen.peer",
+    "heartbeat_interval": "heartbeat.interval_sec",
+    "heartbeat_timeout": "heartbeat.timeout_sec",
+    "command_timeouts": "commands",
+}
+
 
 def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
     """
@@ -33,7 +44,8 @@ def changed_nodes(old: EdgeConfig, new: EdgeConfig) -> list[str]:
     """
     for field in fields(old):
         if field.name not in RELOADABLE and getattr(old, field.name) != getattr(new, field.name):
-            raise ConfigError(f"{field.name} changed: restart the Edge to apply it (nothing was reloaded)")
+            key = _YAML_KEYS.get(field.name, field.name)
+            raise ConfigError(f"{key} changed: restart the Edge to apply it (nothing was reloaded)")
     if [n.id for n in old.nodes] != [n.id for n in new.nodes]:
         raise ConfigError("nodes were added, removed or reordered: restart the Edge to apply it (nothing was reloaded)")
     changed = []

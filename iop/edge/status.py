@@ -69,15 +69,16 @@ def seen_by(status: dict[str, Any], sees_all: bool) -> dict[str, Any]:
 def model_names(config: EdgeConfig, registry: NodeRegistry) -> list[str]:
     """
     What the OpenAI surface can serve as C{model}: the model groups, and
-    each adapter that exactly one ready node has (with more, an adapter
-    name alone does not say which node: L{iop.edge.placement}).
+    each adapter that exactly one ready node runs (with more, an adapter
+    name alone does not say which node: L{iop.edge.placement}). What a
+    node runs is what it confirmed (C{link.adapters}), not what a reload
+    has just pushed to it and it may yet refuse.
     """
     names = [group.name for group in config.model_groups]
     ready: dict[str, int] = {}
     for link in registry.ready_links():
-        node = config.node(link.node_id)
-        if node is not None and not link.draining:
-            for adapter in node.adapters:
-                ready[adapter.name] = ready.get(adapter.name, 0) + 1
+        if config.node(link.node_id) is not None and not link.draining:
+            for adapter in link.adapters:
+                ready[adapter["name"]] = ready.get(adapter["name"], 0) + 1
     names += [name for name, nodes in ready.items() if nodes == 1 and name not in names]
     return names

@@ -108,6 +108,13 @@ def envelope(message: Message) -> messages.Envelope:
     return env
 
 
+#: Kinds of L{WireProtocol.drop} reasons.
+PROTOCOL_ERROR = "protocol_error"
+FRAME_TOO_LARGE = "frame_too_large"
+TOO_MANY_FRAMES = "too_many_frames"
+SILENT = "heartbeat_timeout"
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """
@@ -157,8 +164,16 @@ class WireProtocol(LinearInt32StringReceiver):
     peer gets one more short look (L{STALL_GRACE_SEC}) after the reactor
     has read again, instead of being declared dead for this side's delay.
 
+    A peer not yet trusted (a Node port connection before its registration
+    is accepted) can be held to a frame budget (L{limit_frames}): its pings
+    are then not answered, only counted with its other frames, so it cannot
+    make this side buffer answers it never reads, nor keep it parsing for
+    free (this side's own pings keep the peer's silence detection content).
+
     @ivar receiver: the L{IWireReceiver} given every non-heartbeat message.
     @ivar close_reason: why this side closed the connection, if it did.
+    @ivar frame_budget: how many more frames the peer may send (C{None}:
+        no budget, pings answered).
     @ivar MAX_LENGTH: the largest frame accepted from the peer now (see
         L{set_frame_limit}); what this side sends may always be up to
         L{MAX_FRAME_BYTES}.
@@ -181,6 +196,7 @@ class WireProtocol(LinearInt32StringReceiver):
         self.clock = clock
         self.heartbeat = heartbeat
         self.close_reason: str | None = None
+        self.frame_budget: int | None = None
         self._pinger: LoopingCall | None = None
         self._ping_seq = 0
         self._last_heard = clock.seconds()
@@ -219,6 +235,13 @@ class WireProtocol(LinearInt32StringReceiver):
         """
         self.MAX_LENGTH = limit
 
+    def limit_frames(self, budget: int | None) -> None:
+        """
+        Read at most C{budget} more frames from the peer, answering none of
+        its pings; one more closes the connection. C{None} lifts the budget.
+        """
+        self.frame_budget = budget
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.discarding = True
         if self._silence is not None and self._silence.active():
@@ -247,7 +270,7 @@ class WireProtocol(LinearInt32StringReceiver):
             # Fired long after it was due: this side was not reading.
             self._watch(now + STALL_GRACE_SEC)
         else:
-            self.drop(f"heartbeat timeout: nothing received for {timeout:g}s")
+            self.drop(f"heartbeat timeout: nothing received for {timeout:g}s", SILENT)
 
     def close(self, reason: str) -> None:
         """
@@ -258,15 +281,26 @@ class WireProtocol(LinearInt32StringReceiver):
             self.close_reason = reason
         self.transport.loseConnection()
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, kind: str = PROTOCOL_ERROR) -> None:
         """
         Close this connection at once, logging why.
+
+        @param kind: what sort of reason it is (L{PROTOCOL_ERROR},
+            L{FRAME_TOO_LARGE}, L{TOO_MANY_FRAMES}, L{SILENT}, or the
+            caller's own), for L{note_drop}.
         """
         self.discarding = True
         if self.close_reason is None:
             self.close_reason = reason
-            self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
+            self.note_drop(reason, kind)
         self.transport.abortConnection()
+
+    def note_drop(self, reason: str, kind: str) -> None:
+        """
+        Report a drop: a warning naming the peer. (The Edge's Node port
+        counts a stranger's instead, logging them at a bounded rate.)
+        """
+        self.log.warn("closing connection to {peer}: {reason}", peer=self._peer(), reason=reason)
 
     def _peer(self) -> str:
         try:
@@ -277,7 +311,7 @@ class WireProtocol(LinearInt32StringReceiver):
     # -- receiving -----------------------------------------------------------
 
     def lengthLimitExceeded(self, length: int) -> None:
-        self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit")
+        self.drop(f"frame of {length} bytes exceeds the {self.MAX_LENGTH}-byte limit", FRAME_TOO_LARGE)
 
     def dataReceived(self, data: bytes) -> None:
         # Any bytes are a sign of life, a frame still arriving included.
@@ -285,6 +319,11 @@ class WireProtocol(LinearInt32StringReceiver):
         super().dataReceived(data)
 
     def stringReceived(self, data: bytes) -> None:
+        if self.frame_budget is not None:
+            if self.frame_budget <= 0:
+                self.drop("more frames than a peer may send before it is trusted", TOO_MANY_FRAMES)
+                return
+            self.frame_budget -= 1
         env = iop_pb2.Envelope()
         try:
             env.ParseFromString(data)
@@ -297,7 +336,8 @@ class WireProtocol(LinearInt32StringReceiver):
             return
         message = getattr(env, kind)
         if kind == "ping":
-            self.send(messages.pong(message.seq))
+            if self.frame_budget is None:
+                self.send(messages.pong(message.seq))
             return
         if kind == "pong":
             return

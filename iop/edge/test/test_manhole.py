@@ -7,8 +7,10 @@ directory).
 
 import copy
 import os
+import shutil
 import stat
 import tempfile
+from typing import Any, cast
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from twisted.conch.interfaces import IConchUser
@@ -19,7 +21,7 @@ from twisted.logger import capturedLogs
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
-from iop.edge.manhole import ConsoleSession, manhole_factory
+from iop.edge.manhole import NO_COMMANDS, ConsoleSession, manhole_factory
 from iop.edge.sshkeys import host_key
 from iop.edge.test.test_config import parsed
 
@@ -168,3 +170,54 @@ class ConsoleSessionTests(SynchronousTestCase):
         session.windowChanged((50, 132, 0, 0))
         self.assertEqual((session.height, session.width), (50, 132))
         self.assertTrue(ISession.implementedBy(ConsoleSession))
+
+    def test_resize_reaches_the_console(self):
+        """
+        A resized window is passed to the console running in the session,
+        so its line editing wraps at the new width.
+        """
+        from twisted.python.components import Componentized
+
+        sizes = []
+
+        class Console:
+            class terminalProtocol:
+                @staticmethod
+                def terminalSize(width, height):
+                    sizes.append((width, height))
+
+        session = ConsoleSession(Componentized())
+        session.windowChanged((50, 132, 0, 0))
+        session.console = cast(Any, Console())
+        session.windowChanged((60, 200, 0, 0))
+        self.assertEqual(sizes, [(200, 60)])
+
+    def test_command_is_refused_in_one_line(self):
+        """
+        C{ssh host 'pool'} is answered on standard error with one line and
+        exit status 1; nothing is logged as an error.
+        """
+        from twisted.conch.ssh import common, session
+
+        key = new_key()
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory)
+        factory = manhole_factory({"ops": (key.public().toString("openssh"),)}, {}, os.path.join(directory, "hk"))
+        _, avatar, _ = factory.portal.realm.requestAvatar(b"ops", None, IConchUser)
+        requests = []
+
+        class Connection:
+            transport = None
+
+            def sendRequest(self, channel, kind, data, wantReply=False):
+                requests.append((kind, data))
+
+            def sendClose(self, channel):
+                requests.append((b"close", b""))
+
+        channel = session.SSHSession(avatar=avatar, conn=cast(Any, Connection()))
+        with capturedLogs() as events:
+            self.assertEqual(channel.request_exec(common.NS(b"pool.snapshot()")), 1)
+        self.assertEqual(b"".join(data for _, data in channel.extBuf), NO_COMMANDS)
+        self.assertIn((b"exit-status", b"\x00\x00\x00\x01"), requests)
+        self.assertFalse([e for e in events if e.get("log_failure") is not None])

@@ -125,6 +125,119 @@ class DeadlineTests(SynchronousTestCase):
         self.assertIsNone(connection._deadline)
 
 
+def kinds_heard(node):
+    """
+    Record the kind of every frame C{node}'s wire reads (pongs included,
+    which the wire answers itself).
+    """
+    heard = []
+    wire = node.connection
+    read = wire.stringReceived
+
+    def record(data):
+        heard.append(messages.Envelope.FromString(data).WhichOneof("body"))
+        read(data)
+
+    wire.stringReceived = record
+    return heard
+
+
+def raw(edge_protocol, message):
+    data = messages.Envelope(**{message.DESCRIPTOR.name.lower(): message}).SerializeToString()
+    edge_protocol.dataReceived(struct.pack("!I", len(data)) + data)
+
+
+class StrangerBudgetTests(SynchronousTestCase):
+    """
+    Before its registration is accepted a connection may send only a
+    bounded number of frames, and none of its pings is answered: a
+    stranger cannot make the Edge buffer pongs it never reads.
+    """
+
+    def test_pings_before_registration_are_not_answered(self):
+        edge = harness()
+        node, pump, edge_protocol = edge.connect()
+        heard = kinds_heard(node)
+        node.connection.send(messages.ping(1))
+        pump.flush()
+        self.assertNotIn("pong", heard)
+        self.assertFalse(node.lost)
+
+    def test_pings_after_registration_are_answered(self):
+        edge = harness()
+        node, pump, edge_protocol = edge.register()
+        heard = kinds_heard(node)
+        node.connection.send(messages.ping(1))
+        pump.flush()
+        self.assertIn("pong", heard)
+
+    def test_a_ping_flood_closes_the_connection(self):
+        """
+        Past its budget (4 frames plus one a second of
+        C{register_timeout_sec}) a stranger's connection is closed, and
+        counted, not logged line by line.
+        """
+        edge = harness()
+        node, pump, edge_protocol = edge.connect()
+        with capturedLogs() as events:
+            for seq in range(14):
+                raw(edge_protocol, messages.ping(seq))
+            self.assertFalse(node.lost)
+            raw(edge_protocol, messages.ping(99))
+            pump.flush()
+        self.assertTrue(node.lost)
+        self.assertEqual(edge.service.node_port.refused["too_many_frames"], 1)
+        self.assertFalse([e for e in events if "closing connection" in formatEvent(e)])
+
+    def test_the_budget_allows_a_slow_registration(self):
+        """
+        A Node that pings through nearly the whole deadline (at its
+        default 2 s) is still accepted when its registration is answered.
+        """
+        edge = harness()
+        node, pump, edge_protocol = edge.connect()
+        edge.advance(9.5, step=0.5)
+        node.connection.send(messages.register_request("tok-1", WIRE_VERSION))
+        pump.flush()
+        self.assertTrue(node.of("register_response")[0].accepted)
+
+
+class StrangerLogTests(SynchronousTestCase):
+    """
+    A stranger's refusal or close is counted by reason and logged at a
+    bounded rate (one line per interval), however many there are.
+    """
+
+    def test_unknown_tokens_are_counted_and_throttled(self):
+        edge = harness()
+        with capturedLogs() as events:
+            for _ in range(5):
+                node, pump, _ = edge.connect()
+                node.connection.send(messages.register_request("wrong", WIRE_VERSION))
+                pump.flush()
+        self.assertEqual(edge.service.node_port.refused["unknown_token"], 5)
+        lines = [formatEvent(e) for e in events if e["log_level"].name in ("warn", "error")]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("1 connection(s) refused", lines[0])
+
+    def test_deadline_is_counted(self):
+        edge = harness()
+        with capturedLogs() as events:
+            for _ in range(3):
+                edge.connect()
+            edge.advance(11)
+        self.assertEqual(edge.service.node_port.refused["register_timeout_sec"], 3)
+        self.assertFalse([e for e in events if "closing connection" in formatEvent(e)])
+
+    def test_a_registered_nodes_drop_is_still_logged(self):
+        edge = harness()
+        node, pump, edge_protocol = edge.register()
+        with capturedLogs() as events:
+            edge_protocol.dataReceived(struct.pack("!I", 3) + b"\xff\xff\xff")
+        self.assertTrue([e for e in events if "closing connection" in formatEvent(e)])
+        self.assertEqual(sum(edge.service.node_port.refused.values()), 0)
+
+
 class CapTests(SynchronousTestCase):
     """
     The doors of the Node port: per source address, in total, and the
@@ -215,7 +328,10 @@ class CapTests(SynchronousTestCase):
         self.assertTrue(late.producerState == "paused" and not late.disconnected)
         edge.clock.advance(9)
         self.assertTrue(late.disconnected)
-        self.assertEqual(edge.service.node_port.refused["register_timeout_sec"], 1)
+        # The one that waited it out, and the one let in at 9 s that never
+        # registered in its own 10 s.
+        self.assertTrue(waiting.disconnected)
+        self.assertEqual(edge.service.node_port.refused["register_timeout_sec"], 2)
 
     def test_an_address_over_its_cap_waits_in_its_line(self):
         """

@@ -430,6 +430,23 @@ class RunTests(SynchronousTestCase):
         self.pump.flush()
         self.assertEqual(self.node.of("cancel_request")[-1].request_id, request.request_id)
 
+    def test_progress_that_is_not_json_fails_the_command_alone(self):
+        """
+        A progress answer whose C{result_json} is not JSON fails that
+        command (C{protocol_error}) and tells the Node to stop it; the
+        Node's link stays up.
+        """
+        d = self.edge.service.command("n1", "ollama_pull", "ollama", {"model": "m"}, progress=lambda update: None)
+        self.pump.flush()
+        (request,) = self.node.of("node_command_request")
+        self.node.connection.send(messages.command_result(request.request_id, '{"status": "pull', progress=True))
+        self.pump.flush()
+        failure = self.failureResultOf(d, ServiceError)
+        self.assertEqual(failure.value.code, "protocol_error")
+        self.assertEqual(self.node.of("cancel_request")[-1].request_id, request.request_id)
+        self.assertFalse(self.node.lost)
+        self.assertTrue(self.edge.service.status()["nodes"][0]["connected"])
+
     def test_status_keeps_offline_nodes(self):
         """
         The snapshot lists every configured node; an offline one shows
@@ -656,6 +673,28 @@ class ReloadTests(SynchronousTestCase):
         self.assertEqual(extra(), [3])
         self.assertEqual(self.edge.service.reload(self.changed(mutate)), [])
 
+    def test_an_adapter_not_yet_applied_is_not_served(self):
+        """
+        An adapter a reload added, that the Node has not applied (here: it
+        refused it), is not listed as a model and work sent to it is
+        refused as unavailable (503), by name alone or with its node.
+        """
+
+        def mutate(data):
+            data["nodes"][0]["adapters"].append({"name": "extra", "type": "echo", "max_concurrency": 3})
+
+        self.edge.service.reload(self.changed(mutate))
+        self.pump.flush()
+        self.assertNotIn("extra", self.edge.service.models())
+        (refresh,) = self.ready.of("config_refresh")
+        self.ready.connection.send(messages.command_error(refresh.request_id, "refused", "no extra here"))
+        self.pump.flush()
+        self.assertNotIn("extra", self.edge.service.models())
+        for spec in (RunSpec(messages=[], adapter="extra"), RunSpec(messages=[], adapter="extra", node="n1")):
+            f = self.failureResultOf(self.edge.service.submit(spec, Recorder().for_run), ServiceError)
+            self.assertEqual(f.value.kind, "unavailable")
+        self.flushLoggedErrors()
+
     def test_sighup_again_retries_a_refused_refresh(self):
         """
         After a refused refresh, reloading the same configuration (the
@@ -695,7 +734,8 @@ class ReloadTests(SynchronousTestCase):
         for mutate, fragment in [
             (lambda d: d["model_groups"][0].update(queue_timeout_sec=1), "model_groups"),
             (lambda d: d["nodes"][0].update(token="other"), "nodes[n1].token"),
-            (lambda d: d["listen"].update(http="tcp:1"), "listen_http"),
+            (lambda d: d["listen"].update(http="tcp:1"), "listen.http changed"),
+            (lambda d: d.update(heartbeat={"interval_sec": 1, "timeout_sec": 4}), "heartbeat.interval_sec changed"),
             (
                 lambda d: d["nodes"].append(dict(d["nodes"][1], id="n3", token="tok-3", providers=[])),
                 "nodes were added",
