@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface
 
-from iop.protocols import iop_pb2, messages
+from iop.protocols import messages
 from iop.protocols.framing import LinearInt32StringReceiver
 
 # 16 MiB per frame. Twisted's default (99,999 bytes) is far too small for a
@@ -80,7 +80,7 @@ def peer_wire_version(message: messages.RegisterRequest | messages.RegisterRespo
 
 
 _FIELD_BY_TYPE: dict[str, str] = {
-    field.message_type.full_name: field.name for field in iop_pb2.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
+    field.message_type.full_name: field.name for field in messages.Envelope.DESCRIPTOR.oneofs_by_name["body"].fields
 }
 
 
@@ -99,11 +99,11 @@ class ProtocolViolation(Exception):
 
 def envelope(message: Message) -> messages.Envelope:
     """
-    Wrap one wire message in an L{iop_pb2.Envelope}.
+    Wrap one wire message in an L{messages.Envelope}.
 
     @raise KeyError: if C{message} is not one of the envelope's messages.
     """
-    env = iop_pb2.Envelope()
+    env = messages.Envelope()
     getattr(env, _FIELD_BY_TYPE[message.DESCRIPTOR.full_name]).CopyFrom(message)
     return env
 
@@ -324,7 +324,7 @@ class WireProtocol(LinearInt32StringReceiver):
                 self.drop("more frames than a peer may send before it is trusted", TOO_MANY_FRAMES)
                 return
             self.frame_budget -= 1
-        env = iop_pb2.Envelope()
+        env = messages.Envelope()
         try:
             env.ParseFromString(data)
         except DecodeError as e:
@@ -359,7 +359,7 @@ class WireProtocol(LinearInt32StringReceiver):
         @raise FrameTooLarge: if it does not fit in one frame (Twisted's
             C{sendString} does not check this).
         """
-        wrapped = message if isinstance(message, iop_pb2.Envelope) else envelope(message)
+        wrapped = message if isinstance(message, messages.Envelope) else envelope(message)
         data = wrapped.SerializeToString()
         if len(data) > MAX_FRAME_BYTES:
             raise FrameTooLarge(f"{message.DESCRIPTOR.name} of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from iop.protocols import iop_pb2
+from iop.protocols import messages
 from iop.protocols.wire import (
     MAX_FRAME_BYTES,
     FrameTooLarge,
@@ -92,7 +92,7 @@ class FramingTests(SynchronousTestCase):
         right kind, with its fields intact.
         """
         protocol, receiver, transport, clock = connect()
-        data = frame(iop_pb2.RunEvent(run_id="r1", type="delta", text="héllo ", seq=3))
+        data = frame(messages.RunEvent(run_id="r1", type="delta", text="héllo ", seq=3))
         for i in range(len(data)):
             protocol.dataReceived(data[i : i + 1])
         self.assertEqual(len(receiver.messages), 1)
@@ -106,7 +106,7 @@ class FramingTests(SynchronousTestCase):
         """
         protocol, receiver, _, _ = connect()
         protocol.dataReceived(
-            frame(iop_pb2.NodeReadyRequest(node_id="a")) + frame(iop_pb2.NodeReadyRequest(node_id="b"))
+            frame(messages.NodeReadyRequest(node_id="a")) + frame(messages.NodeReadyRequest(node_id="b"))
         )
         self.assertEqual([m.node_id for _, m in receiver.messages], ["a", "b"])
 
@@ -116,11 +116,11 @@ class FramingTests(SynchronousTestCase):
         exactly the given message.
         """
         protocol, _, transport, _ = connect()
-        protocol.send(iop_pb2.RegisterRequest(token="t"))
+        protocol.send(messages.RegisterRequest(token="t"))
         data = transport.value()
         (length,) = struct.unpack("!I", data[:4])
         self.assertEqual(length, len(data) - 4)
-        env = iop_pb2.Envelope.FromString(data[4:])
+        env = messages.Envelope.FromString(data[4:])
         self.assertEqual(env.WhichOneof("body"), "register_request")
         self.assertEqual(env.register_request.token, "t")
 
@@ -144,7 +144,7 @@ class FramingTests(SynchronousTestCase):
         """
         protocol, _, transport, _ = connect()
         transport.clear()
-        big = iop_pb2.ProviderTunnelRequest(tunnel_id="t", body=b"x" * (MAX_FRAME_BYTES + 1))
+        big = messages.ProviderTunnelRequest(tunnel_id="t", body=b"x" * (MAX_FRAME_BYTES + 1))
         self.assertRaises(FrameTooLarge, protocol.send, big)
         self.assertEqual(transport.value(), b"")
 
@@ -202,7 +202,7 @@ class BadInputTests(SynchronousTestCase):
         message kind.
         """
         protocol, receiver, transport, _ = connect(RecordingReceiver(violate_on="run_event"))
-        protocol.dataReceived(frame(iop_pb2.RunEvent(run_id="r")))
+        protocol.dataReceived(frame(messages.RunEvent(run_id="r")))
         self.assertTrue(transport.aborted)
         self.assertIn("run_event", protocol.close_reason)
 
@@ -217,7 +217,7 @@ class BadInputTests(SynchronousTestCase):
         good.makeConnection(good_transport)
         bad.makeConnection(bad_transport)
         bad.dataReceived(struct.pack("!I", 3) + b"\xff\xff\xff")
-        good.dataReceived(frame(iop_pb2.NodeReadyRequest(node_id="n")))
+        good.dataReceived(frame(messages.NodeReadyRequest(node_id="n")))
         self.assertTrue(bad_transport.aborted)
         self.assertFalse(good_transport.aborted)
         receiver = good.receiver
@@ -233,7 +233,7 @@ class HeartbeatTests(SynchronousTestCase):
         protocol, _, transport, clock = connect(heartbeat=Heartbeat(2, 5))
         transport.clear()
         clock.advance(2)
-        env = iop_pb2.Envelope.FromString(transport.value()[4:])
+        env = messages.Envelope.FromString(transport.value()[4:])
         self.assertEqual(env.WhichOneof("body"), "ping")
 
     def test_pong_answers_ping(self):
@@ -243,8 +243,8 @@ class HeartbeatTests(SynchronousTestCase):
         """
         protocol, receiver, transport, _ = connect()
         transport.clear()
-        protocol.dataReceived(frame(iop_pb2.Ping(seq=7)))
-        env = iop_pb2.Envelope.FromString(transport.value()[4:])
+        protocol.dataReceived(frame(messages.Ping(seq=7)))
+        env = messages.Envelope.FromString(transport.value()[4:])
         self.assertEqual(env.pong.seq, 7)
         self.assertEqual(receiver.messages, [])
 
@@ -255,7 +255,7 @@ class HeartbeatTests(SynchronousTestCase):
         """
         protocol, receiver, transport, clock = connect(heartbeat=Heartbeat(2, 5))
         clock.advance(4.9)
-        protocol.dataReceived(frame(iop_pb2.Pong(seq=1)))
+        protocol.dataReceived(frame(messages.Pong(seq=1)))
         clock.advance(4.9)
         self.assertFalse(transport.aborted)
         clock.advance(0.2)
@@ -273,7 +273,7 @@ class HeartbeatTests(SynchronousTestCase):
         protocol, receiver, transport, clock = connect(heartbeat=Heartbeat(2, 5))
         clock.advance(12)
         self.assertFalse(transport.aborted)
-        protocol.dataReceived(frame(iop_pb2.Pong(seq=1)))
+        protocol.dataReceived(frame(messages.Pong(seq=1)))
         clock.advance(1)
         self.assertFalse(transport.aborted)
         clock.advance(3.5)
@@ -288,7 +288,7 @@ class HeartbeatTests(SynchronousTestCase):
         Bytes of a large frame still arriving count as the peer talking.
         """
         protocol, receiver, transport, clock = connect(heartbeat=Heartbeat(2, 5))
-        data = frame(iop_pb2.Pong(seq=1))
+        data = frame(messages.Pong(seq=1))
         for byte in data[:-1]:
             clock.advance(1)
             protocol.dataReceived(bytes([byte]))
