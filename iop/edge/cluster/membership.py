@@ -135,9 +135,11 @@ class Membership(Service):
         self.unsure: dict[str, int] = {}
         self.edges: dict[str, dict[str, Any]] = {}
         self.gone: dict[str, float] = {}
-        #: The create revision of each membership key: a new one is a new
-        #: lease of that Edge (it left and joined again).
-        self._incarnations: dict[str, int] = {}
+        #: The create revision and lease of each membership key: a new one
+        #: is a new lease of that Edge (it left and joined again; a process
+        #: that starts again before its old lease expired puts the key over
+        #: under a new lease, its create revision unchanged).
+        self._incarnations: dict[str, tuple[int, int]] = {}
         self.owners: dict[str, dict[str, Any]] = {}
         self.loads: dict[str, dict[str, Any]] = {}
         self.voids = 0
@@ -478,9 +480,16 @@ class Membership(Service):
             return
         if section == "edges":
             if kind == "put":
+                incarnation = (kv.create_revision, kv.lease)
+                before = self._incarnations.get(name)
                 self.edges[name] = _json(kv.value)
-                self._incarnations[name] = kv.create_revision
+                self._incarnations[name] = incarnation
                 self.gone.pop(name, None)
+                if before is not None and before != incarnation and name != self.edge_id:
+                    # Its key put over under a new lease: the process this
+                    # Edge forwarded to is not the one there now.
+                    self.log.info("Edge {edge} joined the cluster again under a new lease", edge=name)
+                    self._tell(self.on_gone, name)
             else:
                 self._incarnations.pop(name, None)
                 if self.edges.pop(name, None) is not None:

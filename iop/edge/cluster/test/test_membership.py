@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import capturedLogs, formatEvent
 
 from iop.edge.cluster.etcd import EtcdUnavailable, KeyValue
-from iop.edge.cluster.membership import LOST, OK, RETRY_SEC
+from iop.edge.cluster.membership import LOST, OK, RETRY_SEC, Membership
 from iop.edge.cluster.test.support import ClusterCase
 from iop.protocols import messages
 from iop.testing.edge import EdgeHarness
@@ -158,6 +158,52 @@ class ViewTests(ClusterCase):
         self.advance(1.5)
         self.assertEqual(self.states_seen(self.a), {"edge-a": "up", "edge-b": "up"})
         self.assertEqual(told, ["edge-b"])
+
+    def restart_b(self) -> Membership:
+        """
+        Edge B starts again (same id) while its old process, cut off from
+        etcd, still has its lease: the new one puts C{edges/edge-b} over
+        the old key under a new lease (the key's create revision stays).
+        """
+        old = self.membership(self.b)
+        self.client(self.b).cut()
+        new = Membership(old.spec, self.etcd.client(), self.clock)
+        new.startService()
+        self.assertEqual(new.session, OK)
+        self.assertNotEqual(new.lease, old.lease)
+        self.assertIn(old.lease, self.etcd.leases, "the old lease has not expired yet")
+        return new
+
+    def test_restarted_before_its_lease_expired(self):
+        """
+        An Edge that joins again under a new lease before its old one
+        expired (its key put over, never deleted) is told gone, once: what
+        was forwarded to its old process is not waited for.
+        """
+        told: list[str] = []
+        self.membership(self.a).on_gone = told.append
+        new = self.restart_b()
+        self.assertEqual(told, ["edge-b"])
+        self.advance(5)
+        self.assertEqual(told, ["edge-b"])
+        self.assertEqual(self.states_seen(self.a)["edge-b"], "up")
+        self.successResultOf(new.leave())
+
+    def test_restarted_while_the_watch_was_down(self):
+        """
+        The same restart while this Edge's watch was down is found when it
+        lists the view again.
+        """
+        membership = self.membership(self.a)
+        told: list[str] = []
+        membership.on_gone = told.append
+        self.client(self.a).cut()
+        new = self.restart_b()
+        self.client(self.a).heal()
+        self.advance(1.5)
+        self.assertEqual(membership.session, OK)
+        self.assertEqual(told, ["edge-b"])
+        self.successResultOf(new.leave())
 
     def test_gone_edge_told(self):
         """
