@@ -18,8 +18,9 @@ Three rules, in this order:
   3. B{FIFO} within one tenant and class.
 
 A tenant that had nothing waiting cannot bank credit while it was away:
-when it starts waiting again its counter is lifted to the lowest counter
-among the tenants already waiting (the "virtual token counter" rule), so a
+when it starts waiting again in a class its counter is lifted to the
+lowest counter among the tenants already waiting in that class (the
+"virtual token counter" rule; a backlog of another class does not count), so a
 newcomer is served next (it was served least recently) but does not then
 monopolise the line: it waits at most for the next free slot. Work still
 running counts at its provisional estimate (the pool charges its input
@@ -109,8 +110,7 @@ class FairLine(Generic[W]):
         level = self._levels.setdefault(waiter.priority, {})
         fifo = level.get(waiter.tenant)
         if fifo is None:
-            if not self._waiting(waiter.tenant):
-                self._lift(waiter.tenant)
+            self._lift(waiter.tenant, level)
             fifo = level[waiter.tenant] = {}
         fifo[waiter] = None
         self._size += 1
@@ -216,11 +216,17 @@ class FairLine(Generic[W]):
                     heapq.heappush(heap, (virtual, grants, lines[tenant][index + 1].seq, tenant, index + 1))
         return positions
 
-    def _waiting(self, tenant: str) -> bool:
-        return any(tenant in level for level in self._levels.values())
-
-    def _lift(self, tenant: str) -> None:
-        waiting = [self.counter(t) for level in self._levels.values() for t in level]
+    def _lift(self, tenant: str, level: dict[str, dict[W, None]]) -> None:
+        """
+        C{tenant} starts waiting in C{level}'s class: lift its counter to
+        the lowest counter of the tenants already waiting in that class.
+        Fair share orders tenants within a class, so only they count: a
+        backlog of a lower class (never served while this one is busy)
+        would otherwise hold the lift down, and a tenant could bank credit
+        by keeping one waiter parked in a low class. Only this class's
+        tenants are scanned (at most one per key), not every waiter.
+        """
+        waiting = [self.counter(t) for t in level]
         if waiting:
             self._virtual[tenant] = max(self._virtual.get(tenant, 0.0), min(waiting))
 

@@ -120,6 +120,29 @@ class FairLineTests(SynchronousTestCase):
         self.assertEqual(line.counter("late"), line.counter("heavy"))
         self.assertEqual([serve(line).tenant for _ in range(4)], ["late", "heavy", "late", "heavy"])
 
+    def test_lift_within_its_class(self):
+        """
+        The lift that keeps a returning tenant from banking credit counts
+        the tenants waiting in its own class: a backlog of another class
+        (never served while this one is busy) does not hold the counter
+        down, and a tenant that keeps a waiter parked in a low class is
+        lifted all the same when it comes back to the busy one.
+        """
+        line: FairLine[W] = FairLine()
+        line.add(W("batch", priority=-1))
+        line.add(W("late", priority=-5))
+        for _ in range(10):
+            line.add(W("heavy"))
+        for _ in range(6):
+            serve(line)
+        for _ in range(4):
+            line.add(W("late"))
+        line.add(W("fresh"))
+        self.assertEqual(line.counter("late"), line.counter("heavy"))
+        self.assertEqual(line.counter("fresh"), line.counter("heavy"))
+        served = [serve(line).tenant for _ in range(6)]
+        self.assertEqual(served, ["late", "fresh", "heavy", "late", "heavy", "late"])
+
     def test_refund(self):
         """
         Running work counts at its estimate; once settled, at what it
