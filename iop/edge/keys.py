@@ -276,7 +276,8 @@ class KeyLimiter:
         rate = spec.requests_per_minute / 60.0
         now = self.seconds()
         tokens, last = self._buckets.get(spec.digest, (float(spec.requests_per_minute), now))
-        tokens = min(float(spec.requests_per_minute), tokens + (now - last) * rate)
+        # (A wall clock set back refills nothing, and takes nothing.)
+        tokens = min(float(spec.requests_per_minute), tokens + max(0.0, now - last) * rate)
         if tokens < 1:
             self._buckets[spec.digest] = (tokens, now)
             raise RateLimited(

@@ -184,7 +184,13 @@ class _Bucket:
         self.level = min(self.level, float(size))
 
     def refill(self, now: float) -> None:
-        self.level = min(float(self.size), self.level + (now - self.at) * self.rate)
+        """
+        Refill for the time since the last refill. The clock is the wall
+        clock: one set back (an NTP step, a resumed VM) refills nothing
+        for that while rather than draining the bucket into a debt as
+        long as the step.
+        """
+        self.level = min(float(self.size), self.level + max(0.0, now - self.at) * self.rate)
         self.at = now
 
     def shortfall(self, amount: int) -> float:

@@ -202,6 +202,23 @@ class LimiterTests(SynchronousTestCase):
         now[0] = 10.0
         limiter.admit(spec)
 
+    def test_clock_stepping_back_takes_nothing(self):
+        """
+        The bucket refills by wall-clock time: a clock set back (an NTP
+        step, a resumed VM) refills nothing for that while, and takes
+        nothing either, so the key is not locked out for the hour the
+        clock went back.
+        """
+        now = [3600.0]
+        limiter = KeyLimiter(lambda: now[0])
+        spec = KeySpec(key_digest("k"), "k", requests_per_minute=6)
+        limiter.admit(spec)()
+        now[0] = 0.0
+        for _ in range(5):
+            limiter.admit(spec)()
+        e = self.assertRaises(RateLimited, limiter.admit, spec)
+        self.assertEqual(e.retry_after, 10)
+
 
 class KeyedHTTPTests(SynchronousTestCase):
     def setUp(self):

@@ -18,7 +18,7 @@ from iop.edge.pool import (
     ProviderSpec,
     QueueFull,
 )
-from iop.edge.tenants import BudgetExceeded, Tenant, Ticket, TokenBudgets, usage_tokens
+from iop.edge.tenants import DAY, BudgetExceeded, Tenant, Ticket, TokenBudgets, usage_tokens
 from iop.run import CANCELLED, COMPLETE, ERROR
 
 
@@ -402,6 +402,21 @@ class BudgetTests(SynchronousTestCase):
         capped.charged = True
         capped.settle_usage(None, COMPLETE)
         self.assertEqual(budgets.remaining(roomy), {"minute": 100_000 - 150})
+
+    def test_clock_stepping_back_takes_nothing(self):
+        """
+        A wall clock set back (an NTP step, a resumed VM) refills nothing
+        for that while and takes nothing either: the budget is not emptied
+        into debt for the day the clock went back.
+        """
+        clock = Clock()
+        clock.advance(DAY)
+        budgets = TokenBudgets(clock.seconds)
+        tenant = Tenant("t", tokens_per_minute=600, tokens_per_day=10_000)
+        self.assertEqual(budgets.remaining(tenant), {"minute": 600, "day": 10_000})
+        clock.advance(-DAY)
+        self.assertEqual(budgets.remaining(tenant), {"minute": 600, "day": 10_000})
+        budgets.reserve(Ticket(tenant, 100))
 
     def test_remaining_of_the_budgets_it_has(self):
         """
