@@ -38,6 +38,7 @@ that a request goes elsewhere.
 import hmac
 from collections.abc import Callable
 
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
@@ -53,7 +54,7 @@ from twisted.web.server import NOT_DONE_YET
 from iop.edge.cluster.etcd import body_producer
 from iop.edge.cluster.load import Forward
 from iop.edge.errors import ServiceError
-from iop.edge.http.common import cut_off, relay_response_headers, release_producer, write_error
+from iop.edge.http.common import answered_or_gone, cut_off, relay_response_headers, release_producer, write_error
 from iop.edge.http.request import EdgeRequest
 from iop.edge.http.validate import HTTPError
 from iop.httpclient import BytesBody, LeanConnectionPool, lean_agent
@@ -134,6 +135,14 @@ class Forwarder:
         Send C{request} (a C{twisted.web} request whose body was read) to
         C{forward.url} and relay the answer.
         """
+        if answered_or_gone(request):
+            # Its caller hung up while this Edge looked for where to send
+            # it (a run's holder is asked of every Edge first): nobody
+            # would read the answer, and twisted.web closed its body.
+            self.log.debug(
+                "not forwarding {uri} to Edge {edge}: its caller went away", uri=request.uri, edge=forward.edge_id
+            )
+            return defer.succeed(None)
         assert request.content is not None  # (its body was read)
         request.content.seek(0)
         body = request.content.read()

@@ -23,6 +23,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
+from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 from zope.interface import implementer
 
@@ -59,6 +60,8 @@ class Caller(DummyRequest):
     """
 
     producer: Any = None
+    #: (twisted.web's flag of a caller who hung up, which the forwarder reads.)
+    _disconnected = False
 
     def __init__(self) -> None:
         super().__init__([b"v1", b"chat", b"completions"])
@@ -198,6 +201,24 @@ class ForwarderTests(SynchronousTestCase):
         self.assertEqual((left.finished, left.channel.transport.disconnected), (0, False))
         self.forwarder.peer_gone("edge-b")
         self.assertEqual(left.finished, 0)
+
+    def test_caller_gone_before_the_forward(self) -> None:
+        """
+        A request whose caller hung up before it was proxied (while this
+        Edge asked the others which one holds a run; twisted.web closed
+        its body then) is not sent: nothing is asked of the peer, nothing
+        kept, and no error raised.
+        """
+        request = Request(DummyChannel())
+        request.method = b"POST"
+        request.uri = b"/v1/runs/run-1/cancel"
+        request.content = BytesIO(b"")
+        request.connectionLost(Failure(ConnectionLost()))
+        d = self.forwarder.proxy(request, Forward("edge-b", "http://edge-b.example", "test"))  # type: ignore[arg-type]
+        self.successResultOf(d)
+        self.assertEqual(self.peers.asked, [])
+        self.assertEqual(self.forwarder.relays, {})
+        self.assertEqual(request.finished, 0)
 
 
 class PeerLeavesTests(ClusterCase):
