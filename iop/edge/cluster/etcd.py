@@ -236,6 +236,10 @@ class EtcdClient:
                 d = response.content()
                 d.addTimeout(self.timeout, self.reactor)
                 data = yield d
+            except defer.CancelledError:
+                # Cancelled by its caller (a leave's deadline), not timed
+                # out here: no other endpoint is asked.
+                raise
             except Exception as e:
                 last = f"{url}: {e.__class__.__name__}: {e}"
                 continue

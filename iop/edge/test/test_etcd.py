@@ -10,6 +10,8 @@ import base64
 import json
 
 from treq.testing import StubTreq
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
@@ -132,6 +134,38 @@ class ClientTests(SynchronousTestCase):
         for _ in range(10):
             self.agent.flush()
         self.failureResultOf(d, EtcdUnavailable)
+
+
+class Hung:
+    """
+    A treq client whose every request hangs (an endpoint that takes the
+    connection and never answers).
+    """
+
+    def __init__(self):
+        self.posts = 0
+
+    def post(self, url, **kwargs):
+        self.posts += 1
+        return Deferred()
+
+
+class CancelTests(SynchronousTestCase):
+    def test_cancelled_call_tries_no_other_endpoint(self):
+        """
+        A call cancelled by its caller (a leave's own deadline) ends then,
+        cancelled: it does not go on to the next endpoints.
+        """
+        clock = Clock()
+        http = Hung()
+        client = EtcdClient(["http://a:2379", "http://b:2379", "http://c:2379"], clock, http=http)
+        d = client.revoke(7)
+        d.addTimeout(3, clock)
+        clock.advance(3)
+        self.failureResultOf(d, defer.TimeoutError)
+        self.assertEqual(http.posts, 2)
+        clock.advance(10)
+        self.assertEqual(http.posts, 2)
 
 
 class WatchTests(SynchronousTestCase):
