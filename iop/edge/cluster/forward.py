@@ -306,21 +306,30 @@ class _Relay(Protocol):
         self.pending = None
         if not self._end() or self.request.finished:
             return None
-        self.log.warn(
-            "forwarding to Edge {edge} failed: {why}",
-            edge=self.forward.edge_id,
-            why=self.why or failure.getErrorMessage(),
-        )
+        why = self.why or _reason(failure)
+        self.log.warn("forwarding to Edge {edge} failed: {why}", edge=self.forward.edge_id, why=why)
         write_error(
             self.request,
             ServiceError(
                 "unavailable",
-                f"Edge {self.forward.edge_id}, which has room for this request, did not answer:"
-                f" {self.why or failure.getErrorMessage() or type(failure.value).__name__}",
+                f"Edge {self.forward.edge_id}, which has room for this request, did not answer: {why}",
                 code="forward_failed",
             ),
         )
         return None
+
+
+def _reason(failure: Failure) -> str:
+    """
+    Why a request to a peer failed, in words for the caller: twisted's
+    client wraps a lost connection in an exception whose message is the
+    repr of the failures it carries (C{ResponseNeverReceived}), which
+    would show the caller Python objects; their own messages are said.
+    """
+    reasons = getattr(failure.value, "reasons", None)
+    if reasons:
+        return "; ".join(_reason(reason) for reason in reasons)
+    return failure.getErrorMessage() or type(failure.value).__name__
 
 
 class _Discard(Protocol):

@@ -19,7 +19,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
@@ -201,6 +201,20 @@ class ForwarderTests(SynchronousTestCase):
         self.assertEqual((left.finished, left.channel.transport.disconnected), (0, False))
         self.forwarder.peer_gone("edge-b")
         self.assertEqual(left.finished, 0)
+
+    def test_peer_died_before_answering(self) -> None:
+        """
+        A peer whose connection is lost before it answered is a 503
+        forward_failed whose message says why in words, not in the reprs
+        of twisted's failures.
+        """
+        request = self.proxy("edge-b")
+        self.peers.asked[0][1].errback(ResponseNeverReceived([Failure(ConnectionLost())]))
+        self.assertEqual(request.responseCode, 503)
+        error = json.loads(b"".join(request.written))["error"]
+        self.assertEqual(error["code"], "forward_failed")
+        self.assertNotIn("<", error["message"])
+        self.assertIn("Connection to the other side was lost", error["message"])
 
     def test_caller_gone_before_the_forward(self) -> None:
         """
