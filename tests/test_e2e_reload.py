@@ -47,7 +47,7 @@ def test_sighup_pushes_adapter_changes(launch):
     edge.config.setdefault("heartbeat", {})["interval_sec"] = 1
     edge.rewrite_config()
     edge.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: "heartbeat_interval changed" in edge.output(), what="the refused reload to be logged")
+    wait_for(lambda: "heartbeat.interval_sec changed" in edge.output(), what="the refused reload to be logged")
     assert echo_capacity(edge) == 2
     assert edge.running()
 
