@@ -56,11 +56,18 @@ class Admission(Generic[W, R]):
     def __len__(self) -> int:
         return len(self.backlog)
 
+    def places_now(self) -> bool:
+        """
+        Whether the next L{submit} is placed in that call (else it waits
+        in the backlog for a later turn).
+        """
+        return not self.backlog and self._placed_this_turn < self.per_turn
+
     def submit(self, work: W) -> "defer.Deferred[R]":
         """
         @return: a cancellable Deferred with the outcome of L{place}.
         """
-        if not self.backlog and self._placed_this_turn < self.per_turn:
+        if self.places_now():
             self._placed_this_turn += 1
             self._next_turn_later()
             return self.place(work)

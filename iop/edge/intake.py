@@ -141,10 +141,9 @@ class Intake:
             return defer.fail(e)
         # The bound on waiting work comes after every refusal of the
         # request itself: a place another key gives up must go to a
-        # request that takes it.
-        if len(self.admission) + self.pool.waiting() >= config.limits.max_waiting and not self.pool.make_room(
-            tenant.name
-        ):
+        # request that takes it (see the end of this method).
+        at_bound = len(self.admission) + self.pool.waiting() >= config.limits.max_waiting
+        if at_bound and not self.pool.can_make_room(tenant.name):
             ticket.settle(0)
             return defer.fail(
                 ServiceError(
@@ -171,8 +170,17 @@ class Intake:
             since=self.clock.seconds(),
         )
         arriving = self._arriving(spec, may_forward)
+        if at_bound:
+            if arriving is None and self.admission.places_now():
+                # Placed in this call: it takes a place only if it must
+                # wait (the pool), not if it is served at once or refused.
+                ticket.at_bound = True
+            else:
+                # It waits (in the backlog, or for a node's news) already.
+                self.pool.make_room(tenant.name)
         if arriving is None:
             d = self.admission.submit(work)
+            ticket.at_bound = False  # a later acquire (a retry) is not at this bound
         else:
             d = arriving.addCallback(lambda _: self.admission.submit(work))
         d.addErrback(_never_ran, ticket)

@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 from iop.edge.config import EdgeConfig
 from iop.edge.dispatch import Placement
 from iop.edge.errors import ServiceError
-from iop.edge.pool import Lease, NoLiveProvider, ProviderPool, ProviderSpec, QueueFull, QueueTimeout
+from iop.edge.pool import Lease, NoLiveProvider, Overloaded, ProviderPool, ProviderSpec, QueueFull, QueueTimeout
 from iop.edge.registry import NodeLink, NodeRegistry
 from iop.edge.spec import RunSpec
 from iop.edge.tenants import Ticket
@@ -211,6 +211,9 @@ class Placer:
         if failure.check(QueueTimeout):
             assert isinstance(failure.value, QueueTimeout)
             raise ServiceError("busy", str(failure.value), "queue_timeout", retry_after=failure.value.retry_after)
+        if failure.check(Overloaded):
+            assert isinstance(failure.value, Overloaded)
+            raise ServiceError("unavailable", str(failure.value), "overloaded", retry_after=failure.value.retry_after)
         if failure.check(QueueFull):
             assert isinstance(failure.value, QueueFull)
             raise ServiceError("busy", str(failure.value), "queue_full", retry_after=failure.value.retry_after)

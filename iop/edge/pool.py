@@ -130,6 +130,14 @@ class QueueFull(PoolError):
     """
 
 
+class Overloaded(PoolError):
+    """
+    No room, the Edge holds all the waiting work it may
+    (C{limits.max_waiting}), and no key waits with two more requests than
+    this one's (L{iop.edge.tenants.Ticket.at_bound}).
+    """
+
+
 @dataclass(frozen=True)
 class ProviderSpec:
     """
@@ -871,6 +879,12 @@ class ProviderPool:
         """
         return len(self._everyone)
 
+    def can_make_room(self, tenant: str) -> bool:
+        """
+        Whether L{make_room} for C{tenant} would free a place now.
+        """
+        return self._everyone.crowding(tenant) is not None
+
     def make_room(self, tenant: str) -> bool:
         """
         The Edge holds as much waiting work as it may: turn away the newest
@@ -985,11 +999,15 @@ class ProviderPool:
             return defer.succeed(self._grant(queue, best, klass, ticket))
         if not self._has_candidate(members, klass):
             return defer.fail(self._unavailable(queue, klass))
+        # A place turned away for the queue's bound is one of the Edge's too.
+        at_bound, ticket.at_bound = ticket.at_bound, False
         if queue.max_queue is not None and len(queue.waiters) >= queue.max_queue:
             crowding = queue.waiters.crowding(ticket.tenant.name)
             if crowding is None:
                 return defer.fail(QueueFull(queue, klass, f"queue is full ({queue.max_queue} waiting)"))
             self._turn_away(crowding)
+        elif at_bound and not self.make_room(ticket.tenant.name):
+            return defer.fail(Overloaded(queue, klass, "the Edge is overloaded: too much work is waiting"))
         waiter = _Waiter(next(self._seq), queue, members, klass, ticket, self._clock.seconds(), self._cancelled)
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters.add(waiter)

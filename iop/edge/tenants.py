@@ -83,6 +83,11 @@ class Ticket:
         for room (C{None}: nobody asks).
     @ivar work_id: its id, once known (a background run knows it at once).
     @ivar waiting_since: when it began to wait (C{None} while not waiting).
+    @ivar at_bound: it came while the Edge held all the waiting work it may
+        (C{limits.max_waiting}) and is being placed now: should it have to
+        wait, it takes the place of the newest waiter of the key waiting
+        most, or is refused (L{iop.edge.pool.Overloaded}); served at once
+        or refused for itself, it takes nobody's place.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class Ticket:
         self.on_queued = on_queued
         self.work_id: str | None = None
         self.waiting_since: float | None = None
+        self.at_bound = False
         self.charged = False
         self.settled = False
         self._settlers: list[Callable[[int], None]] = []

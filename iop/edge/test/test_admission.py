@@ -109,6 +109,55 @@ class AdmissionTests(SynchronousTestCase):
             d.cancel()
             self.failureResultOf(d)
 
+    def test_no_place_given_up_for_a_request_placement_refuses(self):
+        """
+        A newcomer that placement refuses (an adapter no node has) takes
+        no other key's place: a key cannot turn others' work away with
+        requests that never wait.
+        """
+        edge, waiting = self.full()
+        nowhere = spec(3)
+        nowhere.caller, nowhere.adapter, nowhere.node = "light", "nope", None
+        failure = self.failureResultOf(edge.service.submit(nowhere, Recorder().for_run), ServiceError)
+        self.assertEqual(failure.value.code, "model_not_found")
+        for d in waiting:
+            self.assertNoResult(d)
+            d.cancel()
+            self.failureResultOf(d)
+
+    def test_no_place_given_up_for_a_request_served_at_once(self):
+        """
+        A newcomer that finds room at once (on another node) takes no other
+        key's place: the bound is on waiting work, and it never waits.
+        """
+        edge, waiting = self.full()
+        edge.register("tok-2")
+        elsewhere = spec(3)
+        elsewhere.caller, elsewhere.node = "light", "n2"
+        self.successResultOf(edge.service.submit(elsewhere, Recorder().for_run))
+        for d in waiting:
+            self.assertNoResult(d)
+            d.cancel()
+            self.failureResultOf(d)
+
+    def test_over_the_bound_in_the_backlog_takes_a_place_at_once(self):
+        """
+        A newcomer that will wait in the admission backlog (this turn's
+        placements are spent) is waiting work already: it takes the
+        crowding key's newest place as it arrives, so the backlog never
+        holds more than the bound allows.
+        """
+        edge, waiting = self.full()
+        edge.service.intake.admission._placed_this_turn = ADMIT_PER_TURN
+        light = spec(3)
+        light.caller = "light"
+        newcomer = edge.service.submit(light, Recorder().for_run)
+        self.assertNoResult(newcomer)
+        self.assertEqual(self.failureResultOf(waiting[1], ServiceError).value.code, "queue_full")
+        for d in (waiting[0], newcomer):
+            d.cancel()
+            self.failureResultOf(d)
+
     def test_no_place_given_up_for_a_refused_request(self):
         """
         A newcomer refused for itself (over its key's budget, a background

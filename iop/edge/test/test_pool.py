@@ -16,11 +16,13 @@ from iop.edge.pool import (
     Lease,
     ModelGroupSpec,
     NoLiveProvider,
+    Overloaded,
     ProviderPool,
     ProviderSpec,
     QueueFull,
     QueueTimeout,
 )
+from iop.edge.tenants import Tenant, Ticket
 
 
 def provider(node, pid, normal=1, long=0, adapter=None, adapter_type="echo"):
@@ -319,6 +321,27 @@ class QueueTests(PoolTestCase):
         self.assertEqual(self.queued(self.pool, "m"), 3)
         for d in waiters:
             self.assertNoResult(d)
+
+    def test_at_the_bound_a_waiter_takes_a_crowding_place(self):
+        """
+        Work that came at the Edge's bound on waiting work
+        (C{Ticket.at_bound}) and must wait takes the newest place of a key
+        waiting two more than its own; with no such key it is refused
+        (L{Overloaded}) and nobody's place is taken. The mark is for that
+        one acquire.
+        """
+        heavy = [self.pool.acquire("m", NORMAL, ticket=Ticket(Tenant("heavy"), 1)) for _ in range(2)]
+        light = Ticket(Tenant("light"), 1)
+        light.at_bound = True
+        newcomer = self.pool.acquire("m", NORMAL, ticket=light)
+        self.assertNoResult(newcomer)
+        self.assertFalse(light.at_bound)
+        self.assertNoResult(heavy[0])
+        self.failureResultOf(heavy[1], QueueFull)
+        another = Ticket(Tenant("heavy"), 1)
+        another.at_bound = True
+        self.failureResultOf(self.pool.acquire("m", NORMAL, ticket=another), Overloaded)
+        self.assertEqual(self.queued(self.pool, "m"), 2)
 
     def test_queue_zero(self):
         """
