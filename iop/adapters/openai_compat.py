@@ -212,7 +212,10 @@ class ChatEvents:
     def finish(self) -> Usage | None:
         """
         The stream ended: the tool calls streamed in pieces are emitted
-        whole, in index order. @return: the usage reported, if any.
+        whole, in index order, when the answer said it is finished; one
+        that ended without saying so was cut, and a call cut short is never
+        passed on (L{HTTPAdapter.stream_run} fails the run).
+        @return: the usage reported, if any.
         """
         self.framing.finish()
         if self.framing.sse is None and not self._choices:
@@ -220,6 +223,8 @@ class ChatEvents:
             # framework's {"detail": ...}) is the provider's failure, not
             # an empty answer.
             raise broken_answer("provider answered with JSON that is not a chat completion (no choices)")
+        if not self.finished:
+            return self.usage
         for index in sorted(self.calls):
             call = self.calls[index]
             # (Cleaned once joined: a character may be split between pieces.)

@@ -367,6 +367,21 @@ class RunFaultTests(FaultTestCase):
         yield script.closed_early
 
     @defer.inlineCallbacks
+    def test_streamed_tool_call_ended_without_finish(self):
+        """
+        A stream that ends cleanly in the middle of a tool call, without a
+        finish reason or [DONE], was cut: the call is never passed on
+        half-made. Nothing reached the caller, so the run fails before
+        start (provider_error 502) and the Edge may place it elsewhere.
+        """
+        script = Script(headers=SSE_HEADERS, chunks=[event(tool_piece('{"path": "a', first=True))])
+        events = yield self.run_on(script)
+        self.assertEqual(events.types(), ["error"])
+        error = events.events[0].error
+        assert error is not None
+        self.assertEqual((error.code, error.status), ("provider_error", 502))
+
+    @defer.inlineCallbacks
     def test_rate_limited(self):
         """
         A 429 says how long to wait (Retry-After) in retry_after_sec.
