@@ -35,7 +35,7 @@ The line knows nothing of leases, clocks or Twisted; the pool
 """
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 
@@ -66,10 +66,21 @@ class FairLine(Generic[W]):
     L{Waiting}: the line hands back what it was given).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: Callable[[W], Hashable] | None = None) -> None:
+        """
+        @param kind: what a waiter can be served by (for L{first}): waiters
+            of one kind can all be served or none can, so the line keeps
+            each tenant's waiters by kind too and a choice looks at kinds,
+            not at every waiter. C{None}: one kind for all.
+        """
         #: priority -> tenant -> its waiters, oldest first (a dict as an
         #: ordered set: O(1) removal of a waiter that leaves early).
         self._levels: dict[int, dict[str, dict[W, None]]] = {}
+        self._kind: Callable[[W], Hashable] = kind or _one_kind
+        #: priority -> tenant -> kind -> its waiters of that kind, oldest first.
+        self._by_kind: dict[int, dict[str, dict[Hashable, dict[W, None]]]] = {}
+        #: kind -> how many of its waiters are in the line.
+        self._kinds: dict[Hashable, int] = {}
         #: tenant -> tokens settled / weight.
         self._virtual: dict[str, float] = {}
         #: tenant -> weight -> estimated tokens of its work granted at that
@@ -115,6 +126,10 @@ class FairLine(Generic[W]):
         fifo[waiter] = None
         self._size += 1
         self._counts[waiter.tenant] = self._counts.get(waiter.tenant, 0) + 1
+        kind = self._kind(waiter)
+        kinds = self._by_kind.setdefault(waiter.priority, {}).setdefault(waiter.tenant, {})
+        kinds.setdefault(kind, {})[waiter] = None
+        self._kinds[kind] = self._kinds.get(kind, 0) + 1
 
     def remove(self, waiter: W) -> None:
         level = self._levels[waiter.priority]
@@ -130,6 +145,29 @@ class FairLine(Generic[W]):
             del level[waiter.tenant]
             if not level:
                 del self._levels[waiter.priority]
+        kind = self._kind(waiter)
+        by_tenant = self._by_kind[waiter.priority]
+        kinds = by_tenant[waiter.tenant]
+        of_kind = kinds[kind]
+        del of_kind[waiter]
+        if not of_kind:
+            del kinds[kind]
+            if not kinds:
+                del by_tenant[waiter.tenant]
+                if not by_tenant:
+                    del self._by_kind[waiter.priority]
+        left = self._kinds[kind] - 1
+        if left:
+            self._kinds[kind] = left
+        else:
+            del self._kinds[kind]
+
+    def has(self, tenant: str) -> bool:
+        """
+        Whether C{tenant} has a waiter in the line (O(1): a caller asking
+        for its own waiters skips lines where it has none).
+        """
+        return tenant in self._counts
 
     def crowding(self, tenant: str) -> W | None:
         """
@@ -191,6 +229,34 @@ class FairLine(Generic[W]):
             for tenant in sorted(level, key=lambda t: self._rank(t, level[t])):
                 yield from level[tenant]
 
+    def first(self, usable: Callable[[Hashable], bool]) -> W | None:
+        """
+        The first waiter of L{order} whose kind is C{usable}, or C{None}.
+
+        C{usable} is asked once per kind waiting, and each tenant's
+        waiters are looked at only by the oldest of each kind: the cost
+        is that of the kinds and tenants waiting, not of the waiters (a
+        line none of whom fits costs as little as an empty one to ask).
+        """
+        kinds = {kind for kind in self._kinds if usable(kind)}
+        if not kinds:
+            return None
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            by_tenant = self._by_kind[priority]
+            best: tuple[tuple[float, int, int], W] | None = None
+            for tenant, fifo in level.items():
+                of_tenant = by_tenant[tenant]
+                heads = [_head(of_kind) for kind, of_kind in of_tenant.items() if kind in kinds]
+                if not heads:
+                    continue
+                rank = self._rank(tenant, fifo)
+                if best is None or rank < best[0]:
+                    best = (rank, min(heads, key=lambda waiter: waiter.seq))
+            if best is not None:
+                return best[1]
+        return None
+
     def positions(self) -> dict[W, int]:
         """
         Where each waiter stands (1: next), if every waiter ahead of it is
@@ -233,3 +299,11 @@ class FairLine(Generic[W]):
 
 def _head(fifo: dict[W, None]) -> W:
     return next(iter(fifo))
+
+
+def _one_kind(waiter: object) -> Hashable:
+    """
+    The kind of every waiter of a line given none: L{FairLine.first} then
+    asks once whether anyone can be served.
+    """
+    return None

@@ -72,8 +72,9 @@ an outage); use L{ProviderPool.group} to check first.
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -455,6 +456,44 @@ _HOLD_SMOOTHING = 0.2
 #: How often waiters whose caller watches get their position.
 REPORT_INTERVAL_SEC = 1.0
 
+#: Creation order of queues (config order, then direct queues as used).
+_queue_order = count()
+
+
+class _Kind:
+    """
+    What a waiter can be served by: one request class on a queue's members
+    (all of them, or those its caller's node or filter left). Waiters of
+    one kind can all be served now or none can, so the pump asks once per
+    kind waiting, not once per waiter (L{FairLine.first}). Equal kinds
+    (the same class on the same members) are one; the hash is taken once,
+    so a kind of many members is not hashed again at every question.
+    """
+
+    __slots__ = ("_hash", "klass", "members")
+
+    def __init__(self, members: tuple[GroupMember, ...], klass: str) -> None:
+        self.members = members
+        self.klass = klass
+        self._hash = hash((members, klass))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Kind):
+            return NotImplemented
+        return self._hash == other._hash and self.klass == other.klass and self.members == other.members
+
+
+def _kind_of(waiter: "_Waiter") -> Hashable:
+    """
+    A waiter's L{_Kind}, by which its queue's line keeps it.
+    """
+    return waiter.kind
+
 
 class _Queue:
     """
@@ -472,7 +511,11 @@ class _Queue:
         self.members = members
         self.timeout = timeout
         self.max_queue = max_queue
-        self.waiters: FairLine[_Waiter] = FairLine()
+        self.waiters: FairLine[_Waiter] = FairLine(_kind_of)
+        #: The kind of a waiter for any member, by request class.
+        self.kinds = {klass: _Kind(members, klass) for klass in CLASSES}
+        #: Its place among the pool's queues (what lists them keeps it).
+        self.order = next(_queue_order)
         self.indexes: dict[str, _LoadIndex] = {}  # request class -> index, built on first use
         #: Leases of this queue held now, and how long one is held
         #: (smoothed; C{None} until one was returned).
@@ -540,6 +583,7 @@ class _Waiter:
         self.weight = ticket.tenant.weight
         self.priority = ticket.priority
         self.cost = ticket.cost
+        self.kind = queue.kinds[klass] if members is queue.members else _Kind(members, klass)
         self.since = since
         self.deferred: defer.Deferred[Lease] = defer.Deferred(lambda d: cancelled(self))
         self.timer: IDelayedCall | None = None
@@ -584,6 +628,9 @@ class ProviderPool:
         #: the Edge's bound on waiting work (its fair-share counters are
         #: not used; each queue's own line orders its waiters).
         self._everyone: FairLine[_Waiter] = FairLine()
+        #: The queues with waiters: what the pump looks at on a release,
+        #: not every queue there is (a direct queue per node and adapter).
+        self._busy: dict[_Queue, None] = {}
         self._health = health or HealthPolicy()
         self._resources: dict[tuple[str, str], _Resource] = {}
         self._by_node: dict[str, list[_Resource]] = {}
@@ -1012,6 +1059,7 @@ class ProviderPool:
         waiter.timer = self._clock.callLater(queue.timeout, self._timed_out, waiter)
         queue.waiters.add(waiter)
         self._everyone.add(waiter)
+        self._busy[queue] = None
         ticket.waiting_since = waiter.since
         if ticket.on_queued is not None:
             self._watched[waiter] = None
@@ -1107,6 +1155,8 @@ class ProviderPool:
             self.on_wait_end(waiter.ticket, waiter.queue.name, self._clock.seconds() - waiter.since, outcome)
         waiter.queue.waiters.remove(waiter)
         self._everyone.remove(waiter)
+        if not waiter.queue.waiters:
+            del self._busy[waiter.queue]
         self._watched.pop(waiter, None)
         waiter.ticket.waiting_since = None
         if waiter.timer is not None and waiter.timer.active():
@@ -1157,32 +1207,49 @@ class ProviderPool:
         return sorted((w for queue in self._busy_queues() for w in queue.waiters), key=lambda w: w.seq)
 
     def _busy_queues(self) -> list[_Queue]:
-        return [queue for queue in self._queues.values() if queue.waiters]
+        """
+        The queues with waiters, in the order the pool lists its queues.
+        """
+        return sorted(self._busy, key=lambda queue: queue.order)
+
+    def _usable(self, queue: _Queue, full: set[_Kind], kind: Hashable) -> bool:
+        """
+        Whether waiters of C{kind} in C{queue} can be served now. A kind
+        found without room is remembered in C{full} for the rest of one
+        pump (its grants only take room).
+        """
+        assert isinstance(kind, _Kind)
+        if kind in full:
+            return False
+        if self._best(queue, kind.members, kind.klass) is None:
+            full.add(kind)
+            return False
+        return True
 
     def _pump(self) -> None:
         """
         Serve every waiter that can be served now, one grant at a time:
-        each time the first servable waiter of each queue in its fair
-        order (L{FairLine.order}), and of those the one of the highest
-        priority, then the oldest. Then fire.
+        each time the first servable waiter of each queue with waiters in
+        its fair order (L{FairLine.first}), and of those the one of the
+        highest priority, then the oldest. Then fire.
+
+        Room is asked of each L{_Kind} waiting (a class on some members),
+        not of each waiter, and a kind without room is not asked again in
+        this pump: a release in a long queue none of whom fits costs the
+        kinds and tenants waiting, not the waiters.
         """
         served: list[tuple[_Waiter, Lease]] = []
-        full: set[tuple[str, str]] = set()  # (queue, class) found without room in this pass
+        full: set[_Kind] = set()  # kinds found without room in this pass
         while True:
             chosen: tuple[_Waiter, tuple[_Resource, GroupMember]] | None = None
-            for queue in self._busy_queues():
-                for waiter in queue.waiters.order():
-                    unrestricted = waiter.members is queue.members
-                    if unrestricted and (queue.name, waiter.klass) in full:
-                        continue
-                    best = self._best(queue, waiter.members, waiter.klass)
-                    if best is None:
-                        if unrestricted:
-                            full.add((queue.name, waiter.klass))
-                        continue
-                    if chosen is None or (-waiter.priority, waiter.seq) < (-chosen[0].priority, chosen[0].seq):
-                        chosen = (waiter, best)
-                    break
+            for queue in list(self._busy):
+                waiter = queue.waiters.first(partial(self._usable, queue, full))
+                if waiter is None:
+                    continue
+                best = self._best(queue, waiter.members, waiter.klass)
+                assert best is not None, "a usable kind has room"
+                if chosen is None or (-waiter.priority, waiter.seq) < (-chosen[0].priority, chosen[0].seq):
+                    chosen = (waiter, best)
             if chosen is None:
                 break
             waiter, best = chosen

@@ -22,6 +22,7 @@ class W:
     weight: float = 1.0
     cost: int = 100
     seq: int = field(default_factory=lambda: next(_seq))
+    kind: str = "x"
 
 
 def serve(line, settle=True):
@@ -187,6 +188,55 @@ class FairLineTests(SynchronousTestCase):
             expected.append(serve(line))
         self.assertEqual(sorted(positions, key=positions.__getitem__), expected)
         self.assertEqual(sorted(positions.values()), [1, 2, 3, 4, 5])
+
+
+class FirstProperties(SynchronousTestCase):
+    @settings(max_examples=150, deadline=None)
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.sampled_from(["add", "add", "add", "serve", "leave"]),
+                st.sampled_from("abc"),
+                st.integers(0, 2),
+                st.sampled_from("xyz"),
+                st.integers(0, 300),
+            ),
+            max_size=60,
+        ),
+        usable=st.sets(st.sampled_from("xyz")),
+    )
+    def test_first_is_the_first_usable_of_the_order(self, steps, usable):
+        """
+        L{FairLine.first} picks what walking L{FairLine.order} for the
+        first waiter of a usable kind would, however the line was filled,
+        served and left, and whichever kinds can be served.
+        """
+        line: FairLine[W] = FairLine(lambda w: w.kind)
+        for action, tenant, priority, kind, cost in steps:
+            if action == "add":
+                line.add(W(tenant, priority=priority, cost=cost, kind=kind))
+            elif action == "serve" and len(line):
+                serve(line, settle=cost % 2 == 0)
+            elif action == "leave" and len(line):
+                line.remove(sorted(line, key=lambda w: w.seq)[cost % len(line)])
+            walked = next((w for w in line.order() if w.kind in usable), None)
+            self.assertIs(line.first(lambda k: k in usable), walked)
+
+    def test_first_asks_once_per_kind(self):
+        """
+        Whether a kind can be served is asked once for all its waiters.
+        """
+        line: FairLine[W] = FairLine(lambda w: w.kind)
+        for i in range(300):
+            line.add(W(f"t{i % 3}", kind="xy"[i % 2]))
+        asked: list[object] = []
+
+        def usable(kind: object) -> bool:
+            asked.append(kind)
+            return False
+
+        self.assertIsNone(line.first(usable))
+        self.assertEqual(sorted(asked), ["x", "y"])
 
 
 class FairShareProperties(SynchronousTestCase):

@@ -618,3 +618,77 @@ class ReentrancyTests(PoolTestCase):
         self.assertEqual(self.lease_of(third).generation, 2)
         self.assertEqual(self.in_use(pool, "n1", "p"), {NORMAL: 2, LONG: 0})
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class PumpCostTests(PoolTestCase):
+    """
+    A release costs what can be served, not the length of the queue: the
+    pump does not look at every waiter of a queue none of whom fits.
+    """
+
+    WAITERS = 2000
+
+    def touches(self, pool: ProviderPool, release: Lease) -> int:
+        """
+        How many times waiters' attributes are read while C{release} is
+        returned (the pump's walk over the queue, whatever its shape).
+        """
+        from iop.edge import pool as module
+
+        reads = [0]
+        plain = object.__getattribute__
+
+        def counted(waiter: object, name: str) -> object:
+            reads[0] += 1
+            return plain(waiter, name)
+
+        self.patch(module._Waiter, "__getattribute__", counted)
+        release.release()
+        self.patch(module._Waiter, "__getattribute__", plain)
+        return reads[0]
+
+    def fill(self, pool: ProviderPool, klass: str, node_id: str | None = None) -> list[Deferred[Lease]]:
+        tenants = [Tenant(f"k{i}") for i in range(4)]
+        return [
+            pool.acquire("m", klass, node_id=node_id, ticket=Ticket(tenants[i % 4], 10)) for i in range(self.WAITERS)
+        ]
+
+    def test_full_group(self):
+        """
+        Every provider of the group is full: a release serves the next
+        waiter, and the pass after it, finding no room, does not walk the
+        rest of the line.
+        """
+        pool = self.make_pool([provider("n1", "p1", normal=1)], [group("m", ("n1", "p1"))], ready=["n1"])
+        held = self.lease_of(pool.acquire("m", NORMAL))
+        waiters = self.fill(pool, NORMAL)
+        self.assertLess(self.touches(pool, held), 200)
+        self.lease_of(waiters[0])
+        self.assertNoResult(waiters[1])
+
+    def test_class_without_room(self):
+        """
+        Every waiter wants the long class, which is full: a normal slot
+        coming back does not make the pump look at each of them.
+        """
+        pool = self.make_pool([provider("n1", "p1", normal=1, long=1)], [group("m", ("n1", "p1"))], ready=["n1"])
+        self.lease_of(pool.acquire("m", LONG))
+        normal = self.lease_of(pool.acquire("m", NORMAL))
+        waiters = self.fill(pool, LONG)
+        self.assertLess(self.touches(pool, normal), 200)
+        self.assertNoResult(waiters[0])
+
+    def test_named_node_without_room(self):
+        """
+        Every waiter named a node whose provider is full: a slot of another
+        node of the group coming back does not make the pump try each of
+        them.
+        """
+        pool = self.make_pool(
+            [provider("n1", "p1"), provider("n2", "p2")], [group("m", ("n1", "p1"), ("n2", "p2"))], ready=["n1", "n2"]
+        )
+        self.lease_of(pool.acquire("m", NORMAL, node_id="n1"))
+        other = self.lease_of(pool.acquire("m", NORMAL, node_id="n2"))
+        waiters = self.fill(pool, NORMAL, node_id="n1")
+        self.assertLess(self.touches(pool, other), 200)
+        self.assertNoResult(waiters[0])
