@@ -288,23 +288,45 @@ class ChatEvents:
         index = call.get("index")
         if not isinstance(index, int) or isinstance(index, bool):
             index = position
-        entry = self.calls.setdefault(index, _PendingCall())
+        entry = self.calls.get(index)
+        if entry is None:
+            if len(self.calls) >= MAX_TOOL_CALLS:
+                raise broken_answer(f"provider streamed more than {MAX_TOOL_CALLS} tool calls")
+            entry = self.calls[index] = _PendingCall()
         function = call.get("function")
         if not isinstance(function, dict):
             function = {}
-        if isinstance(call.get("id"), str):
-            entry.id = call["id"]
+        call_id = call.get("id")
+        if isinstance(call_id, str):
+            # (An id is held until the end as names and arguments are; one
+            # sent again with every piece replaces itself: only what it
+            # grows by counts.)
+            self._count_call_chars(call_id[len(entry.id) :])
+            entry.id = call_id
         for pieces, piece in ((entry.name, function.get("name")), (entry.arguments, function.get("arguments"))):
             if isinstance(piece, str) and piece:
-                self._call_chars += len(piece)
-                if self._call_chars > MAX_TOOL_CALL_CHARS:
-                    raise broken_answer(f"provider's tool calls exceed {MAX_TOOL_CALL_CHARS} characters")
+                self._count_call_chars(piece)
                 pieces.append(piece)
 
+    def _count_call_chars(self, text: str) -> None:
+        """
+        Count C{text}, kept for a tool call until the answer ends, toward
+        L{MAX_TOOL_CALL_CHARS}, so that what a stream makes us hold is
+        bounded whichever part of the calls it comes in.
 
-#: The most characters of tool calls (names and arguments) one answer may
-#: stream: what a wire frame carries whatever their UTF-8 (16 MiB / 4).
+        @raise ProviderError: the calls exceed it (a broken answer).
+        """
+        self._call_chars += len(text)
+        if self._call_chars > MAX_TOOL_CALL_CHARS:
+            raise broken_answer(f"provider's tool calls exceed {MAX_TOOL_CALL_CHARS} characters")
+
+
+#: The most characters of tool calls (ids, names and arguments) one answer
+#: may stream: what a wire frame carries whatever their UTF-8 (16 MiB / 4).
 MAX_TOOL_CALL_CHARS = 4 * 1024 * 1024
+#: The most tool calls one streamed answer may make: each is held until
+#: the answer ends, even one that brings no character (a bare index).
+MAX_TOOL_CALLS = 4096
 
 
 @dataclass

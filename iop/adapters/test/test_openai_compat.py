@@ -132,6 +132,55 @@ class ExecuteTests(OpenAICompatTestCase):
         self.assertIn("tool calls exceed 10 characters", error.message)
 
     @defer.inlineCallbacks
+    def test_tool_call_ids_bounded(self):
+        """
+        The ids of streamed tool calls count toward MAX_TOOL_CALL_CHARS as
+        their names and arguments do: calls that bring only long ids, each
+        at a new index, are a broken answer, not held until the end. An id
+        sent again with every piece of its call counts once.
+        """
+        self.patch(openai_compat, "MAX_TOOL_CALL_CHARS", 12)
+
+        def body(calls):
+            pieces = [{"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]} for call in calls]
+            return [*sse(*pieces, done=False), *sse(chunk(finish="tool_calls"))]
+
+        events = Events()
+        calls = [{"index": index, "id": "abcdefgh"} for index in range(3)]
+        yield self.adapter(Script(headers=SSE_HEADERS, chunks=body(calls))).execute(run_input(), events)
+        error = events.events[-1].error
+        assert error is not None
+        self.assertEqual((events.types(), error.code), (["error"], "provider_error"))
+        self.assertIn("tool calls exceed 12 characters", error.message)
+        events = Events()
+        calls = [{"index": 0, "id": "abcdefgh", "function": {"arguments": digit}} for digit in "123"]
+        yield self.adapter(Script(headers=SSE_HEADERS, chunks=body(calls))).execute(run_input(), events)
+        self.assertEqual(events.types(), ["start", "tool_call", "complete"])
+        tool_call = events.events[1].tool_call
+        assert tool_call is not None
+        self.assertEqual((tool_call.id, tool_call.arguments), ("abcdefgh", "123"))
+
+    @defer.inlineCallbacks
+    def test_tool_call_count_bounded(self):
+        """
+        An answer that streams more than MAX_TOOL_CALLS tool calls (pieces
+        at ever new indices, even empty ones) is a broken answer: the
+        calls it would hold until the end are bounded in number too.
+        """
+        self.patch(openai_compat, "MAX_TOOL_CALLS", 3)
+        calls = [{"index": index} for index in range(4)]
+        piece = {"choices": [{"index": 0, "delta": {"tool_calls": calls}}]}
+        body = [b"data: " + json.dumps(piece).encode() + b"\n\n", *sse(chunk(finish="tool_calls"))]
+        events = Events()
+        yield self.adapter(Script(headers=SSE_HEADERS, chunks=body)).execute(
+            RunInput(run_id="r1", target="m", messages=[]), events
+        )
+        error = events.events[-1].error
+        assert error is not None
+        self.assertEqual((events.types(), error.code), (["error"], "provider_error"))
+        self.assertIn("more than 3 tool calls", error.message)
+
+    @defer.inlineCallbacks
     def test_streaming_text(self):
         """
         A streamed completion becomes start, the non-empty content of a
