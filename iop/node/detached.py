@@ -16,7 +16,9 @@ and so does everything when the Edge speaks an older wire version (it
 could never ask for them back).
 
 A run that ends while detached is kept (for its reconcile) for
-L{KEEP_ENDED_SEC}; a local shutdown cancels the ones still running.
+L{KEEP_ENDED_SEC}; a local shutdown cancels the ones still running, and so
+does a session that becomes ready with an Edge of an older wire version
+(nothing could ever take them back, and their slots would stay held).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -112,9 +114,11 @@ class DetachedRuns:
         relay.cancel(reason, code)
         return True
 
-    def cancel_all(self, reason: str) -> None:
+    def cancel_all(self, reason: str, code: str = CANCELLED) -> None:
         """
-        The Node is stopping: cancel every detached run still going.
+        Cancel every detached run still going: the Node is stopping, or
+        (with C{code} C{node_disconnected}) its new Edge can never ask for
+        them back.
         """
         for run_id in list(self._runs):
-            self.cancel(run_id, reason)
+            self.cancel(run_id, reason, code)

@@ -386,7 +386,28 @@ class NodeSession:
         transport.connected = True
         transport.connected_since = self.context.now()
         self.log.info("node {node_id} is ready", node_id=self.node_id)
+        self._drop_unclaimable_runs()
         self._settle(self)
+
+    def _drop_unclaimable_runs(self) -> None:
+        """
+        Ready with an Edge older than wire version 4: it can never ask for
+        the background runs kept from an earlier link (L{iop.node.detached}),
+        and it does not know they hold their adapters' slots. They end now,
+        as the Edge that waited for them ends them for their callers
+        (C{node_disconnected}); else a run that does not end by itself
+        would hold its slot, unreachable, for as long as the Node runs.
+        """
+        if (self.edge_wire_version or 1) >= RECONCILE_WIRE_VERSION or not len(self.context.detached):
+            return
+        self.log.info(
+            "the Edge (wire version {version}) cannot take back {count} background run(s): ending them",
+            version=self.edge_wire_version or 1,
+            count=len(self.context.detached),
+        )
+        self.context.detached.cancel_all(
+            "connection to the Edge lost; the Edge reconnected to cannot take background runs back", NODE_DISCONNECTED
+        )
 
     def _refuse(self, error: Exception) -> None:
         """

@@ -274,3 +274,33 @@ class ResumedTests(SynchronousTestCase):
             resumed = Resumed(sent.append, after, terminal)
             resumed.replay([messages.run_event("r", s, "delta" if s < 4 else "complete") for s in history])
             self.assertEqual([m.seq for m in sent], expected)
+
+
+class OlderNextEdgeTests(SynchronousTestCase):
+    def test_next_edge_older_cancels_the_kept_runs(self):
+        """
+        Background runs kept from a version-4 Edge's lost link, when the
+        next ready session is with an Edge that can never ask for them
+        back (wire version 3), are ended then — as the Edge that waited
+        for them ends them for their callers (C{node_disconnected}) — and
+        their capacity slots freed: nothing else would ever release a run
+        that does not end by itself, and the older Edge, unaware of it,
+        would find its adapter full.
+        """
+        store = RecordingStore()
+        session, edge, pump, context = ready_node(store=store)
+        adapter = manual(context.host, "manual")
+        edge.connection.send(run_request("bg", background=True))
+        pump.flush()
+        edge.lose_connection()
+        pump.flush()
+        self.assertIn("bg", context.detached)
+        older = FakeEdge(accepted(node_config(adapter_config("manual")), 3), READY_OK)
+        session, pump = connect(context, older)
+        pump.flush()
+        self.assertTrue(session.ready.called)
+        self.assertEqual(older.kinds(), ["register_request", "node_ready_request"])
+        self.assertEqual(adapter.cancelled, ["bg"])
+        self.assertEqual(len(context.detached), 0)
+        self.assertEqual(hosted(context.host, "manual").gate.in_use, 0)
+        self.assertEqual(store.rows["bg"]["error_code"], "node_disconnected")
