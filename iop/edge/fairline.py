@@ -257,29 +257,55 @@ class FairLine(Generic[W]):
                 return best[1]
         return None
 
-    def positions(self) -> dict[W, int]:
+    def positions(self, tenant: str | None = None) -> dict[W, int]:
         """
         Where each waiter stands (1: next), if every waiter ahead of it is
         served and costs its estimate: the fair order played forward, one
         grant at a time, in O(n log tenants).
+
+        @param tenant: only this tenant's waiters: a class where it has
+            none is not played but counted whole (all of a higher class
+            stands ahead, none of a lower one), and a class is played only
+            until its last waiter there is placed; a line where it waits
+            not at all costs nothing. So a key asking where its work
+            stands pays for its work and what stands ahead of it, not for
+            the whole line.
         """
         positions: dict[W, int] = {}
         position = 0
         grants = self._grants
+        left = self._size if tenant is None else self._counts.get(tenant, 0)
         for priority in sorted(self._levels, reverse=True):
+            if not left:
+                break
             level = self._levels[priority]
-            lines = {tenant: list(fifo) for tenant, fifo in level.items()}
-            heap = [(*self._rank(tenant, level[tenant]), tenant, 0) for tenant in level]
+            size = sum(len(fifo) for fifo in level.values())
+            if tenant is None:
+                wanted = size
+            elif tenant in level:
+                wanted = len(level[tenant])
+            else:
+                position += size
+                continue
+            # The class's own waiters behind the last one wanted stand
+            # ahead of every lower class all the same.
+            end = position + size
+            lines = {name: iter(fifo) for name, fifo in level.items()}
+            heap = [(*self._rank(name, level[name]), name, next(lines[name])) for name in level]
             heapq.heapify(heap)
-            while heap:
-                virtual, _, _, tenant, index = heapq.heappop(heap)
-                waiter = lines[tenant][index]
+            while heap and wanted:
+                virtual, _, _, name, waiter = heapq.heappop(heap)
                 position += 1
                 grants += 1
-                positions[waiter] = position
-                if index + 1 < len(lines[tenant]):
+                if tenant is None or name == tenant:
+                    positions[waiter] = position
+                    wanted -= 1
+                    left -= 1
+                after = next(lines[name], None)
+                if after is not None:
                     virtual += max(waiter.cost, 1) / waiter.weight
-                    heapq.heappush(heap, (virtual, grants, lines[tenant][index + 1].seq, tenant, index + 1))
+                    heapq.heappush(heap, (virtual, grants, after.seq, name, after))
+            position = end
         return positions
 
     def _lift(self, tenant: str, level: dict[str, dict[W, None]]) -> None:

@@ -631,6 +631,9 @@ class ProviderPool:
         #: The queues with waiters: what the pump looks at on a release,
         #: not every queue there is (a direct queue per node and adapter).
         self._busy: dict[_Queue, None] = {}
+        #: tenant -> the queues it has waiters in -> how many: a key asking
+        #: where its work stands looks at those queues only.
+        self._waiting_in: dict[str, dict[_Queue, int]] = {}
         self._health = health or HealthPolicy()
         self._resources: dict[tuple[str, str], _Resource] = {}
         self._by_node: dict[str, list[_Resource]] = {}
@@ -1060,6 +1063,8 @@ class ProviderPool:
         queue.waiters.add(waiter)
         self._everyone.add(waiter)
         self._busy[queue] = None
+        mine = self._waiting_in.setdefault(waiter.tenant, {})
+        mine[queue] = mine.get(queue, 0) + 1
         ticket.waiting_since = waiter.since
         if ticket.on_queued is not None:
             self._watched[waiter] = None
@@ -1157,6 +1162,13 @@ class ProviderPool:
         self._everyone.remove(waiter)
         if not waiter.queue.waiters:
             del self._busy[waiter.queue]
+        mine = self._waiting_in[waiter.tenant]
+        if mine[waiter.queue] > 1:
+            mine[waiter.queue] -= 1
+        else:
+            del mine[waiter.queue]
+            if not mine:
+                del self._waiting_in[waiter.tenant]
         self._watched.pop(waiter, None)
         waiter.ticket.waiting_since = None
         if waiter.timer is not None and waiter.timer.active():
@@ -1297,10 +1309,12 @@ class ProviderPool:
         """
         now = self._clock.seconds()
         entries: list[dict[str, Any]] = []
-        for queue in self._busy_queues():
-            for waiter, position in sorted(queue.waiters.positions().items(), key=lambda pair: pair[1]):
-                if tenant is not None and waiter.tenant != tenant:
-                    continue
+        if tenant is None:
+            queues = self._busy_queues()
+        else:
+            queues = sorted(self._waiting_in.get(tenant, ()), key=lambda queue: queue.order)
+        for queue in queues:
+            for waiter, position in sorted(queue.waiters.positions(tenant).items(), key=lambda pair: pair[1]):
                 entry: dict[str, Any] = {
                     "model": queue.name,
                     "key": waiter.tenant,

@@ -222,6 +222,29 @@ class FirstProperties(SynchronousTestCase):
             walked = next((w for w in line.order() if w.kind in usable), None)
             self.assertIs(line.first(lambda k: k in usable), walked)
 
+    @settings(max_examples=150, deadline=None)
+    @given(
+        waiters=st.lists(
+            st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 300), st.sampled_from([1.0, 2.0])),
+            max_size=40,
+        ),
+        served=st.integers(0, 10),
+    )
+    def test_positions_of_one_tenant(self, waiters, served):
+        """
+        A tenant's positions are those it has in the whole line's, whatever
+        the classes, costs and weights, and whoever was served before.
+        """
+        line: FairLine[W] = FairLine()
+        for tenant, priority, cost, weight in waiters:
+            line.add(W(tenant, priority=priority, cost=cost, weight=weight))
+        for _ in range(min(served, len(line))):
+            serve(line, settle=False)
+        everyone = line.positions()
+        for tenant in "abcd":
+            mine = {w: p for w, p in everyone.items() if w.tenant == tenant}
+            self.assertEqual(line.positions(tenant), mine)
+
     def test_first_asks_once_per_kind(self):
         """
         Whether a kind can be served is asked once for all its waiters.

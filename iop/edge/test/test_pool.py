@@ -692,3 +692,74 @@ class PumpCostTests(PoolTestCase):
         waiters = self.fill(pool, NORMAL, node_id="n1")
         self.assertLess(self.touches(pool, other), 200)
         self.assertNoResult(waiters[0])
+
+
+class QueueViewCostTests(PoolTestCase):
+    """
+    A key asking where its work stands (C{GET /v1/queue}) costs what it
+    has waiting and what stands ahead of it, not every queued request.
+    """
+
+    def touches(self, pool: ProviderPool, tenant: str) -> tuple[list[dict], int]:
+        """
+        C{pool.queued(tenant)}, and how many times waiters' attributes
+        were read to answer it.
+        """
+        from iop.edge import pool as module
+
+        reads = [0]
+        plain = object.__getattribute__
+
+        def counted(waiter: object, name: str) -> object:
+            reads[0] += 1
+            return plain(waiter, name)
+
+        self.patch(module._Waiter, "__getattribute__", counted)
+        view = pool.queued(tenant)
+        self.patch(module._Waiter, "__getattribute__", plain)
+        return view, reads[0]
+
+    def setUp(self):
+        self.pool = self.make_pool(
+            [provider("n1", "p1"), provider("n2", "p2")],
+            [group("big", ("n1", "p1")), group("small", ("n2", "p2"))],
+            ready=["n1", "n2"],
+        )
+        self.lease_of(self.pool.acquire("big", NORMAL))
+        self.lease_of(self.pool.acquire("small", NORMAL))
+        self.crowd = [self.pool.acquire("big", NORMAL, ticket=Ticket(Tenant(f"k{i % 4}"), 10)) for i in range(2000)]
+
+    def test_other_queue_not_looked_at(self):
+        """
+        A key waiting in another queue, or nowhere, is answered without
+        playing the crowded queue's line forward.
+        """
+        self.pool.acquire("small", NORMAL, ticket=Ticket(Tenant("me"), 10))
+        view, reads = self.touches(self.pool, "me")
+        self.assertEqual(view, [e for e in self.pool.queued() if e["key"] == "me"])
+        self.assertEqual([(e["model"], e["position"]) for e in view], [("small", 1)])
+        self.assertLess(reads, 100)
+        view, reads = self.touches(self.pool, "nobody")
+        self.assertEqual((view, reads), ([], 0))
+
+    def test_front_of_a_long_line(self):
+        """
+        A key whose one request is next in a long line is answered from the
+        front of the line, not from all of it.
+        """
+        self.pool.acquire("big", NORMAL, ticket=Ticket(Tenant("me"), 10))
+        view, reads = self.touches(self.pool, "me")
+        self.assertEqual(view, [e for e in self.pool.queued() if e["key"] == "me"])
+        self.assertEqual([e["position"] for e in view], [5])  # behind the 4 keys' first
+        self.assertLess(reads, 200)
+
+    def test_behind_a_higher_class(self):
+        """
+        Work of a lower class stands behind all of a higher one: counted,
+        not played forward.
+        """
+        self.pool.acquire("big", NORMAL, ticket=Ticket(Tenant("me", priority=-1), 10))
+        view, reads = self.touches(self.pool, "me")
+        self.assertEqual(view, [e for e in self.pool.queued() if e["key"] == "me"])
+        self.assertEqual([e["position"] for e in view], [2001])
+        self.assertLess(reads, 100)
