@@ -524,7 +524,8 @@ def read_body(
         say how far the answer is (L{Reading}): until it began, only the
         first-byte and idle deadlines run; once it said it is finished, if
         the body does not end within L{FINISH_GRACE_SEC} of its last byte,
-        the connection is closed and the result fires as if it had ended.
+        the connection is closed and the result fires as if it had ended,
+        as it does when the connection is lost after that.
     @param deadlines: the L{Deadlines} of the request: when one passes the
         connection is closed and the result fails with L{ProviderStalled}
         (its C{deadline} saying which); C{None} waits forever.
@@ -548,6 +549,8 @@ def read_body(
     #: The answer is whole but the read is paused: the grace starts when
     #: reading resumes (what follows waits unread meanwhile).
     grace_due = False
+    #: The chunk callable said the answer is finished.
+    said_finished = False
 
     def cancel(result: "defer.Deferred[IResponse]") -> None:
         nonlocal cancelled
@@ -583,8 +586,12 @@ def read_body(
             watch.stop()
         if grace is not None and grace.active():
             grace.cancel()
-        if isinstance(outcome, Failure) and outcome.check(_Finished) and reader is not None:
-            return reader.response
+        if isinstance(outcome, Failure) and reader is not None:
+            # A connection lost once the answer said it is finished (the
+            # end of its body, after [DONE], never came) lost nothing of
+            # it: it ends as one that went silent then does.
+            if outcome.check(_Finished) or (said_finished and outcome.check(ResponseFailed)):
+                return reader.response
         return outcome
 
     def got_response(response: IResponse) -> None:
@@ -599,7 +606,7 @@ def read_body(
             on_chunk, failure = None, Failure()
 
         def on_data(data: bytes) -> None:
-            nonlocal grace
+            nonlocal grace, said_finished
             # Without a chunk callable the reader fails and reads nothing.
             assert on_chunk is not None
             if watch is not None and data:
@@ -607,6 +614,8 @@ def read_body(
             said = on_chunk(data)
             if watch is not None and data and said is not Reading.WAITING:
                 watch.began()
+            if said is Reading.FINISHED:
+                said_finished = True
             if said is Reading.FINISHED and clock is not None:
                 # The answer is whole: only the grace bounds what follows.
                 if watch is not None:

@@ -284,6 +284,21 @@ class RunFaultTests(FaultTestCase):
         self.assertEqual(events.types(), ["start", "delta", "complete"])
 
     @defer.inlineCallbacks
+    def test_connection_lost_after_the_end(self):
+        """
+        A stream whose connection breaks after the answer said it finished
+        (its finish reason, usage and [DONE] all came; only the end of the
+        chunked body did not) is whole: it completes, with its usage, as
+        one that said it finished and then went silent does.
+        """
+        usage = chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})
+        for done in (True, False):
+            chunks = sse(chunk(content="all"), chunk(finish="stop"), usage, done=done)
+            events = yield self.run_on(Script(headers=SSE_HEADERS, chunks=chunks, cut=True))
+            self.assertEqual(events.types(), ["start", "delta", "complete"])
+            self.assertEqual((events.events[-1].finish_reason, events.events[-1].usage), ("stop", Usage(1, 1)))
+
+    @defer.inlineCallbacks
     def test_malformed_event(self):
         """
         An event that is not JSON after a delta ends the run incomplete;
@@ -549,6 +564,23 @@ class StreamedTunnelFaultTests(FaultTestCase):
         self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
         self.assertEqual(sink.of("metadata"), [{"model": "m", "finish_reason": "stop"}])
         yield script.closed_early
+
+    @defer.inlineCallbacks
+    def test_connection_lost_after_the_end(self):
+        """
+        A stream whose connection breaks after [DONE] (the end of its
+        chunked body lost) relayed the whole answer: the tunnel succeeds,
+        with its usage. One that sent an error object still fails.
+        """
+        usage = chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})
+        chunks = sse(chunk(content="a"), chunk(finish="stop"), usage)
+        sink, error = yield self.tunnel_on(Script(headers=SSE_HEADERS, chunks=chunks, cut=True), streamed())
+        self.assertIsNone(error)
+        self.assertEqual(b"".join(sink.bodies), b"".join(chunks))
+        self.assertEqual(sink.of("usage"), [Usage(1, 1)])
+        failed = sse(chunk(content="a"), {"error": {"message": "CUDA out of memory", "code": 500}})
+        sink, error = yield self.tunnel_on(Script(headers=SSE_HEADERS, chunks=failed, cut=True), streamed())
+        self.assertEqual(error.failure(), RunFailure(INCOMPLETE, "the answer is incomplete: CUDA out of memory", 500))
 
     @defer.inlineCallbacks
     def test_responses_stream_ends_with_its_event(self):

@@ -131,6 +131,25 @@ class OllamaTests(TestCase):
         )
 
     @defer.inlineCallbacks
+    def test_connection_lost_after_done(self):
+        """
+        A stream whose connection breaks after its done line (the end of
+        the chunked body lost) is whole: the run completes with its usage;
+        one that breaks before it ends incomplete.
+        """
+        events = Events()
+        script = Script(chunks=[line("a"), DONE], cut=True)
+        yield self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
+        self.assertEqual(events.types(), ["start", "delta", "complete"])
+        self.assertEqual(events.events[-1].usage, Usage(11, 5))
+        events = Events()
+        script = Script(chunks=[line("a")], cut=True)
+        yield self.adapter({"/api/chat": script}).execute(RunInput("r1", target="m"), events)
+        self.assertEqual(events.types(), ["start", "delta", "error"])
+        assert events.events[-1].error is not None
+        self.assertEqual(events.events[-1].error.code, "incomplete")
+
+    @defer.inlineCallbacks
     def test_error_line(self):
         """
         An error line inside the stream ends the run with an error terminal,
