@@ -136,7 +136,7 @@ class ChatResponse:
     def feed(self, data: bytes) -> None:
         if self.sse is None:
             if len(self.body) + len(data) > JSON_BODY_LIMIT:
-                raise ProviderError(f"response body larger than {JSON_BODY_LIMIT} bytes")
+                raise broken_answer(f"response body larger than {JSON_BODY_LIMIT} bytes")
             self.body.extend(data)
             return
         wanted = self.wanted

@@ -15,6 +15,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
+from iop.adapters import openai_compat
 from iop.adapters.deadlines import FINISH_GRACE_SEC
 from iop.adapters.interface import AdapterConfigError, RunInput, TunnelInput
 from iop.adapters.openai_compat import OpenAICompatAdapter
@@ -429,6 +430,20 @@ class RunFaultTests(FaultTestCase):
         self.assertEqual((events.events[0].error.code, events.events[0].error.status), (CONTEXT_LENGTH_EXCEEDED, 400))
         events = yield self.run_on(Script(status=400, headers=JSON_HEADERS, chunks=[b'{"error": {"message": "bad"}}']))
         self.assertEqual(events.events[0].error.code, "provider_error")
+
+    @defer.inlineCallbacks
+    def test_non_streamed_answer_too_large(self):
+        """
+        A whole JSON answer larger than the Node holds is a broken answer
+        (502, as an event past the same bound is), before start.
+        """
+        self.patch(openai_compat, "JSON_BODY_LIMIT", 1024)
+        body = completion("x" * 2048)
+        events = yield self.run_on(Script(headers=JSON_HEADERS, chunks=[body]))
+        self.assertEqual(events.types(), ["error"])
+        error = events.events[0].error
+        assert error is not None
+        self.assertEqual((error.code, error.status), ("provider_error", 502))
 
     @defer.inlineCallbacks
     def test_non_streamed_answer_cut(self):
