@@ -47,14 +47,20 @@ class Waiting(Protocol):
     @ivar tenant: the caller key's name.
     @ivar weight: the tenant's share weight (> 0).
     @ivar priority: the waiter's class (higher first).
-    @ivar cost: the tokens it is expected to cost (for positions).
     """
 
     seq: int
     tenant: str
     weight: float
     priority: int
-    cost: int
+
+    @property
+    def cost(self) -> int | None:
+        """
+        What its grant will charge its tenant (L{FairLine.grant}), for
+        positions; C{None}: its grant is not recorded at all (not even as
+        a turn taken).
+        """
 
 
 W = TypeVar("W", bound=Waiting)
@@ -260,51 +266,90 @@ class FairLine(Generic[W]):
     def positions(self, tenant: str | None = None) -> dict[W, int]:
         """
         Where each waiter stands (1: next), if every waiter ahead of it is
-        served and costs its estimate: the fair order played forward, one
-        grant at a time, in O(n log tenants).
+        served and costs what its grant charges (L{Waiting.cost}): the
+        fair order played forward, one grant at a time, each charged as
+        L{grant} would, carried from class to class, in O(n log tenants).
 
-        @param tenant: only this tenant's waiters: a class where it has
-            none is not played but counted whole (all of a higher class
-            stands ahead, none of a lower one), and a class is played only
-            until its last waiter there is placed; a line where it waits
-            not at all costs nothing. So a key asking where its work
-            stands pays for its work and what stands ahead of it, not for
-            the whole line.
+        @param tenant: only this tenant's waiters: a class of none of its
+            waiters is counted whole, not played (all of a higher class
+            stands ahead, none of a lower one), unless a tenant of it also
+            waits in a class that is played (what it is served there
+            moves it there); the last class where C{tenant} waits is
+            played only until its last waiter is placed; a line where it
+            waits not at all costs nothing. So a key asking where its
+            work stands pays for its work and what stands ahead of it,
+            not for the whole line.
         """
         positions: dict[W, int] = {}
-        position = 0
+        levels = sorted(self._levels, reverse=True)
+        played: set[int] = set()
+        if tenant is not None:
+            if tenant not in self._counts:
+                return positions
+            mine = [priority for priority in levels if tenant in self._levels[priority]]
+            levels = levels[: levels.index(mine[-1]) + 1]
+            # Bottom up: a class is played when the tenant waits in it or
+            # one of its tenants waits in a class played below it.
+            below: set[str] = set()
+            for priority in reversed(levels):
+                level = self._levels[priority]
+                if tenant in level or not below.isdisjoint(level):
+                    played.add(priority)
+                    below.update(level)
+        # What the play-through granted so far: tenant -> its pending
+        # tokens by weight, and its last grant (as L{grant} keeps them, so
+        # counters come out as L{counter} would compute them, bit for bit).
+        pending: dict[str, dict[float, int]] = {}
+        stamps: dict[str, int] = {}
         grants = self._grants
-        left = self._size if tenant is None else self._counts.get(tenant, 0)
-        for priority in sorted(self._levels, reverse=True):
-            if not left:
-                break
+
+        def counter(name: str) -> float:
+            tokens = pending.get(name)
+            if tokens is None:
+                return self.counter(name)
+            return self._virtual.get(name, 0.0) + sum(t / weight for weight, t in tokens.items())
+
+        position = 0
+        for priority in levels:
             level = self._levels[priority]
             size = sum(len(fifo) for fifo in level.values())
-            if tenant is None:
-                wanted = size
-            elif tenant in level:
-                wanted = len(level[tenant])
-            else:
+            if tenant is not None and priority not in played:
                 position += size
                 continue
-            # The class's own waiters behind the last one wanted stand
-            # ahead of every lower class all the same.
+            # Only the last class played may stop early: what the rest of
+            # a class is served moves its tenants in the classes below.
+            last = tenant is not None and priority == levels[-1]
+            wanted = len(level[tenant]) if tenant is not None and last else size
             end = position + size
             lines = {name: iter(fifo) for name, fifo in level.items()}
-            heap = [(*self._rank(name, level[name]), name, next(lines[name])) for name in level]
+            heap = [
+                (
+                    counter(name),
+                    stamps.get(name, self._last_grant.get(name, 0)),
+                    _head(fifo).seq,
+                    name,
+                    next(lines[name]),
+                )
+                for name, fifo in level.items()
+            ]
             heapq.heapify(heap)
             while heap and wanted:
-                virtual, _, _, name, waiter = heapq.heappop(heap)
+                virtual, stamp, _, name, waiter = heapq.heappop(heap)
                 position += 1
-                grants += 1
                 if tenant is None or name == tenant:
                     positions[waiter] = position
+                if not last or name == tenant:
                     wanted -= 1
-                    left -= 1
+                cost = waiter.cost
+                if cost is not None:
+                    grants += 1
+                    stamp = stamps[name] = grants
+                    tokens = pending.setdefault(name, dict(self._pending.get(name, {})))
+                    tokens[waiter.weight] = tokens.get(waiter.weight, 0) + cost
+                    virtual = counter(name)
                 after = next(lines[name], None)
                 if after is not None:
-                    virtual += max(waiter.cost, 1) / waiter.weight
-                    heapq.heappush(heap, (virtual, grants, after.seq, name, after))
+                    heapq.heappush(heap, (virtual, stamp, after.seq, name, after))
             position = end
         return positions
 

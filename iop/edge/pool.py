@@ -582,7 +582,6 @@ class _Waiter:
         self.tenant = ticket.tenant.name
         self.weight = ticket.tenant.weight
         self.priority = ticket.priority
-        self.cost = ticket.cost
         self.kind = queue.kinds[klass] if members is queue.members else _Kind(members, klass)
         self.since = since
         self.deferred: defer.Deferred[Lease] = defer.Deferred(lambda d: cancelled(self))
@@ -591,6 +590,21 @@ class _Waiter:
     @property
     def group(self) -> str:
         return self.queue.name
+
+    @property
+    def cost(self) -> int | None:
+        """
+        What serving it charges its key in its queue's line (L{_grant}):
+        its provisional estimate (a caller's huge C{max_tokens} counts at
+        most C{limits.token_estimate}), or C{None} for work charged
+        already (placed again after a failure) or settled, whose grant is
+        not recorded; positions play the line forward with this, so they
+        are the order work is really served in.
+        """
+        ticket = self.ticket
+        if ticket.charged or ticket.settled:
+            return None
+        return ticket.provisional
 
 
 class ProviderPool:

@@ -25,6 +25,23 @@ class W:
     kind: str = "x"
 
 
+@dataclass(eq=False)
+class Charged:
+    """
+    A waiter whose grant may not be recorded at all (C{charge} C{None}).
+    """
+
+    tenant: str
+    priority: int = 0
+    weight: float = 1.0
+    charge: int | None = 100
+    seq: int = field(default_factory=lambda: next(_seq))
+
+    @property
+    def cost(self) -> int | None:
+        return self.charge
+
+
 def serve(line, settle=True):
     """
     Serve the first waiter of the line's order, charging its cost; with
@@ -225,7 +242,12 @@ class FirstProperties(SynchronousTestCase):
     @settings(max_examples=150, deadline=None)
     @given(
         waiters=st.lists(
-            st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 300), st.sampled_from([1.0, 2.0])),
+            st.tuples(
+                st.sampled_from("abcd"),
+                st.integers(0, 3),
+                st.one_of(st.none(), st.integers(0, 300)),
+                st.sampled_from([1.0, 2.0, 3.0]),
+            ),
             max_size=40,
         ),
         served=st.integers(0, 10),
@@ -235,15 +257,53 @@ class FirstProperties(SynchronousTestCase):
         A tenant's positions are those it has in the whole line's, whatever
         the classes, costs and weights, and whoever was served before.
         """
-        line: FairLine[W] = FairLine()
+        line: FairLine[Charged] = FairLine()
         for tenant, priority, cost, weight in waiters:
-            line.add(W(tenant, priority=priority, cost=cost, weight=weight))
+            line.add(Charged(tenant, priority=priority, charge=cost, weight=weight))
         for _ in range(min(served, len(line))):
-            serve(line, settle=False)
+            waiter = next(line.order())
+            line.remove(waiter)
+            line.grant(waiter.tenant, waiter.weight, waiter.charge or 0)
         everyone = line.positions()
         for tenant in "abcd":
             mine = {w: p for w, p in everyone.items() if w.tenant == tenant}
             self.assertEqual(line.positions(tenant), mine)
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        waiters=st.lists(
+            st.tuples(
+                st.sampled_from("abc"),
+                st.integers(0, 1),
+                st.one_of(st.none(), st.integers(0, 300)),
+                st.sampled_from([1.0, 3.0]),
+            ),
+            max_size=30,
+        ),
+        served=st.integers(0, 6),
+    )
+    def test_positions_are_the_serving_order(self, waiters, served):
+        """
+        Positions are the order the line serves in when each grant charges
+        what the waiter says it will (nothing recorded for C{None}), with
+        zero costs, weights and classes mixed.
+        """
+        line: FairLine[Charged] = FairLine()
+        for tenant, priority, cost, weight in waiters:
+            line.add(Charged(tenant, priority=priority, charge=cost, weight=weight))
+
+        def serve_charged() -> Charged:
+            waiter = next(line.order())
+            line.remove(waiter)
+            if waiter.charge is not None:
+                line.grant(waiter.tenant, waiter.weight, waiter.charge)
+            return waiter
+
+        for _ in range(min(served, len(line))):
+            serve_charged()
+        positions = line.positions()
+        order = [serve_charged() for _ in range(len(line))]
+        self.assertEqual(sorted(positions, key=positions.__getitem__), order)
 
     def test_first_asks_once_per_kind(self):
         """

@@ -252,6 +252,37 @@ class PositionTests(SynchronousTestCase):
         self.assertEqual(view[1]["waited_ms"], 250)
         self.assertEqual([e["position"] for e in pool.queued("b")], [1])
 
+    def test_positions_charge_what_the_line_charges(self):
+        """
+        Positions play the line forward charging each grant what the pool
+        charges it (a huge C{max_tokens} counts at most the provisional
+        estimate; work placed again after a failure is not charged
+        again), so they are the order work is really served in.
+        """
+        clock = Clock()
+        pool = make_pool(clock, slots=1, queue_timeout_sec=100)
+        held: list = []
+        pool.acquire("m", NORMAL).addCallback(held.append)
+        served: list = []
+
+        def submit(name, cost, provisional=None, charged=False):
+            ticket = Ticket(Tenant(name), cost, provisional=provisional)
+            ticket.charged = charged
+            pool.acquire("m", NORMAL, ticket=ticket).addCallback(lambda lease: served.append((name, lease)))
+
+        submit("huge", 10**18, provisional=100)
+        submit("huge", 10**18, provisional=100)
+        submit("plain", 150)
+        submit("plain", 150)
+        submit("again", 10**6, charged=True)
+        submit("again", 10**6, charged=True)
+        told = [e["key"] for e in sorted(pool.queued(), key=lambda e: (e["position"], e["key"]))]
+        self.assertEqual(sorted(e["position"] for e in pool.queued()), [1, 2, 3, 4, 5, 6])
+        held[0].release()
+        while len(served) < 6:
+            served[-1][1].release()
+        self.assertEqual([name for name, _ in served], told)
+
     def test_retry_after_from_drain_rate(self):
         """
         A full queue's refusal says when to come back: how long the line
