@@ -403,6 +403,11 @@ class _LoadIndex:
     entries go stale when a resource changes (it pushes a fresh one), and
     are dropped when they reach the top. Choosing is O(log n) amortized,
     not a scan of every member.
+
+    It also counts the members that are live candidates for the class
+    (L{_Resource.candidate}) and panic candidates
+    (L{_Resource.panic_candidate}), kept as each resource changes: whether
+    a full group's request waits or fails is answered without a scan.
     """
 
     def __init__(
@@ -414,18 +419,45 @@ class _LoadIndex:
         #: C{(priority, load, config order, version, resource)}: an entry
         #: is stale once its resource's version moved on.
         self.heap: list[tuple[int, float, int, int, _Resource]] = []
+        #: How many members are (panic) candidates for the class, and what
+        #: each member was when last counted: C{(candidate, panic
+        #: candidate)} by key (a member listed twice counts once).
+        self.candidates = 0
+        self.panic_candidates = 0
+        self.standing: dict[tuple[str, str], tuple[bool, bool]] = {}
         for member in members:
             resource = resources[member.key]
             resource.indexes.append(self)
             self.push(resource)
 
     def push(self, resource: _Resource) -> None:
+        """
+        C{resource} changed (or joins the index): recount it, and enter it
+        again at its new load if it has room.
+        """
+        self._recount(resource)
         if resource.room(self.klass) <= 0:
             return
         priority, order = self.order[resource.spec.key]
         heapq.heappush(self.heap, (priority, resource.load(self.klass), order, resource.version, resource))
         if len(self.heap) > 4 * len(self.members) + 16:
             self._compact()
+
+    def _recount(self, resource: _Resource) -> None:
+        """
+        Bring the candidate counts up to date with C{resource}'s state: it
+        is told of every change (L{_Resource.changed}), so the counts stay
+        exact without a scan of the members.
+        """
+        klass = self.klass
+        now = (resource.candidate(klass), resource.panic_candidate(klass))
+        key = resource.spec.key
+        was = self.standing.get(key, (False, False))
+        if now == was:
+            return
+        self.standing[key] = now
+        self.candidates += now[0] - was[0]
+        self.panic_candidates += now[1] - was[1]
 
     def best(self) -> "tuple[_Resource, GroupMember] | None":
         """
@@ -860,7 +892,7 @@ class ProviderPool:
             error=resource.last_error,
         )
         self._probe_later(resource)
-        self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+        self._fail_waiters(self._stranded, None)
 
     def _probe_later(self, resource: _Resource) -> None:
         interval = self._health.probe_interval_sec
@@ -989,7 +1021,7 @@ class ProviderPool:
         """
         queue = self._queues[self._group(group_name).name]
         try:
-            return self._has_candidate(self._members(queue, node_id, accept), klass, panic)
+            return self._has_candidate(queue, self._members(queue, node_id, accept), klass, panic)
         except KeyError:
             return False
 
@@ -1061,7 +1093,7 @@ class ProviderPool:
         best = self._best(queue, members, klass)
         if best is not None:
             return defer.succeed(self._grant(queue, best, klass, ticket))
-        if not self._has_candidate(members, klass):
+        if not self._has_candidate(queue, members, klass):
             return defer.fail(self._unavailable(queue, klass))
         # A place turned away for the queue's bound is one of the Edge's too.
         at_bound, ticket.at_bound = ticket.at_bound, False
@@ -1091,13 +1123,29 @@ class ProviderPool:
             raise KeyError(f"unknown model group {name!r}")
         return group
 
-    def _has_candidate(self, members: Iterable[GroupMember], klass: str, panic: bool = True) -> bool:
+    def _has_candidate(self, queue: _Queue, members: Iterable[GroupMember], klass: str, panic: bool = True) -> bool:
         """
-        Whether a live member could serve C{klass}, now or after a wait (an
-        ejected one too, with C{panic}: panic mode).
+        Whether a live member of C{queue} (of C{members}, which are all of
+        its members or some of them) could serve C{klass}, now or after a
+        wait (an ejected one too, with C{panic}: panic mode).
+
+        All of them: the counts its index keeps answer, so that a request
+        on a full group of many members does not scan them all. Some of
+        them (a named node, a filter): those few are asked.
         """
+        if members is queue.members:
+            index = queue.index(klass, self._resources)
+            return index.candidates > 0 or (panic and index.panic_candidates > 0)
         resources = [self._resources[m.key] for m in members]
         return any(r.candidate(klass) or (panic and r.panic_candidate(klass)) for r in resources)
+
+    def _stranded(self, waiter: _Waiter) -> bool:
+        """
+        Whether C{waiter} is left without a live candidate (after a
+        disconnect, a drain, an ejection or a removed adapter): it fails
+        at once rather than wait for nothing.
+        """
+        return not self._has_candidate(waiter.queue, waiter.members, waiter.klass)
 
     def _unavailable(self, queue: _Queue, klass: str) -> NoLiveProvider:
         return NoLiveProvider(queue, klass, f"no live provider for {klass} requests")
@@ -1123,7 +1171,11 @@ class ProviderPool:
                     rank = (member.priority, resource.load(klass))
                     if best is None or rank < (best[1].priority, best[0].load(klass)):
                         best = (resource, member)
-        if best is None and panic and not self._has_candidate(members, klass, panic=False):
+        if best is None and panic and not self._has_candidate(queue, members, klass, panic=False):
+            if members is queue.members and not queue.index(klass, self._resources).panic_candidates:
+                # No ejected member either (every one offline, say): none
+                # to choose among, known without a scan.
+                return None
             return self._panic_choice(members, klass)
         return best
 
@@ -1395,7 +1447,7 @@ class ProviderPool:
             if spec.implicit and spec.key not in wanted and (spec.capacity_normal or spec.capacity_long):
                 resource.spec = replace(spec, capacity_normal=0, capacity_long=0)
                 resource.changed()
-                self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+                self._fail_waiters(self._stranded, None)
 
     # -- Node lifecycle (told by the Edge service)
 
@@ -1475,7 +1527,7 @@ class ProviderPool:
         for resource in resources:
             resource.draining = True
             resource.changed()
-        self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+        self._fail_waiters(self._stranded, None)
 
     def fail_waiters(self, error: Exception) -> None:
         """
@@ -1513,7 +1565,7 @@ class ProviderPool:
             )
             return
         returned = sum(resource.set_generation(None) for resource in resources)
-        failed = self._fail_waiters(lambda waiter: not self._has_candidate(waiter.members, waiter.klass), None)
+        failed = self._fail_waiters(self._stranded, None)
         self.log.info(
             "node {node} generation {generation} disconnected: returned {count} leases, {failed} waiters unavailable",
             node=node_id,

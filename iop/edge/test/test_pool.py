@@ -763,3 +763,92 @@ class QueueViewCostTests(PoolTestCase):
         self.assertEqual(view, [e for e in self.pool.queued() if e["key"] == "me"])
         self.assertEqual([e["position"] for e in view], [2001])
         self.assertLess(reads, 100)
+
+
+class FullGroupCostTests(PoolTestCase):
+    """
+    A request to a large group that is full (a busy Edge's usual state)
+    learns whether to wait or fail without asking every member whether it
+    is a live candidate: a count kept per queue answers.
+    """
+
+    MEMBERS = 1000
+
+    def setUp(self):
+        providers = [provider(f"n{i}", "p", normal=1) for i in range(self.MEMBERS)]
+        self.pool = self.make_pool(
+            providers, [group("m", *((p.node_id, "p") for p in providers))], ready=[p.node_id for p in providers]
+        )
+        self.held = [self.lease_of(self.pool.acquire("m", NORMAL)) for _ in range(self.MEMBERS)]
+
+    def asks(self, call) -> int:
+        """
+        How many times members are looked up or asked whether they are a
+        (panic) candidate while C{call()} runs.
+        """
+        from iop.edge import pool as module
+
+        asked = [0]
+        for name in ("candidate", "panic_candidate"):
+            plain = getattr(module._Resource, name)
+
+            def counted(resource, klass, plain=plain):
+                asked[0] += 1
+                return plain(resource, klass)
+
+            self.patch(module._Resource, name, counted)
+
+        class Resources(dict):
+            def __getitem__(self, key):
+                asked[0] += 1
+                return dict.__getitem__(self, key)
+
+        self.patch(self.pool, "_resources", Resources(self.pool._resources))
+        call()
+        return asked[0]
+
+    def test_acquire_on_full_group(self):
+        """
+        A new request on a full group waits, having asked a handful of
+        members at most.
+        """
+        waiting: list[Deferred[Lease]] = []
+        self.assertLess(self.asks(lambda: waiting.append(self.pool.acquire("m", NORMAL))), 20)
+        self.assertNoResult(waiting[0])
+        self.assertEqual(self.queued(self.pool, "m"), 1)
+
+    def test_release_with_waiters(self):
+        """
+        A release on a full group with work waiting serves the next waiter;
+        finding no more room after it costs a handful of questions, not one
+        per member.
+        """
+        waiting = [self.pool.acquire("m", NORMAL) for _ in range(3)]
+        self.assertLess(self.asks(self.held.pop().release), 20)
+        self.lease_of(waiting[0])
+        self.assertNoResult(waiting[1])
+
+    def test_acquire_behind_members_gone(self):
+        """
+        Likewise when most of the group is offline or draining and the
+        live candidates are the last members listed.
+        """
+        for i in range(self.MEMBERS - 10):
+            if i % 2:
+                self.pool.node_disconnected(f"n{i}", 1)
+            else:
+                self.pool.node_draining(f"n{i}", 1)
+        waiting: list[Deferred[Lease]] = []
+        self.assertLess(self.asks(lambda: waiting.append(self.pool.acquire("m", NORMAL))), 20)
+        self.assertNoResult(waiting[0])
+
+    def test_no_live_candidate(self):
+        """
+        With every member offline a request fails at once, again without
+        asking each of them.
+        """
+        for i in range(self.MEMBERS):
+            self.pool.node_disconnected(f"n{i}", 1)
+        failed: list[Deferred[Lease]] = []
+        self.assertLess(self.asks(lambda: failed.append(self.pool.acquire("m", NORMAL))), 20)
+        self.failureResultOf(failed[0], NoLiveProvider)
