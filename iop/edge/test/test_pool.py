@@ -3,7 +3,8 @@ Tests for L{iop.edge.pool}: leases, shared capacity, the FIFO queue and
 Node lifecycle.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
@@ -620,6 +621,31 @@ class ReentrancyTests(PoolTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
+T = TypeVar("T")
+
+
+def waiter_reads(case: SynchronousTestCase, action: Callable[[], T]) -> tuple[T, int]:
+    """
+    What C{action()} returns, and how many times it read an attribute of
+    a waiter: what a queue costs to walk, counted instead of timed.
+    """
+    from iop.edge import pool as module
+
+    reads = [0]
+    plain = object.__getattribute__
+
+    def counted(waiter: object, name: str) -> object:
+        reads[0] += 1
+        return plain(waiter, name)
+
+    case.patch(module._Waiter, "__getattribute__", counted)
+    try:
+        result = action()
+    finally:
+        case.patch(module._Waiter, "__getattribute__", plain)
+    return result, reads[0]
+
+
 class PumpCostTests(PoolTestCase):
     """
     A release costs what can be served, not the length of the queue: the
@@ -633,19 +659,7 @@ class PumpCostTests(PoolTestCase):
         How many times waiters' attributes are read while C{release} is
         returned (the pump's walk over the queue, whatever its shape).
         """
-        from iop.edge import pool as module
-
-        reads = [0]
-        plain = object.__getattribute__
-
-        def counted(waiter: object, name: str) -> object:
-            reads[0] += 1
-            return plain(waiter, name)
-
-        self.patch(module._Waiter, "__getattribute__", counted)
-        release.release()
-        self.patch(module._Waiter, "__getattribute__", plain)
-        return reads[0]
+        return waiter_reads(self, release.release)[1]
 
     def fill(self, pool: ProviderPool, klass: str, node_id: str | None = None) -> list[Deferred[Lease]]:
         tenants = [Tenant(f"k{i}") for i in range(4)]
@@ -705,19 +719,7 @@ class QueueViewCostTests(PoolTestCase):
         C{pool.queued(tenant)}, and how many times waiters' attributes
         were read to answer it.
         """
-        from iop.edge import pool as module
-
-        reads = [0]
-        plain = object.__getattribute__
-
-        def counted(waiter: object, name: str) -> object:
-            reads[0] += 1
-            return plain(waiter, name)
-
-        self.patch(module._Waiter, "__getattribute__", counted)
-        view = pool.queued(tenant)
-        self.patch(module._Waiter, "__getattribute__", plain)
-        return view, reads[0]
+        return waiter_reads(self, lambda: pool.queued(tenant))
 
     def setUp(self):
         self.pool = self.make_pool(

@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.pool import CLASSES, GroupMember, HealthPolicy, ModelGroupSpec, ProviderPool, ProviderSpec
+from iop.edge.test.test_pool_index import NODES, NodeLifecycle
 
-NODES = [f"n{i}" for i in range(4)]
 ADAPTERS = ("a", "b")
 #: The adapter no provider names, whose implicit resource comes and goes.
 LOOSE = "x"
@@ -31,7 +31,7 @@ def scanned(pool, queue, klass, panic):
     return any(r.candidate(klass) or (panic and r.panic_candidate(klass)) for r in resources)
 
 
-class CandidateMachine(RuleBasedStateMachine):
+class CandidateMachine(NodeLifecycle):
     @initialize(
         capacities=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1)), min_size=8, max_size=8),
         priorities=st.lists(st.integers(0, 1), min_size=8, max_size=8),
@@ -64,19 +64,6 @@ class CandidateMachine(RuleBasedStateMachine):
         d.addErrback(lambda failure: None)
         if cancel and not d.called:
             d.cancel()
-
-    @rule(node=st.sampled_from(NODES))
-    def ready(self, node):
-        self.generation += 1
-        self.pool.node_ready(node, self.generation)
-
-    @rule(node=st.sampled_from(NODES))
-    def offline(self, node):
-        self.pool.node_disconnected(node, self.pool._by_node[node][0].generation or 0)
-
-    @rule(node=st.sampled_from(NODES))
-    def draining(self, node):
-        self.pool.node_draining(node, self.pool._by_node[node][0].generation or 0)
 
     @rule(group=st.sampled_from(("g", "h")), klass=st.sampled_from(CLASSES), cancel=st.booleans())
     def lease(self, group, klass, cancel):

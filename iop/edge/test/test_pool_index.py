@@ -25,21 +25,14 @@ def naive(pool, queue, klass):
     return best
 
 
-class IndexMachine(RuleBasedStateMachine):
-    @initialize(capacities=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=12, max_size=12))
-    def set_up(self, capacities):
-        providers = [
-            ProviderSpec(NODES[i % len(NODES)], f"p{i}", "a", "echo", normal, long)
-            for i, (normal, long) in enumerate(capacities)
-        ]
-        members = tuple(GroupMember(p.node_id, p.provider_id, "") for p in providers)
-        self.clock = Clock()
-        self.pool = ProviderPool(self.clock, providers, [ModelGroupSpec("g", members)], health=HealthPolicy(1, 5, 5))
-        self.queue = self.pool._queues["g"]
-        self.leases = []
-        self.generation = 0
-        for node in NODES:
-            self.ready(node)
+class NodeLifecycle(RuleBasedStateMachine):
+    """
+    Rules for machines over a pool (C{self.pool}) whose providers are on
+    L{NODES}: a Node going ready (a new generation), offline or draining.
+    """
+
+    pool: ProviderPool
+    generation = 0
 
     @rule(node=st.sampled_from(NODES))
     def ready(self, node):
@@ -54,6 +47,23 @@ class IndexMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES))
     def draining(self, node):
         self.pool.node_draining(node, self.pool._by_node[node][0].generation or 0)
+
+
+class IndexMachine(NodeLifecycle):
+    @initialize(capacities=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=12, max_size=12))
+    def set_up(self, capacities):
+        providers = [
+            ProviderSpec(NODES[i % len(NODES)], f"p{i}", "a", "echo", normal, long)
+            for i, (normal, long) in enumerate(capacities)
+        ]
+        members = tuple(GroupMember(p.node_id, p.provider_id, "") for p in providers)
+        self.clock = Clock()
+        self.pool = ProviderPool(self.clock, providers, [ModelGroupSpec("g", members)], health=HealthPolicy(1, 5, 5))
+        self.queue = self.pool._queues["g"]
+        self.leases = []
+        self.generation = 0
+        for node in NODES:
+            self.ready(node)
 
     @rule(klass=st.sampled_from(CLASSES))
     def lease(self, klass):
