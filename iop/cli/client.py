@@ -152,9 +152,16 @@ class EdgeClient:
     ) -> None:
         if "://" not in base_url:
             base_url = "http://" + base_url
-        parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CLIError(f"--edge {base_url!r}: expected http://host:port or https://host:port", USAGE)
+        usage = f"--edge {base_url!r}: expected http://host:port or https://host:port"
+        try:
+            # The port is read here, not when connecting: a port that is not
+            # one (C{:abc}, C{:99999}) raises ValueError from urllib.
+            parts = urllib.parse.urlsplit(base_url)
+            port = parts.port
+        except ValueError as e:
+            raise CLIError(f"{usage} ({e})", USAGE) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise CLIError(usage, USAGE)
         self.base_url = base_url.rstrip("/")
         self._parts = parts
         self._host = parts.hostname

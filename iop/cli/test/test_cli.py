@@ -108,6 +108,17 @@ class AnswerErrorTests(SynchronousTestCase):
         self.assertEqual(self.assertRaises(CLIError, EdgeClient, "ftp://x").exit_code, USAGE)
         self.assertEqual(EdgeClient("edge:8080").base_url, "http://edge:8080")
 
+    def test_bad_edge_port(self):
+        """
+        An --edge whose port is not a port, or that is not a URL at all, is
+        a one-line usage error naming it (not a traceback when connecting).
+        """
+        for url in ("http://127.0.0.1:abc", "http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:0"):
+            err = io.StringIO()
+            self.assertEqual(main(["--edge", url, "status"], {}, io.StringIO(), err), USAGE, url)
+            self.assertEqual(err.getvalue().count("\n"), 1, url)
+            self.assertIn("--edge", err.getvalue())
+
 
 class FakeConnection:
     def __init__(self):
