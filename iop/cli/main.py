@@ -21,6 +21,7 @@ import argparse
 import getpass
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -253,6 +254,22 @@ def cmd_token_hash(ctx: Context) -> int:
 # -- arguments
 
 
+def seconds(text: str) -> float:
+    """
+    An argparse type for C{--timeout} and C{--interval}: a positive, finite
+    number of seconds. Zero, negative, C{nan} or C{inf} would reach the
+    socket or C{time.sleep} as a ValueError/OverflowError traceback (or,
+    for C{--interval 0}, ask the Edge in a busy loop).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], suppress: bool) -> None:
     """
     The global options, on the main parser (with their defaults) and on
@@ -280,7 +297,7 @@ def add_globals(parser: argparse.ArgumentParser, environ: Mapping[str, str], sup
     )
     group.add_argument("--json", action="store_true", default=default(False), help="print JSON for scripts")
     group.add_argument(
-        "--timeout", type=float, metavar="SEC", default=default(30.0), help="connect and answer timeout (30)"
+        "--timeout", type=seconds, metavar="SEC", default=default(30.0), help="connect and answer timeout (30)"
     )
 
 
@@ -311,7 +328,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     p = command("status", cmd_status, "nodes, providers and queues at a glance", environ, sub)
     p.add_argument("--watch", "-w", action="store_true", help="redraw until Ctrl-C")
-    p.add_argument("--interval", type=float, default=2.0, metavar="SEC", help="--watch refresh period (2)")
+    p.add_argument("--interval", type=seconds, default=2.0, metavar="SEC", help="--watch refresh period (2)")
 
     command("nodes", cmd_nodes, "every configured node and its connection", environ, sub)
 

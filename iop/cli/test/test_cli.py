@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import io
 import json
+import sys
 from typing import Any, cast
 
 from rich.console import Console
@@ -258,6 +259,26 @@ class ArgumentTests(SynchronousTestCase):
         out = io.StringIO()
         main(["token-hash", "s3cret", "--json"], {}, out, io.StringIO())
         self.assertEqual(json.loads(out.getvalue()), {"sha256": hashlib.sha256(b"s3cret").hexdigest()})
+
+    def test_bad_durations(self):
+        """
+        --timeout and --interval must be positive finite numbers of
+        seconds: anything else is a usage error (exit 2) before any
+        request, not a traceback from the socket or from sleeping.
+        """
+        for argv in (
+            ["--timeout", "-1", "status"],
+            ["--timeout", "0", "status"],
+            ["--timeout", "nan", "status"],
+            ["status", "--timeout", "inf"],
+            ["status", "--watch", "--interval", "-1"],
+            ["status", "--watch", "--interval", "0"],
+        ):
+            self.patch(sys, "stderr", io.StringIO())
+            with self.assertRaises(SystemExit) as raised:
+                build_parser({}).parse_args(argv)
+            self.assertEqual(raised.exception.code, USAGE, argv)
+        self.assertEqual(build_parser({}).parse_args(["--timeout", "2.5", "status"]).timeout, 2.5)
 
     def test_empty_run_id(self):
         """
