@@ -201,6 +201,11 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
+#: What C{token_sha256} must not be: an empty token's digest would let
+#: anyone who sends an empty token register as the node.
+_EMPTY_TOKEN_DIGEST = token_digest("")
+
+
 def load(path: str) -> EdgeConfig:
     """
     Read and validate C{edge.yaml}.
@@ -357,7 +362,11 @@ def _node(section: Section) -> NodeSpec:
     if has_plain == has_hash:
         raise section.error("token", "exactly one of token or token_sha256 is required")
     if has_plain:
-        digest = token_digest(section.get("token", str))
+        token = section.get("token", str)
+        if not token.strip():
+            # node.yaml refuses such a token: only a stranger could send it.
+            raise section.error("token", "must not be empty")
+        digest = token_digest(token)
     else:
         hexdigest = section.get("token_sha256", str)
         try:
@@ -366,6 +375,8 @@ def _node(section: Section) -> NodeSpec:
             digest = b""
         if len(digest) != 32:
             raise section.error("token_sha256", "must be 64 hexadecimal digits")
+        if digest == _EMPTY_TOKEN_DIGEST:
+            raise section.error("token_sha256", "is the SHA-256 of the empty token (no Node can send that one)")
     adapters = tuple(_adapter(a) for a in section.sections("adapters"))
     _unique(section, "adapters", [a.name for a in adapters], what="name")
     by_name = {a.name: a for a in adapters}

@@ -3,6 +3,7 @@ edge.yaml validation: every mistake is refused with the key named.
 """
 
 import copy
+import hashlib
 import json
 import os
 
@@ -47,6 +48,22 @@ class EdgeConfigTests(SynchronousTestCase):
         A node needs a token or its SHA-256.
         """
         self.assert_refused(lambda d: d["nodes"][1].pop("token"), "nodes[1].token")
+
+    def test_empty_token(self):
+        """
+        An empty (or blank) token, or the SHA-256 of the empty token, is
+        refused: no Node can be configured with one (node.yaml refuses it),
+        so it would only let a stranger who sends an empty token register
+        as the node and receive its adapters.
+        """
+        for token in ("", "  "):
+            self.assert_refused(lambda d, t=token: d["nodes"][1].update(token=t), "nodes[1].token", "empty")
+
+        def empty_digest(d):
+            d["nodes"][0].pop("token")
+            d["nodes"][0]["token_sha256"] = hashlib.sha256(b"").hexdigest().upper()
+
+        self.assert_refused(empty_digest, "nodes[0].token_sha256", "empty")
 
     def test_bad_sha(self):
         """
