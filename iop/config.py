@@ -7,6 +7,7 @@ message such as C{edge.yaml: nodes[0].token: required}.
 """
 
 import math
+import sys
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import yaml
 
 _MISSING = object()
+#: The largest number a float holds (integers beyond it overflow).
+_FLOAT_MAX = sys.float_info.max
 
 
 class ConfigError(ValueError):
@@ -63,9 +66,16 @@ class Section:
         return value
 
     def number(self, name: str, default: Any = _MISSING, minimum: float | None = None, positive: bool = False) -> Any:
+        """
+        The number at C{name} (an integer or a float), optionally positive
+        or at least C{minimum}. An integer past a float's range is refused:
+        as seconds it would raise OverflowError where it is used (a timer).
+        """
         value = self.get(name, (int, float), default)
         if value is None:
             return value
+        if isinstance(value, int) and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+            raise self.error(name, "is too large")
         if positive and value <= 0:
             raise self.error(name, f"must be positive, got {value!r}")
         if minimum is not None and value < minimum:

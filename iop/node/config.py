@@ -163,11 +163,15 @@ def parse_store(top: Section) -> tuple[str, Retention]:
     retention.unknown(_RETENTION_KEYS)
     default = Retention()
     limits: dict[str, Any] = {}
-    for name, kind in (("max_age_days", (int, float)), ("max_rows", int)):
+    for name in ("max_age_days", "max_rows"):
         if name in retention.data and retention.data[name] is None:
             limits[name] = None
             continue
-        value = retention.get(name, kind, getattr(default, name))
+        if name == "max_age_days":
+            # A number of days (a float's range: it becomes a time cutoff).
+            value = retention.number(name, default.max_age_days)
+        else:
+            value = retention.get(name, int, default.max_rows)
         if value is not None and value <= 0:
             raise retention.error(name, f"must be positive (or null for no limit), got {value!r}")
         limits[name] = value

@@ -65,6 +65,19 @@ class EdgeConfigTests(SynchronousTestCase):
 
         self.assert_refused(empty_digest, "nodes[0].token_sha256", "empty")
 
+    def test_number_too_large(self):
+        """
+        An integer too large to be a number of seconds (past a float's
+        range) is refused naming its key: read as a timeout it was an
+        OverflowError traceback at load, or later from the timer.
+        """
+        huge = 10**400
+        self.assert_refused(lambda d: d.update(reattach_timeout_sec=huge), "reattach_timeout_sec", "too large")
+        self.assert_refused(lambda d: d.update(run_grace_sec=huge), "run_grace_sec", "too large")
+        self.assert_refused(
+            lambda d: d["model_groups"][0].update(queue_timeout_sec=huge), "model_groups[0].queue_timeout_sec"
+        )
+
     def test_bad_sha(self):
         """
         token_sha256 must be 64 hex digits.

@@ -126,6 +126,9 @@ class ConfigTests(SynchronousTestCase):
         self.assert_error_names("store.retention.keep", store={"retention": {"keep": 1}})
         self.assert_error_names("store.file", store={"file": "x"})
         self.assert_error_names("store.path", store={"path": ""})
+        # Past a float's range: pruning would fail with OverflowError each time.
+        self.assert_error_names("store.retention.max_age_days", store={"retention": {"max_age_days": 10**400}})
+        self.assert_error_names("register_timeout_sec", register_timeout_sec=10**400)
 
     def test_shutdown_grace(self):
         """
