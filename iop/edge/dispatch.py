@@ -240,6 +240,14 @@ class Dispatch:
         """
         raise NotImplementedError
 
+    def tell_cancelled(self, message: str) -> None:
+        """
+        Give the listener a C{cancelled} terminal for work that ended here
+        without one: it was cancelled while it waited to be placed again,
+        in nobody's hands, and its caller may still be reading.
+        """
+        raise NotImplementedError
+
     def _first_output(self) -> None:
         """
         The provider answered: from now on nothing is retried (its health
@@ -555,6 +563,14 @@ class RunDispatch(Dispatch):
         self.tracker.run_event(self, event, None)
         self._tell(self.listener.event, event)
 
+    def tell_cancelled(self, message: str) -> None:
+        """
+        The run book logs the C{cancelled} terminal and the listener hears it.
+        """
+        event = RunEventData(CANCELLED, error=RunFailure(code=CANCELLED, message=message))
+        self.tracker.run_event(self, event, None)
+        self._tell(self.listener.event, event)
+
     def end_cancelled(self, message: str, code: str = CANCELLED) -> None:
         self.deliver(RunEventData(CANCELLED, error=RunFailure(code=code, message=message)))
 
@@ -724,6 +740,14 @@ class TunnelDispatch(Dispatch):
 
     def tell_failure(self, failure: RunFailure) -> None:
         self.tracker.tunnel_ended(self, ERROR, failure)
+        self._tell(self.listener.error, failure)
+
+    def tell_cancelled(self, message: str) -> None:
+        """
+        The run book ends the tunnel C{cancelled} and the listener hears it.
+        """
+        failure = RunFailure(code=CANCELLED, message=message)
+        self.tracker.tunnel_ended(self, CANCELLED, failure)
         self._tell(self.listener.error, failure)
 
     def end_cancelled(self, message: str, code: str = CANCELLED) -> None:

@@ -35,7 +35,7 @@ from iop.edge.runs import RUN, TUNNEL, RunBook, RunRecord
 from iop.edge.spec import RunSpec, TunnelSpec, new_id
 from iop.protocols import messages
 from iop.protocols.wire import FrameTooLarge
-from iop.run import CANCELLED, INCOMPLETE, RunFailure
+from iop.run import INCOMPLETE, RunFailure
 
 
 def labels(pool: ProviderPool, spec: RunSpec) -> dict[str, Any]:
@@ -264,8 +264,10 @@ class Starter:
                 if not outcome.check(ServiceError, CancelledError):
                     self.log.failure("placing {id} again failed", outcome, id=work_id)
                 failed.tell_failure(failure)
-            elif failed.record is not None:
-                self.runs.not_started(failed.record, CANCELLED, "cancelled while placed again", CANCELLED)
+            else:
+                # Cancelled (the caller left, or asked by another request
+                # while it still reads): the record and the listener end.
+                failed.tell_cancelled("cancelled while placed again")
 
         def done(_: object) -> None:
             self.placing_again.pop(work_id, None)

@@ -271,3 +271,63 @@ class FailoverTests(SynchronousTestCase):
         record = self.service.runs.get(recorder.work_id)
         assert record is not None
         self.assertEqual(record.status, "cancelled")
+
+
+class CancelWhilePlacedAgainTests(SynchronousTestCase):
+    """
+    A run cancelled while it waits to be placed again (out of any Node's
+    hands) ends with a terminal its caller's listener hears too.
+    """
+
+    def test_cancel_during_retry_after(self):
+        """
+        A run whose only provider answered 503 with a Retry-After waits it
+        out before it is placed again; cancelled meanwhile (by an API call,
+        while its caller still streams), its listener gets the
+        C{cancelled} terminal the run book logs, and it is not placed again.
+        """
+        edge = EdgeHarness(config())
+        node, pump, _ = edge.register(token="tok-1")
+        recorder = Recorder()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp")
+        work_id = self.successResultOf(edge.service.submit(spec, recorder.for_run))
+        edge.flush()
+        (request,) = node.of("run_request")
+        failed = messages.run_event(run_id=request.run_id, seq=1, type="error")
+        failed.error.CopyFrom(messages.run_error("provider_error", "busy", status=503, retry_after_sec=2))
+        node.connection.send(failed)
+        pump.flush()
+        self.assertEqual(recorder.types(), [])
+        self.assertTrue(edge.service.cancel(work_id))
+        self.assertEqual(recorder.types(), ["cancelled"])
+        edge.advance(3)
+        self.assertEqual(len(node.of("run_request")), 1)
+        record = edge.service.runs.get(work_id)
+        assert record is not None
+        self.assertEqual(record.status, "cancelled")
+        self.assertEqual(edge.service.pool.active_leases(), [])
+
+    def test_tunnel_cancel_during_retry_after(self):
+        """
+        The same for a tunnel: its listener gets a C{cancelled} error.
+        """
+        edge = EdgeHarness(config(tunnel=True))
+        node, pump, _ = edge.register(token="tok-1")
+        listener = TunnelRecorder()
+        spec = RunSpec(
+            messages=[], model="grp", tunnel=TunnelSpec("POST", "/chat/completions", [], {"model": "grp"}), runs=False
+        )
+        work_id = self.successResultOf(edge.service.submit(spec, listener.for_work))
+        edge.flush()
+        (request,) = node.of("provider_tunnel_request")
+        error = messages.run_error("provider_error", "busy", status=503, retry_after_sec=2)
+        node.connection.send(messages.tunnel_frame(request.tunnel_id, 1, error=error))
+        pump.flush()
+        self.assertEqual(listener.calls, [])
+        self.assertTrue(edge.service.cancel(work_id))
+        self.assertEqual([(c[0], c[1].code) for c in listener.calls], [("error", "cancelled")])
+        edge.advance(3)
+        self.assertEqual(len(node.of("provider_tunnel_request")), 1)
+        record = edge.service.runs.get(work_id)
+        assert record is not None
+        self.assertEqual(record.status, "cancelled")
