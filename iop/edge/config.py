@@ -524,6 +524,10 @@ def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
             raise member.error("node", f"names no configured node: {node_id!r}")
         if not any(p.provider_id == provider_id for p in node.providers):
             raise member.error("provider", f"node {node_id} has no provider {provider_id!r}")
+        if any(m.node_id == node_id and m.provider_id == provider_id for m in members):
+            # The pool keeps one member per provider: a second listing
+            # (another target or priority) would be silently dropped.
+            raise ConfigError(f"{member.source}: {member.path}: lists provider {node_id}/{provider_id} twice")
         priority = member.get("priority", int, 0)
         if priority < 0:
             raise member.error("priority", f"must not be negative, got {priority!r}")

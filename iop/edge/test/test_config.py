@@ -78,6 +78,18 @@ class EdgeConfigTests(SynchronousTestCase):
             lambda d: d["model_groups"][0].update(queue_timeout_sec=huge), "model_groups[0].queue_timeout_sec"
         )
 
+    def test_group_member_twice(self):
+        """
+        A model group may list a provider once: the pool keeps one member
+        per provider, so a second listing (another target or priority) was
+        silently dropped, the first one's target never used.
+        """
+        self.assert_refused(
+            lambda d: d["model_groups"][0]["providers"].append({"node": "n1", "provider": "p1", "target": "t9"}),
+            "model_groups[0].providers[2]",
+            "n1/p1",
+        )
+
     def test_bad_sha(self):
         """
         token_sha256 must be 64 hex digits.
