@@ -514,7 +514,7 @@ def _group(section: Section, config: EdgeConfig) -> ModelGroupSpec:
             "context_fallbacks",
         }
     )
-    members = []
+    members: list[GroupMember] = []
     for member in section.sections("providers"):
         member.unknown({"node", "provider", "target", "priority"})
         node_id = member.get("node", str)
