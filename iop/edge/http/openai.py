@@ -11,6 +11,7 @@ response.
 """
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,10 +296,20 @@ _KIND_BY_FAILURE = {
 def run_failure_error(failure: RunFailure) -> ServiceError:
     """
     The HTTP error for a run that ended in C{error} before any output: the
-    provider's own status when it reported one, else by failure code.
+    provider's own status when it reported one, else by failure code; with
+    the C{Retry-After} the provider asked for (whole seconds, rounded up),
+    which a tunnel would have relayed with the provider's headers.
     """
     status = failure.status if 400 <= failure.status < 600 else None
-    return ServiceError(_KIND_BY_FAILURE.get(failure.code, "failed"), failure.message, code=failure.code, status=status)
+    delay = failure.retry_after_sec
+    retry_after = math.ceil(delay) if 0 < delay < math.inf else None
+    return ServiceError(
+        _KIND_BY_FAILURE.get(failure.code, "failed"),
+        failure.message,
+        code=failure.code,
+        status=status,
+        retry_after=retry_after,
+    )
 
 
 #: The request header that asks for a background run (C{true}, C{1} or

@@ -16,7 +16,7 @@ from iop.edge.errors import ServiceError
 from iop.edge.http import openai
 from iop.edge.http.common import EventStream
 from iop.edge.http.openai import event_end
-from iop.run import COMPLETE, DELTA, ERROR, START, RunEventData, RunFailure, Usage
+from iop.run import COMPLETE, DELTA, ERROR, PROVIDER_ERROR, START, RunEventData, RunFailure, Usage
 from iop.testing import gateway
 from iop.testing.gateway import GATEWAY_YAML, Gateway
 from iop.testing.node import ManualAdapter
@@ -490,6 +490,22 @@ class RequestIdTests(OpenAITestCase):
         self.node.adapter("llm").tunnels[-1][2].callback(None)
         self.gateway.flush()
         self.assertEqual(self.request_ids(self.result(d)[1]), [b"req_abc"])
+
+
+class RetryAfterTests(OpenAITestCase):
+    def test_provider_retry_after_on_a_normalized_run(self) -> None:
+        """
+        A normalized run its provider refused with a 429 and a Retry-After
+        the Edge could not wait for answers 429 with that Retry-After (in
+        whole seconds, rounded up), as a tunnel relays the provider's own.
+        """
+        for stream in (False, True):
+            d = self.chat(model="local", stream=stream)
+            emit = self.manual_run()[1]
+            emit(RunEventData(ERROR, error=RunFailure(PROVIDER_ERROR, "slow down", 429, retry_after_sec=299.2)))
+            self.gateway.flush()
+            code, headers, _ = self.result(d)
+            self.assertEqual((code, headers.getRawHeaders(b"retry-after")), (429, [b"300"]), stream)
 
 
 class StatusPhraseTests(OpenAITestCase):
