@@ -532,6 +532,10 @@ class JSONResource(Resource):
             return
         if isinstance(result, tuple):
             status, body = result
+            if status >= 400:
+                # An error answer a handler returned (a session that could
+                # not be ended) is the Edge's own, which always has an id.
+                identify(request)
             write_json(request, status, body)
         else:
             write_json(request, 200, result)

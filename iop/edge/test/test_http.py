@@ -369,9 +369,12 @@ class SurfaceTests(SynchronousTestCase):
         )
         self.pump.flush()
         self.http.flush()
-        code, _, body = self.result(d)
+        code, headers, body = self.result(d)
         answer = json.loads(body)
         self.assertEqual((code, answer["terminated"], answer["error"]["code"]), (404, False, "unknown_session"))
+        # (An error answer of the Edge's own, like any: with a request id.)
+        (request_id,) = headers.getRawHeaders(b"x-request-id")
+        self.assertTrue(request_id.startswith(b"req-"), request_id)
 
 
 class TerminateCallerTests(SynchronousTestCase):
