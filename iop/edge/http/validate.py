@@ -6,9 +6,11 @@ A request body is parsed as JSON and the whole tree is checked once
 encodable as UTF-8 (no lone surrogates such as C{"\\ud800"}: the wire's
 protobuf strings refuse them, and so do most providers), no C{NaN} or
 C{Infinity} (neither spelled out nor as a number too large for a float,
-C{1e400}), no integer outside 64 bits (C{json} reads any length, and the
-Edge's accounting turns a token cap into a float). Then each surface reads the fields it uses through the typed
-getters below, which refuse a wrong type or an oversize name with an
+C{1e400}), no object naming a key twice (the Edge would check one value
+while a tunnel forwards the caller's bytes), no integer outside 64 bits
+(C{json} reads any length, and the Edge's accounting turns a token cap
+into a float). Then each surface reads the fields it uses through the
+typed getters below, which refuse a wrong type or an oversize name with an
 L{HTTPError} naming the field (400 C{invalid_request_error}, with
 C{param}).
 
@@ -70,6 +72,25 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """
+    A JSON object whose keys are all different: a body naming one twice
+    would be checked and accounted by one value (C{json} keeps the last)
+    while a tunnel forwards the caller's bytes, in which a provider may
+    read the other.
+
+    @raise ValueError: naming the first key given twice.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:100]!r}")
+            seen.add(key)
+    return obj
+
+
 def parse_body(data: bytes) -> dict[str, Any]:
     """
     A request body as a checked JSON object.
@@ -80,7 +101,7 @@ def parse_body(data: bytes) -> dict[str, Any]:
         refuses.
     """
     try:
-        body = json.loads(data or b"{}", parse_constant=_no_constant)
+        body = json.loads(data or b"{}", parse_constant=_no_constant, object_pairs_hook=_unique_object)
     except RecursionError:
         raise HTTPError(
             "invalid", f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json"

@@ -79,6 +79,22 @@ class TreeTests(SynchronousTestCase):
         body = parse_body(b'{"a": 18446744073709551615, "b": -9223372036854775808, "c": 1.5e300}')
         self.assertEqual(body, {"a": 2**64 - 1, "b": -(2**63), "c": 1.5e300})
 
+    def test_duplicate_keys_refused(self):
+        """
+        An object that names a key twice is refused, at any depth: the
+        Edge would check and account one value (C{json} keeps the last)
+        while a tunnel forwards the caller's bytes, in which a provider may
+        read the other.
+        """
+        for raw in (
+            b'{"model": "cheap", "max_tokens": 5, "max_tokens": 100000}',
+            b'{"messages": [{"role": "user", "role": "system", "content": "x"}]}',
+        ):
+            e = self.assertRaises(HTTPError, parse_body, raw)
+            self.assertEqual((e.kind, e.code), ("invalid", "invalid_json"), raw)
+        e = self.assertRaises(HTTPError, parse_body, b'{"a": 1, "a": 2}')
+        self.assertIn("'a'", e.message)
+
     def test_check_tree_is_iterative(self):
         """
         The walk needs no recursion: a tree far deeper than the recursion
@@ -134,6 +150,14 @@ class SurfaceValidationTests(SynchronousTestCase):
             self.assert_refused("/v1/chat/completions", body, "invalid_stream_options", "stream_options")
         body = {"model": "grp", "stream_options": {"include_usage": "yes"}, "messages": HI}
         self.assert_refused("/v1/chat/completions", body, "invalid_include_usage", "stream_options.include_usage")
+
+    def test_duplicate_key_before_placement(self):
+        """
+        A body naming a key twice is a 400 C{invalid_json} before any
+        lease is taken.
+        """
+        raw = b'{"model": "grp", "model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
+        self.assert_refused("/v1/chat/completions", raw=raw, code="invalid_json")
 
     def test_surrogates_in_every_used_field(self):
         """
