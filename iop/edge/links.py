@@ -86,6 +86,9 @@ class NodeLinks:
         #: is sent what it runs rather than what it could not build.
         self._applied: dict[str, messages.NodeConfigPayload] = {}
         self._refusals: dict[str, tuple[messages.NodeConfigPayload, str]] = {}
+        #: This Edge is stopping (L{say_draining}): the background runs a
+        #: Node reports are left to it, for the next Edge.
+        self.stopping = False
 
     # -- registration and readiness
 
@@ -232,6 +235,16 @@ class NodeLinks:
         self.log.info("node {node} ready (generation {generation})", node=link.node_id, generation=link.generation)
         self.bus.node_event(link.node_id, lifecycle.READY, generation=link.generation)
         plan = self._reconcile_plan(link)
+        if self.stopping and plan:
+            # A stopping Edge neither waits for nor cancels them (as for
+            # those it had in flight, iop.edge.drain): they go on on the
+            # Node, which reports them to the next Edge.
+            self.log.info(
+                "{count} background run(s) reported by node {node} go on there for the next Edge",
+                count=len(plan),
+                node=link.node_id,
+            )
+            plan = []
         leases = self.pool.node_ready(link.node_id, link.generation, [adopt for _, _, adopt in plan])
         for (run, dispatch, _), lease in zip(plan, leases, strict=True):
             self._take_back(link, run, dispatch, lease)
@@ -532,8 +545,10 @@ class NodeLinks:
         """
         Tell every connected Node that speaks wire version 2 or later that
         this Edge is draining: it will get no new work, and the coming
-        close is no failed attempt.
+        close is no failed attempt. A Node that gets ready from now on
+        keeps the background runs it reports (L{activate}).
         """
+        self.stopping = True
         for link in self.registry.links():
             if link.wire_version >= DRAINING_WIRE_VERSION:
                 link.send_quietly(messages.edge_draining(grace, reason))

@@ -238,3 +238,35 @@ class WireVersionTests(SynchronousTestCase):
         owner = edge.service.registry.owner("n1")
         assert owner is not None
         self.assertEqual(owner.wire_version, 1)
+
+
+class TakenBackDuringDrainTests(SynchronousTestCase):
+    """
+    A background run a Node reports while the Edge drains (the Node
+    registered before the stop and got ready after it) is left to its
+    Node like every other such run: neither waited for nor cancelled.
+    """
+
+    def test_left_to_its_node(self):
+        """
+        The run is not resumed here, takes no lease, and holds the drain
+        up no longer than the work already in flight.
+        """
+        edge = EdgeHarness()
+        other, other_pump, _ = edge.register(token="tok-2")
+        recorder = Recorder()
+        run_id = self.successResultOf(edge.service.submit(pooled(), recorder.for_run))
+        edge.flush()
+        node, pump, _ = edge.register(ready=False)
+        stopped = edge.service.stopService()
+        node.connection.send(messages.run_reconcile([messages.reconciled_run("run-x", "echo", "t1", "running", 3, "")]))
+        node.connection.send(messages.ready_request(node_id="n1"))
+        pump.flush()
+        self.assertEqual(node.of("run_resume"), [])
+        self.assertEqual(len(edge.service.pool.active_leases()), 1)  # (the run on n2)
+        other.connection.send(messages.run_event(run_id=run_id, seq=1, type="complete"))
+        other_pump.flush()
+        self.successResultOf(stopped)
+        self.assertEqual(node.of("cancel_request"), [])
+        self.assertEqual(edge.service.pool.active_leases(), [])
+        self.assertIsNone(edge.service.runs.get("run-x"))
