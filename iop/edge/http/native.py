@@ -48,6 +48,7 @@ from iop.edge.http.common import (
     error_body,
     forwarded,
     hold_until_ended,
+    identify,
     proxy,
     query,
     query_int,
@@ -75,7 +76,8 @@ class _Listener:
     """
     What the native listeners share: the run's record (for the C{seq} of
     each event, which the run book numbered before the listener hears of
-    it) and the C{x-iop-run-id} header.
+    it) and the C{x-iop-run-id} header, with the run's id as the
+    answer's C{x-request-id} too (as on the OpenAI surface).
     """
 
     def __init__(self, call: Call, run_id: str) -> None:
@@ -84,6 +86,7 @@ class _Listener:
         self.record = call.service.runs.get(run_id)
         if not call.gone:
             call.request.setHeader(RUN_ID_HEADER, run_id.encode("ascii"))
+            identify(call.request, run_id)
 
     def payload(self, event: RunEventData) -> dict[str, Any]:
         return event_json(self.run_id, self.record.last_seq if self.record is not None else None, event)
@@ -221,6 +224,7 @@ class Runs(JSONResource):
         d.addErrback(lambda failure: None)
         request.setHeader(b"location", f"/v1/runs/{spec.run_id}".encode("ascii"))
         request.setHeader(RUN_ID_HEADER, spec.run_id.encode("ascii"))
+        identify(request, spec.run_id)
         record = self.service.runs.get(spec.run_id)
         assert record is not None  # (a background run is on record from its submission)
         return 202, record.as_json()

@@ -458,6 +458,22 @@ class RequestIdTests(OpenAITestCase):
         _, headers, _ = self.result(d)
         self.assertEqual(self.request_ids(headers), headers.getRawHeaders(b"x-iop-run-id"))
 
+    def test_native_run(self) -> None:
+        """
+        A native run's answer is a normalized one too: streamed, collected,
+        or the 202 of a background run, its C{x-request-id} is its run's id.
+        """
+        for body in (
+            {"model": "talk", "input": "hi"},
+            {"model": "talk", "input": "hi", "stream": False},
+            {"model": "talk", "input": "hi", "stream": False, "background": True},
+        ):
+            d = self.gateway.post("/v1/runs", body)
+            self.gateway.advance(1)
+            _, headers, _ = self.result(d)
+            run_ids = headers.getRawHeaders(b"x-iop-run-id")
+            self.assertEqual((len(run_ids), self.request_ids(headers)), (1, run_ids), body)
+
     def test_queued_stream(self) -> None:
         """
         A streamed answer told its place in the queue (its headers go with
