@@ -284,6 +284,11 @@ class NodeLinks:
                 verdict = ended.error if ended.status == ERROR and ended.error else {}
                 link.send_quietly(messages.cancel_run(run.run_id, verdict.get("code", ""), verdict.get("message", "")))
                 continue
+            if dispatch is None and self.inflight.runs.forgotten(link.node_id, run.run_id):
+                # Ended here, and its record forgotten since (its verdict
+                # with it): cancelled on the Node, not taken on anew.
+                link.send_quietly(messages.cancel_run(run.run_id))
+                continue
             adopt: _Adoption | None = None
             if run.status == RUNNING:
                 if dispatch is not None:

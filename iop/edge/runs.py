@@ -613,6 +613,21 @@ class RunBook:
             return record.attempts
         return list(self._where.get(run_id, ((None, run_id, 0),)))
 
+    def forgotten(self, node_id: str, wire_id: str) -> bool:
+        """
+        Whether C{wire_id} on C{node_id} is an attempt of a run that ended
+        here and whose record is gone (the book remembers its attempts):
+        a Node that reports it running after that is not told of a new
+        run, but that the Edge is done with it.
+        """
+        numbered = _numbered(wire_id)
+        for run_id in (wire_id, numbered[0] if numbered is not None else None):
+            if run_id is None or self.get(run_id) is not None:
+                continue
+            if any((node, wire) == (node_id, wire_id) for node, wire, _ in self._where.get(run_id, ())):
+                return True
+        return False
+
     def listed_as(self, node_id: str, wire_id: str) -> tuple[str, int] | None:
         """
         How a Node's store row of the attempt C{wire_id} on C{node_id} is

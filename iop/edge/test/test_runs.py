@@ -456,6 +456,23 @@ class AttemptTests(SynchronousTestCase):
         self.assertEqual(self.book.listed_as("n1", "run-y-3"), ("run-y", 3))
         self.assertEqual(self.book.listed_as("n1", "run-y"), ("run-y", 1))
 
+    def test_forgotten(self):
+        """
+        An attempt of a run that ended here is forgotten once its record
+        is gone (not while it is held), by its wire id on its own node
+        only; a run the book never knew is not.
+        """
+        record = self.book.open("run-x", RUN, node="n1")
+        self.book.event(record, RunEventData(START), 1)
+        self.book.open("run-x", RUN, node="n2", wire_id="run-x-2")
+        self.book.event(record, RunEventData(COMPLETE), 2)
+        self.assertFalse(self.book.forgotten("n2", "run-x-2"))
+        self.clock.advance(61)
+        self.assertTrue(self.book.forgotten("n2", "run-x-2"))
+        self.assertTrue(self.book.forgotten("n1", "run-x"))
+        self.assertFalse(self.book.forgotten("n1", "run-x-2"))
+        self.assertFalse(self.book.forgotten("n1", "run-y"))
+
     def test_split_wire_id(self):
         """
         C{<id>-<n>} (n >= 2) is attempt n of a run id C{<prefix>-<token>};

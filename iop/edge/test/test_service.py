@@ -869,6 +869,28 @@ class ReconcileTests(SynchronousTestCase):
         self.assertEqual((cancel.run_id, cancel.error_code), (run, "node_disconnected"))
         self.assertEqual(cancel.error_message, record.error["message"])
 
+    def test_not_back_in_time_and_forgotten(self):
+        """
+        A background run the Edge ended while its Node was away is not
+        taken back when the Node reports it after the run book forgot the
+        run (C{run_log.max_age_sec} passed): it is cancelled there, with
+        no lease, no RunResume and no new record.
+        """
+        node, pump, edge_protocol = self.edge.register()
+        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", background=True)
+        run = self.successResultOf(self.service.submit(spec, Recorder().for_run))
+        node.connection.send(messages.run_event(run_id=run, seq=1, type="start"))
+        pump.flush()
+        edge_protocol.transport.loseConnection()
+        pump.flush()
+        self.edge.advance(self.service.config.reattach_timeout_sec + self.service.config.run_log.max_age_sec + 1)
+        self.assertIsNone(self.service.runs.get(run))
+        back, _ = self.come_back(messages.reconciled_run(run, "echo", "t1", "running", 1, ""))
+        self.assertEqual([m.run_id for m in back.of("cancel_request")], [run])
+        self.assertEqual(back.of("run_resume"), [])
+        self.assertEqual(self.service.pool.active_leases(), [])
+        self.assertIsNone(self.service.runs.get(run))
+
     def test_adopted_run_listed_from_its_start(self):
         """
         A run this Edge never heard of (it restarted) is on record from
