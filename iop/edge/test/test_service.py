@@ -845,13 +845,10 @@ class ReconcileTests(SynchronousTestCase):
         self.assertEqual(self.service.pool.active_leases(), [])
         self.successResultOf(self.service.inflight.when_idle())
 
-    def test_not_back_in_time_ends_there_as_here(self):
+    def started_then_link_lost(self) -> str:
         """
-        A background run whose Node did not come back within
-        reattach_timeout_sec ended here with node_disconnected; when the
-        Node reports it later, it is cancelled there with that verdict
-        (so its store reads back as the Edge said), where a run cancelled
-        here is plainly cancelled (above).
+        A background run that started on the Node, whose link then went.
+        @return: its id.
         """
         node, pump, edge_protocol = self.edge.register()
         spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", background=True)
@@ -860,6 +857,17 @@ class ReconcileTests(SynchronousTestCase):
         pump.flush()
         edge_protocol.transport.loseConnection()
         pump.flush()
+        return run
+
+    def test_not_back_in_time_ends_there_as_here(self):
+        """
+        A background run whose Node did not come back within
+        reattach_timeout_sec ended here with node_disconnected; when the
+        Node reports it later, it is cancelled there with that verdict
+        (so its store reads back as the Edge said), where a run cancelled
+        here is plainly cancelled (above).
+        """
+        run = self.started_then_link_lost()
         self.edge.advance(self.service.config.reattach_timeout_sec + 1)
         record = self.service.runs.get(run)
         assert record is not None and record.error is not None
@@ -876,13 +884,7 @@ class ReconcileTests(SynchronousTestCase):
         run (C{run_log.max_age_sec} passed): it is cancelled there, with
         no lease, no RunResume and no new record.
         """
-        node, pump, edge_protocol = self.edge.register()
-        spec = RunSpec(messages=[{"role": "user", "content": "x"}], model="grp", background=True)
-        run = self.successResultOf(self.service.submit(spec, Recorder().for_run))
-        node.connection.send(messages.run_event(run_id=run, seq=1, type="start"))
-        pump.flush()
-        edge_protocol.transport.loseConnection()
-        pump.flush()
+        run = self.started_then_link_lost()
         self.edge.advance(self.service.config.reattach_timeout_sec + self.service.config.run_log.max_age_sec + 1)
         self.assertIsNone(self.service.runs.get(run))
         back, _ = self.come_back(messages.reconciled_run(run, "echo", "t1", "running", 1, ""))
