@@ -263,12 +263,16 @@ class FollowTests(GatewayRunsTestCase):
 
     def test_bad_resume_point(self):
         """
-        A resume point that is not a seq is a 400; an unknown run a 404.
+        A resume point that is not a seq (negative, or past the 64-bit
+        seqs the wire and the Node's store carry) is a 400; an unknown run
+        a 404.
         """
         run_id, emit, done = self.start()
         self.assertEqual(self.json(self.gateway.get(f"/v1/runs/{run_id}/events?after=x"))[0], 400)
-        bad = self.gateway.get(f"/v1/runs/{run_id}/events", headers={"last-event-id": "-3"})
-        self.assertEqual(self.json(bad)[0], 400)
+        self.assertEqual(self.json(self.gateway.get(f"/v1/runs/{run_id}/events?after={2**63}"))[0], 400)
+        for header in ("-3", str(2**63)):
+            bad = self.gateway.get(f"/v1/runs/{run_id}/events", headers={"last-event-id": header})
+            self.assertEqual(self.json(bad)[0], 400)
         self.assertEqual(self.json(self.gateway.get("/v1/runs/run-nope/events"))[0], 404)
         self.assertEqual(self.json(self.gateway.get("/v1/runs/run-nope"))[0], 404)
 

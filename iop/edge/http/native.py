@@ -255,10 +255,16 @@ class Run(JSONResource):
         return anywhere.get_run(self.service, request, request.path_params["run_id"], run_owner(request))
 
 
+#: The largest seq a reader may resume after: what the wire and the
+#: Node's store (SQLite integers) carry.
+MAX_SEQ = 2**63 - 1
+
+
 def resume_point(request: EdgeRequest) -> int:
     """
     Where a reader resumes: C{Last-Event-ID} (what C{EventSource} sends
-    after a cut), else C{?after=SEQ}, else the start.
+    after a cut), else C{?after=SEQ}, else the start. Either is bounded as
+    a seq is: past L{MAX_SEQ} it could not be asked of a Node's store.
     """
     header = request.getHeader(b"last-event-id")
     if header is not None and header.strip():
@@ -266,10 +272,10 @@ def resume_point(request: EdgeRequest) -> int:
             after = int(header.strip())
         except ValueError:
             raise HTTPError("invalid", "Last-Event-ID must be an event seq", code="invalid_last_event_id") from None
-        if after < 0:
+        if not 0 <= after <= MAX_SEQ:
             raise HTTPError("invalid", "Last-Event-ID must be an event seq", code="invalid_last_event_id")
         return after
-    return query_int(request, "after", 0, 0, 2**63 - 1)
+    return query_int(request, "after", 0, 0, MAX_SEQ)
 
 
 class RunEvents(JSONResource):
