@@ -116,10 +116,13 @@ class LimitedChannel(HTTPChannel):
 
     def _refuse_body(self, message: str) -> None:
         """
-        Answer 413 without reading the body, and close.
+        Answer 413 without reading the body, and close. The close waits
+        for the answer to leave (and on TLS for the peer's own close), so
+        the header deadline runs again from here, as after any answer: a
+        peer that never reads it does not hold the connection for ever.
         """
         self._refused_body = True
-        self._disarm()
+        self._expect("headers", self.site.limits.header_timeout_sec)
         error = HTTPError("too_large", message)
         data = json.dumps(error_body(error.kind, error.message, error.code)).encode()
         transport = self.transport

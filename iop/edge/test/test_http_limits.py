@@ -175,6 +175,34 @@ class HTTPLimitsTests(SynchronousTestCase):
         self.assertEqual(self.resource.bodies, [])
         self.assertIsNone(protocol.requests[-1].content)
 
+    def test_unread_413_is_cut_off(self):
+        """
+        A 413 its peer never reads (its close waits for the bytes to leave,
+        and a TLS close for the peer's own close) is cut off when
+        C{header_timeout_sec} has passed since it was answered, as any
+        unread answer on a closing connection is: the refusal does not
+        keep the connection's place for ever.
+        """
+        protocol, transport = self.connect()
+        protocol.dataReceived(b"POST /x HTTP/1.1\r\nHost: e\r\nContent-Length: 300000000\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
+        self.assertTrue(transport.disconnecting)
+        self.clock.advance(9.9)
+        self.assertFalse(transport.disconnected)
+        self.clock.advance(0.1)
+        self.assertTrue(transport.disconnected)
+
+    def test_unread_chunked_413_is_cut_off(self):
+        """
+        So is the 413 that cuts a chunked body.
+        """
+        protocol, transport = self.connect()
+        protocol.dataReceived(b"POST /x HTTP/1.1\r\nHost: e\r\nTransfer-Encoding: chunked\r\n\r\n")
+        protocol.dataReceived(b"800\r\n" + b"y" * 2048 + b"\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
+        self.clock.advance(10)
+        self.assertTrue(transport.disconnected)
+
     def test_expect_continue_not_invited(self):
         """
         A too-large body announced with C{Expect: 100-continue} gets the
