@@ -36,10 +36,11 @@ TOKEN_KINDS = (
     ("cached_input_tokens", "cached_input"),
 )
 
-#: The routes whose time to first byte is measured: those that run work.
 #: The C{code} of a request whose caller went away before any answer.
 CALLER_GONE = "499"
 
+#: The routes whose time to first byte is measured: those that run work,
+#: when they are asked to (a C{POST}: C{GET /v1/runs} lists the history).
 TIMED_ROUTES = frozenset({"/v1/chat/completions", "/v1/runs"})
 
 TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -235,7 +236,7 @@ class HTTPMetrics:
         Called by the router for each request, before its resource.
         """
         method = method_label(request)
-        if route in TIMED_ROUTES:
+        if route in TIMED_ROUTES and method == "POST":
             self._time_first_write(route, request, self.clock.seconds())
         request.notifyFinish().addBoth(lambda outcome: self._ended(route, method, request, outcome))
 

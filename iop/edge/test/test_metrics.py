@@ -148,6 +148,16 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(self.value("iop_edge_http_requests_total", route="unmatched", method="GET", code="404"), 1)
         self.assertIsNone(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/runs"))
 
+    def test_only_work_is_timed(self):
+        """
+        C{GET /v1/runs} (the run history) shares its route with the
+        C{POST} that runs work, but is no time to a first token: only the
+        C{POST} is observed in C{iop_edge_http_ttfb_seconds}.
+        """
+        self.successResultOf(self.gateway.read(self.gateway.get("/v1/runs")))
+        self.assertEqual(self.value("iop_edge_http_requests_total", route="/v1/runs", method="GET", code="200"), 1)
+        self.assertIsNone(self.value("iop_edge_http_ttfb_seconds_count", route="/v1/runs"))
+
     def test_failure_reason_and_disconnect_cause(self):
         """
         A Node lost mid-run counts the run's failure by its code and the
