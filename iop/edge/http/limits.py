@@ -97,6 +97,20 @@ class LimitedChannel(HTTPChannel):
                 self._refuse_body(f"request body exceeds {limit} bytes (limits.max_body_bytes)")
                 return
         super().rawDataReceived(data)
+        if self._handlingRequest and self._waitingForTransport:
+            self._bound_pipelined()
+
+    def _bound_pipelined(self) -> None:
+        """
+        While a request is answered, twisted.web keeps what the peer sends
+        next for later and stops reading past a small bound, but not when
+        the transport has paused the channel (the peer reads nothing of
+        the answer): then it kept everything, as fast as the peer sent it.
+        Stop reading past the same bound then too; reading resumes when
+        the answer is done and the transport takes writes again.
+        """
+        if sum(map(len, self._dataBuffer)) > self._optimisticEagerReadSize:
+            self._networkProducer.pauseProducing()
 
     def allContentReceived(self) -> None:
         self._disarm()

@@ -144,6 +144,32 @@ class HTTPLimitsTests(SynchronousTestCase):
         self.clock.advance(0.1)
         self.assertTrue(transport.disconnected)
 
+    def test_pipelined_bytes_bounded_while_the_answer_is_unread(self):
+        """
+        While a request is being answered, what the peer sends after it is
+        kept for later only up to a small bound, then the connection is no
+        longer read, also when the peer reads nothing of the answer (the
+        transport has paused the channel): twisted.web would go on reading
+        and keeping everything then. Once the answer is done and read,
+        reading resumes and the kept bytes are served.
+        """
+        protocol, transport = self.connect()
+        protocol.dataReceived(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
+        protocol.pauseProducing()  # the transport's buffer is full
+        protocol.dataReceived(self.post(b"{}"))
+        self.assertEqual(transport.producerState, "producing")
+        for _ in range(4):
+            protocol.dataReceived(b"x" * 0x1000)
+            if transport.producerState == "paused":
+                break
+        self.assertEqual(transport.producerState, "paused")
+        request = self.resource.held[0]
+        request.finish()
+        self.assertEqual(transport.producerState, "paused")
+        protocol.resumeProducing()  # the peer read the answer
+        self.assertEqual(transport.producerState, "producing")
+        self.assertEqual(self.resource.bodies, [b"{}"])
+
     def test_body_timeout(self):
         """
         A body that is not complete C{body_timeout_sec} after its headers
