@@ -99,6 +99,10 @@ class RequestTracing:
         The router chose C{route} for C{request}: its span starts, and the
         request carries the span's context (C{request.traceparent}) for
         whatever it sends to a provider; the span ends with the request.
+        The span's context also replaces the caller's in the request's own
+        headers, so that what relays them whole (a request forwarded to
+        the Edge of the cluster that serves it) continues this span, not
+        the caller's trace beside it.
         """
         from opentelemetry.trace import SpanKind
 
@@ -118,6 +122,8 @@ class RequestTracing:
         outgoing: dict[str, str] = {}
         self.propagator.inject(outgoing, context=_with_span(span))
         request.traceparent = outgoing.get(TRACEPARENT, "")  # type: ignore[attr-defined]
+        for name, value in outgoing.items():
+            request.requestHeaders.setRawHeaders(name, [value])
         request.notifyFinish().addBoth(self._ended, span, request)
 
     def _ended(self, result: object, span: Any, request: Request) -> None:

@@ -7,19 +7,26 @@ tests/test_e2e_tracing.py).
 """
 
 import copy
+from io import BytesIO
 from typing import Any, cast
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.test.requesthelper import DummyRequest
+from twisted.web.http_headers import Headers
+from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
 from iop.config import ConfigError, Section
+from iop.edge.cluster.forward import Forwarder
 from iop.edge.config import parse
 from iop.edge.dispatch import Placement
 from iop.edge.http.common import caller_headers
 from iop.edge.registry import NodeLink
+from iop.edge.seam import Forward
 from iop.edge.spec import RunSpec
 from iop.edge.starter import _run_request
 from iop.edge.tracing import RequestTracing, outgoing_traceparent
@@ -132,3 +139,30 @@ class PropagationTests(SynchronousTestCase):
         plain.requestHeaders.addRawHeader(b"traceparent", CALLER.encode())
         self.assertEqual(outgoing_traceparent(plain), CALLER)
         self.assertEqual(outgoing_traceparent(cast(Any, DummyRequest([b""]))), "")
+
+    def test_forward_sends_the_spans_context(self):
+        """
+        A request another Edge of the cluster serves is sent there with
+        this Edge's span as its parent (the owner's span is its child, as
+        the provider's is), not with the caller's context beside it.
+        """
+        request, _ = traced([(b"traceparent", CALLER.encode()), (b"tracestate", b"vendor=1")])
+        request.uri = b"/v1/chat/completions"
+        request.content = BytesIO(b"{}")
+        request._disconnected = False  # (twisted.web's flag of a caller who hung up)
+        request.channel = DummyChannel()
+        request.channel.transport = StringTransport()
+        sent: list[Headers] = []
+
+        class Peer:
+            def request(self, method: bytes, uri: bytes, headers: Headers, body: object = None) -> Deferred[Any]:
+                """
+                The owning Edge: what it was sent is what the test reads.
+                """
+                sent.append(headers)
+                return Deferred()
+
+        Forwarder("secret", Clock(), cast(Any, Peer())).proxy(request, Forward("edge-b", "http://edge-b", "test"))
+        [headers] = sent
+        self.assertEqual(headers.getRawHeaders("traceparent"), [request.traceparent])
+        self.assertEqual(headers.getRawHeaders("tracestate"), ["vendor=1"])
