@@ -147,4 +147,6 @@ class LimitedChannel(HTTPChannel):
             b"content-length: %d\r\n"
             b"connection: close\r\n\r\n" % len(data) + data
         )
-        transport.loseConnection()
+        # (The channel's close: a TLS transport does not close while the
+        # channel is registered as its producer.)
+        self.loseConnection()

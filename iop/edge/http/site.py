@@ -194,9 +194,11 @@ class EdgeSite(Site):
         d: Deferred[None] = Deferred()
         self.closing.append(d)
         for channel in list(self.channels):
-            # (A channel is in the set while it is connected.)
-            assert channel.transport is not None
-            channel.transport.loseConnection()
+            # The channel's own close, not its transport's: a TLS transport
+            # does not close while the channel is still registered as its
+            # producer, and an idle keep-alive caller would be left waiting
+            # for the abort.
+            channel.loseConnection()
 
         def abort(result: object, timeout: float) -> None:
             for channel in list(self.channels):
