@@ -82,6 +82,21 @@ def slow_run(edge, done):
         conn.close()
 
 
+#: Makes the page read each state as an Edge of a cluster would answer it:
+#: node-2 held by edge-b, two requests waiting on node-1's echo adapter.
+CLUSTER_VIEW = """
+const real = window.fetch.bind(window);
+window.fetch = async (url, init) => {
+  const response = await real(url, init);
+  const data = await response.json();
+  data.status.cluster = {edge_id: "edge-a", edges: []};
+  for (const node of data.status.nodes) node.edge = node.id === "node-2" ? "edge-b" : "edge-a";
+  data.status.direct_queues = [{name: "node-1/echo", queued: 2}];
+  return new Response(JSON.stringify(data), {status: response.status, headers: {"content-type": "application/json"}});
+};
+"""
+
+
 def test_status_page_live(launch, browser, tmp_path):
     """
     The page asks for the key, then shows node-1 ready with its echo
@@ -136,6 +151,16 @@ def test_status_page_live(launch, browser, tmp_path):
     wait.until(lambda d: text(normal) == "0")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#runs [data-run] .badge.complete"))
     assert browser.find_element(By.ID, "live").get_attribute("data-state") == "live"
+
+    # In a cluster a node held by another Edge is shown so, not offline,
+    # and work waiting for a node's adapter named directly is queued too
+    # (both read from the Edge's own answer, amended as a cluster's is).
+    browser.execute_script(CLUSTER_VIEW)
+    wait.until(lambda d: text('[data-node="node-2"][data-state="elsewhere"]'))
+    assert "connected to Edge edge-b" in text('[data-node="node-2"] .meta')
+    wait.until(lambda d: text("#sum-queued") == "2")
+    assert text("#sum-nodes") == "2 / 2"
+    assert text('#groups [data-group="node-1/echo"]').split()[-1] == "2"
 
     browser.set_window_size(390, 844)
     wait.until(lambda d: d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"))

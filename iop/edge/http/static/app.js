@@ -39,14 +39,22 @@
     return seconds < 10 ? seconds.toFixed(1) + "s" : age(seconds);
   }
 
-  function nodeState(node) {
-    if (!node.connected) return "offline";
+  // In a cluster, a node connected to another Edge is not offline: this
+  // Edge forwards its work there (status.nodes[].edge names that Edge).
+  function heldElsewhere(node, me) {
+    return !node.connected && Boolean(node.edge) && node.edge !== me;
+  }
+
+  function nodeState(node, me) {
+    if (!node.connected) return heldElsewhere(node, me) ? "elsewhere" : "offline";
     return node.draining ? "draining" : "ready";
   }
 
-  function nodeMeta(node, now) {
+  function nodeMeta(node, now, me) {
     const parts = [];
-    if (node.connected) {
+    if (heldElsewhere(node, me)) {
+      parts.push("connected to Edge " + node.edge);
+    } else if (node.connected) {
       if (node.generation !== undefined) parts.push("generation " + node.generation);
       if (node.connected_since !== undefined) parts.push("up " + age(now - node.connected_since));
     } else if (node.last_seen !== undefined) {
@@ -90,12 +98,12 @@
       head, capacityRow(provider, "normal", nodeId), capacityRow(provider, "long", nodeId));
   }
 
-  function nodeCard(node, now) {
-    const state = nodeState(node);
+  function nodeCard(node, now, me) {
+    const state = nodeState(node, me);
     const adapters = (node.adapters || []).map((a) => `${a.name} (${a.type})`).join(", ");
     return el("article", { class: "node", "data-node": node.id, "data-state": state, "aria-label": `node ${node.id}, ${state}` },
       el("header", {}, el("h3", { text: node.id }), el("span", { class: "badge " + state, text: state })),
-      el("p", { class: "meta", text: nodeMeta(node, now) }),
+      el("p", { class: "meta", text: nodeMeta(node, now, me) }),
       adapters ? el("p", { class: "adapters", text: "adapters: " + adapters }) : null,
       el("ul", { class: "providers", "aria-label": `providers of ${node.id}` },
         ...(node.providers || []).map((p) => providerItem(p, node.id))));
@@ -129,6 +137,9 @@
     const now = data.now;
     const nodes = status.nodes || [];
     const groups = status.model_groups || [];
+    // Work waiting for an adapter or node named directly has its own lines.
+    const lines = groups.concat(status.direct_queues || []);
+    const me = status.cluster ? status.cluster.edge_id : null;
     let used = 0, capacity = 0;
     for (const node of nodes) {
       for (const p of node.providers || []) {
@@ -136,14 +147,15 @@
         capacity += (p.capacity.normal || 0) + (p.capacity.long || 0);
       }
     }
-    $("sum-nodes").textContent = `${nodes.filter((n) => n.connected).length} / ${nodes.length}`;
+    const ready = nodes.filter((n) => n.connected || heldElsewhere(n, me));
+    $("sum-nodes").textContent = `${ready.length} / ${nodes.length}`;
     $("sum-inflight").textContent = nodes.reduce((sum, n) => sum + (n.in_flight || 0), 0);
     $("sum-leases").textContent = `${used} / ${capacity}`;
-    $("sum-queued").textContent = groups.reduce((sum, g) => sum + (g.queued || 0), 0);
+    $("sum-queued").textContent = lines.reduce((sum, g) => sum + (g.queued || 0), 0);
 
-    const cards = nodes.map((n) => nodeCard(n, now));
+    const cards = nodes.map((n) => nodeCard(n, now, me));
     $("nodes").replaceChildren(...(cards.length ? cards : [el("p", { class: "empty", text: "No nodes are configured." })]));
-    fillTable("groups", groups.map((g) => el("tr", { "data-group": g.name },
+    fillTable("groups", lines.map((g) => el("tr", { "data-group": g.name },
       el("td", { text: g.name }), el("td", { class: "num", text: g.queued }))), "No model groups.", 2);
     fillTable("runs", (data.runs || []).map((r) => runRow(r, now)), "No runs since the Edge started.", 6);
   }
