@@ -21,7 +21,9 @@ loudly, once, as an error; the store's L{RunStore.health} then says
 C{failed} with the reason, which the C{transport_status} node command and
 the Node's metrics (C{iop_node_store_ok}, C{iop_node_store_failures_total})
 report. A later successful write is logged as a recovery. A statement that
-fails alone does not keep the rest of its batch from committing.
+fails alone does not keep the rest of its batch from committing; a failure
+of the database itself (locked past its busy timeout, full, unwritable)
+fails the whole batch at once, rather than once per statement.
 
 At start, rows a previous process left C{running} (it was killed, or the
 machine lost power) are ended as C{error} with the code
@@ -37,6 +39,7 @@ takes work.
 
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -211,6 +214,19 @@ def _usage(usage: Usage | dict[str, Any] | None) -> str | None:
     if usage is None:
         return None
     return _json(usage if isinstance(usage, dict) else usage_to_json(usage))
+
+
+def _whole_database(error: Exception) -> bool:
+    """
+    Whether C{error}, raised by one statement of a batch, is the
+    database's rather than the statement's: locked or busy, full,
+    read-only, an I/O error, a missing table (C{OperationalError}) or a
+    corrupt file (a plain C{DatabaseError}). The rest of the batch would
+    fail the same way, each statement after waiting out SQLite's busy
+    timeout, so it is not tried. A constraint or a value SQLite refuses
+    fails its statement alone.
+    """
+    return isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError
 
 
 class StoreGone(Exception):
@@ -566,7 +582,12 @@ class RunStore(Service):
                     sql, params, what = queued
                     txn.execute(sql, params)
                 written += count
-            except Exception:
+            except Exception as e:
+                if _whole_database(e):
+                    # Every statement after it would fail the same way (a
+                    # locked database waiting out its busy timeout each
+                    # time): the batch fails as one, rolled back.
+                    raise
                 failures.append((Failure(), what, count))
         return written, failures
 

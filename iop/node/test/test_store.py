@@ -560,3 +560,47 @@ class RunStoreTests(TestCase):
         health = store.health()
         self.assertEqual(health["failed_writes"], 4)
         self.assertIn("writing 4 record(s): the database file", health["error"])
+
+    @defer.inlineCallbacks
+    def test_locked_database_fails_the_batch_once(self):
+        """
+        A database another process holds locked fails a batch at its first
+        statement: the rest of the batch is not tried (each would wait out
+        SQLite's busy timeout again, holding the store's one thread for
+        the timeout times the size of the batch), and the batch is reported
+        as one failure of all its records. Once the lock is gone the next
+        batch is written.
+        """
+        path = self.path()
+        store = self.make_store(path, flush_interval=60)
+        yield store._ready
+        yield store.pool.runOperation("PRAGMA busy_timeout = 0")
+        tried = []
+        real = store._write_batch
+
+        class Counted:
+            def __init__(self, txn):
+                self.txn = txn
+
+            def execute(self, *args):
+                tried.append(args[0])
+                return self.txn.execute(*args)
+
+        self.patch(store, "_write_batch", lambda txn, batch: real(Counted(txn), batch))
+        holder = sqlite3.connect(path, timeout=0, isolation_level=None)
+        self.addCleanup(holder.close)
+        holder.execute("BEGIN IMMEDIATE")
+        for i in range(3):
+            store.record_start(f"r{i}", "echo")
+        store.record_event("r0", 1, RunEventData(START))
+        yield store.flush()
+        self.flushLoggedErrors(sqlite3.OperationalError)
+        self.assertEqual(len(tried), 1)
+        health = store.health()
+        self.assertEqual(health["failed_writes"], 4)
+        self.assertIn("writing 4 record(s): database is locked", health["error"])
+        holder.execute("ROLLBACK")
+        store.record_start("r9", "echo")
+        yield store.flush()
+        self.assertEqual([r["run_id"] for r in (yield store.recent())], ["r9"])
+        self.assertEqual(store.health()["status"], "ok")
