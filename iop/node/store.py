@@ -9,7 +9,8 @@ SQLite wants one connection on one thread, so the store owns a
 one-connection C{adbapi} pool, started and closed with the service. The
 database runs in WAL mode, and writes are batched: they queue in memory
 and go to the database together, in one transaction, every
-L{FLUSH_INTERVAL_SEC} (sooner once L{BATCH_MAX} are waiting). A relay never
+L{FLUSH_INTERVAL_SEC} (sooner once L{BATCH_MAX} are waiting), one batch at
+a time: what comes while one is being written goes in the next. A relay never
 waits for a write and never sees one fail. Reads flush first, so they see
 everything recorded before them.
 
@@ -295,6 +296,12 @@ class RunStore(Service):
         #: How many statements and events are pending.
         self._count = 0
         self._waiters: list[Deferred[None]] = []
+        #: The callers of L{flush} waiting for the next batch.
+        self._flushes: list[Deferred[None]] = []
+        #: Whether a batch is being written, and whether another was asked
+        #: for meanwhile.
+        self._writing = False
+        self._again = False
         self._timer: IDelayedCall | None = None
         self._pruner: LoopingCall | None = None
         self._file = database_file(path)
@@ -518,39 +525,69 @@ class RunStore(Service):
         """
         self._count += 1
         if self._count >= self.batch_max:
-            self.flush()
+            self._kick()
         elif self._timer is None:
-            self._timer = self.reactor.callLater(self.flush_interval, self.flush)
+            self._timer = self.reactor.callLater(self.flush_interval, self._kick)
 
     def flush(self) -> Deferred[None]:
         """
-        Write every queued statement now, in one transaction.
+        Write every queued statement now, in one transaction (once the
+        batch being written, if any, is).
 
-        @return: a Deferred firing once they are written (at once, or after
-            the work already queued in the pool, when nothing is pending).
+        @return: a Deferred firing once they are written (after the work
+            already queued in the pool, when nothing is pending).
+        """
+        if self.pool is None:
+            return defer.succeed(None)
+        d: Deferred[None] = Deferred()
+        self._flushes.append(d)
+        self._kick()
+        return d
+
+    def _kick(self) -> None:
+        """
+        Write what is pending now, or, while a batch is being written, as
+        soon as it is: one batch at a time, so that a slow or locked
+        database makes the next batch larger (what came meanwhile, in one
+        transaction) instead of queueing batch after batch on the store's
+        thread, each one more for a read to wait behind.
         """
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        if self.pool is None:
-            return defer.succeed(None)
+        if self._writing:
+            self._again = True
+        elif self.pool is not None:
+            self._write_next(self.pool)
+
+    def _write_next(self, pool: adbapi.ConnectionPool) -> None:
+        """
+        Hand every pending record to the pool as one batch; once it is
+        written, fire the Deferreds waiting for it, and write the next one
+        if anything asked meanwhile.
+        """
         batch, self._pending = self._pending, []
         count, self._count = self._count, 0
         self._events = {}
-        waiters, self._waiters = self._waiters, []
+        waiters, self._waiters = self._waiters + self._flushes, []
+        self._flushes = []
+        self._writing = True
+        self._again = False
         d: Deferred[Any]
         if not batch:
-            d = self.pool.runInteraction(lambda txn: None)
+            d = pool.runInteraction(lambda txn: None)
         else:
-            d = self.pool.runInteraction(self._write_batch, batch)
+            d = pool.runInteraction(self._write_batch, batch)
             d.addCallbacks(self._written, self._failed, errbackArgs=(f"writing {count} record(s)", count))
 
-        def settle(result: object) -> object:
+        def settle(result: object) -> None:
+            self._writing = False
             for waiter in waiters:
                 waiter.callback(None)
-            return result
+            if (self._again or self._flushes) and not self._writing:
+                self._kick()
 
-        return d.addBoth(settle)
+        d.addBoth(settle)
 
     def _write_batch(self, txn: adbapi.Transaction, batch: list[_Queued]) -> tuple[int, list[tuple[Failure, str, int]]]:
         """
@@ -635,8 +672,13 @@ class RunStore(Service):
     def _read(self, interaction: Callable[..., Any], *args: object) -> Deferred[Any]:
         if self.pool is None:
             return defer.fail(RuntimeError("the run store is not running"))
-        self.flush()
-        return self.pool.runInteraction(interaction, *args)
+
+        def read(_: object) -> Deferred[Any]:
+            if self.pool is None:
+                raise RuntimeError("the run store is not running")
+            return self.pool.runInteraction(interaction, *args)
+
+        return self.flush().addCallback(read)
 
     def get(self, run_id: str, after: int = 0) -> "Deferred[dict[str, Any] | None]":
         """

@@ -604,3 +604,38 @@ class RunStoreTests(TestCase):
         yield store.flush()
         self.assertEqual([r["run_id"] for r in (yield store.recent())], ["r9"])
         self.assertEqual(store.health()["status"], "ok")
+
+    @defer.inlineCallbacks
+    def test_one_batch_at_a_time(self):
+        """
+        While a batch is being written (a slow or locked database), what is
+        recorded meanwhile waits in memory and goes in the next batch, as
+        one: the store's thread never holds a queue of batches (each one
+        more for a read to wait behind), and nothing is lost or reordered.
+        """
+        store = self.make_store(self.path(), flush_interval=60, batch_max=10)
+        yield store._ready
+        slow: defer.Deferred[None] = defer.Deferred()
+        batches = []
+        real = store.pool.runInteraction
+
+        def held(f, *args, **kwargs):
+            if getattr(f, "__name__", "") != "_write_batch":
+                return real(f, *args, **kwargs)
+            batches.append(sum(len(q.events) if hasattr(q, "events") else 1 for q in args[0]))
+            if len(batches) == 1:
+                return slow.addCallback(lambda _: real(f, *args, **kwargs))
+            return real(f, *args, **kwargs)
+
+        self.patch(store.pool, "runInteraction", held)
+        store.record_start("r1", "echo")
+        for seq in range(1, 51):
+            store.record_event("r1", seq, RunEventData(DELTA, text=f"{seq} "))
+        self.assertEqual(batches, [10])
+        read = store.get("r1")
+        self.assertEqual(batches, [10])
+        slow.callback(None)
+        got = yield read
+        self.assertEqual(batches, [10, 41])
+        self.assertEqual([e["seq"] for e in got["events"]], list(range(1, 51)))
+        self.assertEqual(got["run"]["output"], "".join(f"{seq} " for seq in range(1, 51)))
