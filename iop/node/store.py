@@ -345,14 +345,18 @@ class RunStore(Service):
         pool = self.pool
         if pool is None:
             return defer.succeed(None)
-        d = self.flush()
 
-        def close(_: object) -> None:
+        def close(_: object) -> Deferred[None] | None:
+            if self._pending:
+                # Recorded while the last batch was being written: written
+                # too, in one more.
+                return self.flush().addBoth(close)
             self.pool = None
             # Queued work runs before the pool's thread stops.
             pool.close()
+            return None
 
-        return d.addBoth(close)
+        return self.flush().addBoth(close)
 
     def _open(self, txn: adbapi.Transaction, now: float) -> int:
         """

@@ -639,3 +639,23 @@ class RunStoreTests(TestCase):
         self.assertEqual(batches, [10, 41])
         self.assertEqual([e["seq"] for e in got["events"]], list(range(1, 51)))
         self.assertEqual(got["run"]["output"], "".join(f"{seq} " for seq in range(1, 51)))
+
+    @defer.inlineCallbacks
+    def test_stop_writes_what_comes_during_its_flush(self):
+        """
+        A record made while the stopping store writes its last batch (a run
+        whose cancel ends a moment later) is written too before the
+        database closes, and its Deferred fires.
+        """
+        path = self.path()
+        store = RunStore(reactor, path, prune_interval=0)
+        store.startService()
+        yield store.record_start("r1", "echo")
+        stopping = store.stopService()
+        store.record_event("r1", 1, RunEventData(START))
+        ended = store.record_end("r1", COMPLETE)
+        yield stopping
+        self.assertTrue(ended.called)
+        with sqlite3.connect(path) as db:
+            self.assertEqual(db.execute("SELECT status FROM runs").fetchall(), [(COMPLETE,)])
+            self.assertEqual(db.execute("SELECT first_seq FROM event_batches").fetchall(), [(1,)])
