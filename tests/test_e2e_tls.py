@@ -3,40 +3,20 @@ TLS is a configuration change: the same daemons, with an `ssl:` listener
 on the Edge and a `tls:` client endpoint on the Node.
 """
 
-import datetime
-import ipaddress
 import os
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 from support.daemons import echo_node
 
+from iop.testing.tls import self_signed
 
-def self_signed(directory):
+
+def certificate_files(directory):
     """
     A self-signed certificate for localhost / 127.0.0.1; returns the key
     and certificate paths and a trust-root directory holding the cert.
     """
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    key, cert = self_signed()
     trust = os.path.join(directory, "trust")
     os.makedirs(trust, exist_ok=True)
     key_path, cert_path = os.path.join(directory, "edge.key"), os.path.join(directory, "edge.crt")
@@ -59,7 +39,7 @@ def test_node_over_tls(launch, tmp_path):
     root), registers and serves a completion; a Node that does not trust
     the certificate never becomes connected.
     """
-    key_path, cert_path, trust = self_signed(str(tmp_path))
+    key_path, cert_path, trust = certificate_files(str(tmp_path))
     edge = launch.edge({"nodes": [echo_node("node-1", "tok-1")]}, start=False)
     edge.rewrite_listen(nodes=f"ssl:{edge.node_port}:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}")
     edge.start()

@@ -4,12 +4,6 @@ Connections refused at the doors of a listener that speaks TLS
 open by Twisted's TLS wrapper.
 """
 
-import datetime
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from OpenSSL import crypto
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IPushProducer
@@ -27,6 +21,7 @@ from iop.edge.http.site import EdgeSite
 from iop.edge.limits import Limits
 from iop.edge.test.test_http_limits import Recording
 from iop.edge.tlsdoors import Refused, RefusingTLSFactory, endpoint_wraps
+from iop.testing.tls import self_signed
 
 ADDRESS = IPv4Address("TCP", "192.0.2.66", 40000)
 
@@ -81,19 +76,7 @@ def server_options() -> CertificateOptions:
     """
     TLS options with a throwaway self-signed certificate.
     """
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
+    key, certificate = self_signed("edge")
     return CertificateOptions(
         privateKey=crypto.PKey.from_cryptography_key(key), certificate=crypto.X509.from_cryptography(certificate)
     )
