@@ -689,7 +689,14 @@ class CLIAdapter(AdapterBase):
 
         def forget(_: object = None) -> dict[str, bool]:
             if self.sessions.get(session_id) is session:
-                del self.sessions[session_id]
+                if session.process is None:
+                    del self.sessions[session_id]
+                else:
+                    # A run that was waiting for the stopped process to
+                    # continue the session started once it was gone: the
+                    # session is that run's now, as a new one, and stays
+                    # known (listed, terminable, busy for another run).
+                    session.runs, session.created_at = 1, session.last_run_at or self.reactor.seconds()
             return {"terminated": True}
 
         if session.process is None:

@@ -10,10 +10,13 @@ import signal
 import sys
 
 from twisted.internet import defer, reactor, task
+from twisted.internet.error import ProcessTerminated
 from twisted.internet.process import Process
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
 
+from iop.adapters import cli
 from iop.adapters.cli import CLIAdapter
 from iop.adapters.interface import AdapterConfigError, IAdapter, NotSupported, RunInput
 from iop.adapters.test.providers import Events
@@ -743,3 +746,118 @@ class ConfigTests(SynchronousTestCase):
         ]:
             error = self.assertRaises(AdapterConfigError, CLIAdapter, "c", 1, options, reactor)
             self.assertIn(f"adapters[c].{key}", str(error))
+
+
+class FakeProcesses(task.Clock):
+    """
+    A clock that spawns no process: each C{spawnProcess} connects the
+    protocol to a L{FakeProcess}, whose process group lives until the test
+    ends it (C{os.killpg} is patched to look at these).
+    """
+
+    def __init__(self, testcase):
+        super().__init__()
+        self.processes = []
+        self.groups = set()
+        testcase.patch(cli, "os", _FakeOS(self))
+
+    def spawnProcess(self, protocol, executable, args, env=None, path=None, childFDs=None, **kwargs):
+        process = FakeProcess(self, 1000 + len(self.processes), protocol)
+        self.processes.append(process)
+        self.groups.add(process.pid)
+        protocol.makeConnection(process)
+        return process
+
+
+class _FakeOS:
+    """
+    L{os} with C{killpg} answering for L{FakeProcesses}' groups.
+    """
+
+    def __init__(self, reactor):
+        self.reactor = reactor
+        self.signals = []
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def killpg(self, pgid, number):
+        if pgid not in self.reactor.groups:
+            raise ProcessLookupError(pgid)
+        self.signals.append((pgid, number))
+
+
+class FakeProcess:
+    def __init__(self, reactor, pid, protocol):
+        self.reactor = reactor
+        self.pid = pid
+        self.protocol = protocol
+
+    def write(self, data):
+        pass
+
+    def closeStdin(self):
+        pass
+
+    def closeChildFD(self, descriptor):
+        pass
+
+    def signalProcess(self, signalID):
+        pass
+
+    def pauseProducing(self):
+        pass
+
+    def resumeProducing(self):
+        pass
+
+    def end(self):
+        """
+        The command and its whole group are gone (killed by a signal).
+        """
+        self.reactor.groups.discard(self.pid)
+        reason = Failure(ProcessTerminated(signal=signal.SIGTERM))
+        self.protocol.processExited(reason)
+        self.protocol.processEnded(reason)
+
+
+class FakeSessionTests(SynchronousTestCase):
+    """
+    Sessions with fake processes, on a fake clock.
+    """
+
+    def test_terminate_with_a_run_waiting(self):
+        """
+        A run that waits to continue a session (its last run was
+        cancelled, and its group is still going) when the session is
+        terminated may start once that group is gone; the session is then
+        still known (listed, running, and terminable), so no run of it
+        starts beside that one.
+        """
+        clock = FakeProcesses(self)
+        adapter = CLIAdapter("cli", 2, python(HANG, sessions=True), clock)
+        first = adapter.execute(run_input(session_id="s1"), Events())
+        first.cancel()
+        self.failureResultOf(first, defer.CancelledError)
+        waiting = Events()
+        second = adapter.execute(run_input(session_id="s1", run_id="r2"), waiting)
+        terminated = adapter.terminate_session("", "s1")
+        clock.processes[0].end()
+        self.assertEqual(self.successResultOf(terminated), {"terminated": True})
+        self.assertEqual(waiting.types(), ["start"])
+        [listed] = self.successResultOf(adapter.command("session_list", {}))
+        self.assertEqual((listed["session_id"], listed["running"], listed["runs"]), ("s1", True, 1))
+        third = Events()
+        self.successResultOf(adapter.execute(run_input(session_id="s1", run_id="r3"), third))
+        self.assertEqual([e.error and e.error.code for e in third.events], ["session_busy"])
+        self.assertEqual(len(clock.processes), 2)
+        terminating = adapter.terminate_session("", "s1")
+        self.assertNoResult(terminating)
+        clock.processes[1].end()
+        self.assertEqual(self.successResultOf(terminating), {"terminated": True})
+        self.successResultOf(second)
+        error = waiting.events[-1].error
+        assert error is not None
+        self.assertEqual(error.code, "session_terminated")
+        self.assertEqual(self.successResultOf(adapter.command("session_list", {})), [])
+        self.assertEqual(adapter.running, {})
