@@ -654,8 +654,11 @@ class TunnelDispatch(Dispatch):
         if status not in _HTTP_STATUSES:
             self.violation(f"tunnel status {status} is not an HTTP status")
             return
-        if self.output:
-            self._tell(self.listener.status, status)
+        if self.output or self._status is not None:
+            # One status per answer: another one (mid-body, it would make
+            # the caller's answer a failure glued to the body it has) is
+            # malformed.
+            self.violation(f"a second tunnel status ({status})")
             return
         self._status = status
         if status >= 500 or status in (400, 429):

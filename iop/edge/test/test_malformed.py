@@ -118,6 +118,37 @@ class MalformedTests(SynchronousTestCase):
             self.assertEqual(self.service.pool.active_leases(), [])
         self.assert_connection_alive()
 
+    def test_second_tunnel_status(self):
+        """
+        A tunnel has one status: another one, mid-body (where the caller's
+        answer would turn into a failure answer glued to the body it has)
+        or before it, ends the tunnel with C{protocol_error} and its lease
+        back, and it is on record as failed, not complete.
+        """
+        for before_body in (False, True):
+            recorder = self.tunnel()
+            tunnel_id = recorder.work_id
+            self.send(
+                messages.tunnel_frame(tunnel_id, 1, status=200),
+                messages.tunnel_frame(tunnel_id, 2, headers=[("content-type", "application/json")]),
+            )
+            if not before_body:
+                self.send(messages.tunnel_frame(tunnel_id, 3, body=b'{"id": "x", '))
+            self.send(
+                messages.tunnel_frame(tunnel_id, 4, status=500),
+                messages.tunnel_frame(tunnel_id, 5, body=b'"choices": []}'),
+                messages.tunnel_frame(tunnel_id, 6, end=True),
+            )
+            kinds = [c[0] for c in recorder.calls]
+            self.assertEqual(kinds, ["error"] if before_body else ["status", "headers", "body", "error"])
+            self.assertEqual(recorder.calls[-1][1].code, "protocol_error")
+            self.assertIn(tunnel_id, self.cancels())
+            self.assertEqual(self.service.pool.active_leases(), [])
+            record = self.service.runs.get(tunnel_id)
+            assert record is not None and record.error is not None
+            self.assertEqual((record.status, record.error["code"]), ("error", "protocol_error"))
+        self.assert_connection_alive()
+
     def test_bad_metadata_ignored(self):
         """
         Metadata that is not JSON is an observation lost, not a failure:
