@@ -13,7 +13,7 @@ from typing import Any, Protocol, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import ITCPTransport, ITransport
+from twisted.internet.interfaces import IPushProducer, ITCPTransport, ITransport
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
@@ -71,6 +71,21 @@ def release_producer(request: Request) -> None:
     """
     if getattr(request, "producer", None) is not None:
         request.unregisterProducer()
+
+
+def register_producer(request: Request, producer: IPushProducer) -> None:
+    """
+    Register C{producer} as the response's producer, paused at once when
+    the caller's connection is paused already (it did not drain what was
+    written before): twisted.web pauses a producer only as its transport
+    fills, never one registered while it is full, which would then write
+    (or grant credit) and never see its stall timeout start. (twisted.web
+    keeps that state in a private flag of the HTTP/1 channel; this is the
+    one place that reads it.)
+    """
+    request.registerProducer(producer, True)
+    if getattr(request.channel, "_waitingForTransport", False):
+        producer.pauseProducing()
 
 
 def answered_or_gone(request: Request) -> bool:
@@ -705,9 +720,10 @@ class Call:
     def use_producer(self, producer: ReceiveWindow) -> None:
         """
         Let C{producer} (a stream's L{iop.edge.flow.ReceiveWindow}) be
-        paused while the caller's connection does not drain; a caller that
-        takes nothing for its stall timeout is cut off (which cancels the
-        work).
+        paused while the caller's connection does not drain (at once, when
+        it is paused already: the window of a retried attempt continuing an
+        answer the caller stopped reading); a caller that takes nothing for
+        its stall timeout is cut off (which cancels the work).
         """
         if self.gone or self.request.finished:
             return
@@ -715,8 +731,8 @@ class Call:
             # The window of an attempt whose answer another one continues.
             self.request.unregisterProducer()
         if self.request.producer is None:
-            self.request.registerProducer(producer, True)
             producer.on_stall = self._stalled
+            register_producer(self.request, producer)
 
     def _stalled(self) -> None:
         if not self.gone and not self.request.finished:

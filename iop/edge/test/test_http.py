@@ -9,8 +9,12 @@ import json
 from typing import Any, cast
 
 from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http import HTTPChannel, Request
 
+from iop.edge.flow import STALL_TIMEOUT_SEC, ReceiveWindow
 from iop.edge.http.common import Call
 from iop.edge.http.openai import ChunkRenderer
 from iop.protocols import messages
@@ -456,3 +460,40 @@ class ChunkTemplateTests(SynchronousTestCase):
         for key, text in (("content", 'hé"llo\n'), ("reasoning_content", "\u2028 x")):
             renderer._delta(key, text)
             self.assertEqual(written[-1], f"data: {json.dumps(renderer.chunk({key: text}))}\n\n".encode())
+
+
+class RetriedWindowTests(SynchronousTestCase):
+    """
+    L{Call.use_producer} with a real HTTP channel: the window of a retried
+    attempt takes the place of the one before on a response whose caller's
+    connection may be paused already.
+    """
+
+    def test_window_registered_while_paused_is_paused(self) -> None:
+        """
+        twisted.web does not pause a producer registered while its
+        transport is paused: the window of an attempt that continues a
+        paused answer starts paused (granting nothing), and a caller that
+        still takes nothing is cut off after the stall timeout.
+        """
+        clock = Clock()
+        transport = StringTransport()
+        channel = HTTPChannel()
+        channel.makeConnection(transport)
+        request: Any = Request(channel)
+        call = Call(cast(Any, object()), request)
+        sent: list[object] = []
+        first = ReceiveWindow(sent.append, "run-1", 1000, clock)
+        call.use_producer(first)
+        channel.pauseProducing()  # the caller's socket buffer is full
+        self.assertTrue(first.paused)
+        first.close()  # the attempt failed; another one continues the answer
+
+        second = ReceiveWindow(sent.append, "run-1", 1000, clock)
+        call.use_producer(second)
+        self.assertIs(request.producer, second)
+        self.assertTrue(second.paused)
+        second.received(1000)
+        self.assertEqual(sent, [])  # no credit while the caller takes nothing
+        clock.advance(STALL_TIMEOUT_SEC)
+        self.assertTrue(transport.disconnecting)
