@@ -24,17 +24,19 @@ looked for at the others (L{iop.edge.http.anywhere}), a node another Edge
 owns is asked there.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
-from iop.edge.flow import ReceiveWindow
+from iop.edge.flow import STALL_TIMEOUT_SEC, ReceiveWindow
 from iop.edge.http import anywhere
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import (
@@ -52,6 +54,8 @@ from iop.edge.http.common import (
     proxy,
     query,
     query_int,
+    register_producer,
+    release_producer,
     run_owner,
     write_json,
 )
@@ -65,6 +69,8 @@ from iop.edge.spec import RunSpec
 from iop.edge.status import seen_by
 from iop.edge.tenants import Tenant
 from iop.run import ERROR, TERMINAL_TYPES, RunEventData
+
+log = Logger()
 
 #: Statuses a run can have (C{GET /v1/runs?status=}).
 RUN_STATUSES = ("queued", "running", "complete", "error", "cancelled")
@@ -586,13 +592,109 @@ class Queue(JSONResource):
         return answer
 
 
+@implementer(IPushProducer)
+class CommandProgress:
+    """
+    The flow of a streamed node command's progress to its caller. The Node
+    reports progress at its own pace (a model pull may run for an hour),
+    so a caller that stops reading would make the Edge hold every update
+    for it. While its connection does not drain (twisted.web paused this
+    producer), an update is not written but kept in place of the one
+    before (each says where the command stands, superseding the last),
+    and the latest is written once the connection drains: the Edge holds
+    at most one update beyond what the connection buffers. A connection
+    that stays undrained for C{stall_timeout} seconds is cut off and the
+    command cancelled on the Node, as for a caller who hung up.
+
+    @param cancel: cancels the command (its Deferred's C{cancel}).
+    """
+
+    def __init__(
+        self,
+        request: EdgeRequest,
+        stream: EventStream,
+        clock: IReactorTime,
+        cancel: Callable[[], object],
+        stall_timeout: float = STALL_TIMEOUT_SEC,
+    ) -> None:
+        self.request = request
+        self.stream = stream
+        self.clock = clock
+        self.cancel = cancel
+        self.stall_timeout = stall_timeout
+        self.paused = False
+        #: Whether the command is over for this caller: answered, or cut off.
+        self.ended = False
+        self.cut = False
+        self._latest: tuple[object] | None = None
+        self._stall: IDelayedCall | None = None
+        register_producer(request, self)
+
+    def update(self, progress: object) -> None:
+        """
+        One progress update from the Node: written now, or, while the
+        caller's connection does not drain, kept as the latest.
+        """
+        if self.ended or answered_or_gone(self.request):
+            return
+        if self.paused:
+            self._latest = (progress,)
+            return
+        self.stream.send(progress)
+
+    def end(self) -> None:
+        """
+        The command answered (its terminal is written next, superseding
+        any update still kept): the response needs no producer any more.
+        """
+        self.ended = True
+        self._latest = None
+        self._unwatch()
+        release_producer(self.request)
+
+    def _unwatch(self) -> None:
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
+        self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self.ended or answered_or_gone(self.request):
+            return
+        log.info("caller of a streamed node command took nothing for too long; closing its connection")
+        self.ended = self.cut = True
+        self._latest = None
+        cut_off(self.request.channel.transport)
+        self.cancel()
+
+    # -- IPushProducer: the caller's connection
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        if self._stall is None and not self.ended:
+            self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._unwatch()
+        latest, self._latest = self._latest, None
+        if latest is not None:
+            self.update(latest[0])
+
+    def stopProducing(self) -> None:
+        self.ended = True
+        self._latest = None
+        self._unwatch()
+
+
 class NodeCommands(JSONResource):
     """
     Run a node command (admin). With C{"stream": true} the answer is
     C{text/event-stream}: one event per progress update the Node reports
     (a model pull's C{status}, C{completed}, C{total}), then one terminal,
     C{{"done": true, "result": ...}} or C{{"error": ...}}. A caller who
-    goes away cancels the command on the Node.
+    goes away cancels the command on the Node, and so does one that stops
+    reading a stream for its stall timeout (L{CommandProgress}).
     """
 
     admin = True
@@ -616,16 +718,21 @@ class NodeCommands(JSONResource):
         self, request: EdgeRequest, node_id: str, command: str, adapter: str, args: dict[str, Any]
     ) -> Deferred[object]:
         stream = EventStream(request)
-        d = self.service.command(node_id, command, adapter, args, progress=stream.send)
+        commanded: list[Deferred[Any]] = []
+        flow = CommandProgress(request, stream, self.service.clock, lambda: commanded[0].cancel())
+        d = self.service.command(node_id, command, adapter, args, progress=flow.update)
+        commanded.append(d)
         request.notifyFinish().addErrback(lambda _: d.cancel())
 
         def done(result: object) -> None:
-            if not answered_or_gone(request):
+            flow.end()
+            if not (flow.cut or answered_or_gone(request)):
                 stream.send({"done": True, "node": node_id, "command": command, "result": result})
                 request.finish()
 
         def failed(failure: Failure) -> Failure | None:
-            if answered_or_gone(request):
+            flow.end()
+            if flow.cut or answered_or_gone(request):
                 return None
             if not stream.open:
                 return failure  # nothing sent yet: a plain error response

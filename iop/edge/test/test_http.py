@@ -348,6 +348,67 @@ class SurfaceTests(SynchronousTestCase):
         self.assertEqual([e.get("completed") for e in events[:2]], [1, 4])
         self.assertEqual((events[-1]["done"], events[-1]["result"]), (True, {"status": "success"}))
 
+    def streamed_pull(self) -> tuple[Any, Any, Any]:
+        """
+        Start a streamed model pull: @return: its response Deferred, the
+        Edge's side of its HTTP request and the Node's command request.
+        """
+        requests: list[Any] = []
+        router = cast(Any, self.edge.site.resource)
+        router.observers = (lambda route, request: requests.append(request), *router.observers)
+        d = self.command({"command": "ollama_pull", "adapter": "ollama", "args": {"model": "m"}, "stream": True})
+        self.pump.flush()
+        return d, requests[-1], self.node.of("node_command_request")[-1]
+
+    def progress(self, request_id: str, completed: int) -> None:
+        """
+        The Node reports a model pull's progress.
+        """
+        update = f'{{"status": "pulling", "completed": {completed}, "total": 9}}'
+        self.node.connection.send(messages.command_result(request_id, update, progress=True))
+        self.pump.flush()
+        self.http.flush()
+
+    def test_streamed_command_progress_coalesced_while_paused(self) -> None:
+        """
+        While the caller's connection does not drain, a streamed command's
+        progress updates are not queued for it: each supersedes the one
+        before, and the latest is written once the connection drains.
+        """
+        d, request, command = self.streamed_pull()
+        self.progress(command.request_id, 1)
+        request.channel.pauseProducing()  # the caller's socket buffer is full
+        for completed in (2, 3, 4):
+            self.progress(command.request_id, completed)
+        request.channel.resumeProducing()
+        self.progress(command.request_id, 5)
+        self.node_answers(messages.command_result("", '{"status": "success"}'))
+        code, _, body = self.result(d)
+        events = [json.loads(line[6:]) for line in body.decode().split("\n") if line.startswith("data: ")]
+        self.assertEqual([e.get("completed") for e in events[:-1]], [1, 4, 5])
+        self.assertEqual((events[-1]["done"], events[-1]["result"]), (True, {"status": "success"}))
+        self.assertIsNone(request.producer)
+
+    def test_streamed_command_caller_that_takes_nothing(self) -> None:
+        """
+        A caller whose connection stays undrained for the stall timeout is
+        cut off, and its command is cancelled on the Node, as when it
+        hangs up.
+        """
+        d, request, command = self.streamed_pull()
+        self.progress(command.request_id, 1)
+        transport = request.channel.transport
+        request.channel.pauseProducing()
+        self.edge.advance(STALL_TIMEOUT_SEC - 1)
+        self.progress(command.request_id, 2)
+        self.assertEqual(self.node.of("cancel_request"), [])
+        self.edge.advance(2)
+        self.http.flush()
+        (cancel,) = self.node.of("cancel_request")
+        self.assertEqual((cancel.kind, cancel.request_id), (messages.CANCEL_COMMAND, command.request_id))
+        self.assertTrue(transport.disconnecting)
+        self.failureResultOf(self.successResultOf(d).content())
+
     def test_command_stream_must_be_a_boolean(self):
         """
         C{"stream"} of a node command is a boolean: the string C{"false"}
