@@ -30,6 +30,40 @@ STALL_TIMEOUT_SEC = 60.0
 WIDE_GRANT_BYTES = 1 << 30
 
 
+class StallWatch:
+    """
+    The deadline of a caller's connection that does not drain: started
+    when twisted.web pauses a stream's producer, stopped when it resumes
+    or the stream ends; past C{timeout} seconds undrained, C{on_stall} is
+    called (once). Without a clock it never fires.
+    """
+
+    def __init__(self, clock: IReactorTime | None, timeout: float, on_stall: Callable[[], None]) -> None:
+        self.clock = clock
+        self.timeout = timeout
+        self.on_stall = on_stall
+        self._call: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """
+        The connection stopped draining (a deadline already running goes on).
+        """
+        if self.clock is not None and self._call is None:
+            self._call = self.clock.callLater(self.timeout, self._fire)
+
+    def stop(self) -> None:
+        """
+        The connection drains again, or the stream ended.
+        """
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+
+    def _fire(self) -> None:
+        self._call = None
+        self.on_stall()
+
+
 @implementer(IPushProducer)
 class ReceiveWindow:
     """
@@ -52,13 +86,11 @@ class ReceiveWindow:
         self._send = send
         self.stream_id = stream_id
         self.window = window
-        self.clock = clock
-        self.stall_timeout = stall_timeout
         self.on_stall: Callable[[], None] | None = None
         self.unacked = 0
         self.paused = False
         self.closed = False
-        self._stall: IDelayedCall | None = None
+        self._stall = StallWatch(clock, stall_timeout, self._stalled)
         #: The work goes on when its reader leaves (a background run):
         #: then the window opens wide instead of closing.
         self.keep_flowing = False
@@ -94,15 +126,9 @@ class ReceiveWindow:
         The stream ended: nothing more is granted.
         """
         self.closed = True
-        self._unwatch()
-
-    def _unwatch(self) -> None:
-        if self._stall is not None and self._stall.active():
-            self._stall.cancel()
-        self._stall = None
+        self._stall.stop()
 
     def _stalled(self) -> None:
-        self._stall = None
         if not self.closed and self.on_stall is not None:
             self.on_stall()
 
@@ -112,12 +138,12 @@ class ReceiveWindow:
         if self.wide:
             return
         self.paused = True
-        if self.clock is not None and self._stall is None and not self.closed:
-            self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
+        if not self.closed:
+            self._stall.start()
 
     def resumeProducing(self) -> None:
         self.paused = False
-        self._unwatch()
+        self._stall.stop()
         self._grant()
 
     def stopProducing(self) -> None:
@@ -125,7 +151,7 @@ class ReceiveWindow:
             self.open_wide()
             return
         self.closed = True
-        self._unwatch()
+        self._stall.stop()
 
     def open_wide(self) -> None:
         """
@@ -135,6 +161,6 @@ class ReceiveWindow:
         """
         self.wide = True
         self.paused = False
-        self._unwatch()
+        self._stall.stop()
         self.unacked += WIDE_GRANT_BYTES
         self._grant()

@@ -36,7 +36,7 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import IRunListener, Unheard
 from iop.edge.errors import ServiceError
-from iop.edge.flow import STALL_TIMEOUT_SEC, ReceiveWindow
+from iop.edge.flow import STALL_TIMEOUT_SEC, ReceiveWindow, StallWatch
 from iop.edge.http import anywhere
 from iop.edge.http.api import EdgeAPI
 from iop.edge.http.common import (
@@ -619,15 +619,13 @@ class CommandProgress:
     ) -> None:
         self.request = request
         self.stream = stream
-        self.clock = clock
         self.cancel = cancel
-        self.stall_timeout = stall_timeout
         self.paused = False
         #: Whether the command is over for this caller: answered, or cut off.
         self.ended = False
         self.cut = False
         self._latest: tuple[object] | None = None
-        self._stall: IDelayedCall | None = None
+        self._stall = StallWatch(clock, stall_timeout, self._stalled)
         register_producer(request, self)
 
     def update(self, progress: object) -> None:
@@ -649,16 +647,10 @@ class CommandProgress:
         """
         self.ended = True
         self._latest = None
-        self._unwatch()
+        self._stall.stop()
         release_producer(self.request)
 
-    def _unwatch(self) -> None:
-        if self._stall is not None and self._stall.active():
-            self._stall.cancel()
-        self._stall = None
-
     def _stalled(self) -> None:
-        self._stall = None
         if self.ended or answered_or_gone(self.request):
             return
         log.info("caller of a streamed node command took nothing for too long; closing its connection")
@@ -671,12 +663,12 @@ class CommandProgress:
 
     def pauseProducing(self) -> None:
         self.paused = True
-        if self._stall is None and not self.ended:
-            self._stall = self.clock.callLater(self.stall_timeout, self._stalled)
+        if not self.ended:
+            self._stall.start()
 
     def resumeProducing(self) -> None:
         self.paused = False
-        self._unwatch()
+        self._stall.stop()
         latest, self._latest = self._latest, None
         if latest is not None:
             self.update(latest[0])
@@ -684,7 +676,7 @@ class CommandProgress:
     def stopProducing(self) -> None:
         self.ended = True
         self._latest = None
-        self._unwatch()
+        self._stall.stop()
 
 
 class NodeCommands(JSONResource):
