@@ -76,6 +76,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import count
+from operator import attrgetter
 from typing import Any
 
 from twisted.internet import defer
@@ -520,13 +521,6 @@ class _Kind:
         return self._hash == other._hash and self.klass == other.klass and self.members == other.members
 
 
-def _kind_of(waiter: "_Waiter") -> Hashable:
-    """
-    A waiter's L{_Kind}, by which its queue's line keeps it.
-    """
-    return waiter.kind
-
-
 class _Queue:
     """
     The line of one model group, or of direct work on one adapter of one
@@ -543,7 +537,8 @@ class _Queue:
         self.members = members
         self.timeout = timeout
         self.max_queue = max_queue
-        self.waiters: FairLine[_Waiter] = FairLine(_kind_of)
+        #: Its waiters, kept by their L{_Kind} too (for L{FairLine.first}).
+        self.waiters: FairLine[_Waiter] = FairLine(attrgetter("kind"))
         #: The kind of a waiter for any member, by request class.
         self.kinds = {klass: _Kind(members, klass) for klass in CLASSES}
         #: Its place among the pool's queues (what lists them keeps it).

@@ -42,6 +42,32 @@ class Charged:
         return self.charge
 
 
+def charged_waiters(tenants, top_priority, weights, most):
+    """
+    Waiters as C{(tenant, priority, charge, weight)}: a charge of C{None}
+    is work whose grant is not recorded (placed again, or settled).
+    """
+    return st.lists(
+        st.tuples(
+            st.sampled_from(tenants),
+            st.integers(0, top_priority),
+            st.one_of(st.none(), st.integers(0, 300)),
+            st.sampled_from(weights),
+        ),
+        max_size=most,
+    )
+
+
+def charged_line(waiters) -> FairLine[Charged]:
+    """
+    A line of L{Charged} waiters drawn by L{charged_waiters}.
+    """
+    line: FairLine[Charged] = FairLine()
+    for tenant, priority, charge, weight in waiters:
+        line.add(Charged(tenant, priority=priority, charge=charge, weight=weight))
+    return line
+
+
 def serve(line, settle=True):
     """
     Serve the first waiter of the line's order, charging its cost; with
@@ -240,26 +266,13 @@ class FirstProperties(SynchronousTestCase):
             self.assertIs(line.first(lambda k: k in usable), walked)
 
     @settings(max_examples=150, deadline=None)
-    @given(
-        waiters=st.lists(
-            st.tuples(
-                st.sampled_from("abcd"),
-                st.integers(0, 3),
-                st.one_of(st.none(), st.integers(0, 300)),
-                st.sampled_from([1.0, 2.0, 3.0]),
-            ),
-            max_size=40,
-        ),
-        served=st.integers(0, 10),
-    )
+    @given(waiters=charged_waiters("abcd", 3, [1.0, 2.0, 3.0], 40), served=st.integers(0, 10))
     def test_positions_of_one_tenant(self, waiters, served):
         """
         A tenant's positions are those it has in the whole line's, whatever
         the classes, costs and weights, and whoever was served before.
         """
-        line: FairLine[Charged] = FairLine()
-        for tenant, priority, cost, weight in waiters:
-            line.add(Charged(tenant, priority=priority, charge=cost, weight=weight))
+        line = charged_line(waiters)
         for _ in range(min(served, len(line))):
             waiter = next(line.order())
             line.remove(waiter)
@@ -270,27 +283,14 @@ class FirstProperties(SynchronousTestCase):
             self.assertEqual(line.positions(tenant), mine)
 
     @settings(max_examples=150, deadline=None)
-    @given(
-        waiters=st.lists(
-            st.tuples(
-                st.sampled_from("abc"),
-                st.integers(0, 1),
-                st.one_of(st.none(), st.integers(0, 300)),
-                st.sampled_from([1.0, 3.0]),
-            ),
-            max_size=30,
-        ),
-        served=st.integers(0, 6),
-    )
+    @given(waiters=charged_waiters("abc", 1, [1.0, 3.0], 30), served=st.integers(0, 6))
     def test_positions_are_the_serving_order(self, waiters, served):
         """
         Positions are the order the line serves in when each grant charges
         what the waiter says it will (nothing recorded for C{None}), with
         zero costs, weights and classes mixed.
         """
-        line: FairLine[Charged] = FairLine()
-        for tenant, priority, cost, weight in waiters:
-            line.add(Charged(tenant, priority=priority, charge=cost, weight=weight))
+        line = charged_line(waiters)
 
         def serve_charged() -> Charged:
             waiter = next(line.order())
